@@ -1,0 +1,1 @@
+"""The one translation between planaria.v1 messages and our dataclasses."""

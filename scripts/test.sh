@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# The whole test suite, as CI runs it: install, format and lint, types, import contracts, tests.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+export PATH="$PWD/.venv/bin:$PATH"
+echo "== ruff"; ruff format --check . && ruff check .
+echo "== mypy --strict"; mypy
+echo "== import contracts"; lint-imports
+echo "== pytest"
+set +e
+pytest "$@"
+rc=$?
+set -e
+if [ "$rc" -eq 5 ]; then
+  echo "test: pytest collected no tests; that is a failure" >&2
+  exit 1
+fi
+exit "$rc"
