@@ -1,0 +1,43 @@
+# Planaria image: the operator (`planaria operator`) and the agent (`planaria agent`) share it.
+#
+#   docker build -t planaria:cpu .                            # CPU build (gloo)
+#   docker build -t planaria:cuda --build-arg TORCH=cuda .    # GPU build (NCCL, CUDA torch)
+#
+# The runtime stage runs as a non-root user and writes nothing outside /tmp, so it works with
+# readOnlyRootFilesystem: true when /tmp (and /dev/shm for snapshots) are emptyDir volumes.
+
+ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+
+FROM ${PYTHON_IMAGE} AS build
+ARG TORCH=cpu
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+RUN python -m venv /opt/planaria
+ENV PATH=/opt/planaria/bin:$PATH
+# torch first and pinned: an unpinned torch pulls the CUDA build even for the CPU image.
+RUN if [ "$TORCH" = "cpu" ]; then \
+        pip install --index-url https://download.pytorch.org/whl/cpu torch==2.13.0; \
+    elif [ "$TORCH" = "cuda" ]; then \
+        pip install torch==2.13.0; \
+    else \
+        echo "TORCH must be cpu or cuda, got '$TORCH'" >&2; exit 2; \
+    fi
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY operator ./operator
+COPY agent ./agent
+COPY protos ./protos
+RUN pip install . && python -c "import planaria.cli.main"
+
+FROM ${PYTHON_IMAGE} AS runtime
+RUN groupadd --gid 10001 planaria \
+    && useradd --uid 10001 --gid 10001 --no-create-home --home-dir /tmp --shell /usr/sbin/nologin planaria
+COPY --from=build /opt/planaria /opt/planaria
+ENV PATH=/opt/planaria/bin:$PATH \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    HOME=/tmp \
+    MPLCONFIGDIR=/tmp/matplotlib
+USER 10001:10001
+WORKDIR /tmp
+ENTRYPOINT ["planaria"]
+CMD ["--help"]
