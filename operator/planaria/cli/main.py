@@ -14,11 +14,12 @@ from collections.abc import Callable, Sequence
 
 import pydantic
 
-from planaria.cli import version
+from planaria.cli import profile, version
 
 # The command modules, in the order `planaria --help` lists them.
 COMMANDS: tuple[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None], ...] = (
     version.register,
+    profile.register,
 )
 
 EXIT_USAGE = 2
