@@ -12,6 +12,9 @@ means the stage is split across them (intra-stage parallelism).
 Rerouting (ReCycle, Odyssey §II-C): a `Reroute` sends the micro-batches of one pipeline's stage to a
 worker of the same stage (same layer range) in another pipeline. A stage whose every micro-batch is
 rerouted has no workers of its own (it is a hole left by a failure).
+
+A `LayerTransfer` is part of the move from one plan to the next: it names a layer a worker of the
+new plan lacks and the live workers that send it.
 """
 
 from __future__ import annotations
@@ -86,6 +89,49 @@ class Reroute:
     stage: int
     peer_pipeline: int
     micro_batches: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LayerTransfer:
+    """Copy layer `layer`'s state (parameters and optimizer state) to `destination`, which holds
+    the layer in the new plan, from live replicas `sources` (Oobleck §6.2; the assignment of
+    sources is a min-cost matching, Odyssey §IV).
+
+    The state, flattened in a fixed order into n elements, is split among the k sources in order:
+    source i sends elements [i*n//k, (i+1)*n//k), so shards are contiguous, cover the state, and
+    differ in size by at most one element.
+    """
+
+    layer: int
+    destination: WorkerId
+    sources: tuple[WorkerId, ...]
+
+    def __post_init__(self) -> None:
+        if self.layer < 0:
+            raise errors.PlanInputError(f"layer transfer: layer {self.layer} must be >= 0")
+        if not self.sources:
+            raise errors.PlanInputError(
+                f"layer transfer of layer {self.layer}: give at least one source worker"
+            )
+        if len(set(self.sources)) != len(self.sources):
+            raise errors.PlanInputError(
+                f"layer transfer of layer {self.layer}: sources {self.sources} repeat a worker"
+            )
+        if self.destination in self.sources:
+            raise errors.PlanInputError(
+                f"layer transfer of layer {self.layer}: destination {self.destination} is also "
+                "a source; a worker never sends a layer to itself"
+            )
+
+    def shard(self, source: WorkerId, num_elements: int) -> range:
+        """The elements of the flattened state that `source` sends (see the class docstring)."""
+        if source not in self.sources or num_elements < 0:
+            raise errors.PlanInputError(
+                f"layer transfer of layer {self.layer}: ask for the shard of one of the sources "
+                f"{self.sources} (got {source}) of a state of >= 0 elements (got {num_elements})"
+            )
+        i, k = self.sources.index(source), len(self.sources)
+        return range(i * num_elements // k, (i + 1) * num_elements // k)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
