@@ -132,6 +132,7 @@ def test_check_reports_a_bad_file_on_one_line(
             ["--model", "tiny", "--micro-batch", "1", "--warmup", "-1"],
             "--warmup must be >= 0 (got -1)",
         ),
+        (["--model", "tiny", "--micro-batch", "1", "--device", "tpu"], "device 'tpu'"),
     ],
     ids=[
         "an unknown model",
@@ -147,6 +148,7 @@ def test_check_reports_a_bad_file_on_one_line(
         "an accelerator for a measurement",
         "an unknown model to measure",
         "a negative warm-up",
+        "a device torch does not know",
     ],
 )
 def test_a_user_error_is_one_line_with_status_2_for(
@@ -190,7 +192,6 @@ def test_the_console_script_prints_one_line_and_exits_2(tmp_path: Path) -> None:
 def test_measuring_profiles_this_machine(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    pytest.importorskip("planaria.agent.profiler", reason="waiting for the agent's profiler")
     out = tmp_path / "measured.json"
     args = ["profile", "--model", "tiny", "--micro-batch", "1", "--repeats", "1", "--warmup", "0"]
     assert main.main([*args, "--out", str(out)]) == 0

@@ -107,7 +107,7 @@ def _measure(args: argparse.Namespace) -> int:
     device: str = args.device or "cpu"
     out = _required(args.out, "--out")
     # Imported here: torch takes seconds to import and only measuring needs it.
-    from planaria.agent import profiler  # type: ignore[attr-defined, unused-ignore]
+    from planaria.agent import profiler
 
     result = profiler.measure_profile(
         shape, micro_batch, warmup=warmup, repeats=repeats, device=device
@@ -195,7 +195,8 @@ def _groups(layers: Sequence[planner_profile.LayerProfile]) -> list[_Group]:
 def summarize(result: planner_profile.Profile) -> str:
     """A short table: layer groups (per-layer means), totals, and the profile's context."""
     m = result.max_gpus_per_stage
-    header = ("layers", "count", "fwd 1 GPU", "bwd 1 GPU", f"fwd {m} GPUs", "state", "activations")
+    widest = f"fwd {m} GPUs" if m > 1 else "fwd 1 GPU"
+    header = ("layers", "count", "fwd 1 GPU", "bwd 1 GPU", widest, "state", "activations")
     rows: list[tuple[str, ...]] = [header]
     for group in _groups(result.layers):
         rows.append(_row(group.label, group.layers, m, mean=True))
@@ -226,12 +227,19 @@ def _context(result: planner_profile.Profile) -> str:
     shape = shapes.NAMED_SHAPES.get(result.model)
     params = ""
     if shape is not None and shape.num_planner_layers == result.num_layers:
-        params = f", {sum(shape.layer_parameters()) / 1e9:.3g}B parameters"
+        params = f", {_parameters(sum(shape.layer_parameters()))} parameters"
     return (
         f"{kind} profile of {result.model}{params} on {result.accelerator}: micro-batch "
         f"{result.micro_batch_size}, 1..{result.max_gpus_per_stage} GPUs per stage, "
         f"{_bytes(result.memory_bytes)} per GPU (rows of several layers show per-layer means)"
     )
+
+
+def _parameters(count: int) -> str:
+    for unit, size in (("B", 10**9), ("M", 10**6), ("k", 10**3)):
+        if count >= size:
+            return f"{count / size:.3g}{unit}"
+    return str(count)
 
 
 def _seconds(value: float) -> str:
