@@ -1,0 +1,413 @@
+"""The one translation between planaria.v1 messages and our dataclasses, RPC by RPC.
+
+`encode_*` turns a dataclass of `planaria.wire.messages` into its message; `decode_*` turns a
+message that came off the network back into the dataclass and checks it completely, so nothing
+past this module sees a malformed message. Requests whose only content is one value (an epoch, a
+grace period, an interval) encode from and decode to that value. The planner's types (Plan,
+LayerTransfer, Profile) are translated by `planaria.wire.planner_codec`, which this module uses.
+The servicer and the controller's gRPC client are the only users; the controller core sees the
+dataclasses alone.
+
+Errors (defined in `planaria.wire.errors`; the servicer maps all of them to INVALID_ARGUMENT):
+
+    WireError (ValueError)      a message breaks the contract; the text starts with the field
+    ├── MissingFieldError       a required sub-message is absent
+    ├── UnknownEnumError        an enum is *_UNSPECIFIED, or a value this version does not know
+    └── InvalidValueError       a value breaks the domain's rules (a range, a plan invariant)
+
+Encoding checks one-value requests the same way. Dataclasses were checked when built, so encoding
+them only fails when a value does not fit its field (a negative worker id), with protobuf's
+ValueError.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from enum import StrEnum
+from typing import Generic, TypeVar
+
+from planaria.planner import plan as plans
+from planaria.planner import profile as profiles
+from planaria.v1 import agent_pb2 as pb
+from planaria.wire import errors, messages, planner_codec
+
+_E = TypeVar("_E", bound=StrEnum)
+_V = TypeVar("_V", bound=int)
+
+
+class _EnumCodec(Generic[_E, _V]):
+    """Maps a StrEnum to a proto enum by name (member X <-> PREFIX_X); zero is no member."""
+
+    __slots__ = ("_prefix", "_to_wire", "_from_wire")
+
+    def __init__(self, value_of: Callable[[str], _V], prefix: str, domain: type[_E]) -> None:
+        # value_of raises at import when a member has no proto value: the contract drifted.
+        self._prefix = prefix
+        self._to_wire: Mapping[_E, _V] = {m: value_of(prefix + m.name) for m in domain}
+        self._from_wire: Mapping[int, _E] = {int(v): m for m, v in self._to_wire.items()}
+
+    def encode(self, member: _E) -> _V:
+        return self._to_wire[member]
+
+    def decode(self, value: int, path: str) -> _E:
+        choices = ", ".join(self._prefix + m.name for m in self._to_wire)
+        if value == 0:
+            unset = f"{self._prefix}UNSPECIFIED"
+            raise errors.UnknownEnumError(f"{path} is {unset}; set one of {choices}")
+        member = self._from_wire.get(value)
+        if member is None:
+            raise errors.UnknownEnumError(
+                f"{path} is {value}, which this version of planaria.v1 does not know; "
+                f"set one of {choices} or upgrade this side"
+            )
+        return member
+
+
+STATES = _EnumCodec(pb.AgentState.Value, "AGENT_STATE_", messages.AgentState)
+ERROR_KINDS = _EnumCodec(pb.ErrorKind.Value, "ERROR_KIND_", messages.ErrorKind)
+REDUNDANCY_MODES = _EnumCodec(pb.RedundancyMode.Value, "REDUNDANCY_MODE_", messages.RedundancyMode)
+BACKENDS = _EnumCodec(pb.Backend.Value, "BACKEND_", messages.Backend)
+DEVICES = _EnumCodec(pb.Device.Value, "DEVICE_", messages.Device)
+
+
+def _check(path: str, ok: bool, what: str) -> None:
+    if not ok:
+        raise errors.InvalidValueError(f"{path} {what}")
+
+
+# ---- Configure: WorkerConfig <-> ConfigureRequest ---------------------------------------------
+
+
+def encode_worker_config(config: messages.WorkerConfig) -> pb.ConfigureRequest:
+    return pb.ConfigureRequest(
+        epoch=config.epoch,
+        worker=config.worker,
+        plan=planner_codec.encode_plan(config.plan),
+        resume_step=config.resume_step,
+        rendezvous=encode_rendezvous(config.rendezvous),
+        transfers=[planner_codec.encode_transfer(t) for t in config.transfers],
+        settings=encode_settings(config.settings),
+    )
+
+
+def decode_worker_config(msg: pb.ConfigureRequest) -> messages.WorkerConfig:
+    path = "ConfigureRequest"
+    for field in ("plan", "rendezvous", "settings"):
+        if not msg.HasField(field):
+            raise errors.missing(path, field)
+    transfers = tuple(
+        planner_codec.decode_transfer(t, f"{path}.transfers[{i}]")
+        for i, t in enumerate(msg.transfers)
+    )
+    plan = planner_codec.decode_plan(msg.plan, f"{path}.plan")
+    rendezvous = decode_rendezvous(msg.rendezvous, f"{path}.rendezvous")
+    settings = decode_settings(msg.settings, f"{path}.settings")
+    with errors.at(path):
+        return messages.WorkerConfig(
+            epoch=msg.epoch,
+            worker=plans.WorkerId(msg.worker),
+            plan=plan,
+            resume_step=msg.resume_step,
+            rendezvous=rendezvous,
+            transfers=transfers,
+            settings=settings,
+        )
+
+
+def encode_rendezvous(rendezvous: messages.Rendezvous) -> pb.Rendezvous:
+    return pb.Rendezvous(
+        store_host=rendezvous.store_host,
+        store_port=rendezvous.store_port,
+        key_prefix=rendezvous.key_prefix,
+        rank=rendezvous.rank,
+        world_size=rendezvous.world_size,
+        backend=BACKENDS.encode(rendezvous.backend),
+        timeout_s=rendezvous.timeout_s,
+    )
+
+
+def decode_rendezvous(msg: pb.Rendezvous, path: str = "Rendezvous") -> messages.Rendezvous:
+    backend = BACKENDS.decode(msg.backend, f"{path}.backend")
+    with errors.at(path):
+        return messages.Rendezvous(
+            store_host=msg.store_host,
+            store_port=msg.store_port,
+            key_prefix=msg.key_prefix,
+            rank=msg.rank,
+            world_size=msg.world_size,
+            backend=backend,
+            timeout_s=msg.timeout_s,
+        )
+
+
+def encode_settings(settings: messages.TrainingSettings) -> pb.TrainingSettings:
+    optimizer = settings.optimizer
+    return pb.TrainingSettings(
+        model=settings.model,
+        seed=settings.seed,
+        optimizer=pb.OptimizerSettings(
+            lr=optimizer.lr,
+            beta1=optimizer.beta1,
+            beta2=optimizer.beta2,
+            eps=optimizer.eps,
+            weight_decay=optimizer.weight_decay,
+        ),
+        global_batch_size=settings.global_batch_size,
+        data=pb.DataSettings(
+            corpus_paths=settings.data.corpus_paths, max_bytes=settings.data.max_bytes
+        ),
+        device=DEVICES.encode(settings.device),
+        snapshot_interval_steps=settings.snapshot_interval_steps,
+        redundancy=REDUNDANCY_MODES.encode(settings.redundancy),
+    )
+
+
+def decode_settings(
+    msg: pb.TrainingSettings, path: str = "TrainingSettings"
+) -> messages.TrainingSettings:
+    for field in ("optimizer", "data"):
+        if not msg.HasField(field):
+            raise errors.missing(path, field)
+    optimizer, data = msg.optimizer, msg.data
+    with errors.at(f"{path}.optimizer"):
+        adamw = messages.OptimizerSettings(
+            lr=optimizer.lr,
+            beta1=optimizer.beta1,
+            beta2=optimizer.beta2,
+            eps=optimizer.eps,
+            weight_decay=optimizer.weight_decay,
+        )
+    with errors.at(f"{path}.data"):
+        max_bytes = data.max_bytes if data.HasField("max_bytes") else None
+        corpus = messages.DataSettings(corpus_paths=tuple(data.corpus_paths), max_bytes=max_bytes)
+    device = DEVICES.decode(msg.device, f"{path}.device")
+    redundancy = REDUNDANCY_MODES.decode(msg.redundancy, f"{path}.redundancy")
+    with errors.at(path):
+        return messages.TrainingSettings(
+            model=msg.model,
+            seed=msg.seed,
+            optimizer=adamw,
+            global_batch_size=msg.global_batch_size,
+            data=corpus,
+            device=device,
+            snapshot_interval_steps=msg.snapshot_interval_steps,
+            redundancy=redundancy,
+        )
+
+
+# ---- Watch: Heartbeat <-> WatchResponse --------------------------------------------------------
+
+
+def encode_watch_request(interval_s: float) -> pb.WatchRequest:
+    _check_interval("WatchRequest.interval_s", interval_s)
+    return pb.WatchRequest(interval_s=interval_s)
+
+
+def decode_watch_request(msg: pb.WatchRequest) -> float:
+    """The heartbeat interval in seconds (> 0)."""
+    _check_interval("WatchRequest.interval_s", msg.interval_s)
+    return msg.interval_s
+
+
+def _check_interval(path: str, interval_s: float) -> None:
+    _check(path, math.isfinite(interval_s) and interval_s > 0, f"is {interval_s}; give seconds > 0")
+
+
+def encode_heartbeat(heartbeat: messages.Heartbeat) -> pb.WatchResponse:
+    return pb.WatchResponse(
+        worker=heartbeat.worker,
+        epoch=heartbeat.epoch,
+        state=STATES.encode(heartbeat.state),
+        last_committed_step=heartbeat.last_committed_step,
+        loss=heartbeat.loss,
+        samples_processed=heartbeat.samples_processed,
+        timings=encode_timings(heartbeat.timings),
+        snapshot=encode_snapshot_state(heartbeat.snapshot),
+        errors=[encode_latched_error(e) for e in heartbeat.errors],
+    )
+
+
+def decode_heartbeat(msg: pb.WatchResponse) -> messages.Heartbeat:
+    path = "WatchResponse"
+    for field in ("timings", "snapshot"):
+        if not msg.HasField(field):
+            raise errors.missing(path, field)
+    state = STATES.decode(msg.state, f"{path}.state")
+    timings = decode_timings(msg.timings, f"{path}.timings")
+    snapshot = decode_snapshot_state(msg.snapshot, f"{path}.snapshot")
+    latched = tuple(
+        decode_latched_error(e, f"{path}.errors[{i}]") for i, e in enumerate(msg.errors)
+    )
+    with errors.at(path):
+        return messages.Heartbeat(
+            worker=plans.WorkerId(msg.worker),
+            epoch=msg.epoch,
+            state=state,
+            last_committed_step=msg.last_committed_step,
+            loss=msg.loss if msg.HasField("loss") else None,
+            samples_processed=msg.samples_processed,
+            timings=timings,
+            snapshot=snapshot,
+            errors=latched,
+        )
+
+
+def encode_timings(timings: messages.Timings) -> pb.StepTimings:
+    return pb.StepTimings(
+        forward_s=timings.forward_s,
+        backward_s=timings.backward_s,
+        communication_s=timings.communication_s,
+        allreduce_s=timings.allreduce_s,
+        optimizer_s=timings.optimizer_s,
+        snapshot_s=timings.snapshot_s,
+        step_s=timings.step_s,
+    )
+
+
+def decode_timings(msg: pb.StepTimings, path: str = "StepTimings") -> messages.Timings:
+    with errors.at(path):
+        return messages.Timings(
+            forward_s=msg.forward_s,
+            backward_s=msg.backward_s,
+            communication_s=msg.communication_s,
+            allreduce_s=msg.allreduce_s,
+            optimizer_s=msg.optimizer_s,
+            snapshot_s=msg.snapshot_s,
+            step_s=msg.step_s,
+        )
+
+
+def encode_snapshot_state(state: messages.SnapshotState) -> pb.SnapshotState:
+    return pb.SnapshotState(
+        latest_step=state.latest_step, held_bytes=state.held_bytes, in_progress=state.in_progress
+    )
+
+
+def decode_snapshot_state(
+    msg: pb.SnapshotState, path: str = "SnapshotState"
+) -> messages.SnapshotState:
+    with errors.at(path):
+        return messages.SnapshotState(
+            latest_step=msg.latest_step if msg.HasField("latest_step") else None,
+            held_bytes=msg.held_bytes,
+            in_progress=msg.in_progress,
+        )
+
+
+def encode_latched_error(error: messages.LatchedError) -> pb.LatchedError:
+    return pb.LatchedError(
+        kind=ERROR_KINDS.encode(error.kind),
+        message=error.message,
+        step=error.step,
+        peer_worker=error.peer_worker,
+    )
+
+
+def decode_latched_error(msg: pb.LatchedError, path: str = "LatchedError") -> messages.LatchedError:
+    kind = ERROR_KINDS.decode(msg.kind, f"{path}.kind")
+    with errors.at(path):
+        return messages.LatchedError(
+            kind=kind,
+            message=msg.message,
+            step=msg.step,
+            peer_worker=plans.WorkerId(msg.peer_worker) if msg.HasField("peer_worker") else None,
+        )
+
+
+# ---- commands: Pause, Resume, Stop, TakeSnapshot, LoadSnapshot, and their answers -------------
+
+# The responses that are an Acknowledgement, and the requests that carry only an epoch.
+_Ack = TypeVar(
+    "_Ack",
+    pb.ConfigureResponse,
+    pb.PauseResponse,
+    pb.ResumeResponse,
+    pb.StopResponse,
+    pb.TakeSnapshotResponse,
+    pb.LoadSnapshotResponse,
+)
+_EpochRequest = TypeVar("_EpochRequest", pb.PauseRequest, pb.ResumeRequest, pb.TakeSnapshotRequest)
+
+
+def encode_acknowledgement(ack: messages.Acknowledgement, response_type: type[_Ack]) -> _Ack:
+    return response_type(accepted=ack.accepted, reason=ack.reason)
+
+
+def decode_acknowledgement(msg: _Ack) -> messages.Acknowledgement:
+    with errors.at(type(msg).__name__):
+        return messages.Acknowledgement(accepted=msg.accepted, reason=msg.reason)
+
+
+def encode_epoch_command(epoch: int, request_type: type[_EpochRequest]) -> _EpochRequest:
+    """A Pause, Resume or TakeSnapshot request for `epoch` (>= 1)."""
+    _check(f"{request_type.__name__}.epoch", epoch >= 1, f"is {epoch}; give the epoch (>= 1)")
+    return request_type(epoch=epoch)
+
+
+def decode_epoch_command(msg: _EpochRequest) -> int:
+    """The epoch a Pause, Resume or TakeSnapshot request is meant for."""
+    name = type(msg).__name__
+    _check(f"{name}.epoch", msg.epoch >= 1, f"is {msg.epoch}; give the epoch (>= 1)")
+    return msg.epoch
+
+
+def encode_stop_request(grace_s: float) -> pb.StopRequest:
+    _check_grace(grace_s)
+    return pb.StopRequest(grace_s=grace_s)
+
+
+def decode_stop_request(msg: pb.StopRequest) -> float:
+    """The grace period in seconds (>= 0)."""
+    _check_grace(msg.grace_s)
+    return msg.grace_s
+
+
+def _check_grace(grace_s: float) -> None:
+    ok = math.isfinite(grace_s) and grace_s >= 0
+    _check("StopRequest.grace_s", ok, f"is {grace_s}; give seconds >= 0")
+
+
+def encode_load_snapshot(load: messages.SnapshotLoad) -> pb.LoadSnapshotRequest:
+    return pb.LoadSnapshotRequest(epoch=load.epoch, step=load.step)
+
+
+def decode_load_snapshot(msg: pb.LoadSnapshotRequest) -> messages.SnapshotLoad:
+    with errors.at("LoadSnapshotRequest"):
+        return messages.SnapshotLoad(epoch=msg.epoch, step=msg.step)
+
+
+def encode_snapshot_status(state: messages.SnapshotState) -> pb.GetSnapshotStatusResponse:
+    return pb.GetSnapshotStatusResponse(snapshot=encode_snapshot_state(state))
+
+
+def decode_snapshot_status(msg: pb.GetSnapshotStatusResponse) -> messages.SnapshotState:
+    if not msg.HasField("snapshot"):
+        raise errors.missing("GetSnapshotStatusResponse", "snapshot")
+    return decode_snapshot_state(msg.snapshot, "GetSnapshotStatusResponse.snapshot")
+
+
+# ---- Profile -----------------------------------------------------------------------------------
+
+
+def encode_profile_request(order: messages.ProfileOrder) -> pb.ProfileRequest:
+    return pb.ProfileRequest(
+        model=order.model, micro_batch_size=order.micro_batch_size, repeats=order.repeats
+    )
+
+
+def decode_profile_request(msg: pb.ProfileRequest) -> messages.ProfileOrder:
+    with errors.at("ProfileRequest"):
+        return messages.ProfileOrder(
+            model=msg.model, micro_batch_size=msg.micro_batch_size, repeats=msg.repeats
+        )
+
+
+def encode_profile_response(profile: profiles.Profile) -> pb.ProfileResponse:
+    return pb.ProfileResponse(profile=planner_codec.encode_profile(profile))
+
+
+def decode_profile_response(msg: pb.ProfileResponse) -> profiles.Profile:
+    if not msg.HasField("profile"):
+        raise errors.missing("ProfileResponse", "profile")
+    return planner_codec.decode_profile(msg.profile, "ProfileResponse.profile")

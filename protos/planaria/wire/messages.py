@@ -1,0 +1,359 @@
+"""The contract's domain side: what the controller and the agents tell each other, as dataclasses.
+
+These mirror the messages of planaria.v1 that have no home in the planner (the plan, layer
+transfers and profiles live in `planaria.planner`). The controller core imports only this module
+of the wire package, never the codec nor the generated code, so it stays free of protobuf and
+gRPC (an import contract in .importlinter keeps it so).
+
+Values are checked on construction: a `ValueError` names the field and what to change. The codec
+turns those into `WireError`s that name the message field, for messages that arrive from the
+network.
+
+Conventions (the same as the .proto file): seconds in `*_s` floats, bytes in `*_bytes` ints;
+steps count committed optimizer steps from 1 with 0 meaning none yet; epochs count
+configurations from 1 with 0 meaning never configured.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from enum import StrEnum
+
+from planaria.planner import plan as plans
+
+# The largest value a uint32 / uint64 field of the contract can carry.
+MAX_UINT32 = 2**32 - 1
+MAX_UINT64 = 2**64 - 1
+
+
+class AgentState(StrEnum):
+    """What an agent is doing (see AgentState in agent.proto)."""
+
+    IDLE = "idle"
+    CONFIGURING = "configuring"
+    TRANSFERRING = "transferring"
+    RUNNING = "running"
+    PAUSED = "paused"
+    FAILED = "failed"
+    STOPPED = "stopped"
+
+
+class ErrorKind(StrEnum):
+    """Kinds of errors an agent latches for the controller's recovery decision."""
+
+    PEER_LOST = "peer_lost"
+    TIMEOUT = "timeout"
+    INTERNAL = "internal"
+    INVALID_CONFIG = "invalid_config"
+    OUT_OF_MEMORY = "out_of_memory"
+    SNAPSHOT_UNAVAILABLE = "snapshot_unavailable"
+
+
+class RedundancyMode(StrEnum):
+    """How host-memory snapshot shards are protected (REFT §4.2: ARC copies, AEC parity, AOR)."""
+
+    NONE = "none"
+    COPY = "copy"
+    XOR = "xor"
+    RECOMPUTE = "recompute"
+
+
+class Backend(StrEnum):
+    """The torch.distributed backend of an epoch's process group."""
+
+    GLOO = "gloo"
+    NCCL = "nccl"
+
+
+class Device(StrEnum):
+    """Where a worker computes."""
+
+    CPU = "cpu"
+    CUDA = "cuda"
+
+
+def _check_range(owner: str, field: str, value: int, low: int, high: int) -> None:
+    if not low <= value <= high:
+        raise ValueError(f"{owner}: {field} is {value}; give a whole number in [{low}, {high}]")
+
+
+def _check_seconds(owner: str, field: str, value: float, *, positive: bool) -> None:
+    if not (math.isfinite(value) and (value > 0 if positive else value >= 0)):
+        bound = "> 0" if positive else ">= 0"
+        raise ValueError(f"{owner}: {field} is {value}; give a finite number of seconds {bound}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Rendezvous:
+    """Where and how an epoch's process group forms: the controller's TCP store, this worker's
+    rank, and the timeout bounding every blocking wait of the group."""
+
+    store_host: str
+    store_port: int
+    key_prefix: str
+    rank: int
+    world_size: int
+    backend: Backend
+    timeout_s: float
+
+    def __post_init__(self) -> None:
+        if not self.store_host:
+            raise ValueError("rendezvous: store_host is empty; give the store's host or address")
+        _check_range("rendezvous", "store_port", self.store_port, 1, 65535)
+        if not self.key_prefix:
+            raise ValueError("rendezvous: key_prefix is empty; give the epoch's prefix (epoch-N)")
+        _check_range("rendezvous", "world_size", self.world_size, 1, MAX_UINT32)
+        _check_range("rendezvous", "rank", self.rank, 0, self.world_size - 1)
+        _check_seconds("rendezvous", "timeout_s", self.timeout_s, positive=True)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OptimizerSettings:
+    """AdamW's hyper-parameters."""
+
+    lr: float
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.lr) and self.lr > 0):
+            raise ValueError(f"optimizer: lr is {self.lr}; give a finite learning rate > 0")
+        for name, beta in (("beta1", self.beta1), ("beta2", self.beta2)):
+            if not 0 <= beta < 1:
+                raise ValueError(f"optimizer: {name} is {beta}; give a decay in [0, 1)")
+        if not (math.isfinite(self.eps) and self.eps > 0):
+            raise ValueError(f"optimizer: eps is {self.eps}; give a finite eps > 0")
+        if not (math.isfinite(self.weight_decay) and self.weight_decay >= 0):
+            raise ValueError(f"optimizer: weight_decay is {self.weight_decay}; give one >= 0")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DataSettings:
+    """The corpus files, read in order, and an optional cap on the bytes read."""
+
+    corpus_paths: tuple[str, ...]
+    max_bytes: int | None = None
+
+    def __post_init__(self) -> None:
+        if not self.corpus_paths or not all(self.corpus_paths):
+            raise ValueError(f"data: corpus_paths {self.corpus_paths}; give non-empty paths")
+        if self.max_bytes is not None:
+            _check_range("data", "max_bytes", self.max_bytes, 1, MAX_UINT64)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TrainingSettings:
+    """The job's settings that never change with the plan.
+
+    `snapshot_interval_steps` = 0 takes no periodic snapshots (TakeSnapshot still works).
+    """
+
+    model: str
+    seed: int
+    optimizer: OptimizerSettings
+    global_batch_size: int
+    data: DataSettings
+    device: Device
+    snapshot_interval_steps: int
+    redundancy: RedundancyMode
+
+    def __post_init__(self) -> None:
+        if not self.model:
+            raise ValueError("settings: model is empty; give a model shape name such as 'tiny'")
+        _check_range("settings", "seed", self.seed, 0, MAX_UINT64)
+        _check_range("settings", "global_batch_size", self.global_batch_size, 1, MAX_UINT32)
+        _check_range(
+            "settings", "snapshot_interval_steps", self.snapshot_interval_steps, 0, MAX_UINT32
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkerConfig:
+    """Everything one worker needs to run an epoch (the Configure RPC).
+
+    `resume_step` is the last committed step; training continues with the next one. `transfers`
+    are the layer copies this worker takes part in, as destination or as a source; a worker may
+    be a source without being in the plan (its old layers are still wanted). The plan's global
+    batch must equal the settings' global batch: the plan may change, the batch never does.
+    """
+
+    epoch: int
+    worker: plans.WorkerId
+    plan: plans.Plan
+    resume_step: int
+    rendezvous: Rendezvous
+    transfers: tuple[plans.LayerTransfer, ...]
+    settings: TrainingSettings
+
+    def __post_init__(self) -> None:
+        _check_range("worker config", "epoch", self.epoch, 1, MAX_UINT64)
+        _check_range("worker config", "worker", self.worker, 0, MAX_UINT32)
+        _check_range("worker config", "resume_step", self.resume_step, 0, MAX_UINT64)
+        if self.plan.global_batch_size != self.settings.global_batch_size:
+            raise ValueError(
+                f"worker config: the plan's global batch is {self.plan.global_batch_size} "
+                f"samples but settings.global_batch_size is {self.settings.global_batch_size}; "
+                "make the plan's micro_batch_size x micro-batches equal the global batch"
+            )
+        seen: set[tuple[int, plans.WorkerId]] = set()
+        for transfer in self.transfers:
+            self._check_transfer(transfer)
+            if (transfer.layer, transfer.destination) in seen:
+                raise ValueError(
+                    f"worker config: layer {transfer.layer} is sent to worker "
+                    f"{transfer.destination} twice; give one transfer per layer and destination"
+                )
+            seen.add((transfer.layer, transfer.destination))
+
+    def _check_transfer(self, transfer: plans.LayerTransfer) -> None:
+        if self.worker != transfer.destination and self.worker not in transfer.sources:
+            raise ValueError(
+                f"worker config: transfer of layer {transfer.layer} to {transfer.destination} "
+                f"does not involve worker {self.worker}; send each worker only its own transfers"
+            )
+        if transfer.layer >= self.plan.num_layers:
+            raise ValueError(
+                f"worker config: a transfer names layer {transfer.layer} but the plan has "
+                f"{self.plan.num_layers} layers; give a layer in [0, {self.plan.num_layers})"
+            )
+        holders = _holders(self.plan, transfer.layer)
+        if transfer.destination not in holders:
+            raise ValueError(
+                f"worker config: transfer of layer {transfer.layer} goes to worker "
+                f"{transfer.destination}, which does not hold that layer in the plan; send it "
+                f"to one of {sorted(holders)}"
+            )
+
+
+def _holders(plan: plans.Plan, layer: int) -> set[plans.WorkerId]:
+    """The workers that hold `layer` in `plan`."""
+    stages = (s for p in plan.pipelines for s in p.stages if layer in s.layers)
+    return {w for s in stages for w in s.workers}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Timings:
+    """Seconds the last step spent in each phase (phases may overlap, so they need not sum to
+    `step_s`)."""
+
+    forward_s: float = 0.0
+    backward_s: float = 0.0
+    communication_s: float = 0.0
+    allreduce_s: float = 0.0
+    optimizer_s: float = 0.0
+    snapshot_s: float = 0.0
+    step_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        for field in dataclasses.fields(self):
+            _check_seconds("timings", field.name, getattr(self, field.name), positive=False)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SnapshotState:
+    """The host-memory snapshots a worker holds: the latest complete one's step (None when none)
+    and the bytes it occupies here (shards and redundancy), and whether one is being taken."""
+
+    latest_step: int | None = None
+    held_bytes: int = 0
+    in_progress: bool = False
+
+    def __post_init__(self) -> None:
+        if self.latest_step is not None:
+            _check_range("snapshot", "latest_step", self.latest_step, 1, MAX_UINT64)
+        _check_range("snapshot", "held_bytes", self.held_bytes, 0, MAX_UINT64)
+        if self.latest_step is None and self.held_bytes:
+            raise ValueError(
+                f"snapshot: held_bytes is {self.held_bytes} but there is no snapshot; "
+                "set latest_step or make held_bytes 0"
+            )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LatchedError:
+    """An error an agent hit during `step` and holds until it is reconfigured."""
+
+    kind: ErrorKind
+    message: str
+    step: int
+    peer_worker: plans.WorkerId | None = None
+
+    def __post_init__(self) -> None:
+        if not self.message:
+            raise ValueError(f"latched error ({self.kind}): message is empty; say what happened")
+        _check_range("latched error", "step", self.step, 0, MAX_UINT64)
+        if self.peer_worker is not None:
+            _check_range("latched error", "peer_worker", self.peer_worker, 0, MAX_UINT32)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Heartbeat:
+    """One report on the Watch stream: where the agent is and how its last step went.
+
+    `loss` is the loss of `last_committed_step` (None when no step is committed, or when the
+    agent resumed without it); `errors` are those latched since the epoch began.
+    """
+
+    worker: plans.WorkerId
+    epoch: int
+    state: AgentState
+    last_committed_step: int
+    loss: float | None
+    samples_processed: int
+    timings: Timings
+    snapshot: SnapshotState
+    errors: tuple[LatchedError, ...] = ()
+
+    def __post_init__(self) -> None:
+        _check_range("heartbeat", "worker", self.worker, 0, MAX_UINT32)
+        _check_range("heartbeat", "epoch", self.epoch, 0, MAX_UINT64)
+        _check_range("heartbeat", "last_committed_step", self.last_committed_step, 0, MAX_UINT64)
+        _check_range("heartbeat", "samples_processed", self.samples_processed, 0, MAX_UINT64)
+        if self.last_committed_step == 0 and self.loss is not None:
+            raise ValueError("heartbeat: a loss is given but no step is committed; drop the loss")
+        if self.state is AgentState.FAILED and not self.errors:
+            raise ValueError("heartbeat: state is failed but no error is latched; report it")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Acknowledgement:
+    """An agent's answer to a command: accepted, or refused with a reason (stale epoch, wrong
+    state). Malformed commands are not answered this way; they fail with INVALID_ARGUMENT."""
+
+    accepted: bool
+    reason: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.accepted and not self.reason:
+            raise ValueError("acknowledgement: a refusal needs a reason; say why")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ProfileOrder:
+    """Ask an agent to profile `model` at `micro_batch_size`, keeping the median of `repeats`."""
+
+    model: str
+    micro_batch_size: int
+    repeats: int
+
+    def __post_init__(self) -> None:
+        if not self.model:
+            raise ValueError("profile order: model is empty; give a model shape name")
+        _check_range("profile order", "micro_batch_size", self.micro_batch_size, 1, MAX_UINT32)
+        _check_range("profile order", "repeats", self.repeats, 1, MAX_UINT32)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SnapshotLoad:
+    """Ask the agents of `epoch` to load their layers from the host-memory snapshots of `step`."""
+
+    epoch: int
+    step: int
+
+    def __post_init__(self) -> None:
+        _check_range("snapshot load", "epoch", self.epoch, 1, MAX_UINT64)
+        _check_range("snapshot load", "step", self.step, 1, MAX_UINT64)
