@@ -4,13 +4,18 @@ Profiles (planaria.planner.profile): `link_profiles`, `layer_profiles`, `profile
 non-negative times and byte counts and model names that are none of the named shapes (a named
 model's profile must have exactly its layer count). Model shapes: `small_shapes`, GPT shapes
 small enough to cost or build in a test.
+
+Plans (planaria.planner.plan): `plans` (valid plans, with reroutes and holes), `layer_transfers`.
+Wire messages (planaria.wire.messages): `rendezvous`, `training_settings`, `worker_configs`,
+`timings`, `snapshot_states`, `latched_errors`, `heartbeats`.
 """
 
 from __future__ import annotations
 
 from hypothesis import strategies as st
 
-from planaria.planner import profile, shapes
+from planaria.planner import plan, profile, shapes
+from planaria.wire import messages
 
 # --- profiles ----------------------------------------------------------------------------------
 
@@ -74,4 +79,247 @@ def small_shapes(draw: st.DrawFn, *, max_layers: int = 6) -> shapes.ModelShape:
         seq_len=draw(st.integers(min_value=1, max_value=256)),
         vocab_size=draw(st.integers(min_value=1, max_value=4096)),
         ffn_dim=draw(st.sampled_from([0, d_model, 3 * d_model + 1])),
+    )
+
+
+# --- plans (planaria.planner.plan) -------------------------------------------------------------
+
+
+@st.composite
+def _cuts(draw: st.DrawFn, num_layers: int) -> tuple[int, ...]:
+    """Stage boundaries strictly inside 1..num_layers-1 (at most 3, so at most 4 stages)."""
+    if num_layers == 1:
+        return ()
+    inner = st.integers(min_value=1, max_value=num_layers - 1)
+    return tuple(sorted(draw(st.lists(inner, unique=True, max_size=min(3, num_layers - 1)))))
+
+
+@st.composite
+def plans(
+    draw: st.DrawFn, *, max_layers: int = 8, max_pipelines: int = 3, max_gpus_per_node: int = 4
+) -> plan.Plan:
+    """A valid plan: pipelines of contiguous stages over the same layers (often the same cuts, so
+    that reroutes are possible), every stage on a fresh node with 1..gpus_per_node distinct GPUs,
+    1..8 micro-batches per pipeline, and reroutes to peers of the same layer range; a fully
+    rerouted stage that nobody reroutes to may be a hole (no workers)."""
+    num_layers = draw(st.integers(min_value=1, max_value=max_layers))
+    gpus_per_node = draw(st.integers(min_value=1, max_value=max_gpus_per_node))
+    template = draw(_cuts(num_layers))
+    node = draw(st.integers(min_value=0, max_value=3))
+    raw: list[tuple[list[tuple[int, int, tuple[plan.WorkerId, ...]]], int]] = []
+    for _ in range(draw(st.integers(min_value=1, max_value=max_pipelines))):
+        cuts = template if draw(st.booleans()) else draw(_cuts(num_layers))
+        stages = []
+        for start, stop in zip((0, *cuts), (*cuts, num_layers), strict=True):
+            gpus = st.integers(min_value=0, max_value=gpus_per_node - 1)
+            local = draw(st.lists(gpus, min_size=1, max_size=gpus_per_node, unique=True))
+            stages.append(
+                (start, stop, tuple(plan.WorkerId(node * gpus_per_node + g) for g in local))
+            )
+            node += 1 + draw(st.integers(min_value=0, max_value=2))
+        raw.append((stages, draw(st.integers(min_value=1, max_value=8))))
+    reroutes = draw(_reroutes(raw))
+    return plan.Plan(
+        pipelines=tuple(
+            plan.Pipeline(
+                stages=tuple(
+                    plan.Stage(layer_start=a, layer_stop=b, workers=w) for a, b, w in stages
+                ),
+                num_micro_batches=m,
+            )
+            for stages, m in raw
+        ),
+        micro_batch_size=draw(st.integers(min_value=1, max_value=16)),
+        gpus_per_node=gpus_per_node,
+        reroutes=reroutes,
+    )
+
+
+@st.composite
+def _reroutes(
+    draw: st.DrawFn, raw: list[tuple[list[tuple[int, int, tuple[plan.WorkerId, ...]]], int]]
+) -> tuple[plan.Reroute, ...]:
+    """At most one reroute per stage, to a peer pipeline's stage with the same layers; `raw` is
+    edited in place to empty the workers of fully rerouted stages chosen to be holes."""
+    candidates = [
+        (p, i, q)
+        for p, (stages, _) in enumerate(raw)
+        for i, (start, stop, _) in enumerate(stages)
+        for q, (peer, _) in enumerate(raw)
+        if q != p and any((a, b) == (start, stop) for a, b, _ in peer)
+    ]
+    if not candidates:
+        return ()
+    chosen = draw(st.lists(st.sampled_from(candidates), max_size=3, unique_by=lambda c: c[:2]))
+    reroutes, targets = [], set()
+    for p, i, q in chosen:
+        start, stop, _ = raw[p][0][i]
+        targets.add((q, next(j for j, s in enumerate(raw[q][0]) if s[:2] == (start, stop))))
+        micro = st.integers(min_value=0, max_value=raw[p][1] - 1)
+        batches = tuple(sorted(draw(st.lists(micro, unique=True, max_size=raw[p][1]))))
+        reroutes.append(plan.Reroute(pipeline=p, stage=i, peer_pipeline=q, micro_batches=batches))
+    for reroute in reroutes:
+        p, i = reroute.pipeline, reroute.stage
+        whole = len(reroute.micro_batches) == raw[p][1]
+        if whole and (p, i) not in targets and draw(st.booleans()):
+            raw[p][0][i] = (*raw[p][0][i][:2], ())
+    return tuple(reroutes)
+
+
+def _holders(p: plan.Plan, layer: int) -> list[plan.WorkerId]:
+    return sorted(
+        w for pl in p.pipelines for s in pl.stages if layer in s.layers for w in s.workers
+    )
+
+
+@st.composite
+def layer_transfers(draw: st.DrawFn, p: plan.Plan, worker: plan.WorkerId) -> plan.LayerTransfer:
+    """A transfer valid for `worker`'s configuration under plan `p`: it receives a layer it holds
+    (when it holds any and the draw says so) or sends one of 1..3 shards of a layer to a holder."""
+    others = st.integers(min_value=0, max_value=max(p.workers, default=0) + 4)
+    mine = [layer for layer in range(p.num_layers) if worker in _holders(p, layer)]
+    sendable = [n for n in range(p.num_layers) if set(_holders(p, n)) - {worker}]
+    if mine and (not sendable or draw(st.booleans())):
+        layer = draw(st.sampled_from(mine))
+        senders = others.filter(lambda w: w != worker)
+        sources = draw(st.lists(senders, min_size=1, max_size=3, unique=True))
+        return plan.LayerTransfer(
+            layer=layer, destination=worker, sources=tuple(plan.WorkerId(w) for w in sources)
+        )
+    layer = draw(st.sampled_from(sendable))
+    destination = draw(st.sampled_from([w for w in _holders(p, layer) if w != worker]))
+    senders = others.filter(lambda w: w not in (worker, destination))
+    rest = draw(st.lists(senders, max_size=2, unique=True))
+    position = draw(st.integers(min_value=0, max_value=len(rest)))
+    rest.insert(position, worker)
+    return plan.LayerTransfer(
+        layer=layer, destination=destination, sources=tuple(plan.WorkerId(w) for w in rest)
+    )
+
+
+# --- wire messages (planaria.wire.messages) ----------------------------------------------------
+
+_STEPS = st.integers(min_value=0, max_value=2**64 - 1)
+_WORKERS = st.integers(min_value=0, max_value=2**32 - 1).map(plan.WorkerId)
+_WORDS = st.text(min_size=1, max_size=16)
+
+
+def rendezvous() -> st.SearchStrategy[messages.Rendezvous]:
+    """A rendezvous whose rank is below its world size."""
+    return st.integers(min_value=1, max_value=64).flatmap(
+        lambda world: st.builds(
+            messages.Rendezvous,
+            store_host=_WORDS,
+            store_port=st.integers(min_value=1, max_value=65535),
+            key_prefix=_WORDS,
+            rank=st.integers(min_value=0, max_value=world - 1),
+            world_size=st.just(world),
+            backend=st.sampled_from(messages.Backend),
+            timeout_s=st.floats(min_value=1e-3, max_value=3600.0),
+        )
+    )
+
+
+def training_settings(global_batch_size: int) -> st.SearchStrategy[messages.TrainingSettings]:
+    """Settings for a plan whose global batch is `global_batch_size` samples."""
+    optimizer = st.builds(
+        messages.OptimizerSettings,
+        lr=st.floats(min_value=1e-8, max_value=10.0),
+        beta1=st.floats(min_value=0.0, max_value=1.0, exclude_max=True),
+        beta2=st.floats(min_value=0.0, max_value=1.0, exclude_max=True),
+        eps=st.floats(min_value=1e-12, max_value=1e-3),
+        weight_decay=st.floats(min_value=0.0, max_value=1.0),
+    )
+    data = st.builds(
+        messages.DataSettings,
+        corpus_paths=st.lists(_WORDS, min_size=1, max_size=3).map(tuple),
+        max_bytes=st.none() | st.integers(min_value=1, max_value=2**64 - 1),
+    )
+    return st.builds(
+        messages.TrainingSettings,
+        model=_WORDS,
+        seed=_STEPS,
+        optimizer=optimizer,
+        global_batch_size=st.just(global_batch_size),
+        data=data,
+        device=st.sampled_from(messages.Device),
+        snapshot_interval_steps=st.integers(min_value=0, max_value=1000),
+        redundancy=st.sampled_from(messages.RedundancyMode),
+    )
+
+
+@st.composite
+def worker_configs(draw: st.DrawFn) -> messages.WorkerConfig:
+    """A configuration for a worker of the plan (or one outside it, then only a source of
+    transfers), with up to 3 transfers involving it and settings matching the plan's batch."""
+    p = draw(plans())
+    worker = draw(st.sampled_from([*p.workers, plan.WorkerId(max(p.workers) + 1)]))
+    transfers = draw(
+        st.lists(
+            layer_transfers(p, worker), max_size=3, unique_by=lambda t: (t.layer, t.destination)
+        )
+    )
+    return messages.WorkerConfig(
+        epoch=draw(st.integers(min_value=1, max_value=2**64 - 1)),
+        worker=worker,
+        plan=p,
+        resume_step=draw(_STEPS),
+        rendezvous=draw(rendezvous()),
+        transfers=tuple(transfers),
+        settings=draw(training_settings(p.global_batch_size)),
+    )
+
+
+def timings() -> st.SearchStrategy[messages.Timings]:
+    seconds = st.floats(min_value=0.0, max_value=1e4)
+    return st.builds(
+        messages.Timings,
+        forward_s=seconds,
+        backward_s=seconds,
+        communication_s=seconds,
+        allreduce_s=seconds,
+        optimizer_s=seconds,
+        snapshot_s=seconds,
+        step_s=seconds,
+    )
+
+
+@st.composite
+def snapshot_states(draw: st.DrawFn) -> messages.SnapshotState:
+    """No snapshot (0 bytes held), or the latest one's step and size."""
+    latest = draw(st.none() | st.integers(min_value=1, max_value=2**64 - 1))
+    held = 0 if latest is None else draw(st.integers(min_value=0, max_value=2**64 - 1))
+    return messages.SnapshotState(
+        latest_step=latest, held_bytes=held, in_progress=draw(st.booleans())
+    )
+
+
+def latched_errors() -> st.SearchStrategy[messages.LatchedError]:
+    return st.builds(
+        messages.LatchedError,
+        kind=st.sampled_from(messages.ErrorKind),
+        message=_WORDS,
+        step=_STEPS,
+        peer_worker=st.none() | _WORKERS,
+    )
+
+
+@st.composite
+def heartbeats(draw: st.DrawFn) -> messages.Heartbeat:
+    """Heartbeats in any state; a failed agent has at least one latched error, and there is a
+    loss (any float but NaN) only once a step is committed."""
+    state = draw(st.sampled_from(messages.AgentState))
+    step = draw(_STEPS)
+    losses = st.floats(allow_nan=False)
+    minimum = 1 if state is messages.AgentState.FAILED else 0
+    return messages.Heartbeat(
+        worker=draw(_WORKERS),
+        epoch=draw(_STEPS),
+        state=state,
+        last_committed_step=step,
+        loss=None if step == 0 else draw(st.none() | losses),
+        samples_processed=draw(_STEPS),
+        timings=draw(timings()),
+        snapshot=draw(snapshot_states()),
+        errors=tuple(draw(st.lists(latched_errors(), min_size=minimum, max_size=3))),
     )
