@@ -1,0 +1,109 @@
+"""The reference trainer: the whole model in one process, the oracle distributed runs must match.
+
+One training step, exactly as the pipeline executor must reproduce it (up to the order in which
+floating-point sums are taken):
+
+1. the step's global batch of B samples comes from `data.Sampler(num_samples, B, seed)`;
+2. it is cut into B / b micro-batches of b consecutive samples (`Sampler.split` with one
+   pipeline);
+3. for each micro-batch, in order: forward through all planner layers, `model.micro_batch_loss`
+   (token cross-entropy summed, divided by B * seq_len), backward; gradients accumulate, so each
+   parameter's gradient is the sum over micro-batches;
+4. every layer's own AdamW (`model.make_optimizer`) steps once, and gradients are cleared.
+
+The step's loss is the sum of the micro-batch losses: the mean token loss of the global batch.
+Nothing here is clever on purpose; it is kept obviously right.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from planaria.agent import data, model
+from planaria.planner import shapes
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TrainingConfig:
+    """What fixes a training run's semantics: model, seed, batch sizes, optimizer.
+
+    `seed` seeds both the layers' initial parameters and the sampler. Raises ValueError when a
+    size is < 1 or the global batch is not a multiple of the micro-batch.
+    """
+
+    shape: shapes.ModelShape
+    seed: int
+    global_batch_size: int
+    micro_batch_size: int
+    optimizer: model.OptimizerConfig = field(default_factory=model.OptimizerConfig)
+
+    def __post_init__(self) -> None:
+        if self.seed < 0:
+            raise ValueError(f"seed must be >= 0 (got {self.seed})")
+        for name in ("global_batch_size", "micro_batch_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1 (got {getattr(self, name)})")
+        if self.global_batch_size % self.micro_batch_size:
+            raise ValueError(
+                f"global_batch_size ({self.global_batch_size}) must be a multiple of "
+                f"micro_batch_size ({self.micro_batch_size}); change one of them"
+            )
+
+    @property
+    def num_micro_batches(self) -> int:
+        return self.global_batch_size // self.micro_batch_size
+
+
+class ReferenceTrainer:
+    """Single-process training of all planner layers with gradient accumulation.
+
+    Call `step(0)`, `step(1)`, ... in order; each returns that step's loss. Layer `i`'s module,
+    optimizer and state are `layers[i]`, `optimizers[i]`, `layer_state(i)`.
+    """
+
+    def __init__(self, config: TrainingConfig, tokens: data.Tokens) -> None:
+        self.config = config
+        self.dataset = data.TokenDataset(tokens=tokens, seq_len=config.shape.seq_len)
+        self.sampler = data.Sampler(
+            num_samples=self.dataset.num_samples,
+            global_batch_size=config.global_batch_size,
+            seed=config.seed,
+        )
+        self.layers = model.build_layers(config.shape, config.seed)
+        self.optimizers = [model.make_optimizer(layer, config.optimizer) for layer in self.layers]
+
+    def step(self, step_index: int) -> float:
+        """Train on step `step_index`'s global batch; returns its mean token loss."""
+        config = self.config
+        (micro_batches,) = self.sampler.split(
+            step_index, config.micro_batch_size, [config.num_micro_batches]
+        )
+        loss = 0.0
+        for samples in micro_batches:
+            inputs, targets = self.dataset.batch(samples)
+            logits = model.run_layers(self.layers, inputs)
+            micro_loss = model.micro_batch_loss(logits, targets, config.global_batch_size)
+            torch.autograd.backward(micro_loss)
+            loss += micro_loss.item()
+        for optimizer in self.optimizers:
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        return loss
+
+    def layer_state(self, index: int) -> model.LayerState:
+        """A copy of layer `index`'s parameters and AdamW state."""
+        return model.extract_layer_state(index, self.layers[index], self.optimizers[index])
+
+    def load_layer_state(self, state: model.LayerState) -> None:
+        """Overwrite layer `state.index` with `state` (bit-exact)."""
+        index = state.index
+        model.load_layer_state(index, self.layers[index], self.optimizers[index], state)
+
+    @torch.no_grad()
+    def evaluate(self, samples: tuple[int, ...]) -> float:
+        """Mean token loss of `samples` without training (no gradients, no optimizer step)."""
+        inputs, targets = self.dataset.batch(samples)
+        logits = model.run_layers(self.layers, inputs)
+        return model.micro_batch_loss(logits, targets, len(samples)).item()
