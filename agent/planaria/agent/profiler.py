@@ -1,0 +1,320 @@
+"""The measuring profiler: per-layer costs of the real model on this machine, for the planner.
+
+`measure_profile` builds the model's planner layers (`planaria.agent.model`) and, for one
+micro-batch of random tokens, times each layer on its own the way a pipeline stage runs it:
+
+- forward: the layer's forward with autograd recording (the head includes the loss,
+  `model.micro_batch_loss`, as the last stage computes it); backward: from a random gradient of
+  the layer's output (the head: from its loss) back to its parameters and its input, the
+  gradient a stage sends upstream; optimizer: the layer's own AdamW step. Each is the median of
+  `repeats` runs after `warmup` untimed ones; on CUDA the device is synchronised around each.
+- bytes, from tensor sizes: parameters and gradients (numel * element size), AdamW's two moments
+  (2 x parameter bytes), activations (the distinct storages autograd saves for backward during
+  the forward, found with `torch.autograd.graph.saved_tensors_hooks`, parameters excluded) and
+  the output sent downstream (the head sends nothing).
+
+One device is one "GPU": every layer has timings for one GPU per stage only. The links are
+measured, not assumed: two gloo process groups in this process, joined through an in-memory
+store, send tensors to each other over the loopback interface; the one-way time of a tiny
+message is the latency and the extra time of a 16 MiB message gives the bandwidth. The same
+link stands for intra- and inter-node traffic (all workers of a local run share this machine),
+and the accelerator is named accordingly, e.g. "cpu-gloo-loopback". `memory_bytes` is the
+machine's RAM on CPU, the device's memory on CUDA.
+
+Errors:
+
+    ProfilerError
+    └── ProfilerInputError (ValueError)   sizes out of range, an unusable device
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import statistics
+import threading
+import time
+import typing
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from planaria.agent import model
+from planaria.planner import profile, shapes
+
+PROFILE_SEED = 0  # parameter values do not change costs; any fixed seed will do
+SMALL_MESSAGE_BYTES = 4
+LARGE_MESSAGE_BYTES = 16 * 2**20
+LINK_REPEATS = 5
+LINK_TIMEOUT = datetime.timedelta(seconds=30)
+
+
+class ProfilerError(Exception):
+    """Base of the errors this module raises on purpose."""
+
+
+class ProfilerInputError(ProfilerError, ValueError):
+    """A measurement request that cannot be carried out as given; the message says what to fix."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LayerMeasurement:
+    """Median seconds and the activation bytes of one layer for one micro-batch."""
+
+    forward_s: float
+    backward_s: float
+    optimizer_s: float
+    activation_bytes: int
+    output_bytes: int
+
+
+def measure_profile(
+    shape: shapes.ModelShape,
+    micro_batch_size: int,
+    *,
+    warmup: int,
+    repeats: int,
+    device: str = "cpu",
+) -> profile.Profile:
+    """A measured (synthetic=False) profile of `shape` for micro-batches of `micro_batch_size`.
+
+    Raises ProfilerInputError when micro_batch_size or repeats is < 1, warmup < 0, or the
+    device does not exist here.
+    """
+    _check_counts(micro_batch_size, warmup, repeats)
+    target = _device(device)
+    link = measure_loopback_link()
+    layers = []
+    hidden = _token_ids(shape, micro_batch_size, target)
+    for index in range(shape.num_planner_layers):
+        layer = model.build_layer(shape, PROFILE_SEED, index, target)
+        measured = measure_layer(shape, layer, hidden, warmup=warmup, repeats=repeats)
+        layers.append(_layer_profile(model.layer_name(shape, index), layer, measured))
+        with torch.no_grad():
+            hidden = layer(hidden)  # the next layer's input, as the stage before would send it
+    return profile.Profile(
+        model=shape.name,
+        accelerator=f"{_accelerator_name(target)}-gloo-loopback",
+        micro_batch_size=micro_batch_size,
+        memory_bytes=_memory_bytes(target),
+        layers=tuple(layers),
+        intra_node=link,
+        inter_node=link,
+        synthetic=False,
+    )
+
+
+def measure_layer(
+    shape: shapes.ModelShape, layer: nn.Module, x: torch.Tensor, *, warmup: int, repeats: int
+) -> LayerMeasurement:
+    """Time forward, backward and AdamW step of `layer` on input `x` (one micro-batch)."""
+    is_head = isinstance(layer, model.Head)
+    # Random targets for the head's loss: the values do not change its cost.
+    targets = torch.randint(0, shape.vocab_size, x.shape[:2], device=x.device) if is_head else None
+    optimizer = model.make_optimizer(layer, model.OptimizerConfig())
+    forward_s, backward_s, optimizer_s = [], [], []
+    activation_bytes = output_bytes = 0
+    for run in range(warmup + repeats):
+        inputs = x if x.dtype == torch.int64 else x.detach().requires_grad_(True)
+        with _SavedBytes(layer) as saved:
+            start = _now(x.device)
+            output = _forward(layer, inputs, targets)
+            forward = _now(x.device) - start
+        gradient = None if is_head else torch.randn_like(output)
+        start = _now(x.device)
+        torch.autograd.backward(output, gradient)
+        backward = _now(x.device) - start
+        start = _now(x.device)
+        optimizer.step()
+        step = _now(x.device) - start
+        optimizer.zero_grad(set_to_none=True)
+        if run >= warmup:
+            forward_s.append(forward)
+            backward_s.append(backward)
+            optimizer_s.append(step)
+        activation_bytes = saved.nbytes
+        output_bytes = 0 if is_head else output.numel() * output.element_size()
+    return LayerMeasurement(
+        forward_s=statistics.median(forward_s),
+        backward_s=statistics.median(backward_s),
+        optimizer_s=statistics.median(optimizer_s),
+        activation_bytes=activation_bytes,
+        output_bytes=output_bytes,
+    )
+
+
+def _forward(layer: nn.Module, inputs: torch.Tensor, targets: torch.Tensor | None) -> torch.Tensor:
+    """The layer's output; for the head (given targets), the micro-batch loss."""
+    output: torch.Tensor = layer(inputs)
+    if targets is None:
+        return output
+    return model.micro_batch_loss(output, targets, inputs.shape[0])
+
+
+class _SavedBytes:
+    """Context manager summing the distinct storages autograd saves for backward.
+
+    Storages are told apart by data pointer, so a tensor saved by several operations (or views
+    of one buffer) counts once; the layer's parameters are saved too but are not activations.
+    """
+
+    def __init__(self, layer: nn.Module) -> None:
+        self._parameters = {p.untyped_storage().data_ptr() for p in layer.parameters()}
+        self._storages: dict[int, int] = {}
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(self._storages.values())
+
+    def __enter__(self) -> _SavedBytes:
+        self._hooks.__enter__()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._hooks.__exit__(*exc_info)
+
+    def _pack(self, tensor: torch.Tensor) -> torch.Tensor:
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in self._parameters:
+            self._storages[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    @staticmethod
+    def _unpack(tensor: torch.Tensor) -> torch.Tensor:
+        return tensor
+
+
+def _layer_profile(name: str, layer: nn.Module, measured: LayerMeasurement) -> profile.LayerProfile:
+    parameter_bytes = sum(p.numel() * p.element_size() for p in layer.parameters())
+    return profile.LayerProfile(
+        name=name,
+        forward_s=(measured.forward_s,),
+        backward_s=(measured.backward_s,),
+        parameter_bytes=parameter_bytes,
+        gradient_bytes=parameter_bytes,
+        optimizer_bytes=2 * parameter_bytes,  # AdamW: exp_avg and exp_avg_sq, same dtype
+        activation_bytes=measured.activation_bytes,
+        output_bytes=measured.output_bytes,
+        optimizer_s=measured.optimizer_s,
+    )
+
+
+# --- links --------------------------------------------------------------------------------------
+
+
+def measure_loopback_link(repeats: int = LINK_REPEATS) -> profile.LinkProfile:
+    """Latency and bandwidth of gloo point-to-point sends over this machine's loopback.
+
+    Two gloo process groups (ranks 0 and 1) live in this process; rank 0 sends to rank 1 and
+    the median one-way time is taken for a 4-byte and a 16 MiB tensor. latency = the small
+    time; bandwidth = (large - small bytes) / (large - small time).
+    """
+    groups = _loopback_groups()
+    small = _one_way_s(groups, SMALL_MESSAGE_BYTES, repeats)
+    large = _one_way_s(groups, LARGE_MESSAGE_BYTES, repeats)
+    # Guard against a large send timed no slower than a small one (timer noise on tiny links).
+    extra_s = max(large - small, 1e-9)
+    return profile.LinkProfile(
+        bandwidth_bytes_per_s=(LARGE_MESSAGE_BYTES - SMALL_MESSAGE_BYTES) / extra_s,
+        latency_s=small,
+    )
+
+
+def _loopback_groups() -> tuple[dist.ProcessGroupGloo, dist.ProcessGroupGloo]:
+    """Ranks 0 and 1 of one gloo group, both in this process (each joins from its own thread,
+    because creating a rank blocks until its peer connects)."""
+    # HashStore is public torch API, but torch's stubs do not re-export it.
+    store = dist.HashStore()  # type: ignore[attr-defined]
+    made: dict[int, dist.ProcessGroupGloo] = {}
+
+    def join(rank: int) -> None:
+        made[rank] = dist.ProcessGroupGloo(store, rank, 2, LINK_TIMEOUT)
+
+    threads = [threading.Thread(target=join, args=(rank,)) for rank in (0, 1)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if len(made) != 2:
+        raise ProfilerError("could not connect two gloo ranks over loopback")
+    return made[0], made[1]
+
+
+class _PointToPoint(typing.Protocol):
+    """The send / recv a gloo backend has at run time (torch's stubs leave them out)."""
+
+    def send(self, tensors: list[torch.Tensor], dstRank: int, tag: int) -> dist.Work: ...
+    def recv(self, tensors: list[torch.Tensor], srcRank: int, tag: int) -> dist.Work: ...
+
+
+def _one_way_s(
+    groups: tuple[dist.ProcessGroupGloo, dist.ProcessGroupGloo], num_bytes: int, repeats: int
+) -> float:
+    """Median seconds from posting a send of `num_bytes` until the receiver has it all."""
+    sender, receiver = (typing.cast(_PointToPoint, group) for group in groups)
+    source = torch.zeros(max(num_bytes // 4, 1), dtype=torch.float32)
+    sink = torch.empty_like(source)
+    times = []
+    for _ in range(repeats + 1):  # the first send also sets up the connection: not timed
+        start = time.perf_counter()
+        received = receiver.recv([sink], 0, 0)
+        sender.send([source], 1, 0).wait()
+        received.wait()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times[1:])
+
+
+# --- machine ------------------------------------------------------------------------------------
+
+
+def _check_counts(micro_batch_size: int, warmup: int, repeats: int) -> None:
+    if micro_batch_size < 1:
+        raise ProfilerInputError(f"micro-batch size must be >= 1 (got {micro_batch_size})")
+    if repeats < 1:
+        raise ProfilerInputError(f"repeats must be >= 1 (got {repeats})")
+    if warmup < 0:
+        raise ProfilerInputError(f"warmup must be >= 0 (got {warmup})")
+
+
+def _device(name: str) -> torch.device:
+    try:
+        device = torch.device(name)
+    except RuntimeError as exc:
+        raise ProfilerInputError(
+            f"device {name!r} is not a torch device; use cpu or cuda[:N]"
+        ) from exc
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ProfilerInputError(f"device {name!r}: this machine has no CUDA device; use cpu")
+    if device.type not in ("cpu", "cuda"):
+        raise ProfilerInputError(f"device {name!r} is not supported; use cpu or cuda[:N]")
+    return device
+
+
+def _token_ids(
+    shape: shapes.ModelShape, micro_batch_size: int, device: torch.device
+) -> torch.Tensor:
+    generator = torch.Generator(device="cpu").manual_seed(PROFILE_SEED)
+    ids = torch.randint(0, shape.vocab_size, (micro_batch_size, shape.seq_len), generator=generator)
+    return ids.to(device)
+
+
+def _now(device: torch.device) -> float:
+    """A wall-clock reading after all queued work on `device` has finished."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
+def _accelerator_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device).lower().replace(" ", "-")
+    return "cpu"
+
+
+def _memory_bytes(device: torch.device) -> int:
+    if device.type == "cuda":
+        return int(torch.cuda.get_device_properties(device).total_memory)
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")

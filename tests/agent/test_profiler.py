@@ -1,0 +1,124 @@
+"""The measuring profiler (planaria.agent.profiler).
+
+Covers: a measured profile of the tiny model has its num_layers + 2 layers named as the planner
+names them, one positive time per GPU count (one device = one GPU), parameter, gradient and
+AdamW bytes equal to what the shape predicts for fp32, output bytes of one fp32 hidden state
+(none from the head), the embedding's saved token and position ids, activations that scale with
+the micro-batch, a gloo loopback link with positive latency and bandwidth, the machine's RAM,
+synthetic=False; it survives the profile file format; bad requests are refused with one-line
+errors.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+from planaria.agent import model, profiler
+from planaria.planner import profile, shapes
+from planaria.spec import profile_file
+
+TINY = shapes.named("tiny")
+FP32 = 4
+
+
+@pytest.fixture(autouse=True)
+def one_thread() -> Iterator[None]:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def measured() -> profile.Profile:
+    return profiler.measure_profile(TINY, 2, warmup=1, repeats=2)
+
+
+def test_the_profile_has_the_planners_layers(measured: profile.Profile) -> None:
+    names = [layer.name for layer in measured.layers]
+    assert names == [model.layer_name(TINY, i) for i in range(TINY.num_planner_layers)]
+    assert measured.model == "tiny" and measured.micro_batch_size == 2
+    assert measured.synthetic is False
+
+
+def test_every_layer_has_one_positive_time_per_phase(measured: profile.Profile) -> None:
+    assert measured.max_gpus_per_stage == 1
+    for layer in measured.layers:
+        assert layer.forward_s[0] > 0 and layer.backward_s[0] > 0 and layer.optimizer_s > 0
+
+
+def test_state_bytes_are_what_the_shape_predicts(measured: profile.Profile) -> None:
+    for layer, count in zip(measured.layers, TINY.layer_parameters(), strict=True):
+        assert layer.parameter_bytes == count * FP32
+        assert layer.gradient_bytes == count * FP32
+        assert layer.optimizer_bytes == 2 * count * FP32
+
+
+def test_each_layer_but_the_head_sends_one_hidden_state(measured: profile.Profile) -> None:
+    hidden = 2 * TINY.seq_len * TINY.d_model * FP32
+    assert [layer.output_bytes for layer in measured.layers] == [hidden] * 5 + [0]
+
+
+def test_activation_bytes_are_the_tensors_saved_for_backward(measured: profile.Profile) -> None:
+    embedding, *blocks, head = measured.layers
+    # The embedding saves its int64 token ids and position ids, nothing else.
+    assert embedding.activation_bytes == (2 * TINY.seq_len + TINY.seq_len) * 8
+    # A block saves at least its input, and far more than its output alone.
+    assert all(block.activation_bytes > 4 * block.output_bytes for block in blocks)
+    # The head keeps at least the fp32 logits for the loss.
+    assert head.activation_bytes >= 2 * TINY.seq_len * TINY.vocab_size * FP32
+
+
+def test_block_activations_scale_with_the_micro_batch() -> None:
+    block = model.build_layer(TINY, 0, 1)
+    sizes = []
+    for b in (1, 3):
+        x = torch.randn(b, TINY.seq_len, TINY.d_model)
+        sizes.append(profiler.measure_layer(TINY, block, x, warmup=0, repeats=1).activation_bytes)
+    assert sizes[1] == 3 * sizes[0]
+
+
+def test_the_link_is_measured_over_gloo_loopback(measured: profile.Profile) -> None:
+    assert measured.accelerator == "cpu-gloo-loopback"
+    assert measured.intra_node == measured.inter_node
+    assert 0 < measured.intra_node.latency_s < 1.0
+    # Loopback moves at least 10 MB/s even on a busy machine.
+    assert measured.intra_node.bandwidth_bytes_per_s > 1e7
+
+
+def test_memory_is_the_machines_ram(measured: profile.Profile) -> None:
+    assert measured.memory_bytes == os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def test_the_measured_profile_survives_the_file_format(measured: profile.Profile) -> None:
+    text = profile_file.render_profile(measured, assumptions="measured in a test")
+    assert profile_file.parse_profile(text) == measured
+
+
+@pytest.mark.parametrize(
+    ("micro_batch", "warmup", "repeats", "device", "message"),
+    [
+        (0, 0, 1, "cpu", "micro-batch size must be >= 1"),
+        (1, 0, 0, "cpu", "repeats must be >= 1"),
+        (1, -1, 1, "cpu", "warmup must be >= 0"),
+        (1, 0, 1, "nonsense", "'nonsense' is not a torch device; use cpu or cuda"),
+        (1, 0, 1, "meta", "'meta' is not supported; use cpu or cuda"),
+    ],
+    ids=["an empty micro-batch", "no timed runs", "negative warm-up", "an unknown device"]
+    + ["a device that computes nothing"],
+)
+def test_a_measurement_is_refused_for(
+    micro_batch: int, warmup: int, repeats: int, device: str, message: str
+) -> None:
+    with pytest.raises(profiler.ProfilerInputError, match=message):
+        profiler.measure_profile(TINY, micro_batch, warmup=warmup, repeats=repeats, device=device)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA device")
+def test_cuda_is_refused_without_a_cuda_device() -> None:
+    with pytest.raises(profiler.ProfilerInputError, match="no CUDA device; use cpu"):
+        profiler.measure_profile(TINY, 1, warmup=0, repeats=1, device="cuda")
