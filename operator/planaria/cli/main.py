@@ -14,12 +14,13 @@ from collections.abc import Callable, Sequence
 
 import pydantic
 
-from planaria.cli import profile, version
+from planaria.cli import profile, reference, version
 
 # The command modules, in the order `planaria --help` lists them.
 COMMANDS: tuple[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None], ...] = (
     version.register,
     profile.register,
+    reference.register,
 )
 
 EXIT_USAGE = 2
