@@ -199,7 +199,7 @@ def test_weight_decay_applies_to_matrices_only() -> None:
     ids=["lr zero", "lr nan", "beta1 one", "beta2 negative", "eps zero", "negative decay"],
 )
 def test_optimizer_config_rejects(field: str, value: float) -> None:
-    with pytest.raises(ValueError, match=field):
+    with pytest.raises(model.OptimizerConfigError, match=field):
         model.OptimizerConfig(**{field: value})
 
 

@@ -164,7 +164,7 @@ def test_evaluation_changes_nothing(stdlib_tokens: data.Tokens) -> None:
 )
 def test_a_training_config_is_refused_with(fields: dict[str, int], message: str) -> None:
     arguments = {"seed": 0, "global_batch_size": 8, "micro_batch_size": 4} | fields
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(reference.TrainingConfigError, match=message):
         reference.TrainingConfig(
             shape=MICRO,
             seed=arguments["seed"],

@@ -94,8 +94,8 @@ def load_corpus(
 ) -> Tokens:
     """Tokens of the files under `paths` (see the module docstring for which, in what order).
 
-    Raises CorpusError when a path does not exist, when `paths` is empty, or when no bytes are
-    found; ValueError-derived CorpusError too when max_bytes < 1.
+    Raises CorpusError when a path does not exist or cannot be read, when `paths` is empty,
+    when no bytes are found, or when max_bytes < 1.
     """
     if not paths:
         raise CorpusError("no corpus paths given; name at least one file or directory")

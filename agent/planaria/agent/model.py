@@ -24,7 +24,8 @@ schedules and communication (the executor).
 Errors:
 
     ModelError
-    └── LayerStateError (ValueError)   a LayerState that does not fit the layer it is loaded into
+    ├── OptimizerConfigError (ValueError)   a hyper-parameter out of range
+    └── LayerStateError (ValueError)        a LayerState that does not fit its target layer
 """
 
 from __future__ import annotations
@@ -40,13 +41,17 @@ from torch import nn
 from planaria.planner import shapes
 
 INIT_STD = 0.02  # GPT-2's initial weight standard deviation
-# Multiplier and offset turning (seed, layer index) into one torch seed without Python's hash.
+# Multiplier and modulus turning (seed, layer index) into one torch seed without Python's hash.
 SEED_STRIDE = 1_000_003
 SEED_MODULUS = 2**63
 
 
 class ModelError(Exception):
     """Base of the errors this module raises on purpose."""
+
+
+class OptimizerConfigError(ModelError, ValueError):
+    """An optimizer hyper-parameter out of range; the message names it and the valid range."""
 
 
 class LayerStateError(ModelError, ValueError):
@@ -233,14 +238,18 @@ class OptimizerConfig:
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.lr) and self.lr > 0):
-            raise ValueError(f"optimizer lr must be finite and > 0 (got {self.lr})")
+            raise OptimizerConfigError(f"optimizer lr must be finite and > 0 (got {self.lr})")
         for name in ("beta1", "beta2"):
             if not 0.0 <= getattr(self, name) < 1.0:
-                raise ValueError(f"optimizer {name} must be in [0, 1) (got {getattr(self, name)})")
+                raise OptimizerConfigError(
+                    f"optimizer {name} must be in [0, 1) (got {getattr(self, name)})"
+                )
         if not self.eps > 0:
-            raise ValueError(f"optimizer eps must be > 0 (got {self.eps})")
+            raise OptimizerConfigError(f"optimizer eps must be > 0 (got {self.eps})")
         if not self.weight_decay >= 0:
-            raise ValueError(f"optimizer weight_decay must be >= 0 (got {self.weight_decay})")
+            raise OptimizerConfigError(
+                f"optimizer weight_decay must be >= 0 (got {self.weight_decay})"
+            )
 
 
 def make_optimizer(layer: nn.Module, config: OptimizerConfig) -> torch.optim.AdamW:

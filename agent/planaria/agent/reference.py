@@ -13,6 +13,9 @@ floating-point sums are taken):
 
 The step's loss is the sum of the micro-batch losses: the mean token loss of the global batch.
 Nothing here is clever on purpose; it is kept obviously right.
+
+Errors: TrainingConfigError (ValueError) for a configuration out of range; data and model
+errors (`data.DataError`, `model.ModelError`) pass through.
 """
 
 from __future__ import annotations
@@ -25,12 +28,16 @@ from planaria.agent import data, model
 from planaria.planner import shapes
 
 
+class TrainingConfigError(ValueError):
+    """A training configuration out of range; the message names the field and the fix."""
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TrainingConfig:
     """What fixes a training run's semantics: model, seed, batch sizes, optimizer.
 
-    `seed` seeds both the layers' initial parameters and the sampler. Raises ValueError when a
-    size is < 1 or the global batch is not a multiple of the micro-batch.
+    `seed` seeds both the layers' initial parameters and the sampler. Raises TrainingConfigError
+    when a size is < 1 or the global batch is not a multiple of the micro-batch.
     """
 
     shape: shapes.ModelShape
@@ -41,12 +48,12 @@ class TrainingConfig:
 
     def __post_init__(self) -> None:
         if self.seed < 0:
-            raise ValueError(f"seed must be >= 0 (got {self.seed})")
+            raise TrainingConfigError(f"seed must be >= 0 (got {self.seed})")
         for name in ("global_batch_size", "micro_batch_size"):
             if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1 (got {getattr(self, name)})")
+                raise TrainingConfigError(f"{name} must be >= 1 (got {getattr(self, name)})")
         if self.global_batch_size % self.micro_batch_size:
-            raise ValueError(
+            raise TrainingConfigError(
                 f"global_batch_size ({self.global_batch_size}) must be a multiple of "
                 f"micro_batch_size ({self.micro_batch_size}); change one of them"
             )
