@@ -64,6 +64,7 @@ class _EnumCodec(Generic[_E, _V]):
         return member
 
 
+# Public so that a servicer can translate a lone enum value, and tests can check completeness.
 STATES = _EnumCodec(pb.AgentState.Value, "AGENT_STATE_", messages.AgentState)
 ERROR_KINDS = _EnumCodec(pb.ErrorKind.Value, "ERROR_KIND_", messages.ErrorKind)
 REDUNDANCY_MODES = _EnumCodec(pb.RedundancyMode.Value, "REDUNDANCY_MODE_", messages.RedundancyMode)
