@@ -2,10 +2,14 @@
 
     PlannerError
     ├── PlanInputError (ValueError)   bad input: a field and what to change
-    └── InfeasibleError (ValueError)  valid input no plan can satisfy: why, and what would fix it
+    ├── InfeasibleError (ValueError)  valid input no plan can satisfy: why, and what would fix it
+    └── ScheduleError                 a schedule breaks the execution contract (docs/schedule.md)
+        └── DeadlockError             ... because some workers wait on each other for ever
 
-Both are user-facing: the CLI prints them as one line and exits 2; the controller turns them into
-a status condition. Internal invariants use `assert`, never these.
+The first two are user-facing: the CLI prints them as one line and exits 2; the controller turns
+them into a status condition. A ScheduleError is a fault of whoever built the schedule (the
+compiler or a hand-written test schedule), never of the user, so it is not a ValueError.
+Internal invariants use `assert`, never these.
 """
 
 
@@ -19,3 +23,11 @@ class PlanInputError(PlannerError, ValueError):
 
 class InfeasibleError(PlannerError, ValueError):
     """The inputs are valid but admit no plan; the message says why and what would fix it."""
+
+
+class ScheduleError(PlannerError):
+    """A schedule is malformed: unmatched messages, missing or repeated work, wrong groups."""
+
+
+class DeadlockError(ScheduleError):
+    """Replaying a schedule gets stuck; the message lists each stuck worker's instruction."""
