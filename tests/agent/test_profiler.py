@@ -3,7 +3,7 @@
 Covers: a measured profile of the tiny model has its num_layers + 2 layers named as the planner
 names them, one positive time per GPU count (one device = one GPU), parameter, gradient and
 AdamW bytes equal to what the shape predicts for fp32, output bytes of one fp32 hidden state
-(none from the head), the embedding's saved token and position ids, activations that scale with
+(none from the head), the embedding's saved token ids, activations that scale with
 the micro-batch, a gloo loopback link with positive latency and bandwidth, the machine's RAM,
 synthetic=False; it survives the profile file format; bad requests are refused with one-line
 errors.
@@ -65,8 +65,8 @@ def test_each_layer_but_the_head_sends_one_hidden_state(measured: profile.Profil
 
 def test_activation_bytes_are_the_tensors_saved_for_backward(measured: profile.Profile) -> None:
     embedding, *blocks, head = measured.layers
-    # The embedding saves its int64 token ids and position ids, nothing else.
-    assert embedding.activation_bytes == (2 * TINY.seq_len + TINY.seq_len) * 8
+    # The embedding saves its int64 token ids for the table's gradient, nothing else.
+    assert embedding.activation_bytes == 2 * TINY.seq_len * 8
     # A block saves at least its input, and far more than its output alone.
     assert all(block.activation_bytes > 4 * block.output_bytes for block in blocks)
     # The head keeps at least the fp32 logits for the loss.

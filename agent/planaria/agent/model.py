@@ -62,17 +62,19 @@ class LayerStateError(ModelError, ValueError):
 
 
 class Embedding(nn.Module):
-    """Planner layer 0: token plus learned position embeddings."""
+    """Planner layer 0: token plus learned position embeddings.
+
+    The tables are bare parameters rather than `nn.Embedding`s: its default init draws normal
+    values, which on the meta device costs torch seconds of one-off imports per process.
+    """
 
     def __init__(self, shape: shapes.ModelShape) -> None:
         super().__init__()
-        self.tokens = nn.Embedding(shape.vocab_size, shape.d_model)
-        self.positions = nn.Embedding(shape.seq_len, shape.d_model)
+        self.tokens = nn.Parameter(torch.empty(shape.vocab_size, shape.d_model))
+        self.positions = nn.Parameter(torch.empty(shape.seq_len, shape.d_model))
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        positions = torch.arange(ids.shape[1], device=ids.device)
-        hidden: torch.Tensor = self.tokens(ids) + self.positions(positions)
-        return hidden
+        return F.embedding(ids, self.tokens) + self.positions[: ids.shape[1]]
 
 
 class Block(nn.Module):
@@ -147,7 +149,7 @@ def build_layer(
     _check_index(shape, index)
     with torch.device("meta"):
         layer = _layer_module(shape, index)
-    layer.to_empty(device="cpu")
+    _materialise(layer)
     generator = torch.Generator(device="cpu").manual_seed(layer_seed(seed, index))
     with torch.no_grad():
         _initialise(layer, generator, residual_std=INIT_STD / math.sqrt(2 * shape.num_layers))
@@ -180,18 +182,31 @@ def _layer_module(shape: shapes.ModelShape, index: int) -> nn.Module:
     return Block(shape)
 
 
+def _materialise(layer: nn.Module) -> None:
+    """Give every meta parameter uninitialised CPU storage of its shape and dtype.
+
+    `nn.Module.to_empty` does the same, but its `empty_like` from meta costs a one-off import
+    of about half a second in every process, and agents are started often.
+    """
+    for module in layer.modules():
+        for name, p in list(module.named_parameters(recurse=False)):
+            setattr(module, name, nn.Parameter(torch.empty(p.shape, dtype=p.dtype)))
+
+
 def _initialise(layer: nn.Module, generator: torch.Generator, residual_std: float) -> None:
     """GPT-2 init in module order: N(0, 0.02) weights, zero biases, unit LayerNorm gains; the
     projections back into the residual stream get 0.02 / sqrt(2 * num_layers)."""
     for name, module in layer.named_modules():
-        if isinstance(module, nn.LayerNorm):
+        if isinstance(module, Embedding):
+            nn.init.normal_(module.tokens, mean=0.0, std=INIT_STD, generator=generator)
+            nn.init.normal_(module.positions, mean=0.0, std=INIT_STD, generator=generator)
+        elif isinstance(module, nn.LayerNorm):
             nn.init.ones_(module.weight)
             nn.init.zeros_(module.bias)
-        elif isinstance(module, nn.Linear | nn.Embedding):
-            residual = name in ("attn_proj", "mlp_proj")
-            std = residual_std if residual else INIT_STD
+        elif isinstance(module, nn.Linear):
+            std = residual_std if name in ("attn_proj", "mlp_proj") else INIT_STD
             nn.init.normal_(module.weight, mean=0.0, std=std, generator=generator)
-            if isinstance(module, nn.Linear) and module.bias is not None:
+            if module.bias is not None:
                 nn.init.zeros_(module.bias)
 
 

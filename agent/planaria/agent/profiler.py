@@ -109,39 +109,48 @@ def measure_profile(
 def measure_layer(
     shape: shapes.ModelShape, layer: nn.Module, x: torch.Tensor, *, warmup: int, repeats: int
 ) -> LayerMeasurement:
-    """Time forward, backward and AdamW step of `layer` on input `x` (one micro-batch)."""
-    is_head = isinstance(layer, model.Head)
+    """Time forward, backward and AdamW step of `layer` on input `x` (one micro-batch): the
+    medians of `repeats` runs after `warmup` untimed ones."""
     # Random targets for the head's loss: the values do not change its cost.
+    is_head = isinstance(layer, model.Head)
     targets = torch.randint(0, shape.vocab_size, x.shape[:2], device=x.device) if is_head else None
     optimizer = model.make_optimizer(layer, model.OptimizerConfig())
-    forward_s, backward_s, optimizer_s = [], [], []
-    activation_bytes = output_bytes = 0
-    for run in range(warmup + repeats):
-        inputs = x if x.dtype == torch.int64 else x.detach().requires_grad_(True)
-        with _SavedBytes(layer) as saved:
-            start = _now(x.device)
-            output = _forward(layer, inputs, targets)
-            forward = _now(x.device) - start
-        gradient = None if is_head else torch.randn_like(output)
-        start = _now(x.device)
-        torch.autograd.backward(output, gradient)
-        backward = _now(x.device) - start
-        start = _now(x.device)
-        optimizer.step()
-        step = _now(x.device) - start
-        optimizer.zero_grad(set_to_none=True)
-        if run >= warmup:
-            forward_s.append(forward)
-            backward_s.append(backward)
-            optimizer_s.append(step)
-        activation_bytes = saved.nbytes
-        output_bytes = 0 if is_head else output.numel() * output.element_size()
+    runs = [_run_once(layer, optimizer, x, targets) for _ in range(warmup + repeats)][warmup:]
     return LayerMeasurement(
-        forward_s=statistics.median(forward_s),
-        backward_s=statistics.median(backward_s),
-        optimizer_s=statistics.median(optimizer_s),
-        activation_bytes=activation_bytes,
-        output_bytes=output_bytes,
+        forward_s=statistics.median(run.forward_s for run in runs),
+        backward_s=statistics.median(run.backward_s for run in runs),
+        optimizer_s=statistics.median(run.optimizer_s for run in runs),
+        activation_bytes=runs[-1].activation_bytes,
+        output_bytes=runs[-1].output_bytes,
+    )
+
+
+def _run_once(
+    layer: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    x: torch.Tensor,
+    targets: torch.Tensor | None,
+) -> LayerMeasurement:
+    """One forward, backward and optimizer step, each timed; x is a fresh leaf every run."""
+    inputs = x if x.dtype == torch.int64 else x.detach().requires_grad_(True)
+    with _SavedBytes(layer) as saved:
+        start = _now(x.device)
+        output = _forward(layer, inputs, targets)
+        forward_s = _now(x.device) - start
+    gradient = None if targets is not None else torch.randn_like(output)
+    start = _now(x.device)
+    torch.autograd.backward(output, gradient)
+    backward_s = _now(x.device) - start
+    start = _now(x.device)
+    optimizer.step()
+    optimizer_s = _now(x.device) - start
+    optimizer.zero_grad(set_to_none=True)
+    return LayerMeasurement(
+        forward_s=forward_s,
+        backward_s=backward_s,
+        optimizer_s=optimizer_s,
+        activation_bytes=saved.nbytes,
+        output_bytes=0 if targets is not None else output.numel() * output.element_size(),
     )
 
 
