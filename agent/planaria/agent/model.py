@@ -65,7 +65,7 @@ class Embedding(nn.Module):
     """Planner layer 0: token plus learned position embeddings.
 
     The tables are bare parameters rather than `nn.Embedding`s: its default init draws normal
-    values, which on the meta device costs torch seconds of one-off imports per process.
+    values, which on the meta device costs seconds of one-off imports in every process.
     """
 
     def __init__(self, shape: shapes.ModelShape) -> None:
