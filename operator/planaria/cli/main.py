@@ -66,3 +66,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("planaria: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # The reader went away (`planaria ... | head`): not an error of ours. Point stdout at
+        # devnull so the interpreter's final flush does not raise again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
