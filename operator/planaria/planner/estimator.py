@@ -1,0 +1,194 @@
+"""Time estimator: how long one training step of a schedule takes (Odyssey §IV-C, eq. 9-13).
+
+Odyssey simulates each pipeline with a DP over its stages' ops (eq. 11: an op starts when both
+the previous op of its stage and the op it depends on in the neighbouring stage have ended) and
+takes the slowest pipeline (eq. 10). We generalise that DP to the whole schedule: `execution`
+replays every worker's stream, where a receive waits for its send's arrival and a collective for
+all its members, so heterogeneous pipelines, rerouted micro-batches (eq. 12-13) and the
+layer-granular all-reduce rounds (Odyssey §IV-B) are timed by the same recurrence.
+
+Costs, from the profile (a stage of k workers uses the k-GPU timings; Odyssey's notation):
+- Forward / Backward: sum of forward_s[k-1] / backward_s[k-1] of the op's layers (Tf, Tb);
+- a send: latency + bytes / bandwidth of the intra-node link when both workers share a node,
+  else the inter-node link; an activation is the output_bytes of the sender's last layer, a
+  gradient the output_bytes of the layer before the sender's first (the tensor it received);
+  sends run in the background: the sender does not wait, the receiver waits for the arrival;
+- AllReduce: ring all-reduce (LinkProfile.allreduce_s) of the layers' gradient_bytes over the
+  group, inter-node link when the group spans nodes; with tensor-parallel members each of the k
+  shards is reduced concurrently, so the bytes per ring are those of the narrowest member's
+  shard (gradient bytes / smallest k). Collectives of one round run concurrently; network
+  contention between them is not modelled;
+- OptimizerStep: sum of optimizer_s / k; Snapshot: 0 (REFT snapshots asynchronously to host
+  memory; its overhead belongs to the snapshot model, not to the step).
+
+Not here: memory (`memory`), choosing plans (the policy).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from planaria.planner import errors, execution, instructions, plan, profile, schedule
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkerTime:
+    """Where one worker's step went, in seconds. `wait_s` is time blocked in receives and in
+    collectives before their last member arrived; `finish_s` is when its stream ended."""
+
+    worker: plan.WorkerId
+    forward_s: float
+    backward_s: float
+    allreduce_s: float
+    optimizer_s: float
+    wait_s: float
+    finish_s: float
+
+    @property
+    def busy_s(self) -> float:
+        """Computing or reducing (not waiting)."""
+        return self.forward_s + self.backward_s + self.allreduce_s + self.optimizer_s
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Segment:
+    """One link of the critical path: instruction `index` of `worker` (for a receive: the
+    message's transfer) occupied [start_s, end_s]."""
+
+    worker: plan.WorkerId
+    index: int
+    op: instructions.Op
+    start_s: float
+    end_s: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StepEstimate:
+    """The step time, each worker's breakdown, and the critical path: a chain of segments from
+    0 to `step_s` where each starts when the one before ends (zero-time hops left out)."""
+
+    step_s: float
+    workers: tuple[WorkerTime, ...]
+    critical_path: tuple[Segment, ...]
+
+    def critical_s(self, op: instructions.Op) -> float:
+        """Seconds of the critical path spent in instructions of kind `op` (per-phase view:
+        forward, backward, recv_* = transfers, all_reduce, optimizer_step)."""
+        return sum(s.end_s - s.start_s for s in self.critical_path if s.op == op)
+
+
+class ProfileCosts:
+    """`execution.Costs` from a profile, as described in the module docstring."""
+
+    def __init__(self, sched: schedule.Schedule, prof: profile.Profile) -> None:
+        _check_fits(sched, prof)
+        self.schedule = sched
+        self.profile = prof
+        self.width = {s.worker: s.width for s in sched.streams}
+
+    def compute_s(
+        self,
+        stream: schedule.WorkerStream,
+        instruction: instructions.Compute | instructions.OptimizerStep | instructions.Snapshot,
+    ) -> float:
+        k = stream.width
+        match instruction:
+            case instructions.Forward():
+                layers = self._layers(instruction.layer_start, instruction.layer_stop)
+                return sum(layer.forward_s[k - 1] for layer in layers)
+            case instructions.Backward():
+                layers = self._layers(instruction.layer_start, instruction.layer_stop)
+                return sum(layer.backward_s[k - 1] for layer in layers)
+            case instructions.OptimizerStep():
+                return sum(self.profile.layers[i].optimizer_s for i in instruction.layers) / k
+            case instructions.Snapshot():
+                return 0.0
+
+    def transfer_s(self, stream: schedule.WorkerStream, instruction: instructions.Send) -> float:
+        if isinstance(instruction, instructions.SendActivation):
+            num_bytes = self.profile.layers[stream.layer_stop - 1].output_bytes
+        else:
+            num_bytes = self.profile.layers[stream.layer_start - 1].output_bytes
+        same_node = self.schedule.node_of(stream.worker) == self.schedule.node_of(
+            instruction.destination
+        )
+        link = self.profile.intra_node if same_node else self.profile.inter_node
+        return link.transfer_s(num_bytes)
+
+    def collective_s(self, instruction: instructions.AllReduce) -> float:
+        num_bytes = sum(self.profile.layers[i].gradient_bytes for i in instruction.layers)
+        narrowest = min(self.width[w] for w in instruction.group)
+        nodes = {self.schedule.node_of(w) for w in instruction.group}
+        link = self.profile.intra_node if len(nodes) == 1 else self.profile.inter_node
+        return link.allreduce_s(num_bytes / narrowest, len(instruction.group))
+
+    def _layers(self, start: int, stop: int) -> tuple[profile.LayerProfile, ...]:
+        return self.profile.layers[start:stop]
+
+
+def _check_fits(sched: schedule.Schedule, prof: profile.Profile) -> None:
+    if prof.num_layers != sched.num_layers:
+        raise errors.PlanInputError(
+            f"the profile has {prof.num_layers} layers but the plan {sched.num_layers}; "
+            "profile the model the plan is for"
+        )
+    for stream in sched.streams:
+        if stream.width > prof.max_gpus_per_stage:
+            raise errors.PlanInputError(
+                f"worker {stream.worker}'s stage has {stream.width} GPUs but the profile times "
+                f"stages of up to {prof.max_gpus_per_stage}; profile with more GPUs per stage"
+            )
+
+
+def estimate_step(sched: schedule.Schedule, prof: profile.Profile) -> StepEstimate:
+    """Replay `sched` with `prof`'s costs. Raises PlanInputError when the profile does not fit
+    the schedule, DeadlockError when the schedule cannot finish."""
+    result = execution.replay(sched, ProfileCosts(sched, prof))
+    execution.raise_if_stuck(sched, result)
+    return StepEstimate(
+        step_s=result.step_s,
+        workers=tuple(_worker_time(s, result.events[s.worker]) for s in sched.streams),
+        critical_path=_critical_path(sched, result),
+    )
+
+
+def _worker_time(stream: schedule.WorkerStream, events: tuple[execution.Event, ...]) -> WorkerTime:
+    spent = dict.fromkeys(instructions.Op, 0.0)
+    wait = 0.0
+    for op, event in zip(stream.instructions, events, strict=True):
+        spent[op.op] += event.end_s - event.start_s
+        wait += event.start_s - event.ready_s
+    return WorkerTime(
+        worker=stream.worker,
+        forward_s=spent[instructions.Op.FORWARD],
+        backward_s=spent[instructions.Op.BACKWARD],
+        allreduce_s=spent[instructions.Op.ALL_REDUCE],
+        optimizer_s=spent[instructions.Op.OPTIMIZER_STEP],
+        wait_s=wait,
+        finish_s=events[-1].end_s if events else 0.0,
+    )
+
+
+def _critical_path(sched: schedule.Schedule, result: execution.Replay) -> tuple[Segment, ...]:
+    """Walk back from the last event: through the previous op of the same worker, or, when a
+    receive waited for its message or a collective for a late member, to that worker."""
+    ends = [(events[-1].end_s, w) for w, events in result.events.items() if events]
+    if not ends:
+        return ()
+    _, worker = max(ends)
+    index = len(result.events[worker]) - 1
+    path: list[Segment] = []
+    while index >= 0:
+        event = result.events[worker][index]
+        op = sched.stream(worker).instructions[index].op
+        start = event.start_s
+        if event.cause is not None and op != instructions.Op.ALL_REDUCE:
+            # a receive that waited: the path runs through the message's transfer
+            start = result.events[event.cause[0]][event.cause[1]].end_s
+        if event.end_s > start:
+            path.append(
+                Segment(worker=worker, index=index, op=op, start_s=start, end_s=event.end_s)
+            )
+        worker, index = event.cause if event.cause is not None else (worker, index)
+        index -= 1
+    return tuple(reversed(path))

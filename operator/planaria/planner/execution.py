@@ -1,0 +1,204 @@
+"""The execution model on paper: replay a schedule the way the executor runs it.
+
+Semantics (the contract the executor implements; docs/schedule.md):
+- a worker runs its instructions in order; compute takes `Costs.compute_s`;
+- a send is posted and the worker goes on at once (buffered, non-blocking); its message arrives
+  `Costs.transfer_s` after posting;
+- a receive blocks until the message with its (source, destination, tag) has arrived;
+- a collective blocks until every member of its group has reached its next collective on that
+  group; then all members run it together for `Costs.collective_s`. Members must therefore meet
+  the collectives of a group in the same order, or the replay gets stuck.
+
+`replay` is the one implementation of these rules: the checker (`deadlock`) replays with zero
+costs to prove a schedule finishes, the time estimator (`estimator`) with profiled costs to time
+it (Odyssey eq. 11, generalised from one pipeline to every worker, message and collective).
+Each event remembers what it waited for, so the critical path can be traced back.
+
+Not here: structural checks (`deadlock`), the cost model (`estimator`).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict, deque
+from dataclasses import dataclass
+from typing import Protocol
+
+from planaria.planner import errors, instructions, plan, schedule
+
+
+class Costs(Protocol):
+    """Durations in seconds of what a stream does."""
+
+    def compute_s(
+        self,
+        stream: schedule.WorkerStream,
+        instruction: instructions.Compute | instructions.OptimizerStep | instructions.Snapshot,
+    ) -> float: ...
+
+    def transfer_s(self, stream: schedule.WorkerStream, instruction: instructions.Send) -> float:
+        """From posting a send on `stream`'s worker to the message's arrival."""
+        ...
+
+    def collective_s(self, instruction: instructions.AllReduce) -> float: ...
+
+
+class ZeroCosts:
+    """Every instruction takes no time: replaying answers only "does it finish?"."""
+
+    def compute_s(
+        self,
+        stream: schedule.WorkerStream,
+        instruction: instructions.Compute | instructions.OptimizerStep | instructions.Snapshot,
+    ) -> float:
+        return 0.0
+
+    def transfer_s(self, stream: schedule.WorkerStream, instruction: instructions.Send) -> float:
+        return 0.0
+
+    def collective_s(self, instruction: instructions.AllReduce) -> float:
+        return 0.0
+
+
+# Where an event's start came from, when not from the previous instruction of its own worker:
+# a receive waits for the send (worker, index), a collective for its last member's arrival.
+Cause = tuple[plan.WorkerId, int]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Event:
+    """One instruction as replayed: reached at `ready_s`, started at `start_s` (a receive
+    "starts" when its message arrives, a collective when its last member arrives), ended at
+    `end_s`."""
+
+    ready_s: float
+    start_s: float
+    end_s: float
+    cause: Cause | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Replay:
+    """Events of every worker, in stream order (shorter than the stream where it got stuck), and
+    the (worker, index) of each instruction a stuck worker waits at."""
+
+    events: dict[plan.WorkerId, tuple[Event, ...]]
+    stuck: tuple[tuple[plan.WorkerId, int], ...]
+
+    @property
+    def step_s(self) -> float:
+        """When the last instruction of any worker ends."""
+        return max((e[-1].end_s for e in self.events.values() if e), default=0.0)
+
+
+def replay(sched: schedule.Schedule, costs: Costs) -> Replay:
+    """Run every stream under the rules above until all end or nothing can move."""
+    run = _Run(sched, costs)
+    while run.ready:
+        run.advance(run.ready.popleft())
+    stuck = tuple(
+        (s.worker, len(run.events[s.worker]))
+        for s in sched.streams
+        if len(run.events[s.worker]) < len(s.instructions)
+    )
+    return Replay(events={w: tuple(e) for w, e in run.events.items()}, stuck=stuck)
+
+
+def raise_if_stuck(sched: schedule.Schedule, result: Replay) -> None:
+    """DeadlockError naming every stuck worker and the instruction it waits at."""
+    if result.stuck:
+        waits = "; ".join(
+            f"worker {w} waits at #{i} {sched.stream(w).instructions[i]}" for w, i in result.stuck
+        )
+        raise errors.DeadlockError(f"the schedule deadlocks: {waits}")
+
+
+_Message = tuple[plan.WorkerId, plan.WorkerId, int]  # source, destination, tag
+_Collective = tuple[tuple[plan.WorkerId, ...], int]  # group, how many earlier ones on it
+
+
+class _Run:
+    """Mutable replay state; `advance` runs one worker until it blocks or ends."""
+
+    def __init__(self, sched: schedule.Schedule, costs: Costs) -> None:
+        self.streams = {s.worker: s for s in sched.streams}
+        self.costs = costs
+        self.events: dict[plan.WorkerId, list[Event]] = {w: [] for w in self.streams}
+        self.clock: dict[plan.WorkerId, float] = dict.fromkeys(self.streams, 0.0)
+        self.ready = deque(self.streams)
+        self.arrivals: dict[_Message, tuple[float, Cause]] = {}
+        self.waiting: dict[_Message, plan.WorkerId] = {}
+        self.seen: dict[plan.WorkerId, dict[tuple[plan.WorkerId, ...], int]] = defaultdict(
+            lambda: defaultdict(int)
+        )
+        self.members: dict[_Collective, dict[plan.WorkerId, float]] = defaultdict(dict)
+
+    def advance(self, worker: plan.WorkerId) -> None:
+        stream = self.streams[worker]
+        while len(self.events[worker]) < len(stream.instructions):
+            instruction = stream.instructions[len(self.events[worker])]
+            match instruction:
+                case instructions.RecvActivation() | instructions.RecvGrad():
+                    event = self._receive(worker, instruction)
+                case instructions.SendActivation() | instructions.SendGrad():
+                    event = self._send(stream, instruction)
+                case instructions.AllReduce():
+                    if not self._collective(worker, instruction):
+                        return
+                    continue
+                case _:
+                    now = self.clock[worker]
+                    duration = self.costs.compute_s(stream, instruction)
+                    event = Event(ready_s=now, start_s=now, end_s=now + duration)
+            if event is None:
+                return
+            self.clock[worker] = event.end_s
+            self.events[worker].append(event)
+
+    def _send(self, stream: schedule.WorkerStream, instruction: instructions.Send) -> Event:
+        now = self.clock[stream.worker]
+        key = (stream.worker, instruction.destination, instruction.tag)
+        if key in self.arrivals:
+            raise errors.ScheduleError(
+                f"worker {stream.worker} sends tag {key[2]} twice to {key[1]}"
+            )
+        arrival = now + self.costs.transfer_s(stream, instruction)
+        self.arrivals[key] = (arrival, (stream.worker, len(self.events[stream.worker])))
+        if key in self.waiting:
+            self.ready.append(self.waiting.pop(key))
+        return Event(ready_s=now, start_s=now, end_s=now)
+
+    def _receive(self, worker: plan.WorkerId, instruction: instructions.Recv) -> Event | None:
+        key = (instruction.source, worker, instruction.tag)
+        if key not in self.arrivals:
+            self.waiting[key] = worker
+            return None
+        arrival, sender = self.arrivals[key]
+        now = self.clock[worker]
+        start = max(now, arrival)
+        return Event(
+            ready_s=now, start_s=start, end_s=start, cause=sender if arrival > now else None
+        )
+
+    def _collective(self, worker: plan.WorkerId, instruction: instructions.AllReduce) -> bool:
+        """Register `worker`'s arrival; when it is the last member, run the collective for all
+        (True: `worker` moved on)."""
+        group = instruction.group
+        if worker not in group:
+            raise errors.ScheduleError(f"worker {worker} issues {instruction} outside its group")
+        key = (group, self.seen[worker][group])
+        self.members[key][worker] = self.clock[worker]
+        if len(self.members[key]) < len(group):
+            return False
+        arrived = self.members.pop(key)
+        start = max(arrived.values())
+        last = max(arrived, key=lambda m: (arrived[m], m))
+        end = start + self.costs.collective_s(instruction)
+        last_index = len(self.events[last])
+        for member, ready in arrived.items():
+            cause = None if member == last else (last, last_index)
+            self.events[member].append(Event(ready_s=ready, start_s=start, end_s=end, cause=cause))
+            self.clock[member] = end
+            self.seen[member][group] += 1
+            if member != worker:
+                self.ready.append(member)
+        return True

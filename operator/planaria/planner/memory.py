@@ -1,0 +1,126 @@
+"""Memory estimator: each worker's peak memory in one step of a schedule (Odyssey eq. 14).
+
+Odyssey eq. 14 splits stage i's peak into static memory, N_l (m_p + m_o + m_g), and the peak of
+the stashed activations, (N_pp - i) N_l m_a: in 1F1B stage i holds at most N_pp - i micro-batches
+between their forward and backward. We read that count off the worker's own stream instead of
+assuming it, which also covers heterogeneous pipelines, fewer micro-batches than stages, and
+peers that run rerouted micro-batches. Per worker:
+
+    peak = state + max_in_flight * stash + buffers
+    state  = sum over its layers of parameter + gradient + optimizer bytes
+    stash  = sum over its layers of activation_bytes, plus the output_bytes of its last layer
+             when it sends activations on (the stage output stays referenced until the gradient
+             for it arrives and backward runs)
+    max_in_flight = the largest number of micro-batches forwarded and not yet backwarded at any
+             point of the stream
+    buffers = one gradient receive buffer (output_bytes of its last layer) when it receives
+             gradients; a received activation is the first layer's input, already in the stash
+
+A stage of k workers splits its state, stash and buffers evenly over them (tensor parallelism),
+so a member needs 1/k of each, rounded up.
+
+`check_memory` is the one verdict: it returns the estimate when every worker fits and raises
+`errors.InfeasibleError` naming the worst worker, its peak and the limit otherwise.
+
+Not here: time (`estimator`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from planaria.planner import errors, instructions, plan, profile, schedule
+
+_GIB = 2**30
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkerMemory:
+    """Peak bytes of one worker (a member of a k-worker stage needs the same), by component."""
+
+    worker: plan.WorkerId
+    state_bytes: int
+    stash_bytes: int
+    max_in_flight: int
+    buffer_bytes: int
+
+    @property
+    def peak_bytes(self) -> int:
+        return self.state_bytes + self.max_in_flight * self.stash_bytes + self.buffer_bytes
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MemoryEstimate:
+    """Per-worker peaks, in stream order (by worker id)."""
+
+    workers: tuple[WorkerMemory, ...]
+
+    @property
+    def peak_bytes(self) -> int:
+        """The largest peak of any worker (0 for an empty schedule)."""
+        return max((w.peak_bytes for w in self.workers), default=0)
+
+
+def max_in_flight(stream: schedule.WorkerStream) -> int:
+    """Most micro-batches forwarded and not yet backwarded at once in the stream."""
+    live, most = 0, 0
+    for op in stream.instructions:
+        if isinstance(op, instructions.Forward):
+            live += 1
+            most = max(most, live)
+        elif isinstance(op, instructions.Backward):
+            live -= 1
+    return most
+
+
+def _per_member(num_bytes: int, width: int) -> int:
+    return -(-num_bytes // width)
+
+
+def _worker_memory(stream: schedule.WorkerStream, prof: profile.Profile) -> WorkerMemory:
+    layers = prof.layers[stream.layer_start : stream.layer_stop]
+    last = layers[-1]
+    sends_on = any(isinstance(op, instructions.SendActivation) for op in stream.instructions)
+    receives_grads = any(isinstance(op, instructions.RecvGrad) for op in stream.instructions)
+    stash = sum(layer.activation_bytes for layer in layers) + (last.output_bytes if sends_on else 0)
+    return WorkerMemory(
+        worker=stream.worker,
+        state_bytes=_per_member(sum(layer.state_bytes for layer in layers), stream.width),
+        stash_bytes=_per_member(stash, stream.width),
+        max_in_flight=max_in_flight(stream),
+        buffer_bytes=_per_member(last.output_bytes if receives_grads else 0, stream.width),
+    )
+
+
+def estimate_memory(sched: schedule.Schedule, prof: profile.Profile) -> MemoryEstimate:
+    """Every worker's peak; PlanInputError when the profile has a different layer count."""
+    if prof.num_layers != sched.num_layers:
+        raise errors.PlanInputError(
+            f"the profile has {prof.num_layers} layers but the plan {sched.num_layers}; "
+            "profile the model the plan is for"
+        )
+    return MemoryEstimate(workers=tuple(_worker_memory(s, prof) for s in sched.streams))
+
+
+def check_memory(
+    sched: schedule.Schedule, prof: profile.Profile, memory_bytes: int
+) -> MemoryEstimate:
+    """The estimate when every worker's peak is at most `memory_bytes`; else InfeasibleError
+    naming the worker with the highest peak, its components and the limit."""
+    if memory_bytes < 1:
+        raise errors.PlanInputError(f"memory_bytes is {memory_bytes}; give the GPU memory, >= 1")
+    estimate = estimate_memory(sched, prof)
+    over = [w for w in estimate.workers if w.peak_bytes > memory_bytes]
+    if over:
+        worst = max(over, key=lambda w: (w.peak_bytes, -w.worker))
+        stream = sched.stream(worst.worker)
+        raise errors.InfeasibleError(
+            f"worker {worst.worker} (pipeline {stream.pipeline} stage {stream.stage}, layers "
+            f"[{stream.layer_start}, {stream.layer_stop})) needs {worst.peak_bytes / _GIB:.2f} "
+            f"GiB at peak (state {worst.state_bytes / _GIB:.2f} GiB + {worst.max_in_flight} "
+            f"micro-batches in flight x {worst.stash_bytes / _GIB:.2f} GiB + buffers "
+            f"{worst.buffer_bytes / _GIB:.2f} GiB) but has {memory_bytes / _GIB:.2f} GiB"
+            f"{f'; {len(over)} workers are over' if len(over) > 1 else ''}: use more stages, "
+            "fewer layers on this stage or fewer micro-batches in flight"
+        )
+    return estimate
