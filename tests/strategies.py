@@ -5,7 +5,8 @@ non-negative times and byte counts and model names that are none of the named sh
 model's profile must have exactly its layer count). Model shapes: `small_shapes`, GPT shapes
 small enough to cost or build in a test.
 
-Plans (planaria.planner.plan): `plans` (valid plans, with reroutes and holes), `layer_transfers`.
+Plans (planaria.planner.plan): `plans` (valid plans, with reroutes and holes), `layer_transfers`;
+`shaped_plans` (given stage counts, symmetric or not, with failed stages rerouted to peers).
 Wire messages (planaria.wire.messages): `rendezvous`, `training_settings`, `worker_configs`,
 `timings`, `snapshot_states`, `latched_errors`, `heartbeats`.
 """
@@ -323,3 +324,98 @@ def heartbeats(draw: st.DrawFn) -> messages.Heartbeat:
         snapshot=draw(snapshot_states()),
         errors=tuple(draw(st.lists(latched_errors(), min_size=minimum, max_size=3))),
     )
+
+
+# --- plans of given shapes, with failed stages (planaria.planner.schedule) ---------------------
+
+
+@st.composite
+def shaped_plans(
+    draw: st.DrawFn,
+    stage_counts: tuple[int, ...],
+    *,
+    aligned: bool = True,
+    max_holes: int = 0,
+    max_micro_batches: int = 8,
+) -> plan.Plan:
+    """Pipelines with exactly these stage counts over the same layers, one GPU per stage (worker
+    ids in order, 1 or 2 GPUs per node, so neighbours may share a node), 1..max_micro_batches
+    micro-batches each. `aligned`: pipelines of equal depth share their cuts (symmetric). Up to
+    `max_holes` failed stages: a stage whose layers a live stage of another pipeline also has
+    loses its worker and its micro-batches are spread over all such live peers at random."""
+    num_layers = max(stage_counts) + draw(st.integers(min_value=0, max_value=2))
+    shared = {depth: draw(_cuts_of(num_layers, depth)) for depth in set(stage_counts)}
+    stages: list[list[tuple[int, int, tuple[plan.WorkerId, ...]]]] = []
+    worker = 0
+    for depth in stage_counts:
+        cuts = shared[depth] if aligned else draw(_cuts_of(num_layers, depth))
+        bounds = list(zip((0, *cuts), (*cuts, num_layers), strict=True))
+        stages.append([(a, b, (plan.WorkerId(worker + i),)) for i, (a, b) in enumerate(bounds)])
+        worker += depth
+    counts = [draw(st.integers(min_value=1, max_value=max_micro_batches)) for _ in stage_counts]
+    reroutes = draw(_holes(stages, counts, max_holes))
+    return plan.Plan(
+        pipelines=tuple(
+            plan.Pipeline(
+                stages=tuple(plan.Stage(layer_start=a, layer_stop=b, workers=w) for a, b, w in p),
+                num_micro_batches=n,
+            )
+            for p, n in zip(stages, counts, strict=True)
+        ),
+        micro_batch_size=1,
+        gpus_per_node=draw(st.integers(min_value=1, max_value=2)),
+        reroutes=reroutes,
+    )
+
+
+@st.composite
+def _cuts_of(draw: st.DrawFn, num_layers: int, depth: int) -> tuple[int, ...]:
+    """depth - 1 distinct cuts in 1..num_layers-1."""
+    inner = st.integers(min_value=1, max_value=num_layers - 1)
+    cuts = st.lists(inner, min_size=depth - 1, max_size=depth - 1, unique=True)
+    return tuple(sorted(draw(cuts))) if depth > 1 else ()
+
+
+@st.composite
+def _holes(
+    draw: st.DrawFn,
+    stages: list[list[tuple[int, int, tuple[plan.WorkerId, ...]]]],
+    counts: list[int],
+    max_holes: int,
+) -> tuple[plan.Reroute, ...]:
+    """Empty up to max_holes stages (edited in place) and reroute their micro-batches."""
+    reroutes: list[plan.Reroute] = []
+    targets: set[tuple[int, int]] = set()
+    for _ in range(draw(st.integers(min_value=0, max_value=max_holes))):
+        candidates = [
+            (p, s, peers)
+            for p, pipeline in enumerate(stages)
+            for s, (a, b, workers) in enumerate(pipeline)
+            if workers and (p, s) not in targets
+            if (peers := _live_peers(stages, p, a, b))
+        ]
+        if not candidates:
+            break
+        p, s, peers = draw(st.sampled_from(candidates))
+        stages[p][s] = (*stages[p][s][:2], ())
+        chosen = [draw(st.sampled_from(peers)) for _ in range(counts[p])]
+        for q, t in peers:
+            mine = tuple(j for j, c in enumerate(chosen) if c == (q, t))
+            targets.add((q, t))
+            if mine:
+                reroutes.append(
+                    plan.Reroute(pipeline=p, stage=s, peer_pipeline=q, micro_batches=mine)
+                )
+    return tuple(reroutes)
+
+
+def _live_peers(
+    stages: list[list[tuple[int, int, tuple[plan.WorkerId, ...]]]], p: int, a: int, b: int
+) -> list[tuple[int, int]]:
+    return [
+        (q, t)
+        for q, pipeline in enumerate(stages)
+        if q != p
+        for t, (start, stop, workers) in enumerate(pipeline)
+        if (start, stop) == (a, b) and workers
+    ]
