@@ -20,6 +20,7 @@ from collections.abc import Callable
 
 import pytest
 from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from planaria.planner import deadlock, errors, instructions, plan, schedule
 from tests import strategies
@@ -53,9 +54,9 @@ W = plan.WorkerId
         "4, 3, 3 with two failed stages",
     ],
 )
-@given(data=strategies.st.data())
+@given(data=st.data())
 def test_compiled_schedules_of_shaped_plans_pass(
-    counts: tuple[int, ...], aligned: bool, holes: int, data: strategies.st.DataObject
+    counts: tuple[int, ...], aligned: bool, holes: int, data: st.DataObject
 ) -> None:
     p = data.draw(strategies.shaped_plans(counts, aligned=aligned, max_holes=holes))
     deadlock.check_schedule(schedule.compile_schedule(p))
@@ -168,7 +169,7 @@ def swapped(kind: type) -> Edit:
 def replaced(kind: type, **changes: object) -> Edit:
     def edit(ops: list[instructions.Instruction]) -> list[instructions.Instruction]:
         i = next(i for i, op in enumerate(ops) if isinstance(op, kind))
-        ops[i] = dataclasses.replace(ops[i], **changes)  # type: ignore[type-var]
+        ops[i] = dataclasses.replace(ops[i], **changes)  # type: ignore[arg-type]
         return ops
 
     return edit

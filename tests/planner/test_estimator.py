@@ -189,7 +189,7 @@ def eq_13_s(
 ) -> Fraction:
     """(N_pp + N_m - 1 + sum_i [F_i > 0] N_m F_i / (N_dp - F_i)) (Tf + Tb); eq. 12 is F = [1]."""
     extra = sum(Fraction(num_micro_batches * f, num_pipelines - f) for f in failed if f)
-    return (num_stages + num_micro_batches - 1 + extra) * unit
+    return Fraction(num_stages + num_micro_batches - 1 + extra) * unit
 
 
 @settings(max_examples=60, deadline=None)

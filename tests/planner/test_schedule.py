@@ -4,8 +4,9 @@ Covers:
 - fault-free pipelines, symmetric and heterogeneous: each stage's compute is exactly 1F1B
   (S - s - 1 warm-up forwards, alternation, cool-down), written out independently here;
 - global micro-batch numbering: contiguous per pipeline in pipeline order;
-- messages: a receive right before the compute that needs it, a send right after the compute
-  that produces it, tags 0, 1, 2, ... per (source, destination) pair;
+- messages: a receive right before the compute that needs it, a send after the compute that
+  produces it, tags 0, 1, 2, ... per (source, destination) pair, sends to one destination in
+  its receive order even when produced in another order;
 - rerouting: the failed stage's micro-batches run on its peers, the neighbours send to and
   receive from the peer, the peer keeps 1F1B's in-flight bound; holes without reroutes and
   double reroutes are input errors;
@@ -21,7 +22,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 
-from planaria.planner import errors, instructions, memory, plan, schedule
+from planaria.planner import deadlock, errors, instructions, memory, plan, schedule
 from tests import strategies
 
 W = plan.WorkerId
@@ -349,3 +350,39 @@ def test_streams_must_be_sorted_and_start_with_their_worker() -> None:
             num_rounds=0,
             streams=(stream(1, (1,)), stream(0, (0,))),
         )
+
+
+def test_sends_to_one_destination_follow_its_receive_order() -> None:
+    """Heterogeneous pipelines with three holes (found by a search over shaped_plans): worker 3
+    forwards micro-batch 4 before 6, but worker 8 (running both pipelines' last layers) needs
+    6 first, so worker 3 holds 4's activation back until 6's is sent (NCCL matches by order)."""
+
+    def stage(a: int, b: int, *workers: int) -> plan.Stage:
+        return plan.Stage(layer_start=a, layer_stop=b, workers=tuple(W(w) for w in workers))
+
+    def moved(p: int, s: int, peer: int, *batches: int) -> plan.Reroute:
+        return plan.Reroute(pipeline=p, stage=s, peer_pipeline=peer, micro_batches=batches)
+
+    p = plan.Plan(
+        pipelines=(
+            plan.Pipeline(stages=(stage(0, 2, 0), stage(2, 6, 1)), num_micro_batches=4),
+            plan.Pipeline(
+                stages=(stage(0, 3, 2), stage(3, 4, 3), stage(4, 6)), num_micro_batches=2
+            ),
+            plan.Pipeline(
+                stages=(stage(0, 2), stage(2, 3, 6), stage(3, 4), stage(4, 6, 8)),
+                num_micro_batches=1,
+            ),
+        ),
+        micro_batch_size=1,
+        gpus_per_node=2,
+        reroutes=(moved(2, 0, 0, 0), moved(2, 2, 1, 0), moved(1, 2, 2, 0, 1)),
+    )
+    sched = schedule.compile_schedule(p)
+    deadlock.check_schedule(sched)
+    worker_3 = [
+        f"{type(op).__name__}{op.micro_batch}"
+        for op in sched.stream(W(3)).instructions
+        if isinstance(op, instructions.Forward | instructions.SendActivation)
+    ]
+    assert worker_3[:4] == ["Forward4", "Forward6", "SendActivation6", "SendActivation4"]
