@@ -1,0 +1,259 @@
+"""The DP behind the GPU-stage mapping: one vectorised pass over a batch of caps, and its trace.
+
+Per-stage costs (see `planaria.planner.stage_mapping` for why they sum to T). With the slowest
+stage time c and N_b - S + 1 = a + b*S, a stage before the bottleneck costs t + (1 + b) c, the
+bottleneck (a + b) c, a stage after it 2t + b c. One batch entry is a cap interval [lo, hi]:
+
+- exact (lo == hi == c): stages before need t < c, the bottleneck t == c, stages after t <= c;
+  the pass returns the least T over pipelines whose first slowest stage has time exactly c.
+- relaxed (lo < hi): every stage t <= hi, the bottleneck t in [lo, hi], each c term costed at
+  max(lo, t) (a pipeline's c is at least both), or at hi where its coefficient is negative. The
+  pass returns a lower bound on T over pipelines whose slowest stage lies in [lo, hi].
+
+State, built from the end of the pipeline: g GPUs used so far, the suffix's first layer u, phase
+(after: no bottleneck yet; before: bottleneck placed), and a depth bucket b (the next stage's
+depth from the end is b + 1; the last bucket stands for every deeper depth). A stage of k GPUs
+starting g GPUs from the end stays on one node (g mod M + k <= M) and sends over the intra-node
+link unless it ends its node (inter-node) or the pipeline (nothing). Arrays are (g, batch,
+bucket, u); one numpy step per g does every k and every stage length d at once.
+
+Memory: a stage at bucket b must fit at depth b + 1. With fewer buckets than distinct limits
+this is a relaxation (deep stages are checked at the last bucket's depth), which is safe for
+bounds; callers choose enough buckets for exact entries (`planaria.planner.stage_mapping`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.lib.stride_tricks import as_strided, sliding_window_view
+
+from planaria.planner import stage_table
+from planaria.planner.stage_table import FloatArray, Link
+
+_INF = math.inf
+
+
+@dataclass(frozen=True, slots=True)
+class Objective:
+    """N_b - S + 1 = a + b * S: (1, 3) for N_b = 4S while planning, (N_b + 1, -1) for a given
+    N_b."""
+
+    a: float
+    b: float
+
+    @classmethod
+    def of(cls, num_micro_batches: int | None) -> Objective:
+        if num_micro_batches is None:
+            return cls(1.0, 3.0)
+        return cls(float(num_micro_batches + 1), -1.0)
+
+
+@dataclass(frozen=True, slots=True)
+class Costs:
+    """Per-stage costs for a batch: (d - 1, batch, link, k, w) arrays for each phase, and the
+    memory penalty (d - 1, bucket, k, w), folded into the costs when there is one bucket. The
+    stage length d leads so that minimising over it reduces over the outermost axis."""
+
+    after: FloatArray
+    bottleneck: FloatArray
+    before: FloatArray
+    penalty: FloatArray | None
+    band: int
+    depth: int
+
+
+@dataclass(frozen=True, slots=True)
+class Pass:
+    """One DP pass: state values (g, batch, bucket, u) per phase, and `final[b, n]`, the value
+    of a whole pipeline on n nodes for batch entry b."""
+
+    after: FloatArray
+    before: FloatArray
+    costs: Costs
+    final: FloatArray
+
+
+@dataclass(frozen=True, slots=True)
+class TracedStage:
+    """A stage of a traced pipeline: layers [start, stop) on GPUs [gpu, gpu + num_gpus)
+    counted from the front of the pipeline, followed by `link`."""
+
+    start: int
+    stop: int
+    gpu: int
+    num_gpus: int
+    link: Link
+
+
+def costs(
+    table: stage_table.StageTable,
+    depth_limit: FloatArray,
+    bounds: tuple[FloatArray, FloatArray, FloatArray],
+    objective: Objective,
+    *,
+    depth: int,
+    band: int,
+) -> Costs:
+    """Costs of the batch whose entries have caps in [lo, hi] (`bounds` = lo, hi, exact flags),
+    for stages of up to `band` layers, with `depth` buckets."""
+    shape = (1, -1, 1, 1, 1)
+    lo, hi, exact = (np.asarray(x).reshape(shape) for x in bounds)
+    t = table.times[:, :, :, :band].transpose(3, 0, 1, 2)[:, None]
+    before_hi = np.where(exact, np.nextafter(hi, -_INF), hi)
+    a, b = objective.a, objective.b
+    floor = np.maximum(lo, t)
+    after = np.where(t <= hi, 2 * t + _term(b, floor, hi), _INF)
+    neck = np.where((t >= lo) & (t <= hi), _term(a + b, t, hi), _INF)
+    before = np.where(t <= before_hi, t + _term(1 + b, floor, hi), _INF)
+    buckets = np.arange(1, depth + 1).reshape(1, -1, 1, 1)
+    limit = depth_limit[:, :, :band].transpose(2, 0, 1)[:, None]
+    penalty = np.where(limit >= buckets, 0.0, _INF)
+    if depth == 1:
+        fold = penalty[:, :1, None]
+        return Costs(after + fold, neck + fold, before + fold, None, band, 1)
+    return Costs(after, neck, before, penalty, band, depth)
+
+
+def _term(coefficient: float, floor: FloatArray, hi: FloatArray) -> FloatArray | float:
+    """coefficient * c bounded from below: c >= floor for coefficients >= 0, c <= hi else."""
+    if coefficient == 0:
+        return 0.0
+    result: FloatArray = coefficient * (floor if coefficient > 0 else hi)
+    return result
+
+
+def link_after(g: int, m: int) -> Link:
+    """The link after a stage whose GPUs start g GPUs from the end of the pipeline."""
+    return Link.NONE if g == 0 else Link.INTER if g % m == 0 else Link.INTRA
+
+
+def forward(costs: Costs, num_layers: int, m: int, max_nodes: int) -> Pass:
+    """Run the DP up to max_nodes * m GPUs; every template size is read off the same pass."""
+    batch, band, depth = costs.after.shape[1], costs.band, costs.depth
+    total = max_nodes * m
+    width = num_layers + 1 + band
+    after = np.full((total + 1, batch, depth, width), _INF)
+    before = np.full((total + 1, batch, depth, width), _INF)
+    after[0, :, 0, num_layers] = 0.0
+    windows_a, windows_b = _windows(after, band), _windows(before, band)
+    for g in range(total):
+        lowest_before = before[g].min(axis=(0, 1))
+        live = np.flatnonzero(np.minimum(after[g].min(axis=(0, 1)), lowest_before) < _INF)
+        if live.size == 0:
+            continue
+        w0, w1 = max(0, int(live[0]) - band), int(live[-1])  # targets w in [w0, w1)
+        if w1 <= w0:
+            continue
+        widest = min(costs.after.shape[3], m - g % m)
+        sl = (slice(None), slice(None), link_after(g, m), slice(0, widest), slice(w0, w1))
+        penalty = None if costs.penalty is None else costs.penalty[:, None, :, :widest, w0:w1]
+        win_a = windows_a[:, g, :, :, w0:w1]
+        new_a = _relax(win_a, costs.after[sl], penalty)
+        new_b = _relax(win_a, costs.bottleneck[sl], penalty)
+        if lowest_before.min() < _INF:
+            win_b = windows_b[:, g, :, :, w0:w1]
+            new_b = np.minimum(new_b, _relax(win_b, costs.before[sl], penalty))
+        _merge(after[g + 1 : g + 1 + widest, :, :, w0:w1], new_a)
+        _merge(before[g + 1 : g + 1 + widest, :, :, w0:w1], new_b)
+    final = np.full((batch, max_nodes + 1), _INF)
+    for n in range(1, max_nodes + 1):
+        final[:, n] = before[n * m][:, :, 0].min(axis=1)
+    return Pass(after, before, costs, final)
+
+
+def _windows(values: FloatArray, band: int) -> FloatArray:
+    """A read-only view w[d - 1, g, b, bucket, u] = values[g, b, bucket, u + d] for
+    u < num_layers + 1 (the state arrays carry `band` columns of inf padding for u + d)."""
+    s0, s1, s2, s3 = values.strides
+    g, b, bucket, width = values.shape
+    shape = (band, g, b, bucket, width - band)
+    view: FloatArray = as_strided(
+        values[:, :, :, 1:], shape=shape, strides=(s3, s0, s1, s2, s3), writeable=False
+    )
+    return view
+
+
+def _relax(windows: FloatArray, cost: FloatArray, penalty: FloatArray | None) -> FloatArray:
+    """min over d of V[w + d] + cost[k, w, d] (+ memory penalty), as (k, batch, bucket, w)."""
+    values = windows[:, :, :, None] + cost[:, :, None]
+    if penalty is not None:
+        values = values + penalty
+    result: FloatArray = values.min(axis=0).transpose(2, 0, 1, 3)
+    return result
+
+
+def _merge(target: FloatArray, new: FloatArray) -> None:
+    """Fold new values (k, batch, bucket b = stage depth b + 1, w) into the target states'
+    next buckets, the last bucket absorbing deeper ones."""
+    if new.shape[2] == 1:
+        np.minimum(target, new, out=target)
+        return
+    np.minimum(target[:, :, 1:], new[:, :, :-1], out=target[:, :, 1:])
+    np.minimum(target[:, :, -1:], new[:, :, -1:], out=target[:, :, -1:])
+
+
+def trace(result: Pass, entry: int, n: int, m: int) -> list[TracedStage]:
+    """The pipeline on n nodes behind `result.final[entry, n]`, front to back. Costs are re-added
+    in the forward pass's order, so the predecessor of each state is found by exact equality."""
+    g, w, phase = n * m, 0, "before"
+    bucket = int(np.argmin(result.before[g][entry, :, 0]))
+    stages = []
+    while g > 0:
+        k, d, phase, bucket = _predecessor(result, entry, (g, w, phase, bucket), m)
+        stages.append(TracedStage(w, w + d, n * m - g, k, link_after(g - k, m)))
+        g, w = g - k, w + d
+    assert phase == "after" and result.after[0][entry, 0, w] == 0.0
+    return stages
+
+
+def _predecessor(
+    result: Pass, entry: int, state: tuple[int, int, str, int], m: int
+) -> tuple[int, int, str, int]:
+    """(k, d, previous phase, previous bucket) of the stage [w, w + d) that produced `state`
+    = (g, w, phase, bucket)."""
+    g, w, phase, bucket = state
+    c = result.costs
+    values = {"after": result.after, "before": result.before}
+    target = values[phase][g][entry, bucket, w]
+    moves = [("after", c.bottleneck), ("before", c.before)] if phase == "before" else []
+    moves = moves or [("after", c.after)]
+    sources = ([bucket - 1] if bucket > 0 else []) + ([bucket] if bucket == c.depth - 1 else [])
+    for k in range(1, c.after.shape[3] + 1):
+        gs = g - k
+        if gs < 0 or gs % m + k > m:
+            continue
+        link = link_after(gs, m)
+        for source in sources:
+            for previous, cost in moves:
+                for d in range(1, c.band + 1):
+                    value = (
+                        values[previous][gs][entry, source, w + d]
+                        + cost[d - 1, entry, link, k - 1, w]
+                    )
+                    if c.penalty is not None:
+                        value = value + c.penalty[d - 1, source, k - 1, w]
+                    if value == target:
+                        return k, d, previous, source
+    raise AssertionError(f"no predecessor for DP state {state}")
+
+
+def fewest_stages(depth_limit: FloatArray, max_gpus: int, m: int, max_nodes: int) -> list[float]:
+    """Feasibility: the fewest stages of a whole pipeline on n nodes that fits in memory, for
+    n = 0..max_nodes (inf: none fits). Keeping the fewest stages per suffix state is exact for
+    feasibility: fewer stages behind a stage means a smaller depth, so more room, for it."""
+    num_layers = depth_limit.shape[1] - 1
+    total = max_nodes * m
+    stages = [np.full(2 * num_layers + 1, _INF) for _ in range(total + 1)]
+    stages[0][num_layers] = 0.0
+    for g in range(total):
+        if not np.isfinite(stages[g]).any():
+            continue
+        windows = sliding_window_view(stages[g][1:], num_layers)[: num_layers + 1] + 1
+        for k in range(1, min(max_gpus, m - g % m) + 1):
+            fits = np.where(depth_limit[k - 1] >= windows, windows, _INF)
+            target = stages[g + k][: num_layers + 1]
+            np.minimum(target, fits.min(axis=1), out=target)
+    return [float(stages[n * m][0]) for n in range(max_nodes + 1)]
