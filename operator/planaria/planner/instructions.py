@@ -57,7 +57,7 @@ def _check_layers(layer_start: int, layer_stop: int) -> None:
 
 
 def _check_indices(what: str, *values: int) -> None:
-    if any(v < 0 for v in values):
+    if min(values) < 0:
         raise errors.PlanInputError(f"{what}: micro-batch, tag and round must be >= 0")
 
 
