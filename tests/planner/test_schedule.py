@@ -11,7 +11,8 @@ Covers:
   receive from the peer, the peer keeps 1F1B's in-flight bound; holes without reroutes and
   double reroutes are input errors;
 - gradients: one all-reduce per bucket of layers with the same holders, rounds from colouring
-  (one round when symmetric), optimizer step and snapshot marker last;
+  (one round when symmetric), the distinct groups in one order, optimizer step and snapshot
+  marker last;
 - tensor-parallel stages: the first worker's stream stands for the stage; the executor's
   one-worker-per-stage check names the stage;
 - compilation is deterministic; malformed instructions and streams are input errors.
@@ -260,6 +261,14 @@ def test_heterogeneous_pipelines_reduce_layer_buckets_in_coloured_rounds() -> No
     assert reductions(sched.stream(W(1))) == [
         instructions.AllReduce(layers=(2, 3), group=(W(1), W(3)), round=1)
     ]
+
+
+def test_the_schedule_lists_its_all_reduce_groups_in_one_order() -> None:
+    p = plan.Plan(
+        pipelines=(pipeline_of([(0, 2), (2, 4)], 0, 2), pipeline_of([(0, 1), (1, 4)], 2, 2)),
+        micro_batch_size=1,
+    )
+    assert schedule.compile_schedule(p).all_reduce_groups() == ((0, 2), (0, 3), (1, 3))
 
 
 def test_one_pipeline_needs_no_all_reduce() -> None:

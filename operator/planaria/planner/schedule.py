@@ -92,6 +92,20 @@ class Schedule:
     def node_of(self, worker: plan.WorkerId) -> plan.NodeId:
         return plan.NodeId(worker // self.gpus_per_node)
 
+    def all_reduce_groups(self) -> tuple[tuple[plan.WorkerId, ...], ...]:
+        """Every distinct all-reduce group, in one order all workers agree on (sorted), e.g. for
+        creating the process groups, which torch.distributed requires on every rank alike."""
+        return tuple(
+            sorted(
+                {
+                    op.group
+                    for stream in self.streams
+                    for op in stream.instructions
+                    if isinstance(op, instructions.AllReduce)
+                }
+            )
+        )
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class _Task:
@@ -116,7 +130,7 @@ def compile_schedule(plan_: plan.Plan) -> Schedule:
     slots = timeline.pack_slots(routes, owners)
     tasks = _tasks(plan_, routes, slots)
     computes = _by_worker(tasks)
-    sends, recvs = _messages(computes)
+    by_pair, tags = _messages(computes)
     reductions = _all_reductions(plan_)
     streams = []
     for pipeline_index, pipeline in enumerate(plan_.pipelines):
@@ -124,7 +138,7 @@ def compile_schedule(plan_: plan.Plan) -> Schedule:
             if not stage.workers:
                 continue
             worker = stage.workers[0]
-            body = _stream_body(computes.get(worker, []), sends, recvs)
+            body = _stream_body(computes.get(worker, []), by_pair, tags)
             tail = _stream_tail(worker, stage, reductions)
             streams.append(
                 WorkerStream(
@@ -230,6 +244,8 @@ def _tasks(
 ) -> Iterator[_Task]:
     """Every forward and backward of every micro-batch, keyed by virtual time (ties: pipeline,
     slot, forward before backward)."""
+    # One slot count for every pipeline, so that a peer's own and adopted micro-batches are
+    # ordered on the same virtual clock (equal depths give identical times per slot).
     num_slots = 1 + max((s for pipeline in slots for s in pipeline), default=-1)
     times = {}
     offset = 0
@@ -239,6 +255,7 @@ def _tasks(
             times[depth] = timeline.unit_times(depth, num_slots)
         forward_end, backward_end = times[depth]
         for j, route in enumerate(routes[p]):
+            # the global micro-batch number: contiguous per pipeline, in pipeline order
             slot, g = slots[p][j], offset + j
             for s, stage in enumerate(pipeline.stages):
                 before = route[s - 1] if s > 0 else None
@@ -282,6 +299,8 @@ def _messages(
     by_pair: dict[tuple[plan.WorkerId, plan.WorkerId], list[_MessageKey]] = defaultdict(list)
     tags: dict[_MessageKey, int] = {}
     for worker in sorted(computes):
+        # tags follow the receiver's order: it posts its receives in that order, the sender
+        # then posts its sends in tag order (see _stream_body)
         for task in computes[worker]:
             if task.source is not None:
                 key = _inbound(task)

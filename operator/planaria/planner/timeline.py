@@ -106,16 +106,15 @@ def pack_slots(
     slot = 0
     while waiting := [p for p, pipeline in enumerate(routes) if len(placed[p]) < len(pipeline)]:
         taken: set[plan.WorkerId] = set()
-
-        def urgency(p: int) -> tuple[bool, int, int]:
-            route = routes[p][len(placed[p])]
-            return (owners[p].issuperset(route), -max(left[w] for w in route), p)
-
-        for p in sorted(waiting, key=urgency):
-            route = routes[p][len(placed[p])]
-            if taken.isdisjoint(route):
-                taken.update(route)
-                left.subtract(route)
+        nexts = {p: routes[p][len(placed[p])] for p in waiting}
+        # (own pipeline only?, minus the busiest worker's remaining load, pipeline index)
+        urgency = {
+            p: (owners[p].issuperset(r), -max(left[w] for w in r), p) for p, r in nexts.items()
+        }
+        for p in sorted(waiting, key=urgency.__getitem__):
+            if taken.isdisjoint(nexts[p]):
+                taken.update(nexts[p])
+                left.subtract(nexts[p])
                 placed[p].append(slot)
         slot += 1
     return tuple(tuple(slots) for slots in placed)
