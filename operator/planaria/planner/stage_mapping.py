@@ -165,7 +165,7 @@ class MappingSearch:
             )
         found = self._search(num_nodes)
         if found is None:
-            raise errors.InfeasibleError(self._why_infeasible(num_nodes))
+            raise errors.InfeasibleError(self.why_infeasible(num_nodes))
         result, entry = found.solved or self._solve(found, num_nodes)
         m = self.gpus_per_node
         stages = tuple(
@@ -357,7 +357,8 @@ class MappingSearch:
         limits = limits[limits < stage_bound]
         return 1 + int(limits.max()) if limits.size else 1
 
-    def _why_infeasible(self, n: int) -> str:
+    def why_infeasible(self, n: int) -> str:
+        """Why no pipeline fits on n nodes, and what would fix it (one clause)."""
         fewest = n * max(1, math.ceil(self.gpus_per_node / self.table.max_gpus))
         if fewest > self.table.num_layers:
             return (

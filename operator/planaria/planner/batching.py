@@ -1,0 +1,170 @@
+"""Batch distribution (Oobleck §4.2.2, eq. 6): micro-batches per pipeline, summing to the
+global batch, so that heterogeneous pipelines finish together.
+
+Objective. Eq. 6 minimises the spread of the pipelines' times; what limits throughput is the
+slowest pipeline, since every pipeline waits for the others at the gradient all-reduce. We
+minimise the slowest pipeline's time (the makespan), and plan choice maximises global batch /
+makespan, so distribution and choice use the same objective. A pipeline's time with N_b
+micro-batches is T(N_b) = a + c N_b from the closed form of eq. 1-4 (`stage_table`): c is its
+slowest stage time, a the rest. Every pipeline gets at least one micro-batch (a pipeline with
+none would hold GPUs and do nothing).
+
+Exact method: min max_i (a_i + c_i N_i) with sum N_i = B / b, N_i >= 1 is solved by handing out
+micro-batches one at a time to the pipeline whose time after taking it is least: each pipeline's
+successive "slots" a_i + c_i n grow with n, so the greedy takes the B / b cheapest slots, and no
+distribution can have a smaller largest slot. To avoid B / b heap steps, the greedy starts from
+"every slot up to a threshold" (found by bisection), a state it would pass through; the start is
+checked and dropped if float rounding broke that property.
+
+A global batch that is not a multiple of the micro-batch size, or smaller than one micro-batch
+per pipeline, cannot be distributed: UndistributableBatchError names the nearest global batch
+that can, and nothing is changed silently.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from planaria.planner import errors, stage_mapping, stage_table
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PipelineCost:
+    """T(N_b) = fixed_s + per_micro_batch_s * N_b for one pipeline (seconds)."""
+
+    fixed_s: float
+    per_micro_batch_s: float
+
+    def time_s(self, num_micro_batches: int) -> float:
+        return self.fixed_s + self.per_micro_batch_s * num_micro_batches
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Distribution:
+    """Micro-batches per pipeline (in the order given) and the resulting times."""
+
+    micro_batches: tuple[int, ...]
+    pipeline_times_s: tuple[float, ...]
+
+    @property
+    def iteration_time_s(self) -> float:
+        """The makespan: the slowest pipeline's time."""
+        return max(self.pipeline_times_s)
+
+    def throughput(self, global_batch: int) -> float:
+        """Samples per second."""
+        return global_batch / self.iteration_time_s if self.iteration_time_s > 0 else math.inf
+
+
+class UndistributableBatchError(errors.InfeasibleError):
+    """The global batch cannot be split into whole micro-batches, at least one per pipeline;
+    `recommended_global_batch` is the nearest one that can."""
+
+    def __init__(self, message: str, recommended_global_batch: int) -> None:
+        super().__init__(message)
+        self.recommended_global_batch = recommended_global_batch
+
+
+def pipeline_cost(mapping: stage_mapping.StageMapping) -> PipelineCost:
+    """The linear form of eq. 1-4's T in N_b for a mapped pipeline."""
+    times = [stage.time_s for stage in mapping.stages]
+    slowest = stage_table.slowest_stage(times)
+    # T(N_b) = sum t + (N_b - S + k* - 1) t_k* + sum_{k >= k*} t_k  (stage_table docstring)
+    fixed = sum(times) + (slowest - len(times) - 1) * times[slowest] + sum(times[slowest:])
+    return PipelineCost(fixed_s=fixed, per_micro_batch_s=times[slowest])
+
+
+def check_distributable(num_pipelines: int, global_batch: int, micro_batch_size: int) -> None:
+    """Raise UndistributableBatchError unless global_batch is a multiple of micro_batch_size
+    with at least one micro-batch per pipeline."""
+    if num_pipelines < 1 or micro_batch_size < 1:
+        raise errors.PlanInputError("need at least one pipeline and a micro-batch size >= 1")
+    smallest = num_pipelines * micro_batch_size
+    if global_batch < smallest:
+        raise UndistributableBatchError(
+            f"global batch {global_batch} is less than one micro-batch of {micro_batch_size} for "
+            f"each of {num_pipelines} pipelines; the nearest distributable global batch is "
+            f"{smallest}",
+            smallest,
+        )
+    if global_batch % micro_batch_size:
+        lower = global_batch - global_batch % micro_batch_size
+        upper = lower + micro_batch_size
+        nearest = (
+            upper if lower < smallest or upper - global_batch <= global_batch - lower else lower
+        )
+        raise UndistributableBatchError(
+            f"global batch {global_batch} is not a multiple of the micro-batch size "
+            f"{micro_batch_size}; the nearest distributable global batch is {nearest}",
+            nearest,
+        )
+
+
+def distribute(
+    costs: Sequence[PipelineCost], global_batch: int, micro_batch_size: int
+) -> Distribution:
+    """Micro-batches per pipeline minimising the slowest pipeline's time (module docstring).
+
+    Raises UndistributableBatchError (with the nearest distributable global batch) when
+    global_batch is not a multiple of micro_batch_size or gives fewer micro-batches than
+    pipelines.
+    """
+    check_distributable(len(costs), global_batch, micro_batch_size)
+    total = global_batch // micro_batch_size
+    counts = _jump_start(costs, total)
+    _hand_out(costs, counts, total - sum(counts))
+    return Distribution(
+        micro_batches=tuple(counts),
+        pipeline_times_s=tuple(cost.time_s(n) for cost, n in zip(costs, counts, strict=True)),
+    )
+
+
+def _hand_out(costs: Sequence[PipelineCost], counts: list[int], remaining: int) -> None:
+    """The greedy: each next micro-batch to the pipeline whose next slot is cheapest (ties to
+    the lower index)."""
+    if remaining <= 0:
+        return
+    flat = [i for i, cost in enumerate(costs) if cost.per_micro_batch_s == 0]
+    if flat:
+        # A pipeline whose time does not grow takes every remaining micro-batch for free.
+        counts[min(flat, key=lambda i: (costs[i].fixed_s, i))] += remaining
+        return
+    heap = [(cost.time_s(counts[i] + 1), i) for i, cost in enumerate(costs)]
+    heapq.heapify(heap)
+    for _ in range(remaining):
+        _, i = heapq.heappop(heap)
+        counts[i] += 1
+        heapq.heappush(heap, (costs[i].time_s(counts[i] + 1), i))
+
+
+def _jump_start(costs: Sequence[PipelineCost], total: int) -> list[int]:
+    """Counts holding every slot up to a threshold (at least one each), at most `total` in all;
+    one per pipeline if rounding makes the threshold state doubtful."""
+    ones = [1] * len(costs)
+    if any(cost.per_micro_batch_s == 0 for cost in costs) or total <= 2 * len(costs):
+        return ones
+    lo = max(cost.time_s(1) for cost in costs)
+    hi = max(cost.time_s(total) for cost in costs)
+    for _ in range(100):
+        mid = (lo + hi) / 2
+        if not lo < mid < hi:
+            break
+        lo, hi = (mid, hi) if sum(_slots_upto(costs, mid)) <= total else (lo, mid)
+    counts = _slots_upto(costs, lo)
+    return counts if sum(counts) <= total and _is_cheapest_set(costs, counts) else ones
+
+
+def _slots_upto(costs: Sequence[PipelineCost], threshold: float) -> list[int]:
+    return [
+        max(1, math.floor((threshold - cost.fixed_s) / cost.per_micro_batch_s)) for cost in costs
+    ]
+
+
+def _is_cheapest_set(costs: Sequence[PipelineCost], counts: Sequence[int]) -> bool:
+    """Whether every slot taken beyond the first is no dearer than every slot not taken."""
+    taken = [cost.time_s(n) for cost, n in zip(costs, counts, strict=True) if n > 1]
+    untaken = min(cost.time_s(n + 1) for cost, n in zip(costs, counts, strict=True))
+    return not taken or max(taken) <= untaken

@@ -1,0 +1,249 @@
+"""Pipeline instantiation (Oobleck §4.2): how many pipelines of each template, on which nodes,
+with how many micro-batches, and which such plan to run.
+
+Enumeration (§4.2.1, eq. 5) is the coin-change DP over template sizes: X(p', N') lists every
+count vector of the first p' templates using exactly N' nodes, X(p', N') = X(p' - 1, N') ++
+theta(X(p', N' - n_p')); those with at least f + 1 pipelines are feasible.
+
+Choice (§4.2.2): every feasible instantiation gets its exact batch distribution
+(`planaria.planner.batching`), and the plan with the highest throughput, global batch / slowest
+pipeline's time, wins; ties go to fewer pipelines (less gradient synchronisation), then to
+larger templates first. The reason names the runner-up and why it lost.
+
+Placing pipelines on nodes: the largest templates first, each on the next nodes in the order
+given; a template's stage on its node i runs on that node's GPUs [gpu_start, gpu_start + k), so
+WorkerId = node * gpus_per_node + GPU index (`planaria.planner.plan`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from planaria.planner import batching, errors, plan, templates
+
+# Beyond this many instantiations the enumeration refuses rather than run for minutes.
+MAX_INSTANTIATIONS = 200_000
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Instantiation:
+    """How many pipelines of each template size: `counts` pairs (template nodes, pipelines),
+    largest template first, zero counts left out."""
+
+    counts: tuple[tuple[int, int], ...]
+
+    @property
+    def num_pipelines(self) -> int:
+        return sum(count for _, count in self.counts)
+
+    @property
+    def num_nodes(self) -> int:
+        return sum(size * count for size, count in self.counts)
+
+    @property
+    def pipeline_sizes(self) -> tuple[int, ...]:
+        """The node count of every pipeline, largest first."""
+        return tuple(size for size, count in self.counts for _ in range(count))
+
+    def describe(self) -> str:
+        return " + ".join(f"{count}x{size}" for size, count in self.counts) + " nodes"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Candidate:
+    """An instantiation with its batch distribution and estimated throughput (samples/s)."""
+
+    instantiation: Instantiation
+    distribution: batching.Distribution
+    throughput: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PlanChoice:
+    """The chosen plan, the candidate it came from, the runner-up, and why."""
+
+    plan: plan.Plan
+    chosen: Candidate
+    runner_up: Candidate | None
+    reason: str
+    num_candidates: int
+
+
+def enumerate_instantiations(
+    sizes: Sequence[int], num_nodes: int, fault_tolerance: int
+) -> tuple[Instantiation, ...]:
+    """Every way to use exactly `num_nodes` nodes with pipelines of the given template sizes,
+    at least fault_tolerance + 1 pipelines (Oobleck eq. 5). Raises InfeasibleError past
+    MAX_INSTANTIATIONS (the message says how to have fewer)."""
+    ordered = sorted(set(sizes))
+    _check_count(ordered, num_nodes)
+    # table[n] holds X(p', n) for the templates seen so far: count vectors over `ordered`.
+    table: list[list[tuple[int, ...]]] = [[] for _ in range(num_nodes + 1)]
+    table[0] = [(0,) * len(ordered)]
+    for p, size in enumerate(ordered):
+        for n in range(size, num_nodes + 1):
+            # X(p', n) = X(p' - 1, n) ++ theta(X(p', n - n_p')): add one pipeline of size n_p'.
+            table[n] = table[n] + [_bump(x, p) for x in table[n - size]]
+    feasible = [x for x in table[num_nodes] if sum(x) >= fault_tolerance + 1]
+    return tuple(
+        Instantiation(counts=tuple((s, c) for s, c in zip(ordered, x, strict=True) if c)[::-1])
+        for x in feasible
+    )
+
+
+def _bump(counts: tuple[int, ...], index: int) -> tuple[int, ...]:
+    return counts[:index] + (counts[index] + 1,) + counts[index + 1 :]
+
+
+def _check_count(sizes: Sequence[int], num_nodes: int) -> None:
+    """Count the solutions first (cheap) so that a huge enumeration fails fast."""
+    ways = [1] + [0] * num_nodes
+    for size in sizes:
+        for n in range(size, num_nodes + 1):
+            ways[n] += ways[n - size]
+    if ways[num_nodes] > MAX_INSTANTIATIONS:
+        raise errors.InfeasibleError(
+            f"{ways[num_nodes]} ways to place pipelines of {len(sizes)} template sizes on "
+            f"{num_nodes} nodes, more than the {MAX_INSTANTIATIONS} the planner enumerates; "
+            "raise the fault tolerance (fewer, larger templates) or plan fewer nodes"
+        )
+
+
+def evaluate(
+    instantiation: Instantiation, template_set: templates.TemplateSet, global_batch: int
+) -> Candidate:
+    """Batch distribution and throughput of one instantiation (UndistributableBatchError if
+    the global batch cannot be split over its pipelines)."""
+    costs = [
+        batching.pipeline_cost(template_set.template(size).mapping)
+        for size in instantiation.pipeline_sizes
+    ]
+    distribution = batching.distribute(costs, global_batch, template_set.micro_batch_size)
+    return Candidate(
+        instantiation=instantiation,
+        distribution=distribution,
+        throughput=distribution.throughput(global_batch),
+    )
+
+
+def rank(candidates: Sequence[Candidate]) -> list[Candidate]:
+    """Best first: throughput, then fewer pipelines, then larger templates first."""
+    return sorted(
+        candidates,
+        key=lambda c: (
+            -c.throughput,
+            c.instantiation.num_pipelines,
+            [-s for s in c.instantiation.pipeline_sizes],
+        ),
+    )
+
+
+def choose_plan(
+    template_set: templates.TemplateSet, nodes: Sequence[int], global_batch: int
+) -> PlanChoice:
+    """The highest-throughput plan using every node in `nodes` (Oobleck §4.2).
+
+    Raises InfeasibleError when too few nodes remain for f + 1 pipelines, and
+    UndistributableBatchError (recommending the nearest global batch that fits the best
+    instantiation) when no instantiation can take the global batch.
+    """
+    _check_nodes(template_set, nodes)
+    options = enumerate_instantiations(template_set.sizes, len(nodes), template_set.fault_tolerance)
+    if not options:
+        raise errors.InfeasibleError(_too_few_nodes(template_set, len(nodes)))
+    candidates, refusals = [], []
+    for option in options:
+        try:
+            candidates.append(evaluate(option, template_set, global_batch))
+        except batching.UndistributableBatchError as exc:
+            refusals.append(exc)
+    if not candidates:
+        best = min(refusals, key=lambda e: abs(e.recommended_global_batch - global_batch))
+        raise batching.UndistributableBatchError(str(best), best.recommended_global_batch)
+    ranked = rank(candidates)
+    chosen = ranked[0]
+    runner_up = ranked[1] if len(ranked) > 1 else None
+    return PlanChoice(
+        plan=place(template_set, chosen, nodes),
+        chosen=chosen,
+        runner_up=runner_up,
+        reason=explain(chosen, runner_up, len(candidates), len(refusals)),
+        num_candidates=len(candidates),
+    )
+
+
+def explain(chosen: Candidate, runner_up: Candidate | None, num: int, refused: int) -> str:
+    """Why `chosen` beat `runner_up` (STYLE rule 1: the choice and the alternative that lost)."""
+    head = (
+        f"chose {chosen.instantiation.describe()} ({chosen.throughput:.4g} samples/s, "
+        f"slowest pipeline {chosen.distribution.iteration_time_s:.4g} s) among {num} "
+        "instantiation(s)"
+    )
+    if refused:
+        head += f"; {refused} more could not take the global batch"
+    if runner_up is None:
+        return head + "; it was the only one"
+    loss = 1 - runner_up.throughput / chosen.throughput if chosen.throughput > 0 else 0.0
+    slowest = runner_up.distribution.iteration_time_s
+    if loss > 0:
+        why = f"{loss:.2%} lower throughput (slowest pipeline {slowest:.4g} s)"
+    elif runner_up.instantiation.num_pipelines > chosen.instantiation.num_pipelines:
+        why = "equal throughput but more pipelines to synchronise"
+    else:
+        why = "equal throughput and pipelines; larger templates come first"
+    return f"{head}; runner-up {runner_up.instantiation.describe()} lost: {why}"
+
+
+def place(
+    template_set: templates.TemplateSet, candidate: Candidate, nodes: Sequence[int]
+) -> plan.Plan:
+    """The Plan of `candidate` on `nodes`: pipelines largest first, consecutive nodes each."""
+    sizes = candidate.instantiation.pipeline_sizes
+    groups, start = [], 0
+    for size in sizes:
+        groups.append(tuple(nodes[start : start + size]))
+        start += size
+    return build_plan(template_set, groups, candidate.distribution.micro_batches)
+
+
+def build_plan(
+    template_set: templates.TemplateSet,
+    node_groups: Sequence[Sequence[int]],
+    micro_batches: Sequence[int],
+) -> plan.Plan:
+    """A Plan with pipeline i instantiated from the template of len(node_groups[i]) nodes on
+    those nodes, in that order, with micro_batches[i] micro-batches."""
+    m = template_set.gpus_per_node
+    pipelines = []
+    for group, count in zip(node_groups, micro_batches, strict=True):
+        mapping = template_set.template(len(group)).mapping
+        stages = tuple(
+            plan.Stage(
+                layer_start=s.layer_start,
+                layer_stop=s.layer_stop,
+                workers=tuple(
+                    plan.WorkerId(group[s.node] * m + s.gpu_start + j) for j in range(s.num_gpus)
+                ),
+            )
+            for s in mapping.stages
+        )
+        pipelines.append(plan.Pipeline(stages=stages, num_micro_batches=count))
+    return plan.Plan(
+        pipelines=tuple(pipelines),
+        micro_batch_size=template_set.micro_batch_size,
+        gpus_per_node=m,
+    )
+
+
+def _check_nodes(template_set: templates.TemplateSet, nodes: Sequence[int]) -> None:
+    if len(set(nodes)) != len(nodes) or any(node < 0 for node in nodes):
+        raise errors.PlanInputError(f"nodes {list(nodes)} must be distinct ids >= 0")
+
+
+def _too_few_nodes(template_set: templates.TemplateSet, num_nodes: int) -> str:
+    f, n0 = template_set.fault_tolerance, template_set.min_nodes
+    return (
+        f"{num_nodes} node(s) cannot hold f + 1 = {f + 1} pipelines of {n0}..."
+        f"{template_set.sizes[-1]} nodes; at least {(f + 1) * n0} nodes are needed"
+    )

@@ -1,0 +1,388 @@
+"""Reinstantiation after node failures (Oobleck §5.1, with App. A and B's guarantees).
+
+Two candidates are built on the surviving nodes, each with its exact batch distribution:
+
+1. Oobleck §5.1: pipelines that lost no node stay as they are. A pipeline left with at least
+   n0 nodes is reinstantiated from the template of its survivors (simple). One left with fewer
+   borrows whole nodes from pipelines that have more than n0 until it has n0, the lenders
+   becoming smaller templates (borrow); when the spare nodes do not suffice it is merged with
+   another short pipeline or, failing that, with the smallest pipeline (merge). A merge joins
+   fewer than n0 nodes to at most n0 plus the spare that could not cover the deficit, so it has
+   n0..2 n0 - 1 nodes, for which App. B guarantees a template whenever at least (f + 1) n0
+   nodes survive. A pipeline that lost every node is gone.
+2. Re-optimised: the best instantiation of the surviving nodes (`planaria.planner.
+   instantiation`), unlike the original code, which only redistributes the batch. Intact old
+   pipelines of a size the new mix uses are kept; the other survivors fill the new pipelines in
+   their old order.
+
+The higher throughput wins; at equal throughput (relative 1e-9) the one that moves fewer bytes,
+then §5.1's. Nodes of a reinstantiated pipeline are ordered by the first layer they held, so
+workers tend to keep their layers. Moved bytes are counted exactly under this model: a worker
+of a k-GPU stage at rank i holds shard [i n // k, (i + 1) n // k) of each of the stage's layers
+(n = parameter + optimizer bytes, `planaria.planner.plan.LayerTransfer`'s split); it must
+receive whatever part of its new shard it did not hold. Which live replica sends it (a
+min-cost matching) is the transfer planner's business, not this module's.
+
+Raises PlanInputError for failed nodes that are not in the plan, InfeasibleError when a layer
+has no live replica or fewer than (f + 1) n0 nodes survive.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from planaria.planner import batching, errors, instantiation, plan, templates
+
+_TIE = 1e-9
+
+
+class Path(StrEnum):
+    """Which way the new plan was made (the most drastic §5.1 step, or re-optimisation)."""
+
+    SIMPLE = "simple"
+    BORROW = "borrow"
+    MERGE = "merge"
+    REOPTIMISED = "re-optimised"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Outcome:
+    """One candidate plan over the surviving nodes; `merged_sizes` are the node counts of
+    pipelines made by merging (each has a template, App. B)."""
+
+    path: Path
+    plan: plan.Plan
+    distribution: batching.Distribution
+    throughput: float
+    moved_bytes: int
+    steps: tuple[str, ...]
+    merged_sizes: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Reinstantiation:
+    """The chosen outcome, the other candidate (if any could be built), and why."""
+
+    chosen: Outcome
+    alternatives: tuple[Outcome, ...]
+    reason: str
+
+    @property
+    def plan(self) -> plan.Plan:
+        return self.chosen.plan
+
+    @property
+    def path(self) -> Path:
+        return self.chosen.path
+
+
+@dataclass(slots=True)
+class _Layout:
+    """What the old plan says about each node: its pipeline and the first layer it held."""
+
+    groups: list[list[int]]
+    first_layer: dict[int, int] = field(default_factory=dict)
+    pipeline_of: dict[int, int] = field(default_factory=dict)
+
+
+def reinstantiate(
+    current: plan.Plan, template_set: templates.TemplateSet, failed: Iterable[int]
+) -> Reinstantiation:
+    """A new plan over the nodes of `current` that survive `failed` (module docstring)."""
+    lost = sorted(set(failed))
+    layout = _layout(current)
+    _check_failures(current, template_set, layout, lost)
+    survivors = [n for group in layout.groups for n in group if n not in lost]
+    global_batch = current.global_batch_size
+    outcomes = []
+    oobleck = _oobleck(current, template_set, layout, lost)
+    if isinstance(oobleck, Outcome):
+        outcomes.append(oobleck)
+    outcomes.extend(_reoptimised(current, template_set, layout, survivors))
+    best = _pick(outcomes)
+    others = tuple(o for o in outcomes if o is not best)
+    note = oobleck if isinstance(oobleck, str) else None
+    return Reinstantiation(
+        chosen=best,
+        alternatives=others,
+        reason=_explain(layout, lost, best, others, note, global_batch),
+    )
+
+
+def _pick(outcomes: Sequence[Outcome]) -> Outcome:
+    """The highest throughput; among those within _TIE of it, the fewest moved bytes, then
+    the earliest (§5.1's candidate comes first)."""
+    top = max(o.throughput for o in outcomes)
+    contenders = [o for o in outcomes if _equal(o.throughput, top)]
+    return min(contenders, key=lambda o: o.moved_bytes)
+
+
+def _equal(throughput: float, top: float) -> bool:
+    return throughput >= top * (1 - _TIE)
+
+
+def _layout(current: plan.Plan) -> _Layout:
+    layout = _Layout(groups=[])
+    for index, pipeline in enumerate(current.pipelines):
+        nodes: list[int] = []
+        for stage in pipeline.stages:
+            for worker in stage.workers:
+                node = int(current.node_of(worker))
+                if node not in nodes:
+                    nodes.append(node)
+                    layout.first_layer[node] = stage.layer_start
+                    layout.pipeline_of[node] = index
+        layout.groups.append(nodes)
+    return layout
+
+
+def _check_failures(
+    current: plan.Plan, template_set: templates.TemplateSet, layout: _Layout, lost: list[int]
+) -> None:
+    if not lost:
+        raise errors.PlanInputError("give at least one failed node to reinstantiate after")
+    unknown = [n for n in lost if n not in layout.pipeline_of]
+    if unknown:
+        known = sorted(layout.pipeline_of)
+        raise errors.PlanInputError(f"failed node(s) {unknown} are not in the plan (nodes {known})")
+    if current.gpus_per_node != template_set.gpus_per_node:
+        raise errors.PlanInputError(
+            f"the plan has {current.gpus_per_node} GPUs per node but the templates "
+            f"{template_set.gpus_per_node}; reinstantiate with the templates the plan came from"
+        )
+    orphans = _orphaned_layers(current, set(lost))
+    if orphans:
+        raise errors.InfeasibleError(
+            f"layers {orphans} have no live replica on the surviving nodes; restore them from "
+            "a snapshot or checkpoint"
+        )
+    survivors = len(layout.pipeline_of) - len(lost)
+    needed = (template_set.fault_tolerance + 1) * template_set.min_nodes
+    if survivors < needed:
+        raise errors.InfeasibleError(
+            f"{survivors} node(s) survive but f + 1 = {template_set.fault_tolerance + 1} "
+            f"pipelines of at least {template_set.min_nodes} nodes need {needed}; add nodes or "
+            "lower the fault tolerance"
+        )
+
+
+def _orphaned_layers(current: plan.Plan, lost: set[int]) -> list[int]:
+    alive: set[int] = set()
+    for pipeline in current.pipelines:
+        for stage in pipeline.stages:
+            if any(current.node_of(w) not in lost for w in stage.workers):
+                alive.update(stage.layers)
+    return [layer for layer in range(current.num_layers) if layer not in alive]
+
+
+# -- Oobleck §5.1 -------------------------------------------------------------------------------
+
+
+def _oobleck(
+    current: plan.Plan, template_set: templates.TemplateSet, layout: _Layout, lost: list[int]
+) -> Outcome | str:
+    """§5.1's candidate, or why it could not be built."""
+    n0 = template_set.min_nodes
+    groups = [[n for n in group if n not in lost] for group in layout.groups]
+    steps: list[str] = []
+    for index, (before, after) in enumerate(zip(layout.groups, groups, strict=True)):
+        if len(after) < len(before) and len(after) >= n0:
+            steps.append(f"pipeline {index}: simple, {len(before)} -> {len(after)} nodes")
+        elif not after:
+            steps.append(f"pipeline {index}: lost all its nodes")
+    short = sorted(
+        (i for i, g in enumerate(groups) if 0 < len(g) < n0), key=lambda i: n0 - len(groups[i])
+    )
+    borrowed = _borrow(groups, short, n0, steps)
+    merged = _merge(groups, [i for i in short if i not in borrowed], n0, steps)
+    path = Path.MERGE if merged else Path.BORROW if borrowed else Path.SIMPLE
+    kept = [sorted(g, key=lambda n: (layout.first_layer[n], n)) for g in groups if g]
+    missing = sorted({len(g) for g in kept} - set(template_set.sizes))
+    if missing:
+        return f"§5.1 needs templates of {missing} nodes, which the template set lacks"
+    if len(kept) < template_set.fault_tolerance + 1:
+        return f"§5.1 leaves {len(kept)} pipeline(s), fewer than f + 1"
+    return _outcome(current, template_set, kept, path, steps, tuple(merged))
+
+
+def _borrow(groups: list[list[int]], short: list[int], n0: int, steps: list[str]) -> list[int]:
+    """Give each short pipeline whole nodes from pipelines above n0 (most spare first, taken
+    from the lender's tail) when the spare covers its whole deficit; returns those served."""
+    served = []
+    for index in short:
+        deficit = n0 - len(groups[index])
+        lenders = [i for i, g in enumerate(groups) if i not in short and len(g) > n0]
+        if sum(len(groups[i]) - n0 for i in lenders) < deficit:
+            continue
+        while deficit:
+            lender = max(lenders, key=lambda i: (len(groups[i]), -i))
+            take = min(deficit, len(groups[lender]) - n0)
+            moved = groups[lender][-take:]
+            del groups[lender][-take:]
+            groups[index].extend(moved)
+            deficit -= take
+            steps.append(f"pipeline {index}: borrow nodes {moved} from pipeline {lender}")
+        served.append(index)
+    return served
+
+
+def _merge(groups: list[list[int]], short: list[int], n0: int, steps: list[str]) -> list[int]:
+    """Merge each still-short pipeline with another short one, else with the smallest other
+    pipeline, until it has n0 nodes; returns the merged pipelines' node counts."""
+    merged_sizes = []
+    queue = list(short)
+    while queue:
+        index = queue.pop(0)
+        others = [i for i, g in enumerate(groups) if g and i != index]
+        if not others:
+            break
+        partner = queue.pop(0) if queue else min(others, key=lambda i: (len(groups[i]), i))
+        groups[index].extend(groups[partner])
+        groups[partner] = []
+        steps.append(f"pipeline {index}: merge with pipeline {partner}")
+        if len(groups[index]) < n0:
+            queue.insert(0, index)
+        else:
+            merged_sizes.append(len(groups[index]))
+    return merged_sizes
+
+
+# -- re-optimised -------------------------------------------------------------------------------
+
+
+def _reoptimised(
+    current: plan.Plan,
+    template_set: templates.TemplateSet,
+    layout: _Layout,
+    survivors: Sequence[int],
+) -> list[Outcome]:
+    """The best instantiations of the survivors (all within _TIE of the best throughput),
+    placed to keep intact pipelines; the one moving the fewest bytes."""
+    options = instantiation.enumerate_instantiations(
+        template_set.sizes, len(survivors), template_set.fault_tolerance
+    )
+    candidates = []
+    for option in options:
+        try:
+            candidates.append(
+                instantiation.evaluate(option, template_set, current.global_batch_size)
+            )
+        except batching.UndistributableBatchError:
+            continue
+    if not candidates:
+        return []
+    top = instantiation.rank(candidates)[0].throughput
+    outcomes = [
+        _outcome(
+            current,
+            template_set,
+            _assign(layout, survivors, c.instantiation.pipeline_sizes),
+            Path.REOPTIMISED,
+            [f"re-optimised: {c.instantiation.describe()}"],
+            (),
+        )
+        for c in candidates
+        if _equal(c.throughput, top)
+    ]
+    return [_pick(outcomes)]
+
+
+def _assign(layout: _Layout, survivors: Sequence[int], sizes: Sequence[int]) -> list[list[int]]:
+    """Node groups for pipelines of `sizes`: intact old pipelines first, then the rest."""
+    alive = set(survivors)
+    remaining = list(sizes)
+    groups, used = [], set()
+    for group in layout.groups:
+        if all(n in alive for n in group) and len(group) in remaining:
+            remaining.remove(len(group))
+            groups.append(list(group))
+            used.update(group)
+    pool = [n for n in survivors if n not in used]
+    for size in remaining:
+        chunk, pool = pool[:size], pool[size:]
+        groups.append(sorted(chunk, key=lambda n: (layout.first_layer[n], n)))
+    return groups
+
+
+# -- shared ---------------------------------------------------------------------------------
+
+
+def _outcome(
+    current: plan.Plan,
+    template_set: templates.TemplateSet,
+    groups: list[list[int]],
+    path: Path,
+    steps: list[str],
+    merged: tuple[int, ...],
+) -> Outcome:
+    costs = [batching.pipeline_cost(template_set.template(len(g)).mapping) for g in groups]
+    distribution = batching.distribute(
+        costs, current.global_batch_size, template_set.micro_batch_size
+    )
+    new = instantiation.build_plan(template_set, groups, distribution.micro_batches)
+    return Outcome(
+        path=path,
+        plan=new,
+        distribution=distribution,
+        throughput=distribution.throughput(current.global_batch_size),
+        moved_bytes=moved_bytes(current, new, template_set.layer_state_bytes),
+        steps=tuple(steps),
+        merged_sizes=merged,
+    )
+
+
+def moved_bytes(old: plan.Plan, new: plan.Plan, layer_bytes: Sequence[int]) -> int:
+    """Bytes of layer state that workers of `new` must receive: for each worker and layer of
+    its stage, the part of its shard it did not hold in `old` (module docstring)."""
+    held: dict[tuple[int, int], range] = {}
+    for stage in (s for p in old.pipelines for s in p.stages):
+        for rank, worker in enumerate(stage.workers):
+            for layer in stage.layers:
+                held[worker, layer] = _shard(layer_bytes[layer], rank, len(stage.workers))
+    total = 0
+    for stage in (s for p in new.pipelines for s in p.stages):
+        for rank, worker in enumerate(stage.workers):
+            for layer in stage.layers:
+                need = _shard(layer_bytes[layer], rank, len(stage.workers))
+                have = held.get((worker, layer), range(0))
+                overlap = max(0, min(need.stop, have.stop) - max(need.start, have.start))
+                total += len(need) - overlap
+    return total
+
+
+def _shard(num_bytes: int, rank: int, ranks: int) -> range:
+    return range(rank * num_bytes // ranks, (rank + 1) * num_bytes // ranks)
+
+
+def _explain(
+    layout: _Layout,
+    lost: list[int],
+    best: Outcome,
+    others: tuple[Outcome, ...],
+    note: str | None,
+    global_batch: int,
+) -> str:
+    hit = sorted({layout.pipeline_of[n] for n in lost})
+    head = f"lost node(s) {lost} of pipeline(s) {hit}"
+    chosen = (
+        f"chose {best.path.value} ({'; '.join(best.steps)}): {best.throughput:.4g} samples/s "
+        f"at global batch {global_batch}, {_gib(best.moved_bytes)} of layer state to copy"
+    )
+    parts = [head, chosen]
+    for other in others:
+        if not _equal(other.throughput, best.throughput):
+            why = f"{1 - other.throughput / best.throughput:.2%} lower throughput"
+        elif other.moved_bytes > best.moved_bytes:
+            why = f"equal throughput but {_gib(other.moved_bytes)} to copy"
+        else:
+            why = "equal throughput and bytes; §5.1's plan is preferred"
+        parts.append(f"{other.path.value} ({'; '.join(other.steps)}) lost: {why}")
+    if note:
+        parts.append(f"Oobleck §5.1 not possible: {note}")
+    return "; ".join(parts)
+
+
+def _gib(num_bytes: int) -> str:
+    return f"{num_bytes / 2**30:.3g} GiB"
