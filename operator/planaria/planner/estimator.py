@@ -78,52 +78,57 @@ class StepEstimate:
 
 
 class ProfileCosts:
-    """`execution.Costs` from a profile, as described in the module docstring."""
+    """`execution.Costs` from a profile, as described in the module docstring. A worker repeats
+    the same few costs (one layer range, a few destinations), so they are memoised."""
 
     def __init__(self, sched: schedule.Schedule, prof: profile.Profile) -> None:
         _check_fits(sched, prof)
         self.schedule = sched
         self.profile = prof
         self.width = {s.worker: s.width for s in sched.streams}
+        self._memo: dict[tuple[object, ...], float] = {}
 
     def compute_s(
         self,
         stream: schedule.WorkerStream,
         instruction: instructions.Compute | instructions.OptimizerStep | instructions.Snapshot,
     ) -> float:
-        k = stream.width
-        match instruction:
-            case instructions.Forward():
-                layers = self._layers(instruction.layer_start, instruction.layer_stop)
-                return sum(layer.forward_s[k - 1] for layer in layers)
-            case instructions.Backward():
-                layers = self._layers(instruction.layer_start, instruction.layer_stop)
-                return sum(layer.backward_s[k - 1] for layer in layers)
-            case instructions.OptimizerStep():
-                return sum(self.profile.layers[i].optimizer_s for i in instruction.layers) / k
-            case instructions.Snapshot():
-                return 0.0
+        if isinstance(instruction, instructions.OptimizerStep):
+            optimizer_s = sum(self.profile.layers[i].optimizer_s for i in instruction.layers)
+            return optimizer_s / stream.width
+        if isinstance(instruction, instructions.Snapshot):
+            return 0.0
+        key = (instruction.op, instruction.layer_start, instruction.layer_stop, stream.width)
+        if key not in self._memo:
+            layers = self.profile.layers[instruction.layer_start : instruction.layer_stop]
+            backward = isinstance(instruction, instructions.Backward)
+            times = (layer.backward_s if backward else layer.forward_s for layer in layers)
+            self._memo[key] = sum(t[stream.width - 1] for t in times)
+        return self._memo[key]
 
     def transfer_s(self, stream: schedule.WorkerStream, instruction: instructions.Send) -> float:
-        if isinstance(instruction, instructions.SendActivation):
-            num_bytes = self.profile.layers[stream.layer_stop - 1].output_bytes
-        else:
-            num_bytes = self.profile.layers[stream.layer_start - 1].output_bytes
-        same_node = self.schedule.node_of(stream.worker) == self.schedule.node_of(
-            instruction.destination
-        )
-        link = self.profile.intra_node if same_node else self.profile.inter_node
-        return link.transfer_s(num_bytes)
+        key = (instruction.op, stream.worker, instruction.destination)
+        if key not in self._memo:
+            if isinstance(instruction, instructions.SendActivation):
+                num_bytes = self.profile.layers[stream.layer_stop - 1].output_bytes
+            else:
+                num_bytes = self.profile.layers[stream.layer_start - 1].output_bytes
+            self._memo[key] = self._link(stream.worker, instruction.destination).transfer_s(
+                num_bytes
+            )
+        return self._memo[key]
 
     def collective_s(self, instruction: instructions.AllReduce) -> float:
         num_bytes = sum(self.profile.layers[i].gradient_bytes for i in instruction.layers)
         narrowest = min(self.width[w] for w in instruction.group)
-        nodes = {self.schedule.node_of(w) for w in instruction.group}
-        link = self.profile.intra_node if len(nodes) == 1 else self.profile.inter_node
-        return link.allreduce_s(num_bytes / narrowest, len(instruction.group))
+        return self._link(*instruction.group).allreduce_s(
+            num_bytes / narrowest, len(instruction.group)
+        )
 
-    def _layers(self, start: int, stop: int) -> tuple[profile.LayerProfile, ...]:
-        return self.profile.layers[start:stop]
+    def _link(self, *workers: plan.WorkerId) -> profile.LinkProfile:
+        """The intra-node link when all `workers` share a node, else the inter-node link."""
+        nodes = {self.schedule.node_of(w) for w in workers}
+        return self.profile.intra_node if len(nodes) == 1 else self.profile.inter_node
 
 
 def _check_fits(sched: schedule.Schedule, prof: profile.Profile) -> None:
