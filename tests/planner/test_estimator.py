@@ -10,7 +10,8 @@ Covers, with zero-cost links so that the equalities are exact:
 - communication: sends over the intra- or inter-node link by worker placement, all-reduce and
   optimizer after the last backward, tensor-parallel stages timed with k-GPU numbers;
 - the report: the critical path is a contiguous chain from 0 to the step time; each worker's
-  busy plus waiting time is its finish time; profile mismatches are one-line input errors.
+  busy plus waiting time is its finish time, busy plus idle the step; profile mismatches are
+  one-line input errors.
 """
 
 from __future__ import annotations
@@ -320,6 +321,7 @@ def test_critical_path_and_worker_times_add_up(p: plan.Plan, prof_times: st.Data
             assert after.start_s == tolerance(before.end_s)
     for worker in estimate.workers:
         assert worker.busy_s + worker.wait_s == tolerance(worker.finish_s)
+        assert worker.busy_s + worker.idle_s == tolerance(estimate.step_s)
         assert worker.finish_s <= estimate.step_s
 
 

@@ -34,7 +34,8 @@ from planaria.planner import errors, execution, instructions, plan, profile, sch
 @dataclass(frozen=True, slots=True, kw_only=True)
 class WorkerTime:
     """Where one worker's step went, in seconds. `wait_s` is time blocked in receives and in
-    collectives before their last member arrived; `finish_s` is when its stream ended."""
+    collectives before their last member arrived; `finish_s` is when its stream ended; `idle_s`
+    is the step minus the busy time (waiting, plus waiting for the slowest worker at the end)."""
 
     worker: plan.WorkerId
     forward_s: float
@@ -43,6 +44,7 @@ class WorkerTime:
     optimizer_s: float
     wait_s: float
     finish_s: float
+    idle_s: float
 
     @property
     def busy_s(self) -> float:
@@ -152,17 +154,30 @@ def estimate_step(sched: schedule.Schedule, prof: profile.Profile) -> StepEstima
     execution.raise_if_stuck(sched, result)
     return StepEstimate(
         step_s=result.step_s,
-        workers=tuple(_worker_time(s, result.events[s.worker]) for s in sched.streams),
+        workers=tuple(
+            _worker_time(s, result.events[s.worker], result.step_s) for s in sched.streams
+        ),
         critical_path=_critical_path(sched, result),
     )
 
 
-def _worker_time(stream: schedule.WorkerStream, events: tuple[execution.Event, ...]) -> WorkerTime:
+_BUSY = (
+    instructions.Op.FORWARD,
+    instructions.Op.BACKWARD,
+    instructions.Op.ALL_REDUCE,
+    instructions.Op.OPTIMIZER_STEP,
+)
+
+
+def _worker_time(
+    stream: schedule.WorkerStream, events: tuple[execution.Event, ...], step_s: float
+) -> WorkerTime:
     spent = dict.fromkeys(instructions.Op, 0.0)
     wait = 0.0
     for op, event in zip(stream.instructions, events, strict=True):
         spent[op.op] += event.end_s - event.start_s
         wait += event.start_s - event.ready_s
+    busy = sum(spent[op] for op in _BUSY)
     return WorkerTime(
         worker=stream.worker,
         forward_s=spent[instructions.Op.FORWARD],
@@ -171,6 +186,7 @@ def _worker_time(stream: schedule.WorkerStream, events: tuple[execution.Event, .
         optimizer_s=spent[instructions.Op.OPTIMIZER_STEP],
         wait_s=wait,
         finish_s=events[-1].end_s if events else 0.0,
+        idle_s=step_s - busy,
     )
 
 
