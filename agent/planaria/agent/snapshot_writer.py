@@ -1,0 +1,278 @@
+"""The asynchronous snapshot writer: copies live layer state into the store in the background.
+
+THE CONTRACT WITH THE EXECUTOR (REFT §4.1: the snapshot overlaps training):
+
+    ... forward/backward/all-reduce of step t ...
+    [RECOMPUTE only] writer.recompute_step(t, layers and their gradients)   before the update
+    OptimizerStep of step t
+    writer.begin(step=t, ...)        right after: parameters and optimizer state are now stable
+    ... forward/backward/all-reduce of step t+1 run while the snapshot is written ...
+    writer.wait(timeout_s)           before the OptimizerStep of step t+1 changes them
+    OptimizerStep of step t+1
+
+`begin` takes the live tensors by reference (`snapshots.live_layer_state`), so the training
+thread pays no copy: a background thread reads the tensors, computes the redundancy, writes
+and fsyncs the files and commits the manifest (`snapshot_store`). Forward and backward only read
+parameters and write gradients, so the bytes cannot change before `wait`. `begin` does nothing
+on steps that are not a multiple of `interval_steps`; steps count committed optimizer steps
+from 1 (after the reference trainer's `step(i)` it is i + 1).
+
+Errors: SnapshotTimeout from `wait` when the snapshot is not done in time (it keeps running;
+wait again), SnapshotWriteError when the background write failed, SnapshotConfigError for bad
+settings or a begin that breaks the contract.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from planaria.agent import manifests, model, parity, recompute, snapshot_store, snapshots
+from planaria.planner import plan as plans
+from planaria.wire import messages
+
+Groups = Mapping[int, tuple[plans.WorkerId, ...]]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WriterConfig:
+    """Who writes and how: job and worker (recorded in manifests), redundancy, interval, and
+    the optimizer's betas (RECOMPUTE replays AdamW's moment updates with them)."""
+
+    job: str
+    worker: plans.WorkerId
+    redundancy: messages.RedundancyMode = messages.RedundancyMode.XOR
+    interval_steps: int = 1
+    optimizer: model.OptimizerConfig = field(default_factory=model.OptimizerConfig)
+
+    def __post_init__(self) -> None:
+        snapshot_store.check_name("job", self.job)
+        if self.interval_steps < 1:
+            raise snapshot_store.SnapshotConfigError(
+                f"snapshot interval_steps is {self.interval_steps}; give a whole number >= 1"
+            )
+
+
+class SnapshotWriter:
+    """Writes a worker's snapshots into `store` on one background thread."""
+
+    def __init__(self, store: snapshot_store.SnapshotStore, config: WriterConfig) -> None:
+        self.store = store
+        self.config = config
+        self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="snapshot")
+        self._future: concurrent.futures.Future[manifests.Manifest] | None = None
+        self._parity_buffers: dict[int, parity.Bytes] = {}
+        self._replicas: dict[int, recompute.OptimizerReplica] = {}
+
+    def due(self, step: int) -> bool:
+        """Whether `begin(step)` takes a snapshot."""
+        return step >= 1 and step % self.config.interval_steps == 0
+
+    @property
+    def in_progress(self) -> bool:
+        return self._future is not None and not self._future.done()
+
+    def begin(
+        self, *, step: int, epoch: int, states: Sequence[model.LayerState], groups: Groups
+    ) -> bool:
+        """Start the snapshot of `step` in the background; False when the step is not due.
+
+        `states` are this worker's layers (live references are fine, see the module
+        docstring) and `groups` every layer's sharding group (`snapshots.sharding_groups`).
+        """
+        if self._future is not None:
+            raise snapshot_store.SnapshotConfigError(
+                "a snapshot is still pending; call wait() before begin() (see the contract)"
+            )
+        if not self.due(step):
+            return False
+        jobs = [self._layer_job(state, groups, step) for state in states]
+        self._future = self._pool.submit(self._write, step, epoch, jobs)
+        return True
+
+    def wait(self, timeout_s: float | None = None) -> manifests.Manifest | None:
+        """Block until the pending snapshot is complete; its manifest, or None if none was
+        pending. SnapshotTimeout after `timeout_s` (the write goes on), SnapshotWriteError
+        when it failed."""
+        future = self._future
+        if future is None:
+            return None
+        try:
+            manifest = future.result(timeout=timeout_s)
+        except concurrent.futures.TimeoutError as exc:
+            raise snapshot_store.SnapshotTimeout(
+                f"snapshot not complete after {timeout_s} s"
+            ) from exc
+        except Exception as exc:  # a background-thread failure, re-raised to the caller
+            self._future = None
+            raise snapshot_store.SnapshotWriteError(f"writing the snapshot failed: {exc}") from exc
+        self._future = None
+        return manifest
+
+    def state(self) -> messages.SnapshotState:
+        """What the heartbeat reports."""
+        return self.store.state(in_progress=self.in_progress)
+
+    def close(self) -> None:
+        """Finish the pending snapshot (if any) and stop the thread."""
+        self._pool.shutdown(wait=True)
+
+    # -- RECOMPUTE (AOR)
+
+    def recompute_step(
+        self,
+        step: int,
+        states: Sequence[model.LayerState],
+        gradients: Sequence[Sequence[torch.Tensor | None]],
+        groups: Groups,
+    ) -> None:
+        """Replay step `step`'s moment update on the host replicas (REFT AOR, eq. 4).
+
+        Call every step, before OptimizerStep, with the live pre-update states and each
+        parameter's gradient (after the all-reduce). A replica is (re)started from the state
+        when it is new or the layer's group changed.
+        """
+        if self.config.redundancy is not messages.RedundancyMode.RECOMPUTE:
+            return
+        for state, grads in zip(states, gradients, strict=True):
+            group = groups[state.index]
+            replica = self._replicas.get(state.index)
+            if replica is None or replica.group != group:
+                replica = self._new_replica(state, group, step - 1)
+            replica.update(step, grads)
+
+    def _new_replica(
+        self, state: model.LayerState, group: tuple[plans.WorkerId, ...], step: int
+    ) -> recompute.OptimizerReplica:
+        member = group.index(self.config.worker)
+        peer = (member + 1) % len(group)
+        layout = snapshots.tensor_layout(state)
+        total = layout[-1].offset + layout[-1].nbytes if layout else 0
+        span = parity.shard_range(total, len(group), peer)
+        replica = recompute.OptimizerReplica(
+            state=state,
+            layout=layout,
+            span=span,
+            group=group,
+            step=step,
+            config=self.config.optimizer,
+        )
+        self._replicas[state.index] = replica
+        return replica
+
+    # -- the background work
+
+    def _layer_job(self, state: model.LayerState, groups: Groups, step: int) -> _LayerJob:
+        group = groups.get(state.index, ())
+        if self.config.worker not in group:
+            raise snapshot_store.SnapshotConfigError(
+                f"layer {state.index}: worker {self.config.worker} is not in its sharding group "
+                f"{group}; pass the groups of the current plan"
+            )
+        replica = None
+        recomputing = self.config.redundancy is messages.RedundancyMode.RECOMPUTE
+        if recomputing and len(group) > 1:
+            replica = self._replicas.get(state.index)
+            if replica is None or replica.group != group or replica.step != step:
+                raise snapshot_store.SnapshotConfigError(
+                    f"layer {state.index}: the recompute replica is not at step {step}; call "
+                    "recompute_step before every optimizer step"
+                )
+        return _LayerJob(state=state, group=group, replica=replica)
+
+    def _write(self, step: int, epoch: int, jobs: Sequence[_LayerJob]) -> manifests.Manifest:
+        directory = self.store.begin(step)
+        entries = tuple(self._write_layer(directory, job) for job in jobs)
+        mode = self.config.redundancy
+        unprotected = [e.layer for e in entries if e.tolerated_losses == 0]
+        note = "" if not unprotected else f"layers {unprotected} survive no lost member"
+        manifest = manifests.Manifest(
+            job=self.config.job,
+            worker=self.config.worker,
+            epoch=epoch,
+            step=step,
+            redundancy=mode,
+            layers=entries,
+            note=note,
+        )
+        self.store.commit(directory, manifest)
+        return manifest
+
+    def _write_layer(self, directory: Path, job: _LayerJob) -> manifests.LayerEntry:
+        state, group = job.state, job.group
+        member, m = group.index(self.config.worker), len(group)
+        layout = snapshots.tensor_layout(state)
+        data = snapshots.flat_bytes(state)
+        files = [self._write_range(directory, job, data, member, manifests.FileKind.SHARD)]
+        tolerated = snapshots.tolerated_losses(self.config.redundancy, m)
+        if tolerated:
+            files.append(self._write_redundancy(directory, job, data, member))
+        return manifests.LayerEntry(
+            layer=state.index,
+            names=state.names,
+            group=tuple(int(w) for w in group),
+            member=member,
+            total_bytes=data.nbytes,
+            tensors=layout,
+            files=tuple(files),
+            tolerated_losses=tolerated,
+        )
+
+    def _write_redundancy(
+        self, directory: Path, job: _LayerJob, data: parity.FlatBytes, member: int
+    ) -> manifests.StoredFile:
+        m = len(job.group)
+        if self.config.redundancy is messages.RedundancyMode.XOR:
+            return self._write_parity(directory, job.state.index, data, member, m)
+        if job.replica is not None:  # RECOMPUTE: moments of the peer's shard from the replica
+            data = job.replica.overlay(data)
+        return self._write_range(directory, job, data, (member + 1) % m, manifests.FileKind.COPY)
+
+    def _write_range(
+        self,
+        directory: Path,
+        job: _LayerJob,
+        data: parity.FlatBytes,
+        owner: int,
+        kind: manifests.FileKind,
+    ) -> manifests.StoredFile:
+        """Write member `owner`'s shard of `data` (as this member's SHARD or as a COPY)."""
+        span = parity.shard_range(data.nbytes, len(job.group), owner)
+        name = f"layer-{job.state.index}.{kind.value}"
+        checksum = self.store.write_file(directory, name, data.views(span.start, span.stop))
+        return manifests.StoredFile(
+            kind=kind, file=name, member=owner, start=span.start, stop=span.stop, checksum=checksum
+        )
+
+    def _write_parity(
+        self, directory: Path, layer: int, data: parity.FlatBytes, member: int, m: int
+    ) -> manifests.StoredFile:
+        size = parity.piece_bytes(data.nbytes, m)
+        buffer = self._parity_buffers.get(layer)
+        if buffer is None or buffer.size != size:
+            buffer = self._parity_buffers[layer] = np.empty(size, dtype=np.uint8)
+        parity.encode_parity(member, m, data, buffer)
+        name = f"layer-{layer}.parity"
+        checksum = self.store.write_file(directory, name, [buffer])
+        return manifests.StoredFile(
+            kind=manifests.FileKind.PARITY,
+            file=name,
+            member=member,
+            start=0,
+            stop=size,
+            checksum=checksum,
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _LayerJob:
+    """One layer to snapshot: its (live) state, its group and, for RECOMPUTE, its replica."""
+
+    state: model.LayerState
+    group: tuple[plans.WorkerId, ...]
+    replica: recompute.OptimizerReplica | None
