@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterator
+from typing import NoReturn
 
 from planaria.planner import errors, execution, instructions, plan, schedule
 
@@ -38,11 +39,13 @@ def check_schedule(sched: schedule.Schedule) -> None:
     _check_optimizer(sched)
 
 
-def _fail(message: str) -> None:
+def _fail(message: str) -> NoReturn:
     raise errors.ScheduleError(message)
 
 
-def _each(sched: schedule.Schedule) -> Iterator[tuple[schedule.WorkerStream, int, object]]:
+def _each(
+    sched: schedule.Schedule,
+) -> Iterator[tuple[schedule.WorkerStream, int, instructions.Instruction]]:
     for stream in sched.streams:
         for index, instruction in enumerate(stream.instructions):
             yield stream, index, instruction
@@ -82,13 +85,16 @@ def _check_messages(sched: schedule.Schedule) -> None:
 
 
 def _record(
-    side: _Side, key: tuple[plan.WorkerId, plan.WorkerId, int], op: object, index: int, what: str
+    side: _Side,
+    key: tuple[plan.WorkerId, plan.WorkerId, int],
+    op: instructions.Send | instructions.Recv,
+    index: int,
+    what: str,
 ) -> None:
     if key in side:
         _fail(f"two {what} of message {key} (source, destination, tag)")
     grad = isinstance(op, instructions.SendGrad | instructions.RecvGrad)
-    micro_batch = getattr(op, "micro_batch")  # noqa: B009 - every message op has one
-    side[key] = (grad, micro_batch, index)
+    side[key] = (grad, op.micro_batch, index)
 
 
 def _check_fifo(side: _Side, what: str) -> None:
