@@ -5,7 +5,8 @@ A literal interpreter (the agent's executor) runs a worker's instructions one af
     Forward(g, [a, b))        run layers a..b-1 forward on micro-batch g and keep what backward
                               needs; a == 0: load micro-batch g's tokens (samples [g*B, (g+1)*B)
                               of the step's global batch, B = micro-batch size); b == num_layers:
-                              compute the loss
+                              compute the loss, scaled by 1 / (global batch x sequence length)
+                              so that losses and gradients of micro-batches simply add up
     Backward(g, [a, b))       backward through the same layers; b == num_layers: start from the
                               loss, else from the gradient received for g; accumulate parameter
                               gradients (summed over micro-batches)
@@ -14,7 +15,7 @@ A literal interpreter (the agent's executor) runs a worker's instructions one af
     SendGrad(to, g, tag)          post a non-blocking send of the gradient w.r.t. g's input
     RecvGrad(from, g, tag)        blocking receive of the gradient w.r.t. g's output
     AllReduce(layers, group, round)  blocking sum of these layers' gradients over `group`
-    OptimizerStep(layers)     divide the summed gradients by the global batch and step
+    OptimizerStep(layers)     step these layers with their summed (all-reduced) gradients
     Snapshot(layers)          marker: here (after the update) the agent may snapshot these layers
 
 Sends complete in the background; every posted send must be awaited before the step ends. `tag`
@@ -167,7 +168,8 @@ class AllReduce:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class OptimizerStep:
-    """Apply the optimizer to `layers` with their all-reduced gradients."""
+    """Apply the optimizer to `layers` with their summed, all-reduced gradients (the loss
+    scaling already makes that sum the global batch's mean gradient)."""
 
     op: ClassVar[Op] = Op.OPTIMIZER_STEP
     layers: tuple[int, ...]
