@@ -7,12 +7,15 @@ small enough to cost or build in a test.
 
 Plans (planaria.planner.plan): `plans` (valid plans, with reroutes and holes), `layer_transfers`;
 `shaped_plans` (given stage counts, symmetric or not, with failed stages rerouted to peers).
+Failures (planner transfers, candidates, policy): `uniform_profile` (a plain builder),
+`running_plans`, `failed_workers`, `layouts` (new layouts over survivors).
 Wire messages (planaria.wire.messages): `rendezvous`, `training_settings`, `worker_configs`,
 `timings`, `snapshot_states`, `latched_errors`, `heartbeats`.
 """
 
 from __future__ import annotations
 
+from hypothesis import assume
 from hypothesis import strategies as st
 
 from planaria.planner import plan, profile, shapes
@@ -419,3 +422,113 @@ def _live_peers(
         for t, (start, stop, workers) in enumerate(pipeline)
         if (start, stop) == (a, b) and workers
     ]
+
+# --- failures and new layouts (planaria.planner transfers, candidates, policy) -----------------
+
+
+def uniform_profile(
+    num_layers: int,
+    *,
+    state_bytes: int = 1000,
+    memory_bytes: int = 2**40,
+    bandwidth_bytes_per_s: float = 1e6,
+) -> profile.Profile:
+    """Identical layers (1 ms forward, 2 ms backward, `state_bytes` of parameters + optimizer
+    state, none of gradients, tiny activations) on 1-GPU stages; both links alike."""
+    layer = profile.LayerProfile(
+        name="block",
+        forward_s=(0.001,),
+        backward_s=(0.002,),
+        parameter_bytes=state_bytes // 4,
+        gradient_bytes=0,
+        optimizer_bytes=state_bytes - state_bytes // 4,
+        activation_bytes=10,
+        output_bytes=10,
+        optimizer_s=0.0001,
+    )
+    link = profile.LinkProfile(bandwidth_bytes_per_s=bandwidth_bytes_per_s, latency_s=1e-6)
+    return profile.Profile(
+        model="uniform",
+        accelerator="test",
+        micro_batch_size=1,
+        memory_bytes=memory_bytes,
+        layers=(layer,) * num_layers,
+        intra_node=link,
+        inter_node=link,
+    )
+
+
+@st.composite
+def running_plans(
+    draw: st.DrawFn, *, max_workers: int = 6, max_layers: int = 6, max_pipelines: int = 3
+) -> plan.Plan:
+    """A running plan: 1..max_pipelines pipelines of one-GPU stages on consecutive workers
+    (1 or 2 GPUs per node), each with its own cuts of 1..max_layers layers, 1..4 micro-batches
+    each, at most max_workers workers in all."""
+    num_layers = draw(st.integers(min_value=1, max_value=max_layers))
+    pipelines, worker = [], 0
+    for _ in range(draw(st.integers(min_value=1, max_value=max_pipelines))):
+        room = min(num_layers, max_workers - worker)
+        if room < 1:
+            break
+        depth = draw(st.integers(min_value=1, max_value=room))
+        cuts = draw(_cuts_of(num_layers, depth))
+        bounds = list(zip((0, *cuts), (*cuts, num_layers), strict=True))
+        stages = tuple(
+            plan.Stage(layer_start=a, layer_stop=b, workers=(plan.WorkerId(worker + i),))
+            for i, (a, b) in enumerate(bounds)
+        )
+        worker += depth
+        micro_batches = draw(st.integers(min_value=1, max_value=4))
+        pipelines.append(plan.Pipeline(stages=stages, num_micro_batches=micro_batches))
+    return plan.Plan(
+        pipelines=tuple(pipelines),
+        micro_batch_size=1,
+        gpus_per_node=draw(st.integers(min_value=1, max_value=2)),
+    )
+
+
+@st.composite
+def failed_workers(draw: st.DrawFn, running: plan.Plan) -> frozenset[plan.WorkerId]:
+    """One or more workers of `running`, leaving at least one alive."""
+    workers = list(running.workers)
+    assume(len(workers) >= 2)
+    chosen = st.lists(st.sampled_from(workers), min_size=1, max_size=len(workers) - 1, unique=True)
+    return frozenset(draw(chosen))
+
+
+@st.composite
+def layouts(
+    draw: st.DrawFn,
+    survivors: list[plan.WorkerId],
+    num_layers: int,
+    gpus_per_node: int,
+    num_micro_batches: int,
+) -> plan.Plan:
+    """A new layout over some of `survivors` (shuffled), one worker per stage: 1..3 pipelines
+    with their own cuts, micro-batches summing to `num_micro_batches` (one each at least)."""
+    pool = draw(st.permutations(survivors))
+    pipelines, used = [], 0
+    count = draw(st.integers(min_value=1, max_value=min(3, num_micro_batches, len(pool))))
+    for index in range(count):
+        room = len(pool) - used - (count - index - 1)  # leave a worker for each one to come
+        depth = draw(st.integers(min_value=1, max_value=min(num_layers, room)))
+        cuts = draw(_cuts_of(num_layers, depth))
+        bounds = list(zip((0, *cuts), (*cuts, num_layers), strict=True))
+        stages = tuple(
+            plan.Stage(layer_start=a, layer_stop=b, workers=(pool[used + i],))
+            for i, (a, b) in enumerate(bounds)
+        )
+        used += depth
+        pipelines.append(stages)
+    shares = [1] * len(pipelines)
+    for _ in range(num_micro_batches - len(pipelines)):
+        shares[draw(st.integers(min_value=0, max_value=len(pipelines) - 1))] += 1
+    return plan.Plan(
+        pipelines=tuple(
+            plan.Pipeline(stages=s, num_micro_batches=n)
+            for s, n in zip(pipelines, shares, strict=True)
+        ),
+        micro_batch_size=1,
+        gpus_per_node=gpus_per_node,
+    )

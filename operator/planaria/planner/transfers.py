@@ -1,0 +1,349 @@
+"""Transition cost: who plays which role of the next plan, which layers move, and how long it takes.
+
+After a failure the survivors hold the layers of their old stages. A new layout (a plan over the
+survivors, from the candidate search) names roles; Odyssey §IV-B binds survivors to roles by a
+min-cost bipartite matching (Kuhn-Munkres, `scipy.optimize.linear_sum_assignment`), where the
+cost of survivor i playing role j is the bytes i must receive: the state of the layers of role j
+that i does not hold. A layer i holds but role j lacks is simply dropped (no cost).
+
+Matching is done per node (Odyssey matches nodes): the layout's node b is played by a surviving
+node a, and a's live GPUs play b's workers by an inner matching of the same cost. Nodes keep
+their co-location, so the layout's step estimate (intra- vs inter-node links) stays exact. With
+one GPU per node this is plain worker-to-role matching on an N x N matrix (empty roles pad it).
+
+What moves (`plan.LayerTransfer`): every layer a worker's new role has and it does not hold,
+sent by ALL live holders of the layer in equal shards. A layer no survivor holds is a `Restore`:
+its state comes from the host-memory snapshots (REFT §4, recovery level 3 of DESIGN.md). Each
+worker of a k-worker (tensor-parallel) stage counts as holding and needing its stage's whole
+layers: an upper bound on what moves (the executor runs one worker per stage).
+
+Bytes: a layer's moved state is its parameters and optimizer state (what the agent's LayerState
+carries); gradients are not moved, they are zero between steps.
+
+Time (bandwidth model): every (source, destination) shard is one message over the intra-node
+link when both share a node, else the inter-node link. Each worker has one send and one receive
+direction per link kind (full duplex); messages on one of them serialise: latency each plus
+bytes / bandwidth. Restores are received over the inter-node link. The copy time is the busiest
+such direction, the max over all workers and links. Contention inside the network core is not
+modelled. A transition adds measured overheads (`Overheads`).
+
+Errors: `errors.PlanInputError` for inputs that do not fit (a failed worker outside the plan, a
+layout over workers that did not survive). Not here: choosing the layout (`candidates`),
+weighing the transition against the step time (`policy`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections import defaultdict
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+from scipy import optimize
+
+from planaria.planner import errors, plan, profile
+
+Holdings = Mapping[plan.WorkerId, frozenset[int]]
+CostMatrix = npt.NDArray[np.float64]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Overheads:
+    """Fixed seconds a transition costs besides moving state.
+
+    `regroup_s`: survivors destroy their process groups and rendezvous again under a new epoch;
+    every transition pays it (a dead member breaks the old groups, rerouting included). Default
+    0.02 s: DESIGN.md's measurement, 2 ranks on gloo with torch 2.13 CPU. NCCL at scale takes
+    seconds; set it from a measurement of the target cluster.
+    `restart_s`: a re-planned worker builds the modules and AdamW state of its new layers and
+    switches to the new schedule before training resumes. Default 0.02 s: building every layer of
+    the `small` shape with its AdamW on this project's dev machine (2 CPU cores, torch 2.13)
+    took 19 ms median of 7 (`planaria.agent.model.build_layers` + `make_optimizer`); workers do
+    it in parallel, so it is paid once. Rerouting does not pay it (roles do not change).
+    """
+
+    regroup_s: float = 0.02
+    restart_s: float = 0.02
+
+    def __post_init__(self) -> None:
+        for name in ("regroup_s", "restart_s"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise errors.PlanInputError(f"{name} is {value}; give finite seconds >= 0")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Restore:
+    """Layer `layer` has no live replica: `destination` loads it from host-memory snapshots."""
+
+    layer: int
+    destination: plan.WorkerId
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Transition:
+    """Moving from the old plan to `target`: the copies, the restores, bytes and seconds.
+
+    `moved_bytes` counts every byte received by some worker (copies and restores); `transfer_s`
+    is the bandwidth model's time for all of them; `overhead_s` the fixed `Overheads` paid.
+    """
+
+    target: plan.Plan
+    transfers: tuple[plan.LayerTransfer, ...]
+    restores: tuple[Restore, ...]
+    moved_bytes: int
+    transfer_s: float
+    overhead_s: float
+
+    @property
+    def total_s(self) -> float:
+        """t_{S_i -> S_i+1} of Odyssey eq. 2 and 8."""
+        return self.transfer_s + self.overhead_s
+
+
+def moved_bytes(layer: profile.LayerProfile) -> int:
+    """Bytes of one layer's state that a copy moves: parameters and optimizer state."""
+    return layer.parameter_bytes + layer.optimizer_bytes
+
+
+def holdings(
+    old: plan.Plan, failed: Collection[plan.WorkerId], spare: Collection[plan.WorkerId] = ()
+) -> dict[plan.WorkerId, frozenset[int]]:
+    """Layers each live worker holds: its old stage's layers; `spare` workers (live, outside
+    the old plan) hold none. Raises PlanInputError for failed workers the plan does not have
+    or spares that are in it."""
+    workers = set(old.workers)
+    unknown = sorted(set(failed) - workers)
+    if unknown:
+        raise errors.PlanInputError(
+            f"failed workers {unknown} are not in the plan (its workers: {sorted(workers)}); "
+            "name workers of the running plan"
+        )
+    clash = sorted(set(spare) & workers)
+    if clash:
+        raise errors.PlanInputError(f"spare workers {clash} are in the plan; list idle ones only")
+    held: dict[plan.WorkerId, frozenset[int]] = {w: frozenset() for w in spare}
+    for pipeline in old.pipelines:
+        for stage in pipeline.stages:
+            for worker in stage.workers:
+                if worker not in failed:
+                    held[worker] = frozenset(stage.layers)
+    return dict(sorted(held.items()))
+
+
+def roles(layout: plan.Plan) -> dict[plan.WorkerId, frozenset[int]]:
+    """The layers each worker of `layout` must hold (its stage's), by worker id."""
+    return dict(
+        sorted(
+            (worker, frozenset(stage.layers))
+            for pipeline in layout.pipelines
+            for stage in pipeline.stages
+            for worker in stage.workers
+        )
+    )
+
+
+def cost_matrix(
+    held: Sequence[frozenset[int]], wanted: Sequence[frozenset[int]], layer_bytes: Sequence[int]
+) -> CostMatrix:
+    """cost[i][j]: bytes survivor i must receive to play role j (Odyssey §IV-B)."""
+    num_layers = len(layer_bytes)
+    have = np.zeros((len(held), num_layers))
+    need = np.zeros((len(wanted), num_layers))
+    for i, layers in enumerate(held):
+        have[i, list(layers)] = 1.0
+    for j, layers in enumerate(wanted):
+        need[j, list(layers)] = 1.0
+    weights = np.asarray(layer_bytes, dtype=np.float64)
+    result: CostMatrix = ((1.0 - have) * weights) @ need.T
+    return result
+
+
+def match(
+    held: Holdings, layout: plan.Plan, prof: profile.Profile
+) -> dict[plan.WorkerId, plan.WorkerId]:
+    """Min-cost binding of the layout's workers (keys) to survivors (values), node by node.
+
+    Raises PlanInputError when the layout uses workers that are not live survivors.
+    """
+    wanted = roles(layout)
+    _check_layout(held, wanted)
+    survivors = list(held)
+    sizes = [moved_bytes(layer) for layer in prof.layers]
+    cost = cost_matrix([held[w] for w in survivors], list(wanted.values()), sizes)
+    rows = _groups(survivors, layout.gpus_per_node)
+    cols = _groups(list(wanted), layout.gpus_per_node)
+    outer, inner = _node_costs(cost, rows, cols)
+    layout_workers = list(wanted)
+    binding: dict[plan.WorkerId, plan.WorkerId] = {}
+    for a, b in zip(*optimize.linear_sum_assignment(outer), strict=True):
+        if b < len(cols):  # columns past the layout's nodes are padding: a left idle
+            for i, j in inner(int(a), int(b)):
+                binding[layout_workers[j]] = survivors[i]
+    return binding
+
+
+_Pairs = Callable[[int, int], tuple[tuple[int, int], ...]]
+
+
+def _node_costs(
+    cost: CostMatrix, rows: list[list[int]], cols: list[list[int]]
+) -> tuple[CostMatrix, _Pairs]:
+    """The N x N node matrix (survivor node a plays layout node b; columns past the layout's
+    nodes are empty roles, cost 0) and, per pair, the inner matching's (survivor, role) pairs."""
+    outer = np.zeros((len(rows), len(rows)))
+    if all(len(group) == 1 for group in rows + cols):  # one worker per node: no inner matching
+        outer[:, : len(cols)] = cost[np.ix_([r[0] for r in rows], [c[0] for c in cols])]
+        return outer, lambda a, b: ((rows[a][0], cols[b][0]),)
+    pairs: dict[tuple[int, int], tuple[tuple[int, int], ...]] = {}
+    for (a, row), (b, col) in itertools.product(enumerate(rows), enumerate(cols)):
+        outer[a, b], pairs[(a, b)] = _inner(cost, row, col)
+    return outer, lambda a, b: pairs[(a, b)]
+
+
+def _check_layout(held: Holdings, wanted: Mapping[plan.WorkerId, frozenset[int]]) -> None:
+    strangers = sorted(set(wanted) - set(held))
+    if strangers:
+        raise errors.PlanInputError(
+            f"the new layout uses workers {strangers} that are not live; lay it out over the "
+            f"survivors {sorted(held)}"
+        )
+
+
+def _groups(workers: Sequence[plan.WorkerId], gpus_per_node: int) -> list[list[int]]:
+    """Indices into `workers`, grouped by node in node order."""
+    by_node: dict[int, list[int]] = defaultdict(list)
+    for index, worker in enumerate(workers):
+        by_node[worker // gpus_per_node].append(index)
+    return [by_node[node] for node in sorted(by_node)]
+
+
+def _inner(
+    cost: CostMatrix, row: list[int], col: list[int]
+) -> tuple[float, tuple[tuple[int, int], ...]]:
+    """Cheapest way for the survivors `row` (one node) to play the roles `col` (one layout
+    node): total bytes and (survivor index, role index) pairs; inf when too few survivors."""
+    if len(col) > len(row):
+        return math.inf, ()
+    block = cost[np.ix_(row, col)]
+    r, c = optimize.linear_sum_assignment(block)
+    pairs = tuple((row[i], col[j]) for i, j in zip(r.tolist(), c.tolist(), strict=True))
+    return float(block[r, c].sum()), pairs
+
+
+def relabel(layout: plan.Plan, binding: Mapping[plan.WorkerId, plan.WorkerId]) -> plan.Plan:
+    """`layout` with every worker replaced by the survivor bound to it."""
+    pipelines = tuple(
+        plan.Pipeline(
+            stages=tuple(
+                plan.Stage(
+                    layer_start=s.layer_start,
+                    layer_stop=s.layer_stop,
+                    workers=tuple(binding[w] for w in s.workers),
+                )
+                for s in p.stages
+            ),
+            num_micro_batches=p.num_micro_batches,
+        )
+        for p in layout.pipelines
+    )
+    return plan.Plan(
+        pipelines=pipelines,
+        micro_batch_size=layout.micro_batch_size,
+        gpus_per_node=layout.gpus_per_node,
+        reroutes=layout.reroutes,
+    )
+
+
+def missing(
+    held: Holdings, new: plan.Plan
+) -> tuple[tuple[plan.LayerTransfer, ...], tuple[Restore, ...]]:
+    """Layers each worker of `new` lacks: copies from every live holder, in (destination, layer)
+    order, and restores of layers no survivor holds."""
+    holders: dict[int, list[plan.WorkerId]] = defaultdict(list)
+    for worker, layers in held.items():
+        for layer in layers:
+            holders[layer].append(worker)
+    transfers: list[plan.LayerTransfer] = []
+    restores: list[Restore] = []
+    for worker, layers in roles(new).items():
+        for layer in sorted(layers - held.get(worker, frozenset())):
+            if holders[layer]:
+                sources = tuple(sorted(holders[layer]))
+                transfers.append(
+                    plan.LayerTransfer(layer=layer, destination=worker, sources=sources)
+                )
+            else:
+                restores.append(Restore(layer=layer, destination=worker))
+    return tuple(transfers), tuple(restores)
+
+
+def transfer_s(
+    transfers: Sequence[plan.LayerTransfer],
+    restores: Sequence[Restore],
+    prof: profile.Profile,
+    gpus_per_node: int,
+) -> float:
+    """Seconds to move everything: the busiest worker's send or receive direction on one link
+    kind (module docstring). 0.0 when nothing moves."""
+    load: dict[tuple[plan.WorkerId, bool, bool], tuple[int, float]] = defaultdict(lambda: (0, 0))
+    for transfer in transfers:
+        size = moved_bytes(prof.layers[transfer.layer])
+        for source in transfer.sources:
+            shard = transfer.shard(source, size)
+            intra = source // gpus_per_node == transfer.destination // gpus_per_node
+            for key in ((source, intra, True), (transfer.destination, intra, False)):
+                count, num_bytes = load[key]
+                load[key] = (count + 1, num_bytes + len(shard))
+    for restore in restores:
+        count, num_bytes = load[(restore.destination, False, False)]
+        load[(restore.destination, False, False)] = (
+            count + 1,
+            num_bytes + moved_bytes(prof.layers[restore.layer]),
+        )
+    return max((_busy_s(prof, intra, c, b) for (_, intra, _), (c, b) in load.items()), default=0.0)
+
+
+def _busy_s(prof: profile.Profile, intra: bool, num_messages: int, num_bytes: float) -> float:
+    link = prof.intra_node if intra else prof.inter_node
+    return num_messages * link.latency_s + num_bytes / link.bandwidth_bytes_per_s
+
+
+def replan(
+    held: Holdings,
+    layout: plan.Plan,
+    prof: profile.Profile,
+    overheads: Overheads,
+    *,
+    binding: Mapping[plan.WorkerId, plan.WorkerId] | None = None,
+) -> Transition:
+    """The transition to `layout` with its workers bound to survivors by `binding` (default:
+    the min-cost `match`; pass the identity to cost the layout as written)."""
+    chosen = match(held, layout, prof) if binding is None else binding
+    new = relabel(layout, chosen)
+    transfers, restores = missing(held, new)
+    moved = sum(moved_bytes(prof.layers[t.layer]) for t in transfers)
+    moved += sum(moved_bytes(prof.layers[r.layer]) for r in restores)
+    return Transition(
+        target=new,
+        transfers=transfers,
+        restores=restores,
+        moved_bytes=moved,
+        transfer_s=transfer_s(transfers, restores, prof, new.gpus_per_node),
+        overhead_s=overheads.regroup_s + overheads.restart_s,
+    )
+
+
+def keep(new: plan.Plan, overheads: Overheads) -> Transition:
+    """The transition of rerouting: the layout stays, nothing moves, survivors regroup."""
+    return Transition(
+        target=new,
+        transfers=(),
+        restores=(),
+        moved_bytes=0,
+        transfer_s=0.0,
+        overhead_s=overheads.regroup_s,
+    )

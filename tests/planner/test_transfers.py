@@ -1,0 +1,278 @@
+"""Transition cost (planaria.planner.transfers): matching survivors to roles, copies, time.
+
+Covers: holdings of survivors and spares, and refused inputs; the cost matrix (bytes of the
+layers a survivor lacks); Odyssey Fig. 3 (DP=3 x PP=3 over 9 layers, one node fails, DP=2 x PP=4
+[2,2,2,3]): the matching moves no more layers than the best of all 8! hand assignments and
+strictly fewer than the identity; the matching's bytes equal a brute-force optimum over every
+node-preserving assignment (hypothesis, up to 6 workers, 1 or 2 GPUs per node); every worker
+receives exactly the layers it lacks, from every live holder, and restores only layers nobody
+holds; node co-location is kept; the bandwidth model against hand-computed times (sources
+spread, intra vs inter node, latency per message, restores); overheads per transition kind.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from scipy import optimize
+
+from planaria.planner import errors, profile, transfers
+from planaria.planner import plan as plans
+from tests import strategies
+
+W = plans.WorkerId
+
+
+def grid(
+    cuts: Sequence[Sequence[int]], num_layers: int, first: int = 0, gpus: int = 1
+) -> plans.Plan:
+    """Pipelines with the given cuts on consecutive one-GPU stages, one micro-batch each."""
+    pipelines, worker = [], first
+    for pipeline_cuts in cuts:
+        bounds = [0, *pipeline_cuts, num_layers]
+        stages = []
+        for a, b in itertools.pairwise(bounds):
+            stages.append(plans.Stage(layer_start=a, layer_stop=b, workers=(W(worker),)))
+            worker += 1
+        pipelines.append(plans.Pipeline(stages=tuple(stages), num_micro_batches=1))
+    return plans.Plan(pipelines=tuple(pipelines), micro_batch_size=1, gpus_per_node=gpus)
+
+
+def on(layout: plans.Plan, workers: Sequence[int]) -> plans.Plan:
+    """`layout` with its workers, in order, replaced by `workers`."""
+    return transfers.relabel(layout, dict(zip(layout.workers, map(W, workers), strict=True)))
+
+
+def layers_moved(held: transfers.Holdings, new: plans.Plan) -> int:
+    copies, restores = transfers.missing(held, new)
+    return len(copies) + len(restores)
+
+
+def brute_force_bytes(held: transfers.Holdings, layout: plans.Plan, prof: profile.Profile) -> int:
+    """The fewest bytes over every assignment of survivors to the layout's workers that keeps
+    each layout node on one surviving node (and distinct nodes distinct)."""
+    gpus = layout.gpus_per_node
+    best = math.inf
+    for chosen in itertools.permutations(held, len(layout.workers)):
+        binding = dict(zip(layout.workers, chosen, strict=True))
+        node_map: dict[int, int] = {}
+        if any(node_map.setdefault(w // gpus, s // gpus) != s // gpus for w, s in binding.items()):
+            continue
+        if len(set(node_map.values())) != len(node_map):
+            continue
+        new = transfers.relabel(layout, binding)
+        copies, restores = transfers.missing(held, new)
+        total = sum(transfers.moved_bytes(prof.layers[c.layer]) for c in copies)
+        best = min(best, total + sum(transfers.moved_bytes(prof.layers[r.layer]) for r in restores))
+    return int(best)
+
+
+# --- holdings ----------------------------------------------------------------------------------
+
+
+def test_survivors_hold_their_stage_layers_and_spares_hold_none() -> None:
+    old = grid([[2], [1]], 3)
+    held = transfers.holdings(old, {W(1)}, spare={W(9)})
+    assert held == {
+        W(0): frozenset({0, 1}),
+        W(2): frozenset({0}),
+        W(3): frozenset({1, 2}),
+        W(9): frozenset(),
+    }
+
+
+@pytest.mark.parametrize(
+    ("failed", "spare", "complaint"),
+    [({W(7)}, set(), "not in the plan"), ({W(0)}, {W(1)}, "are in the plan")],
+    ids=["a failed worker outside the plan", "a spare that is in the plan"],
+)
+def test_holdings_refuse_workers_that_do_not_fit(
+    failed: set[plans.WorkerId], spare: set[plans.WorkerId], complaint: str
+) -> None:
+    with pytest.raises(errors.PlanInputError, match=complaint):
+        transfers.holdings(grid([[1]], 2), failed, spare)
+
+
+def test_a_layout_over_dead_workers_is_refused() -> None:
+    old = grid([[1], [1]], 2)
+    held = transfers.holdings(old, {W(0)})
+    with pytest.raises(errors.PlanInputError, match=r"workers \[0\] that are not live"):
+        transfers.match(held, grid([[1]], 2), strategies.uniform_profile(2))
+
+
+# --- the cost matrix and the matching ----------------------------------------------------------
+
+
+def test_cost_is_the_bytes_of_the_wanted_layers_a_survivor_lacks() -> None:
+    cost = transfers.cost_matrix(
+        [frozenset({0, 1, 2}), frozenset({3})], [frozenset({0, 1}), frozenset({2, 3})], [1, 2, 4, 8]
+    )
+    # Odyssey §IV-B's example: [1,2,3] -> [1,2] costs 0, [1,2,3] -> [3,4] costs layer 4
+    assert cost.tolist() == [[0.0, 8.0], [3.0, 4.0]]
+
+
+def test_odyssey_fig3_matching_beats_identity_and_equals_the_best_hand_assignment() -> None:
+    old = grid([[3, 6]] * 3, 9)  # DP=3 x PP=3, workers 0..8
+    held = transfers.holdings(old, {W(4)})  # the middle node of the second pipeline fails
+    survivors = list(held)
+    layout = on(grid([[2, 4, 6]] * 2, 9), survivors)  # DP=2 x PP=4 [2,2,2,3]
+    matched = transfers.replan(held, layout, strategies.uniform_profile(9), transfers.Overheads())
+    identity = layers_moved(held, layout)
+    best = min(layers_moved(held, on(layout, perm)) for perm in itertools.permutations(survivors))
+    assert len(matched.transfers) == best < identity
+    assert (best, identity) == (3, 9)
+    assert matched.restores == ()
+
+
+@given(st.data())
+@settings(max_examples=60, deadline=None)
+def test_matching_moves_as_few_bytes_as_the_brute_force_optimum(data: st.DataObject) -> None:
+    old = data.draw(strategies.running_plans(max_workers=6))
+    failed = data.draw(strategies.failed_workers(old))
+    held = transfers.holdings(old, failed)
+    layout = data.draw(
+        strategies.layouts(list(held), old.num_layers, old.gpus_per_node, old.num_micro_batches)
+    )
+    prof = strategies.uniform_profile(old.num_layers)
+    matched = transfers.replan(held, layout, prof, transfers.Overheads())
+    assert matched.moved_bytes == brute_force_bytes(held, layout, prof)
+
+
+@given(
+    st.lists(
+        st.lists(st.integers(min_value=0, max_value=50), min_size=5, max_size=5),
+        min_size=5,
+        max_size=5,
+    )
+)
+def test_linear_sum_assignment_is_the_permutation_optimum(matrix: list[list[int]]) -> None:
+    cost = np.array(matrix, dtype=float)
+    rows, cols = optimize.linear_sum_assignment(cost)
+    brute = min(sum(matrix[i][p[i]] for i in range(5)) for p in itertools.permutations(range(5)))
+    assert cost[rows, cols].sum() == brute
+
+
+@given(st.data())
+@settings(max_examples=80, deadline=None)
+def test_every_worker_receives_exactly_the_layers_it_lacks(data: st.DataObject) -> None:
+    old = data.draw(strategies.running_plans(max_workers=8))
+    failed = data.draw(strategies.failed_workers(old))
+    held = transfers.holdings(old, failed)
+    layout = data.draw(
+        strategies.layouts(list(held), old.num_layers, old.gpus_per_node, old.num_micro_batches)
+    )
+    move = transfers.replan(
+        held, layout, strategies.uniform_profile(old.num_layers), transfers.Overheads()
+    )
+    received: dict[plans.WorkerId, list[int]] = {}
+    for copy in move.transfers:
+        received.setdefault(copy.destination, []).append(copy.layer)
+        assert copy.sources == tuple(
+            sorted(w for w, layers in held.items() if copy.layer in layers)
+        )
+    for restore in move.restores:
+        received.setdefault(restore.destination, []).append(restore.layer)
+        assert not any(restore.layer in layers for layers in held.values())
+    for worker, role in transfers.roles(move.target).items():
+        got = received.get(worker, [])
+        assert len(got) == len(set(got))
+        assert set(got) == role - held[worker]
+    assert set(received) <= set(move.target.workers)
+
+
+@given(st.data())
+@settings(max_examples=40, deadline=None)
+def test_matching_keeps_each_layout_node_on_one_surviving_node(data: st.DataObject) -> None:
+    old = data.draw(strategies.running_plans(max_workers=8))
+    failed = data.draw(strategies.failed_workers(old))
+    held = transfers.holdings(old, failed)
+    layout = data.draw(
+        strategies.layouts(list(held), old.num_layers, old.gpus_per_node, old.num_micro_batches)
+    )
+    binding = transfers.match(held, layout, strategies.uniform_profile(old.num_layers))
+    gpus = layout.gpus_per_node
+    assert sorted(binding) == sorted(layout.workers)
+    assert len(set(binding.values())) == len(binding)
+    together = {(a // gpus, b // gpus) for a, b in binding.items()}
+    assert len({a for a, _ in together}) == len(together) == len({b for _, b in together})
+
+
+def test_a_layer_nobody_holds_is_restored_not_copied() -> None:
+    old = grid([[1], [1]], 2)  # both replicas of layer 1 are on workers 1 and 3
+    held = transfers.holdings(old, {W(1), W(3)})
+    move = transfers.replan(
+        held, on(grid([[1]], 2), [0, 2]), strategies.uniform_profile(2), transfers.Overheads()
+    )
+    assert move.transfers == ()
+    assert [r.layer for r in move.restores] == [1]
+
+
+# --- the bandwidth model -----------------------------------------------------------------------
+
+
+def link(bandwidth: float, latency: float = 0.0) -> profile.LinkProfile:
+    return profile.LinkProfile(bandwidth_bytes_per_s=bandwidth, latency_s=latency)
+
+
+def one_layer(
+    state_bytes: int, intra: profile.LinkProfile, inter: profile.LinkProfile
+) -> profile.Profile:
+    base = strategies.uniform_profile(1, state_bytes=state_bytes)
+    return profile.Profile(
+        model=base.model,
+        accelerator=base.accelerator,
+        micro_batch_size=1,
+        memory_bytes=base.memory_bytes,
+        layers=base.layers,
+        intra_node=intra,
+        inter_node=inter,
+    )
+
+
+def test_two_sources_halve_the_send_but_the_receiver_takes_it_all() -> None:
+    prof = one_layer(100, intra=link(1000.0), inter=link(10.0, latency=0.5))
+    copy = plans.LayerTransfer(layer=0, destination=W(0), sources=(W(1), W(2)))
+    # receiver: two 50-byte messages over the inter-node link: 2 * 0.5 + 100 / 10
+    assert transfers.transfer_s([copy], [], prof, gpus_per_node=1) == pytest.approx(11.0)
+
+
+def test_intra_and_inter_node_traffic_use_separate_links() -> None:
+    prof = one_layer(100, intra=link(100.0), inter=link(10.0))
+    copy = plans.LayerTransfer(layer=0, destination=W(0), sources=(W(1), W(2)))
+    # with 2 GPUs per node, worker 1 shares node 0: 50 B intra (0.5 s) and 50 B inter (5 s)
+    assert transfers.transfer_s([copy], [], prof, gpus_per_node=2) == pytest.approx(5.0)
+
+
+def test_a_busy_source_can_be_the_bottleneck() -> None:
+    prof = one_layer(100, intra=link(1000.0), inter=link(10.0))
+    copies = [plans.LayerTransfer(layer=0, destination=W(d), sources=(W(9),)) for d in (0, 1, 2)]
+    assert transfers.transfer_s(copies, [], prof, gpus_per_node=1) == pytest.approx(30.0)
+
+
+def test_restores_arrive_over_the_inter_node_link() -> None:
+    prof = one_layer(100, intra=link(1000.0), inter=link(10.0))
+    restore = transfers.Restore(layer=0, destination=W(0))
+    assert transfers.transfer_s([], [restore], prof, gpus_per_node=4) == pytest.approx(10.0)
+    assert transfers.transfer_s([], [], prof, gpus_per_node=4) == 0.0
+
+
+def test_rerouting_pays_the_regroup_and_replanning_the_restart_too() -> None:
+    overheads = transfers.Overheads(regroup_s=0.5, restart_s=2.0)
+    old = grid([[1], [1]], 2)
+    held = transfers.holdings(old, {W(3)})
+    assert transfers.keep(old, overheads).total_s == 0.5
+    same = on(grid([[1]], 2), [0, 1])
+    assert transfers.replan(held, same, strategies.uniform_profile(2), overheads).total_s == 2.5
+
+
+@pytest.mark.parametrize("field", ["regroup_s", "restart_s"])
+@pytest.mark.parametrize("bad", [-1.0, math.inf, math.nan], ids=["negative", "infinite", "nan"])
+def test_overheads_must_be_finite_seconds(field: str, bad: float) -> None:
+    with pytest.raises(errors.PlanInputError, match=field):
+        transfers.Overheads(**{field: bad})
