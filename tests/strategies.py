@@ -7,6 +7,7 @@ small enough to cost or build in a test.
 
 Plans (planaria.planner.plan): `plans` (valid plans, with reroutes and holes), `layer_transfers`;
 `shaped_plans` (given stage counts, symmetric or not, with failed stages rerouted to peers).
+Planning: `planning_layers`, `planning_profiles` (tied times, binding memory), `pipeline_costs`.
 Failures (planner transfers, candidates, policy): `uniform_profile` (a plain builder),
 `running_plans`, `failed_workers`, `layouts` (new layouts over survivors).
 Wire messages (planaria.wire.messages): `rendezvous`, `training_settings`, `worker_configs`,
@@ -422,6 +423,64 @@ def _live_peers(
         for t, (start, stop, workers) in enumerate(pipeline)
         if (start, stop) == (a, b) and workers
     ]
+
+
+# --- planning profiles and pipeline costs (planaria.planner templates, batching) ---------------
+
+# Stage times from a small set make exact ties common (they exercise the slowest-stage tie rule);
+# small byte counts against a small memory make the 1F1B depth bind.
+_TIED_SECONDS = st.sampled_from([0.0, 0.5, 1.0, 1.5, 2.0, 3.0])
+_FREE_SECONDS = st.floats(min_value=0.0, max_value=4.0, allow_nan=False, allow_infinity=False)
+
+
+@st.composite
+def planning_layers(draw: st.DrawFn, max_gpus: int) -> profile.LayerProfile:
+    """A layer with times for 1..max_gpus GPUs (tied or free values) and bytes of 0..12."""
+    seconds = draw(st.sampled_from([_TIED_SECONDS, _FREE_SECONDS]))
+    times = st.lists(seconds, min_size=max_gpus, max_size=max_gpus).map(tuple)
+    small = st.integers(min_value=0, max_value=12)
+    return profile.LayerProfile(
+        name="layer",
+        forward_s=draw(times),
+        backward_s=draw(times),
+        parameter_bytes=draw(small),
+        gradient_bytes=draw(small),
+        optimizer_bytes=draw(small),
+        activation_bytes=draw(small),
+        output_bytes=draw(st.integers(min_value=0, max_value=200)),
+    )
+
+
+@st.composite
+def planning_profiles(
+    draw: st.DrawFn, *, max_layers: int = 8, max_gpus: int = 4
+) -> profile.Profile:
+    """A profile for planner properties: 1..max_layers layers timed for 1..max_gpus GPUs,
+    links fast or slow, GPU memory from ample down to a few layers' worth."""
+    m = draw(st.integers(min_value=1, max_value=max_gpus))
+    link = st.builds(
+        profile.LinkProfile,
+        bandwidth_bytes_per_s=st.sampled_from([10.0, 100.0, 1e9]),
+        latency_s=st.sampled_from([0.0, 0.1]),
+    )
+    return profile.Profile(
+        model="planning-drawn",
+        accelerator="drawn",
+        micro_batch_size=draw(st.integers(min_value=1, max_value=4)),
+        memory_bytes=draw(st.sampled_from([10**6, 80, 50, 30])),
+        layers=tuple(draw(st.lists(planning_layers(m), min_size=1, max_size=max_layers))),
+        intra_node=draw(link),
+        inter_node=draw(link),
+    )
+
+
+def pipeline_costs() -> st.SearchStrategy[tuple[float, float]]:
+    """(fixed seconds, seconds per micro-batch) of one pipeline, T(N_b) = a + c N_b."""
+    return st.tuples(
+        st.floats(min_value=0.0, max_value=50.0, allow_nan=False),
+        st.floats(min_value=0.0, max_value=5.0, allow_nan=False),
+    )
+
 
 # --- failures and new layouts (planaria.planner transfers, candidates, policy) -----------------
 

@@ -152,15 +152,19 @@ def _jump_start(costs: Sequence[PipelineCost], total: int) -> list[int]:
         mid = (lo + hi) / 2
         if not lo < mid < hi:
             break
-        lo, hi = (mid, hi) if sum(_slots_upto(costs, mid)) <= total else (lo, mid)
-    counts = _slots_upto(costs, lo)
+        lo, hi = (mid, hi) if sum(_slots_upto(costs, mid, total)) <= total else (lo, mid)
+    counts = _slots_upto(costs, lo, total)
     return counts if sum(counts) <= total and _is_cheapest_set(costs, counts) else ones
 
 
-def _slots_upto(costs: Sequence[PipelineCost], threshold: float) -> list[int]:
-    return [
-        max(1, math.floor((threshold - cost.fixed_s) / cost.per_micro_batch_s)) for cost in costs
-    ]
+def _slots_upto(costs: Sequence[PipelineCost], threshold: float, total: int) -> list[int]:
+    """Per pipeline, how many of its slots cost at most `threshold` (1..total)."""
+    counts = []
+    for cost in costs:
+        room = (threshold - cost.fixed_s) / cost.per_micro_batch_s
+        slots = total if room >= total else math.floor(room) if room >= 1 else 1
+        counts.append(slots)
+    return counts
 
 
 def _is_cheapest_set(costs: Sequence[PipelineCost], counts: Sequence[int]) -> bool:

@@ -1,0 +1,138 @@
+"""Instantiation and plan choice (planaria.planner.instantiation).
+
+Covers: eq. 5's enumeration equals a brute force over count vectors (exactly N' nodes, at
+least f + 1 pipelines, no repeats); a huge enumeration is refused before it runs; the chosen
+plan has the highest throughput of all instantiations, uses every node once, keeps the global
+batch, places each pipeline as its template says (WorkerId = node * M + GPU) and explains the
+runner-up; instantiations that cannot take the global batch are skipped, and when none can the
+error recommends the nearest global batch; too few nodes for f + 1 pipelines is refused.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from planaria.planner import (
+    accelerators,
+    batching,
+    errors,
+    instantiation,
+    plan,
+    shapes,
+    synthetic,
+    templates,
+)
+
+
+@functools.cache
+def small_templates(
+    num_nodes: int, gpus_per_node: int, fault_tolerance: int
+) -> templates.TemplateSet:
+    """Templates of the `small` model (10 planner layers) on A100s, micro-batch 2."""
+    source = synthetic.synthesize(
+        shapes.named("small"), accelerators.named("a100-80gb"), 2, gpus_per_node
+    )
+    return templates.generate_templates(
+        source, num_nodes=num_nodes, gpus_per_node=gpus_per_node, fault_tolerance=fault_tolerance
+    )
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    sizes=st.sets(st.integers(1, 6), min_size=1, max_size=4),
+    num_nodes=st.integers(0, 14),
+    f=st.integers(0, 3),
+)
+def test_enumeration_equals_a_brute_force(sizes: set[int], num_nodes: int, f: int) -> None:
+    ordered = sorted(sizes)
+    expected: set[tuple[tuple[int, int], ...]] = set()
+    for counts in itertools.product(*(range(num_nodes // s + 1) for s in ordered)):
+        used = sum(c * s for c, s in zip(counts, ordered, strict=True))
+        if used == num_nodes and sum(counts) >= f + 1:
+            expected.add(tuple((s, c) for s, c in zip(ordered, counts, strict=True) if c))
+    found = instantiation.enumerate_instantiations(ordered, num_nodes, f)
+    assert len(found) == len(expected)
+    assert {tuple(sorted(x.counts)) for x in found} == expected
+
+
+def test_a_huge_enumeration_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(instantiation, "MAX_INSTANTIATIONS", 100)
+    with pytest.raises(errors.InfeasibleError, match="raise the fault tolerance"):
+        instantiation.enumerate_instantiations(range(1, 21), 20, 0)
+
+
+@pytest.mark.parametrize(
+    ("num_nodes", "gpus", "f", "global_batch"),
+    [
+        pytest.param(5, 1, 1, 64, id="five single-GPU nodes, f=1"),
+        pytest.param(7, 2, 2, 96, id="seven two-GPU nodes, f=2"),
+        pytest.param(4, 4, 0, 32, id="four four-GPU nodes, f=0"),
+    ],
+)
+def test_the_chosen_plan_is_the_fastest_and_uses_every_node(
+    num_nodes: int, gpus: int, f: int, global_batch: int
+) -> None:
+    template_set = small_templates(num_nodes, gpus, f)
+    nodes = list(range(10, 10 + num_nodes))
+    choice = instantiation.choose_plan(template_set, nodes, global_batch)
+    options = instantiation.enumerate_instantiations(template_set.sizes, num_nodes, f)
+    best = max(instantiation.evaluate(o, template_set, global_batch).throughput for o in options)
+    assert choice.chosen.throughput == best
+    assert choice.num_candidates == len(options)
+    result = choice.plan
+    assert sorted({int(result.node_of(w)) for w in result.workers}) == nodes
+    assert len(result.workers) == num_nodes * gpus
+    assert len(result.pipelines) >= f + 1
+    assert result.global_batch_size == global_batch
+    assert "chose" in choice.reason
+    if choice.runner_up is not None:
+        assert "runner-up" in choice.reason
+        assert choice.runner_up.throughput <= choice.chosen.throughput
+
+
+def test_pipelines_are_placed_as_their_templates_say() -> None:
+    template_set = small_templates(4, 2, 0)
+    candidate = instantiation.evaluate(
+        instantiation.Instantiation(counts=((3, 1), (1, 1))), template_set, 16
+    )
+    result = instantiation.place(template_set, candidate, [7, 2, 5, 9])
+    assert [p.num_micro_batches for p in result.pipelines] == list(
+        candidate.distribution.micro_batches
+    )
+    for pipeline, group in zip(result.pipelines, [(7, 2, 5), (9,)], strict=True):
+        mapping = template_set.template(len(group)).mapping
+        for stage, mapped in zip(pipeline.stages, mapping.stages, strict=True):
+            assert (stage.layer_start, stage.layer_stop) == (mapped.layer_start, mapped.layer_stop)
+            first = group[mapped.node] * 2 + mapped.gpu_start
+            assert stage.workers == tuple(plan.WorkerId(first + j) for j in range(mapped.num_gpus))
+
+
+def test_instantiations_that_cannot_take_the_batch_are_skipped() -> None:
+    template_set = small_templates(5, 1, 1)
+    choice = instantiation.choose_plan(template_set, list(range(5)), 2 * 2)
+    assert choice.plan.global_batch_size == 4
+    assert len(choice.plan.pipelines) == 2
+    assert "could not take the global batch" in choice.reason
+
+
+def test_a_batch_no_instantiation_can_take_recommends_the_nearest() -> None:
+    template_set = small_templates(5, 1, 1)
+    with pytest.raises(batching.UndistributableBatchError, match="nearest") as caught:
+        instantiation.choose_plan(template_set, list(range(5)), 3)
+    assert caught.value.recommended_global_batch == 4
+
+
+def test_too_few_nodes_for_f_plus_one_pipelines_is_refused() -> None:
+    template_set = small_templates(5, 1, 3)
+    with pytest.raises(errors.InfeasibleError, match="at least 4 nodes"):
+        instantiation.choose_plan(template_set, [0, 1, 2], 64)
+
+
+def test_repeated_nodes_are_refused() -> None:
+    with pytest.raises(errors.PlanInputError, match="distinct"):
+        instantiation.choose_plan(small_templates(5, 1, 1), [0, 1, 1, 2, 3], 64)

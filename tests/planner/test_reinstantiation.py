@@ -1,0 +1,202 @@
+"""Reinstantiation after failures (planaria.planner.reinstantiation).
+
+Covers: for random starting instantiations and random failure sets that leave at least
+(f + 1) n0 nodes and a live replica of every layer, the new plan uses every surviving node,
+has at least f + 1 pipelines, each covering every layer once, keeps the global batch, and every
+merge has a template (App. B); §5.1's simple, borrow and merge steps on hand-made cases, with
+untouched pipelines kept as they were; the re-optimised mix wins only on throughput or on bytes;
+moved bytes are exact (nothing for an unchanged plan, a shard's missing part otherwise); failed
+nodes outside the plan, lost layers and too few survivors are refused with reasons.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from planaria.planner import (
+    accelerators,
+    errors,
+    instantiation,
+    plan,
+    reinstantiation,
+    shapes,
+    synthetic,
+    templates,
+)
+
+MIB = 2**20
+
+
+@functools.cache
+def tiny_templates(
+    num_nodes: int, gpus_per_node: int, f: int, memory: int
+) -> templates.TemplateSet:
+    """Templates of the `tiny` model (6 planner layers) on A100s, micro-batch 2."""
+    source = synthetic.synthesize(
+        shapes.named("tiny"), accelerators.named("a100-80gb"), 2, gpus_per_node
+    )
+    return templates.generate_templates(
+        source,
+        num_nodes=num_nodes,
+        gpus_per_node=gpus_per_node,
+        fault_tolerance=f,
+        memory_bytes=memory,
+    )
+
+
+# (nodes, GPUs per node, f, memory): n0 = 1, 2 and 2 respectively.
+CONFIGS = [(8, 2, 1, 80 * MIB), (8, 2, 1, 2 * MIB), (9, 1, 2, 4 * MIB)]
+
+
+def _plan(template_set: templates.TemplateSet, groups: list[list[int]], batch: int) -> plan.Plan:
+    option = instantiation.Instantiation(counts=tuple((len(g), 1) for g in groups))
+    candidate = instantiation.evaluate(option, template_set, batch)
+    return instantiation.build_plan(template_set, groups, candidate.distribution.micro_batches)
+
+
+def _nodes(p: plan.Plan, pipeline: plan.Pipeline) -> list[int]:
+    return sorted({int(p.node_of(w)) for w in pipeline.workers})
+
+
+def _oobleck(result: reinstantiation.Reinstantiation) -> reinstantiation.Outcome:
+    outcomes = (result.chosen, *result.alternatives)
+    return next(o for o in outcomes if o.path is not reinstantiation.Path.REOPTIMISED)
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data(), config=st.sampled_from(CONFIGS), batch=st.sampled_from([32, 48, 64]))
+def test_survivors_are_all_used_by_at_least_f_plus_one_full_pipelines(
+    data: st.DataObject, config: tuple[int, int, int, int], batch: int
+) -> None:
+    template_set = tiny_templates(*config)
+    num_nodes = config[0]
+    options = instantiation.enumerate_instantiations(
+        template_set.sizes, num_nodes, template_set.fault_tolerance
+    )
+    option = data.draw(st.sampled_from(options))
+    candidate = instantiation.evaluate(option, template_set, batch)
+    start = instantiation.place(template_set, candidate, list(range(num_nodes)))
+    failed = data.draw(st.sets(st.integers(0, num_nodes - 1), min_size=1, max_size=num_nodes))
+    survivors = sorted(set(range(num_nodes)) - failed)
+    f, n0 = template_set.fault_tolerance, template_set.min_nodes
+    assume(len(survivors) >= (f + 1) * n0)
+    assume(not reinstantiation._orphaned_layers(start, failed))
+
+    result = reinstantiation.reinstantiate(start, template_set, failed)
+
+    new = result.plan
+    assert sorted({int(new.node_of(w)) for w in new.workers}) == survivors
+    assert len(new.workers) == len(survivors) * template_set.gpus_per_node
+    assert len(new.pipelines) >= f + 1
+    assert new.global_batch_size == batch
+    for pipeline in new.pipelines:
+        covered = [layer for stage in pipeline.stages for layer in stage.layers]
+        assert covered == list(range(template_set.num_layers))
+        assert len(_nodes(new, pipeline)) in template_set.sizes
+    for outcome in (result.chosen, *result.alternatives):
+        assert set(outcome.merged_sizes) <= set(template_set.sizes)
+        assert outcome.throughput <= result.chosen.throughput * (1 + 1e-9)
+
+
+def test_a_pipeline_keeping_n0_nodes_is_simply_reinstantiated() -> None:
+    template_set = tiny_templates(8, 2, 1, 2 * MIB)
+    start = _plan(template_set, [[0, 1, 2], [3, 4, 5], [6, 7]], 48)
+    result = reinstantiation.reinstantiate(start, template_set, [1])
+    outcome = _oobleck(result)
+    assert outcome.path is reinstantiation.Path.SIMPLE
+    assert [_nodes(outcome.plan, p) for p in outcome.plan.pipelines] == [[0, 2], [3, 4, 5], [6, 7]]
+    assert outcome.plan.pipelines[1].stages == start.pipelines[1].stages
+    assert outcome.plan.pipelines[2].stages == start.pipelines[2].stages
+
+
+def test_a_short_pipeline_borrows_a_node_from_one_with_spare() -> None:
+    template_set = tiny_templates(8, 2, 1, 2 * MIB)
+    start = _plan(template_set, [[0, 1, 2], [3, 4, 5], [6, 7]], 48)
+    result = reinstantiation.reinstantiate(start, template_set, [7])
+    outcome = _oobleck(result)
+    assert outcome.path is reinstantiation.Path.BORROW
+    # Lenders with the most spare first, ties to the earlier pipeline; it gives its last node.
+    assert [_nodes(outcome.plan, p) for p in outcome.plan.pipelines] == [[0, 1], [3, 4, 5], [2, 6]]
+    assert "borrow nodes [2] from pipeline 0" in " ".join(outcome.steps)
+    assert outcome.plan.pipelines[1].stages == start.pipelines[1].stages
+
+
+def test_short_pipelines_without_spare_nodes_merge() -> None:
+    template_set = tiny_templates(8, 2, 1, 2 * MIB)
+    start = _plan(template_set, [[0, 1], [2, 3], [4, 5], [6, 7]], 64)
+    result = reinstantiation.reinstantiate(start, template_set, [0])
+    outcome = _oobleck(result)
+    assert outcome.path is reinstantiation.Path.MERGE
+    assert outcome.merged_sizes == (3,)
+    assert [_nodes(outcome.plan, p) for p in outcome.plan.pipelines] == [[1, 2, 3], [4, 5], [6, 7]]
+    # Two short pipelines merge with each other first.
+    both = _oobleck(reinstantiation.reinstantiate(start, template_set, [0, 3]))
+    assert both.merged_sizes == (2,)
+    assert [_nodes(both.plan, p) for p in both.plan.pipelines] == [[1, 2], [4, 5], [6, 7]]
+
+
+def test_the_choice_prefers_throughput_then_fewer_moved_bytes() -> None:
+    template_set = tiny_templates(8, 2, 1, 2 * MIB)
+    start = _plan(template_set, [[0, 1], [2, 3], [4, 5], [6, 7]], 64)
+    result = reinstantiation.reinstantiate(start, template_set, [0])
+    for other in result.alternatives:
+        faster = other.throughput > result.chosen.throughput * (1 + 1e-9)
+        assert not faster
+        if other.throughput >= result.chosen.throughput * (1 - 1e-9):
+            assert other.moved_bytes >= result.chosen.moved_bytes
+    assert "lost node(s) [0] of pipeline(s) [0]" in result.reason
+
+
+def _one_stage(workers: tuple[int, ...], gpus_per_node: int = 2) -> plan.Plan:
+    stage = plan.Stage(layer_start=0, layer_stop=2, workers=tuple(map(plan.WorkerId, workers)))
+    return plan.Plan(
+        pipelines=(plan.Pipeline(stages=(stage,), num_micro_batches=1),),
+        micro_batch_size=1,
+        gpus_per_node=gpus_per_node,
+    )
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "moved"),
+    [
+        pytest.param((0, 1), (0, 1), 0, id="an unchanged plan moves nothing"),
+        pytest.param((0, 1), (2, 3), 17, id="other workers receive everything"),
+        pytest.param((0, 1), (1, 0), 17, id="swapped ranks receive both halves"),
+        pytest.param((0,), (0, 1), 5 + 4, id="a new second rank receives the upper halves"),
+        pytest.param((0, 1), (0,), 5 + 4, id="one rank taking over receives the other half"),
+    ],
+)
+def test_moved_bytes_count_the_missing_part_of_each_shard(
+    before: tuple[int, ...], after: tuple[int, ...], moved: int
+) -> None:
+    # Layers of 10 and 7 bytes; with 2 ranks: [0, 5) + [5, 10) and [0, 3) + [3, 7).
+    layer_bytes = (10, 7)
+    old, new = _one_stage(before), _one_stage(after)
+    assert reinstantiation.moved_bytes(old, new, layer_bytes) == moved
+
+
+def test_failed_nodes_outside_the_plan_are_refused() -> None:
+    template_set = tiny_templates(8, 2, 1, 2 * MIB)
+    start = _plan(template_set, [[0, 1, 2], [3, 4, 5], [6, 7]], 48)
+    with pytest.raises(errors.PlanInputError, match=r"\[9\] are not in the plan"):
+        reinstantiation.reinstantiate(start, template_set, [9])
+    with pytest.raises(errors.PlanInputError, match="at least one failed node"):
+        reinstantiation.reinstantiate(start, template_set, [])
+
+
+def test_a_layer_without_a_live_replica_is_refused() -> None:
+    template_set = tiny_templates(8, 2, 1, 2 * MIB)
+    start = _plan(template_set, [[0, 1, 2], [3, 4, 5], [6, 7]], 48)
+    with pytest.raises(errors.InfeasibleError, match="no live replica"):
+        reinstantiation.reinstantiate(start, template_set, [0, 3, 6])
+
+
+def test_too_few_survivors_for_f_plus_one_pipelines_are_refused() -> None:
+    template_set = tiny_templates(8, 2, 1, 2 * MIB)
+    start = _plan(template_set, [[0, 1, 2], [3, 4, 5], [6, 7]], 48)
+    with pytest.raises(errors.InfeasibleError, match="need 4"):
+        reinstantiation.reinstantiate(start, template_set, [2, 3, 4, 5, 6])
