@@ -1,0 +1,217 @@
+"""Process groups of one epoch: the world of the epoch's workers and its all-reduce subgroups.
+
+An epoch is one configuration of the job: a fixed set of workers running one plan. Its groups
+are formed from the rendezvous store the controller hosts (never a worker: it would take the
+store down with it when it dies), under the key prefix `epoch-N`, so no two epochs read each
+other's keys. `leave_epoch` tears them down, and the same process can then form the next epoch
+with another rank and world size without restarting (about 20 ms for two gloo ranks here).
+
+Ranks: a worker's rank in an epoch is its position among the schedule's workers sorted by id
+(`worker_ranks`); the controller hands out ranks the same way, and the executor checks it.
+
+Subgroups: torch requires `new_group` to be called on every rank of the world, members or not,
+in the same order. `form_epoch` therefore creates every subgroup of the epoch at once, from one
+sorted list (`subgroup_ranks`: the distinct all-reduce groups of the schedule), so no rank can
+create them in another order. A subgroup that spans the whole world is the world group itself.
+
+Teardown: gloo groups are destroyed; NCCL communicators are aborted first (torch's
+`_abort_process_group`), because a plain destroy may wait for a collective that a dead peer
+will never finish. Only gloo is exercised on the CPU machines this is tested on.
+
+Only one epoch can be formed in a process at a time: torch keeps the world group process-wide.
+
+Errors:
+
+    GroupsError
+    ├── EpochInputError (ValueError)   a rank, size, epoch number or subgroup out of range,
+    │                                  or an epoch formed while another is still formed
+    └── EpochFormationError            the rendezvous did not complete (a member never came)
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+import torch.distributed as dist
+
+# torch's stubs do not re-export the store classes from torch.distributed; these are the same.
+from torch._C import _distributed_c10d as c10d
+
+from planaria.planner import instructions, plan, schedule
+from planaria.wire import messages
+
+RankSet = tuple[int, ...]
+
+
+class GroupsError(Exception):
+    """Base of the errors this module raises on purpose."""
+
+
+class EpochInputError(GroupsError, ValueError):
+    """Arguments that cannot form an epoch; the message names the argument and the fix."""
+
+
+class EpochFormationError(GroupsError):
+    """Joining the epoch's groups failed, typically because a member never arrived in time."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
+class Epoch:
+    """The formed process groups of epoch `number`, seen from rank `rank`.
+
+    `subgroups` maps every subgroup's sorted ranks to its group (the world's ranks map to the
+    world group). On a rank outside a subgroup its entry is torch's non-member placeholder.
+    """
+
+    number: int
+    rank: int
+    world_size: int
+    backend: messages.Backend
+    timeout_s: float
+    world: dist.ProcessGroup
+    subgroups: Mapping[RankSet, dist.ProcessGroup]
+
+    @property
+    def timeout(self) -> datetime.timedelta:
+        return datetime.timedelta(seconds=self.timeout_s)
+
+    def group(self, ranks: RankSet) -> dist.ProcessGroup:
+        """The group of exactly these ranks; GroupsError when it was not formed."""
+        if ranks == tuple(range(self.world_size)):
+            return self.world
+        try:
+            return self.subgroups[ranks]
+        except KeyError:
+            raise GroupsError(
+                f"epoch {self.number} has no subgroup of ranks {list(ranks)}; form the epoch "
+                "with every all-reduce group of its schedule"
+            ) from None
+
+
+def worker_ranks(sched: schedule.Schedule) -> dict[plan.WorkerId, int]:
+    """Rank of each worker of `sched` in its epoch: its position in worker-id order."""
+    return {stream.worker: rank for rank, stream in enumerate(sched.streams)}
+
+
+def subgroup_ranks(sched: schedule.Schedule) -> tuple[RankSet, ...]:
+    """The distinct all-reduce groups of `sched` as sorted rank tuples, in sorted order."""
+    ranks = worker_ranks(sched)
+    found = {
+        tuple(sorted(ranks[w] for w in op.group))
+        for stream in sched.streams
+        for op in stream.instructions
+        if isinstance(op, instructions.AllReduce)
+    }
+    return tuple(sorted(found))
+
+
+def form_epoch(
+    store: c10d.Store,
+    epoch: int,
+    rank: int,
+    world_size: int,
+    backend: messages.Backend,
+    timeout_s: float,
+    *,
+    subgroups: Iterable[RankSet] = (),
+) -> Epoch:
+    """Join epoch `epoch` as `rank` of `world_size` through `store`, and form its subgroups.
+
+    Blocks until every rank has joined (at most `timeout_s` per group). Raises EpochInputError
+    for arguments out of range or when this process is still in an epoch, EpochFormationError
+    when the rendezvous fails.
+    """
+    _check_epoch(epoch, rank, world_size, timeout_s)
+    wanted = sorted(set(_checked_subgroups(subgroups, world_size)))
+    timeout = datetime.timedelta(seconds=timeout_s)
+    try:
+        dist.init_process_group(
+            str(backend),
+            store=c10d.PrefixStore(f"epoch-{epoch}", store),
+            rank=rank,
+            world_size=world_size,
+            timeout=timeout,
+        )
+        world = dist.group.WORLD
+        assert world is not None, "init_process_group sets the world group"
+        formed = {ranks: _subgroup(ranks, world, world_size, timeout) for ranks in wanted}
+    except RuntimeError as exc:  # torch.distributed's errors (DistError) are RuntimeErrors
+        _destroy_quietly()
+        raise EpochFormationError(
+            f"rank {rank} could not form epoch {epoch} of {world_size} ranks: {exc}"
+        ) from exc
+    return Epoch(
+        number=epoch,
+        rank=rank,
+        world_size=world_size,
+        backend=backend,
+        timeout_s=timeout_s,
+        world=world,
+        subgroups=formed,
+    )
+
+
+def leave_epoch(epoch: Epoch) -> None:
+    """Tear down `epoch`'s groups (abort NCCL communicators first) so another can be formed.
+
+    Safe after a failed step: gloo groups with a dead peer are destroyed at once.
+    """
+    if not dist.is_initialized():
+        return
+    if epoch.backend is messages.Backend.NCCL:
+        # Private but the documented way to abort every NCCL communicator at once (torch's own
+        # fault-tolerance tests use it); after it the process holds no groups at all.
+        dist.distributed_c10d._abort_process_group()
+        return
+    dist.destroy_process_group()
+
+
+def _subgroup(
+    ranks: RankSet, world: dist.ProcessGroup, world_size: int, timeout: datetime.timedelta
+) -> dist.ProcessGroup:
+    if ranks == tuple(range(world_size)):
+        return world
+    group: dist.ProcessGroup = dist.new_group(list(ranks), timeout=timeout)
+    return group
+
+
+def _checked_subgroups(subgroups: Iterable[RankSet], world_size: int) -> list[RankSet]:
+    checked = []
+    for ranks in subgroups:
+        if len(ranks) < 2 or list(ranks) != sorted(set(ranks)):
+            raise EpochInputError(
+                f"subgroup {list(ranks)} must list two or more distinct ranks in order"
+            )
+        if ranks[0] < 0 or ranks[-1] >= world_size:
+            raise EpochInputError(f"subgroup {list(ranks)} names ranks outside 0..{world_size - 1}")
+        checked.append(tuple(ranks))
+    return checked
+
+
+def _check_epoch(epoch: int, rank: int, world_size: int, timeout_s: float) -> None:
+    if epoch < 1:
+        raise EpochInputError(f"epoch numbers start at 1 (got {epoch})")
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise EpochInputError(
+            f"rank {rank} of world size {world_size}: need world size >= 1 and rank in "
+            "0..world size - 1"
+        )
+    if not timeout_s > 0:
+        raise EpochInputError(f"timeout_s must be > 0 (got {timeout_s})")
+    if dist.is_initialized():
+        raise EpochInputError(
+            f"cannot form epoch {epoch}: this process is still in an epoch; leave it first"
+        )
+
+
+def _destroy_quietly() -> None:
+    """Undo a half-formed epoch so the caller can try the next one."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def ranks_of(workers: Sequence[plan.WorkerId], ranks: Mapping[plan.WorkerId, int]) -> RankSet:
+    """The sorted ranks of `workers` (e.g. an AllReduce's group)."""
+    return tuple(sorted(ranks[w] for w in workers))

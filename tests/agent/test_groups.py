@@ -1,0 +1,147 @@
+"""Process groups per epoch (planaria.agent.groups), in this process and on pure data.
+
+Covers: ranks follow worker ids; the subgroups of a schedule are its distinct all-reduce groups
+as sorted rank tuples (symmetric, heterogeneous and rerouted plans), and exactly the groups its
+streams use; a one-rank epoch forms, refuses a second epoch until left, and forms the next
+epoch after leaving; unknown subgroups are an error; arguments out of range name the argument;
+a rendezvous a member never joins fails within its timeout with EpochFormationError.
+Multi-process epochs (subgroups on every rank, a second epoch with fewer ranks, regrouping after
+a failure) are exercised through the harness in test_executor.py and test_harness.py.
+"""
+
+from __future__ import annotations
+
+import datetime
+import time
+from collections.abc import Iterator
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch._C import _distributed_c10d as c10d
+
+from planaria.agent import groups
+from planaria.planner import instructions, plan, schedule
+from planaria.wire import messages
+from tests import strategies
+
+GLOO = messages.Backend.GLOO
+
+
+def _plan(*pipelines: tuple[list[tuple[int, int, tuple[int, ...]]], int]) -> plan.Plan:
+    return plan.Plan(
+        pipelines=tuple(
+            plan.Pipeline(
+                stages=tuple(
+                    plan.Stage(
+                        layer_start=a, layer_stop=b, workers=tuple(plan.WorkerId(w) for w in ws)
+                    )
+                    for a, b, ws in stages
+                ),
+                num_micro_batches=n,
+            )
+            for stages, n in pipelines
+        ),
+        micro_batch_size=1,
+    )
+
+
+@pytest.fixture
+def store() -> Iterator[c10d.Store]:
+    server = c10d.TCPStore("127.0.0.1", 0, None, True, datetime.timedelta(seconds=5), False)
+    yield server
+
+
+def test_ranks_follow_worker_ids() -> None:
+    sched = schedule.compile_schedule(_plan(([(0, 2, (7,)), (2, 4, (3,))], 2)))
+    assert groups.worker_ranks(sched) == {3: 0, 7: 1}
+
+
+def test_a_symmetric_plan_reduces_each_stage_over_its_replicas() -> None:
+    p = _plan(([(0, 2, (0,)), (2, 4, (1,))], 2), ([(0, 2, (2,)), (2, 4, (3,))], 2))
+    assert groups.subgroup_ranks(schedule.compile_schedule(p)) == ((0, 2), (1, 3))
+
+
+def test_a_heterogeneous_plan_has_layer_granular_groups() -> None:
+    p = _plan(([(0, 1, (0,)), (1, 2, (1,)), (2, 4, (2,))], 2), ([(0, 2, (3,)), (2, 4, (4,))], 2))
+    # layer 0: {0, 3}, layer 1: {1, 3}, layers 2-3: {2, 4} (Oobleck §6.1)
+    assert groups.subgroup_ranks(schedule.compile_schedule(p)) == ((0, 3), (1, 3), (2, 4))
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    st.sampled_from([(2, 2), (3, 2), (2, 2, 1), (1, 1, 1)]).flatmap(
+        lambda counts: strategies.shaped_plans(counts, max_holes=1)
+    )
+)
+def test_subgroups_are_exactly_the_groups_the_streams_use(p: plan.Plan) -> None:
+    sched = schedule.compile_schedule(p)
+    ranks = groups.worker_ranks(sched)
+    used = {
+        groups.ranks_of(op.group, ranks)
+        for stream in sched.streams
+        for op in stream.instructions
+        if isinstance(op, instructions.AllReduce)
+    }
+    found = groups.subgroup_ranks(sched)
+    assert list(found) == sorted(used)
+    assert all(len(g) >= 2 and list(g) == sorted(set(g)) for g in found)
+
+
+def test_one_process_forms_leaves_and_forms_the_next_epoch(store: c10d.Store) -> None:
+    first = groups.form_epoch(store, 1, 0, 1, GLOO, 5.0)
+    try:
+        assert (first.number, first.rank, first.world_size) == (1, 0, 1)
+        assert first.group((0,)) is first.world
+        assert first.timeout == datetime.timedelta(seconds=5)
+        with pytest.raises(groups.GroupsError, match=r"no subgroup of ranks \[0, 1\]"):
+            first.group((0, 1))
+        with pytest.raises(groups.EpochInputError, match="still in an epoch; leave it first"):
+            groups.form_epoch(store, 2, 0, 1, GLOO, 5.0)
+    finally:
+        groups.leave_epoch(first)
+    second = groups.form_epoch(store, 2, 0, 1, GLOO, 5.0)
+    groups.leave_epoch(second)
+    groups.leave_epoch(second)  # leaving twice is harmless
+
+
+@pytest.mark.parametrize(
+    ("epoch", "rank", "world_size", "timeout_s", "subgroups", "message"),
+    [
+        (0, 0, 1, 1.0, (), "epoch numbers start at 1"),
+        (1, 2, 2, 1.0, (), "rank 2 of world size 2"),
+        (1, 0, 0, 1.0, (), "need world size >= 1"),
+        (1, 0, 1, 0.0, (), "timeout_s must be > 0"),
+        (1, 0, 2, 1.0, ((1, 0),), r"subgroup \[1, 0\] must list two or more distinct ranks"),
+        (1, 0, 2, 1.0, ((0,),), r"subgroup \[0\] must list two or more"),
+        (1, 0, 2, 1.0, ((0, 2),), r"subgroup \[0, 2\] names ranks outside 0..1"),
+    ],
+    ids=[
+        "epoch zero",
+        "a rank beyond the world",
+        "an empty world",
+        "no timeout",
+        "an unsorted subgroup",
+        "a one-rank subgroup",
+        "a subgroup beyond the world",
+    ],
+)
+def test_arguments_out_of_range_are_named(
+    store: c10d.Store,
+    epoch: int,
+    rank: int,
+    world_size: int,
+    timeout_s: float,
+    subgroups: tuple[tuple[int, ...], ...],
+    message: str,
+) -> None:
+    with pytest.raises(groups.EpochInputError, match=message):
+        groups.form_epoch(store, epoch, rank, world_size, GLOO, timeout_s, subgroups=subgroups)
+
+
+def test_a_member_that_never_comes_fails_the_rendezvous_in_time(store: c10d.Store) -> None:
+    started = time.monotonic()
+    with pytest.raises(groups.EpochFormationError, match="rank 0 could not form epoch 1"):
+        groups.form_epoch(store, 1, 0, 2, GLOO, 1.0)
+    assert time.monotonic() - started < 10
+    groups.leave_epoch(groups.form_epoch(store, 2, 0, 1, GLOO, 1.0))  # the process recovered
