@@ -1,0 +1,111 @@
+"""Data rerouting (ReCycle, Odyssey §II-C and §IV-A): keep the layout, send the failed stages'
+micro-batches to their same-stage peers.
+
+A stage with a failed worker loses all its workers (the survivors of a tensor-parallel stage
+cannot run it alone) and becomes a hole. Every micro-batch of a hole is rerouted to a live stage
+with the same layer range in another pipeline. Odyssey §IV-A spreads them evenly over the peers
+to overlap them with bubbles; we give each micro-batch, in order, to the peer stage with the
+least work so far (its own micro-batches plus those rerouted to it; ties: lowest pipeline), so
+the extra load differs by at most one micro-batch between peers (Odyssey eq. 13's N_m F_i /
+(N_dp - F_i) per peer). Reroutes of the old plan are recomputed from scratch: a peer that took
+rerouted work may have failed itself.
+
+Rerouting is impossible when a hole's layer range has no live stage left in any pipeline (every
+replica with that range failed; Odyssey eq. 13: F_i = N_dp). `reroute` then raises
+`errors.InfeasibleError` naming the stage; the candidate search reports it as the reason.
+
+Not here: whether rerouting is worth it (`policy`), its step time (`estimator`).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Collection
+
+from planaria.planner import errors, plan
+
+
+def reroute(old: plan.Plan, failed: Collection[plan.WorkerId]) -> plan.Plan:
+    """`old` with every stage that lost a worker emptied and its micro-batches rerouted.
+
+    Raises InfeasibleError when some emptied stage has no live same-range peer.
+    """
+    dead = set(failed)
+    pipelines = tuple(_without(p, dead) for p in old.pipelines)
+    load = _own_load(pipelines)
+    reroutes: list[plan.Reroute] = []
+    for p, pipeline in enumerate(pipelines):
+        for s, stage in enumerate(pipeline.stages):
+            if not stage.workers and pipeline.num_micro_batches:
+                reroutes.extend(_spread(pipelines, p, s, load, old, dead))
+    return plan.Plan(
+        pipelines=pipelines,
+        micro_batch_size=old.micro_batch_size,
+        gpus_per_node=old.gpus_per_node,
+        reroutes=tuple(reroutes),
+    )
+
+
+def _without(pipeline: plan.Pipeline, dead: set[plan.WorkerId]) -> plan.Pipeline:
+    stages = tuple(
+        plan.Stage(
+            layer_start=s.layer_start,
+            layer_stop=s.layer_stop,
+            workers=() if dead & set(s.workers) else s.workers,
+        )
+        for s in pipeline.stages
+    )
+    return plan.Pipeline(stages=stages, num_micro_batches=pipeline.num_micro_batches)
+
+
+def _own_load(pipelines: tuple[plan.Pipeline, ...]) -> dict[tuple[int, range], int]:
+    """(pipeline, layer range) -> micro-batches its live stage runs of its own."""
+    return {
+        (q, stage.layers): pipeline.num_micro_batches
+        for q, pipeline in enumerate(pipelines)
+        for stage in pipeline.stages
+        if stage.workers
+    }
+
+
+def _spread(
+    pipelines: tuple[plan.Pipeline, ...],
+    p: int,
+    s: int,
+    load: dict[tuple[int, range], int],
+    old: plan.Plan,
+    dead: set[plan.WorkerId],
+) -> list[plan.Reroute]:
+    """Reroutes of every micro-batch of hole (p, s), each to the least-loaded live peer."""
+    layers = pipelines[p].stages[s].layers
+    peers = [q for q in range(len(pipelines)) if q != p and (q, layers) in load]
+    if not peers:
+        raise errors.InfeasibleError(_impossible(old, p, s, dead))
+    given: dict[int, list[int]] = defaultdict(list)
+    for micro_batch in range(pipelines[p].num_micro_batches):
+        q = min(peers, key=lambda peer: (load[(peer, layers)], peer))
+        load[(q, layers)] += 1
+        given[q].append(micro_batch)
+    return [
+        plan.Reroute(pipeline=p, stage=s, peer_pipeline=q, micro_batches=tuple(given[q]))
+        for q in sorted(given)
+    ]
+
+
+def _impossible(old: plan.Plan, p: int, s: int, dead: set[plan.WorkerId]) -> str:
+    stage = old.pipelines[p].stages[s]
+    replicas = [
+        (q, other.workers)
+        for q, pipeline in enumerate(old.pipelines)
+        for other in pipeline.stages
+        if other.layers == stage.layers
+    ]
+    lost = ", ".join(
+        f"pipeline {q} {'(already empty)' if not w else 'workers ' + str(list(w))}"
+        for q, w in replicas
+    )
+    return (
+        f"rerouting is impossible: stage layers [{stage.layer_start}, {stage.layer_stop}) lost "
+        f"every replica ({lost}; failed now: {sorted(dead & set(old.workers))}), so no pipeline "
+        "can run its micro-batches; re-plan instead"
+    )
