@@ -14,13 +14,14 @@ from collections.abc import Callable, Sequence
 
 import pydantic
 
-from planaria.cli import profile, reference, version
+from planaria.cli import plan, profile, reference, version
 
 # The command modules, in the order `planaria --help` lists them.
 COMMANDS: tuple[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None], ...] = (
     version.register,
     profile.register,
     reference.register,
+    plan.register,
 )
 
 EXIT_USAGE = 2

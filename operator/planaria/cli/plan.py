@@ -1,0 +1,317 @@
+"""`planaria plan`: pipeline templates, the chosen instantiation and its batch distribution, and
+optionally the plan after some nodes fail.
+
+    planaria plan --profile FILE --nodes N --gpus-per-node M --fault-tolerance F
+                  --global-batch B --micro-batch b [--gpu-memory-gib G] [--failed 3,7] [--json]
+
+Text output is for people; `--json` prints one JSON document whose fields are documented in
+docs/planner.md (format `planaria.plan-output`, version 1). The planning itself is
+`planaria.planner` (templates, instantiation, batching, reinstantiation); this module parses
+options, loads the profile file and renders results. Every user error is a ValueError
+(PlanCommandError here, or the planner's and the profile file's), which `planaria.cli.main`
+prints as one line with exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from planaria.planner import instantiation, plan, reinstantiation, templates
+from planaria.spec import profile_file
+
+OUTPUT_FORMAT = "planaria.plan-output"
+OUTPUT_VERSION = 1
+GIB = 2**30
+
+
+class PlanCommandError(ValueError):
+    """An option is missing, malformed or inconsistent; the message names it and the fix."""
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "plan",
+        help="plan pipeline templates, instantiate them on the nodes, split the batch",
+        description="Generate pipeline templates from a profile (Oobleck §4.1), choose the "
+        "highest-throughput instantiation on the nodes with its batch distribution (§4.2), "
+        "and with --failed, reinstantiate after those nodes fail (§5.1).",
+    )
+    parser.add_argument("--profile", metavar="FILE", help="profile file (planaria profile)")
+    parser.add_argument("--nodes", metavar="N", help="nodes in the cluster, >= 1")
+    parser.add_argument("--gpus-per-node", metavar="M", help="GPUs per node, >= 1")
+    parser.add_argument(
+        "--fault-tolerance", metavar="F", help="simultaneous pipeline failures to survive, >= 0"
+    )
+    parser.add_argument("--global-batch", metavar="B", help="global batch size (sequences)")
+    parser.add_argument(
+        "--micro-batch", metavar="b", help="micro-batch size; must equal the profile's"
+    )
+    parser.add_argument(
+        "--gpu-memory-gib", metavar="G", help="memory per GPU in GiB (default: the profile's)"
+    )
+    parser.add_argument(
+        "--failed", metavar="IDS", help="comma-separated node ids that fail, e.g. 3,7"
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON document")
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    profile_path = _required(args.profile, "--profile")
+    num_nodes = _whole(args.nodes, "--nodes", minimum=1)
+    gpus = _whole(args.gpus_per_node, "--gpus-per-node", minimum=1)
+    f = _whole(args.fault_tolerance, "--fault-tolerance", minimum=0)
+    global_batch = _whole(args.global_batch, "--global-batch", minimum=1)
+    micro_batch = _whole(args.micro_batch, "--micro-batch", minimum=1)
+    memory = _memory(args.gpu_memory_gib)
+    failed = _failed(args.failed, num_nodes)
+    source = profile_file.load_profile(profile_path)
+    if micro_batch != source.micro_batch_size:
+        raise PlanCommandError(
+            f"--micro-batch {micro_batch} does not match the profile's micro-batch size "
+            f"{source.micro_batch_size}; pass --micro-batch {source.micro_batch_size} or "
+            f"profile again with --micro-batch {micro_batch}"
+        )
+    template_set = templates.generate_templates(
+        source, num_nodes=num_nodes, gpus_per_node=gpus, fault_tolerance=f, memory_bytes=memory
+    )
+    choice = instantiation.choose_plan(template_set, list(range(num_nodes)), global_batch)
+    after = reinstantiation.reinstantiate(choice.plan, template_set, failed) if failed else None
+    if args.json:
+        print(
+            json.dumps(to_json(template_set, choice, after, failed), indent=2, ensure_ascii=False)
+        )
+    else:
+        print(render(template_set, choice, after, failed))
+    return 0
+
+
+# -- options ------------------------------------------------------------------------------
+
+
+def _required(value: str | None, flag: str) -> str:
+    if value is None:
+        raise PlanCommandError(f"{flag} is required; give it a value")
+    return value
+
+
+def _whole(value: str | None, flag: str, *, minimum: int) -> int:
+    text = _required(value, flag)
+    try:
+        number = int(text)
+    except ValueError:
+        raise PlanCommandError(f"{flag} must be a whole number (got {text!r})") from None
+    if number < minimum:
+        raise PlanCommandError(f"{flag} must be >= {minimum} (got {number})")
+    return number
+
+
+def _memory(value: str | None) -> int | None:
+    if value is None:
+        return None
+    try:
+        gib = float(value)
+    except ValueError:
+        raise PlanCommandError(f"--gpu-memory-gib must be a number (got {value!r})") from None
+    if not (math.isfinite(gib) and gib > 0):
+        raise PlanCommandError(f"--gpu-memory-gib must be > 0 (got {value})")
+    return max(1, int(gib * GIB))
+
+
+def _failed(value: str | None, num_nodes: int) -> list[int]:
+    if value is None:
+        return []
+    ids = []
+    for part in value.split(","):
+        try:
+            node = int(part)
+        except ValueError:
+            raise PlanCommandError(
+                f"--failed takes comma-separated node ids like 3,7 (got {value!r})"
+            ) from None
+        if not 0 <= node < num_nodes:
+            raise PlanCommandError(f"--failed: node {node} is not in 0..{num_nodes - 1}")
+        if node in ids:
+            raise PlanCommandError(f"--failed: node {node} is given twice")
+        ids.append(node)
+    return ids
+
+
+# -- text -------------------------------------------------------------------------------------
+
+
+def render(
+    template_set: templates.TemplateSet,
+    choice: instantiation.PlanChoice,
+    after: reinstantiation.Reinstantiation | None,
+    failed: Sequence[int],
+) -> str:
+    """The human-readable report: templates, the chosen plan, and the plan after failures."""
+    sizes = template_set.sizes
+    lines = [f"templates (Oobleck §4.1): n0 = {template_set.min_nodes}, sizes {_span(sizes)}"]
+    lines.append(f"  {template_set.node_spec.reason}")
+    rows = [("nodes", "stages", "T at 4S", "stages: layers x GPUs, | between nodes")]
+    rows += [
+        (str(t.num_nodes), str(t.num_stages), _seconds(t.iteration_time_s()), _layout(t))
+        for t in template_set.templates
+    ]
+    lines += _table(rows)
+    lines.append(
+        f"plan (Oobleck §4.2): {choice.chosen.instantiation.describe()}, "
+        f"{choice.chosen.throughput:.4g} samples/s"
+    )
+    lines.append(f"  {choice.reason}")
+    lines += _pipelines(choice.plan, choice.chosen.distribution.pipeline_times_s)
+    if after is not None:
+        lines.append(f"after nodes {','.join(map(str, failed))} fail (Oobleck §5.1): {after.path}")
+        lines.append(f"  {after.reason}")
+        lines += _pipelines(after.plan, after.chosen.distribution.pipeline_times_s)
+    return "\n".join(lines)
+
+
+def _pipelines(result: plan.Plan, times: Sequence[float]) -> list[str]:
+    rows = [("pipeline", "nodes", "stages", "micro-batches", "time")]
+    for index, (pipeline, time_s) in enumerate(zip(result.pipelines, times, strict=True)):
+        nodes = _nodes(result, pipeline)
+        rows.append(
+            (
+                str(index),
+                ",".join(map(str, nodes)),
+                str(len(pipeline.stages)),
+                str(pipeline.num_micro_batches),
+                _seconds(time_s),
+            )
+        )
+    return _table(rows)
+
+
+def _table(rows: Sequence[tuple[str, ...]]) -> list[str]:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return [
+        "  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    ]
+
+
+def _layout(template: templates.Template) -> str:
+    nodes: list[list[str]] = [[] for _ in range(template.num_nodes)]
+    for s in template.mapping.stages:
+        nodes[s.node].append(f"[{s.layer_start},{s.layer_stop})x{s.num_gpus}")
+    return " | ".join(" ".join(stages) for stages in nodes)
+
+
+def _nodes(result: plan.Plan, pipeline: plan.Pipeline) -> list[int]:
+    return list(dict.fromkeys(int(result.node_of(w)) for w in pipeline.workers))
+
+
+def _span(sizes: Sequence[int]) -> str:
+    return f"{sizes[0]}..{sizes[-1]}" if len(sizes) > 1 else str(sizes[0])
+
+
+def _seconds(value: float) -> str:
+    return f"{value:.4g} s"
+
+
+# -- JSON (docs/planner.md) ------------------------------------------------------------------
+
+
+def to_json(
+    template_set: templates.TemplateSet,
+    choice: instantiation.PlanChoice,
+    after: reinstantiation.Reinstantiation | None,
+    failed: Sequence[int],
+) -> dict[str, Any]:
+    """The `--json` document (field by field in docs/planner.md)."""
+    return {
+        "format": OUTPUT_FORMAT,
+        "version": OUTPUT_VERSION,
+        "templates": {
+            "minNodes": template_set.min_nodes,
+            "sizes": list(template_set.sizes),
+            "reason": template_set.node_spec.reason,
+            "items": [_template_json(t) for t in template_set.templates],
+        },
+        "plan": {
+            "instantiation": _instantiation_json(choice.chosen.instantiation),
+            "throughputSamplesPerS": choice.chosen.throughput,
+            "iterationTimeS": choice.chosen.distribution.iteration_time_s,
+            "reason": choice.reason,
+            "runnerUp": None
+            if choice.runner_up is None
+            else {
+                "instantiation": _instantiation_json(choice.runner_up.instantiation),
+                "throughputSamplesPerS": choice.runner_up.throughput,
+            },
+            **_plan_json(choice.plan, choice.chosen.distribution.pipeline_times_s),
+        },
+        "reinstantiation": None if after is None else _after_json(after, failed),
+    }
+
+
+def _template_json(template: templates.Template) -> dict[str, Any]:
+    return {
+        "nodes": template.num_nodes,
+        "iterationTimeS": template.iteration_time_s(),
+        "plannedMicroBatches": template.mapping.planning_micro_batches,
+        "stages": [
+            {
+                "layers": [s.layer_start, s.layer_stop],
+                "node": s.node,
+                "gpus": list(range(s.gpu_start, s.gpu_start + s.num_gpus)),
+                "timeS": s.time_s,
+            }
+            for s in template.mapping.stages
+        ],
+    }
+
+
+def _instantiation_json(option: instantiation.Instantiation) -> list[dict[str, int]]:
+    return [{"nodes": size, "count": count} for size, count in option.counts]
+
+
+def _plan_json(result: plan.Plan, times: Sequence[float]) -> dict[str, Any]:
+    return {
+        "globalBatch": result.global_batch_size,
+        "microBatchSize": result.micro_batch_size,
+        "gpusPerNode": result.gpus_per_node,
+        "pipelines": [
+            {
+                "nodes": _nodes(result, pipeline),
+                "microBatches": pipeline.num_micro_batches,
+                "timeS": time_s,
+                "stages": [
+                    {
+                        "layers": [s.layer_start, s.layer_stop],
+                        "workers": [int(w) for w in s.workers],
+                    }
+                    for s in pipeline.stages
+                ],
+            }
+            for pipeline, time_s in zip(result.pipelines, times, strict=True)
+        ],
+    }
+
+
+def _after_json(after: reinstantiation.Reinstantiation, failed: Sequence[int]) -> dict[str, Any]:
+    chosen = after.chosen
+    return {
+        "failedNodes": list(failed),
+        "path": str(after.path),
+        "steps": list(chosen.steps),
+        "reason": after.reason,
+        "throughputSamplesPerS": chosen.throughput,
+        "movedBytes": chosen.moved_bytes,
+        "alternatives": [
+            {
+                "path": str(o.path),
+                "throughputSamplesPerS": o.throughput,
+                "movedBytes": o.moved_bytes,
+            }
+            for o in after.alternatives
+        ],
+        "plan": _plan_json(chosen.plan, chosen.distribution.pipeline_times_s),
+    }

@@ -1,0 +1,166 @@
+"""`planaria plan` (planaria.cli.plan), through `planaria.cli.main.main` and the console script.
+
+Covers: the text report lists the templates, the chosen instantiation with its batch split and
+the runner-up, and with --failed the reinstantiated plan; --json prints the documented document
+(every field of docs/planner.md present, numbers consistent with the planner's own result);
+--gpu-memory-gib changes n0; every bad input (missing or malformed options, a micro-batch that
+is not the profile's, failed nodes outside the cluster or repeated, a missing profile file, an
+undistributable global batch, too few nodes for the fault tolerance) is one line on stderr with
+exit status 2 and no traceback, also from a real subprocess.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from planaria.cli import main
+from planaria.planner import accelerators, instantiation, shapes, synthetic, templates
+from planaria.spec import profile_file
+
+PLANARIA = str(Path(sys.executable).parent / "planaria")
+
+
+@pytest.fixture(scope="module")
+def profile_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A synthetic profile of the `small` model (10 planner layers) for 2-GPU nodes, b = 2."""
+    path = tmp_path_factory.mktemp("profiles") / "small.json"
+    source = synthetic.synthesize(shapes.named("small"), accelerators.named("a100-80gb"), 2, 2)
+    profile_file.dump_profile(source, path)
+    return path
+
+
+def _args(path: Path, *extra: str) -> list[str]:
+    base = ["plan", "--profile", str(path), "--nodes", "5", "--gpus-per-node", "2"]
+    return [*base, "--fault-tolerance", "1", "--global-batch", "64", "--micro-batch", "2", *extra]
+
+
+def test_the_report_shows_templates_plan_and_the_plan_after_failures(
+    profile_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main.main(_args(profile_path, "--failed", "1,3")) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("templates (Oobleck §4.1): n0 = 1, sizes 1..4")
+    assert "nodes  stages  T at 4S" in out
+    assert "plan (Oobleck §4.2):" in out and "samples/s" in out and "chose" in out
+    assert "pipeline  nodes" in out and "micro-batches" in out
+    assert "after nodes 1,3 fail (Oobleck §5.1):" in out and "lost node(s) [1, 3]" in out
+
+
+def test_json_has_every_documented_field_and_matches_the_planner(
+    profile_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main.main(_args(profile_path, "--failed", "0", "--json")) == 0
+    document = json.loads(capsys.readouterr().out)
+    assert document["format"] == "planaria.plan-output" and document["version"] == 1
+    assert set(document) == {"format", "version", "templates", "plan", "reinstantiation"}
+    assert set(document["templates"]) == {"minNodes", "sizes", "reason", "items"}
+    item = document["templates"]["items"][0]
+    assert set(item) == {"nodes", "iterationTimeS", "plannedMicroBatches", "stages"}
+    assert set(item["stages"][0]) == {"layers", "node", "gpus", "timeS"}
+    chosen = document["plan"]
+    assert set(chosen) == {
+        "instantiation",
+        "throughputSamplesPerS",
+        "iterationTimeS",
+        "reason",
+        "runnerUp",
+        "globalBatch",
+        "microBatchSize",
+        "gpusPerNode",
+        "pipelines",
+    }
+    assert set(chosen["pipelines"][0]) == {"nodes", "microBatches", "timeS", "stages"}
+    assert set(chosen["pipelines"][0]["stages"][0]) == {"layers", "workers"}
+    assert sum(p["microBatches"] for p in chosen["pipelines"]) * 2 == chosen["globalBatch"] == 64
+    after = document["reinstantiation"]
+    assert set(after) == {
+        "failedNodes",
+        "path",
+        "steps",
+        "reason",
+        "throughputSamplesPerS",
+        "movedBytes",
+        "alternatives",
+        "plan",
+    }
+    assert after["failedNodes"] == [0]
+    assert after["path"] in {"simple", "borrow", "merge", "re-optimised"}
+    assert 0 not in {n for p in after["plan"]["pipelines"] for n in p["nodes"]}
+
+    source = profile_file.load_profile(profile_path)
+    template_set = templates.generate_templates(
+        source, num_nodes=5, gpus_per_node=2, fault_tolerance=1
+    )
+    expected = instantiation.choose_plan(template_set, list(range(5)), 64)
+    assert chosen["throughputSamplesPerS"] == expected.chosen.throughput
+    assert [p["microBatches"] for p in chosen["pipelines"]] == [
+        p.num_micro_batches for p in expected.plan.pipelines
+    ]
+
+
+def test_less_gpu_memory_raises_n0(profile_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main.main(_args(profile_path, "--gpu-memory-gib", "0.015625", "--json")) == 0
+    assert json.loads(capsys.readouterr().out)["templates"]["minNodes"] == 2
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        pytest.param({"--nodes": None}, "--nodes is required", id="a missing option"),
+        pytest.param({"--nodes": "five"}, "--nodes must be a whole number", id="not a number"),
+        pytest.param({"--gpus-per-node": "0"}, "--gpus-per-node must be >= 1", id="no GPUs"),
+        pytest.param(
+            {"--fault-tolerance": "-1"}, "--fault-tolerance must be >= 0", id="negative f"
+        ),
+        pytest.param(
+            {"--micro-batch": "4"},
+            "does not match the profile's micro-batch size 2; pass --micro-batch 2",
+            id="a micro-batch that is not the profile's",
+        ),
+        pytest.param(
+            {"--gpu-memory-gib": "lots"}, "--gpu-memory-gib must be a number", id="bad memory"
+        ),
+        pytest.param({"--failed": "1,x"}, "comma-separated node ids", id="a malformed id"),
+        pytest.param({"--failed": "5"}, "node 5 is not in 0..4", id="a node outside the cluster"),
+        pytest.param({"--failed": "2,2"}, "node 2 is given twice", id="a repeated node"),
+        pytest.param(
+            {"--global-batch": "63"},
+            "nearest distributable global batch is 64",
+            id="a global batch of half micro-batches",
+        ),
+        pytest.param({"--fault-tolerance": "5"}, "lower the fault tolerance to 4", id="f too high"),
+        pytest.param({"--profile": "/nonexistent.json"}, "nonexistent", id="no profile file"),
+    ],
+)
+def test_bad_input_is_one_line_with_exit_status_2(
+    profile_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    change: dict[str, str | None],
+    message: str,
+) -> None:
+    args = _args(profile_path)
+    for flag, value in change.items():
+        if flag not in args:
+            args += [flag, ""]
+        at = args.index(flag)
+        if value is None:
+            del args[at : at + 2]
+        else:
+            args[at + 1] = value
+    assert main.main(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("planaria: error: ") and message in err
+    assert err.count("\n") == 1
+
+
+def test_the_console_script_exits_2_without_a_traceback(profile_path: Path) -> None:
+    args = _args(profile_path, "--failed", "9")[1:]
+    result = subprocess.run([PLANARIA, "plan", *args], capture_output=True, text=True)
+    assert result.returncode == 2
+    assert result.stderr == "planaria: error: --failed: node 9 is not in 0..4\n"
+    assert "Traceback" not in result.stderr
