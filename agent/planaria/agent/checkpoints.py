@@ -25,6 +25,7 @@ SnapshotWriteError; SnapshotConfigError for bad settings).
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import logging
 import re
 import shutil
@@ -121,13 +122,24 @@ class CheckpointWriter:
         return final
 
     def _prune(self) -> None:
-        """Delete this worker's parts of all but the newest `keep` steps, and empty steps."""
+        """Delete this worker's parts of all but its newest `keep` steps and its half-written
+        parts left by a crash; remove step directories older than those kept once empty.
+
+        Other workers prune the same directory concurrently (on other nodes too), so a
+        directory may vanish or fill up under us: those races are tolerated, and a step this
+        worker keeps, or newer than all it keeps, is never removed, so a peer writing it (all
+        workers checkpoint the same steps) is not disturbed.
+        """
+        me = f"worker-{self.config.worker}"
         mine = _complete_steps(self.config.root, self.config.worker)
-        for step in mine[: -self.config.keep]:
-            step_dir = self.config.root / f"step-{step}"
-            shutil.rmtree(step_dir / f"worker-{self.config.worker}", ignore_errors=True)
-            if not any(step_dir.iterdir()):
-                step_dir.rmdir()
+        kept = mine[-self.config.keep :]
+        for step_dir in list(_step_dirs(self.config.root)):
+            shutil.rmtree(step_dir / f"{me}.tmp", ignore_errors=True)
+            step = _step_of(step_dir)
+            if kept and step < kept[-1] and step not in kept:
+                shutil.rmtree(step_dir / me, ignore_errors=True)
+                with contextlib.suppress(OSError):  # not empty (a peer's part), or gone
+                    step_dir.rmdir()
 
 
 def _copy_file(
@@ -144,12 +156,16 @@ def _complete_steps(root: Path, worker: int | None = None) -> list[int]:
     """Steps with a complete part (of `worker`, or of anyone), oldest first."""
     steps = []
     for step_dir in _step_dirs(root):
-        match = _STEP.match(step_dir.name)
-        assert match is not None
         parts = list(_parts(step_dir))
         if any(worker is None or part_worker == worker for part_worker, _ in parts):
-            steps.append(int(match.group(1)))
+            steps.append(_step_of(step_dir))
     return sorted(steps)
+
+
+def _step_of(step_dir: Path) -> int:
+    match = _STEP.match(step_dir.name)
+    assert match is not None
+    return int(match.group(1))
 
 
 def _step_dirs(root: Path) -> Iterator[Path]:
@@ -158,7 +174,12 @@ def _step_dirs(root: Path) -> Iterator[Path]:
 
 
 def _parts(step_dir: Path) -> Iterator[tuple[int, Path]]:
-    for p in step_dir.iterdir():
+    """Complete worker parts in a step directory (none if it vanished meanwhile)."""
+    try:
+        entries = list(step_dir.iterdir())
+    except FileNotFoundError:
+        return
+    for p in entries:
         match = _WORKER.match(p.name)
         if match and p.is_dir():
             yield int(match.group(1)), p

@@ -267,7 +267,9 @@ def rebuild_layer(members: Sequence[MemberSnapshot]) -> model.LayerState:
     from a copy or the parities. Raises SnapshotMissing when more members are lost than the
     redundancy tolerates, SnapshotCorrupt when the members disagree on what they hold."""
     if not members:
-        raise snapshot_store.SnapshotMissing("no member of the sharding group could be read")
+        raise snapshot_store.SnapshotMissing(
+            "no member of the sharding group could be read; load the persistent checkpoint"
+        )
     first = _check_agree(members)
     by_member = {s.entry.member: s for s in members}
     group_size = len(first.entry.group)
