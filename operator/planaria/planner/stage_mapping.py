@@ -48,9 +48,10 @@ from planaria.planner.stage_table import FloatArray, Link
 
 _INF = math.inf
 # Search tuning (speed only, never the result): intervals expanded per round once there is an
-# incumbent; element operations that cost about as much as one pass's fixed numpy overhead (a
-# pass this cheap splits its interval more ways); float64 elements one batched pass may hold.
-_ROUND_INTERVALS = 8
+# incumbent (8, or up to 32 while their passes are cheap); element operations that cost about as
+# much as one pass's fixed numpy overhead (a pass this cheap splits its interval more ways);
+# float64 elements one batched pass may hold.
+_ROUND_INTERVALS = (8, 32)
 _PASS_OVERHEAD = 2_000_000
 _BATCH_ELEMENTS = 4_000_000
 
@@ -226,10 +227,15 @@ class MappingSearch:
         self, heap: list[tuple[float, Interval]], best: float, n: int
     ) -> list[Interval]:
         # Dive one interval at a time until there is an incumbent to prune with.
-        width = _ROUND_INTERVALS if best < _INF else 1
+        fewest, most = _ROUND_INTERVALS if best < _INF else (1, 1)
         batch: list[Interval] = []
-        while heap and heap[0][0] < best and len(batch) < width:
-            batch.append(heapq.heappop(heap)[1])
+        work = 0
+        while heap and heap[0][0] < best and len(batch) < most:
+            if len(batch) >= fewest and work >= 4 * _PASS_OVERHEAD:
+                break
+            interval = heapq.heappop(heap)[1]
+            batch.append(interval)
+            work += self._pass_work(float(self.caps[interval[1] - 1]), n)
         return [child for interval in batch for child in self._split(interval, n)]
 
     def _value(
