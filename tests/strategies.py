@@ -8,13 +8,16 @@ small enough to cost or build in a test.
 Plans (planaria.planner.plan): `plans` (valid plans, with reroutes and holes), `layer_transfers`;
 `shaped_plans` (given stage counts, symmetric or not, with failed stages rerouted to peers).
 Planning: `planning_layers`, `planning_profiles` (tied times, binding memory), `pipeline_costs`.
-Failures (planner transfers, candidates, policy): `uniform_profile` (a plain builder),
-`running_plans`, `failed_workers`, `layouts` (new layouts over survivors).
+Failures (planner transfers, candidates, policy): builders `uniform_profile`, `timed_profile`,
+`grid_plan`; strategies `running_plans`, `failed_workers`, `layouts` (new layouts over survivors).
 Wire messages (planaria.wire.messages): `rendezvous`, `training_settings`, `worker_configs`,
 `timings`, `snapshot_states`, `latched_errors`, `heartbeats`.
 """
 
 from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
 
 from hypothesis import assume
 from hypothesis import strategies as st
@@ -515,6 +518,29 @@ def uniform_profile(
         intra_node=link,
         inter_node=link,
     )
+
+
+def timed_profile(forward_s: Sequence[float], *, memory_bytes: int = 2**40) -> profile.Profile:
+    """`uniform_profile` with these per-layer forward times (backward twice as long)."""
+    base = uniform_profile(len(forward_s), memory_bytes=memory_bytes)
+    layers = tuple(
+        dataclasses.replace(base.layers[i], name=f"layer{i}", forward_s=(t,), backward_s=(2 * t,))
+        for i, t in enumerate(forward_s)
+    )
+    return dataclasses.replace(base, model="timed", layers=layers)
+
+
+def grid_plan(dp: int, cuts: tuple[int, ...], num_layers: int, micro_batches: int) -> plan.Plan:
+    """DP identical pipelines cut at `cuts`, one worker per stage in order (0, 1, ...)."""
+    bounds = [0, *cuts, num_layers]
+    pipelines, worker = [], 0
+    for _ in range(dp):
+        stages = []
+        for a, b in zip(bounds, bounds[1:], strict=False):
+            stages.append(plan.Stage(layer_start=a, layer_stop=b, workers=(plan.WorkerId(worker),)))
+            worker += 1
+        pipelines.append(plan.Pipeline(stages=tuple(stages), num_micro_batches=micro_batches))
+    return plan.Plan(pipelines=tuple(pipelines), micro_batch_size=1)
 
 
 @st.composite

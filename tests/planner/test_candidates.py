@@ -2,10 +2,7 @@
 
 Covers: DP/PP configurations (hand list for Fig. 3; hypothesis: within the DP radius, no
 deeper than the model, never more workers than survive, the asymmetric one uses all of them
-with depths one apart); remainder placements (count C(S, L mod S), each an even split plus one);
-the layer split equals a brute-force search over every placement with the same estimator and
-memory filter, and is None when nothing fits; batch distribution sums to the global batch and
-feeds deeper (faster) pipelines at least as much; the search on Fig. 3 finds rerouting and
+with depths one apart); the search on Fig. 3 finds rerouting and
 DP=2 x PP=4 [2,2,2,3] moving 3 layers; the running split is offered too; rejections say why
 (memory, rerouting impossible); given layouts are candidates and must keep the global batch;
 hypothesis: every candidate is a valid plan over survivors with the same layers and batch whose
@@ -14,61 +11,21 @@ schedule compiles; memoised estimates (`prepare`) never change results; input er
 
 from __future__ import annotations
 
-import itertools
-import math
-
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from planaria.planner import candidates, errors, profile, schedule, transfers
+from planaria.planner import candidates, errors, schedule, screening, transfers
 from planaria.planner import plan as plans
 from tests import strategies
 
 W = plans.WorkerId
 
 
-def grid(dp: int, cuts: tuple[int, ...], num_layers: int, micro_batches: int) -> plans.Plan:
-    pipelines, worker = [], 0
-    bounds = [0, *cuts, num_layers]
-    for _ in range(dp):
-        stages = []
-        for a, b in itertools.pairwise(bounds):
-            stages.append(plans.Stage(layer_start=a, layer_stop=b, workers=(W(worker),)))
-            worker += 1
-        pipelines.append(plans.Pipeline(stages=tuple(stages), num_micro_batches=micro_batches))
-    return plans.Plan(pipelines=tuple(pipelines), micro_batch_size=1)
-
-
 def fig3() -> candidates.Failure:
     """Odyssey Fig. 3: DP=3 x PP=3 over 9 layers; the middle node of pipeline 1 fails."""
-    return candidates.Failure(running=grid(3, (3, 6), 9, 4), failed=frozenset({W(4)}))
-
-
-def timed_profile(times: list[float], memory_bytes: int = 2**40) -> profile.Profile:
-    """`uniform_profile` with per-layer forward times (backward twice as long)."""
-    base = strategies.uniform_profile(len(times), memory_bytes=memory_bytes)
-    layers = tuple(
-        profile.LayerProfile(
-            name=f"layer{i}",
-            forward_s=(t,),
-            backward_s=(2 * t,),
-            parameter_bytes=base.layers[0].parameter_bytes,
-            gradient_bytes=0,
-            optimizer_bytes=base.layers[0].optimizer_bytes,
-            activation_bytes=base.layers[0].activation_bytes,
-            output_bytes=base.layers[0].output_bytes,
-        )
-        for i, t in enumerate(times)
-    )
-    return profile.Profile(
-        model="timed",
-        accelerator="test",
-        micro_batch_size=1,
-        memory_bytes=memory_bytes,
-        layers=layers,
-        intra_node=base.intra_node,
-        inter_node=base.inter_node,
+    return candidates.Failure(
+        running=strategies.grid_plan(3, (3, 6), 9, 4), failed=frozenset({W(4)})
     )
 
 
@@ -101,69 +58,14 @@ def test_configurations_stay_in_range_and_use_the_survivors(
             assert list(depths) == sorted(depths, reverse=True)
 
 
-@given(st.integers(min_value=1, max_value=14), st.integers(min_value=1, max_value=8))
-def test_remainder_placements_are_the_even_split_plus_one(num_layers: int, depth: int) -> None:
-    if depth > num_layers:
-        return
-    found = list(candidates.remainder_placements(num_layers, depth))
-    base, extra = divmod(num_layers, depth)
-    assert len(found) == len(set(found)) == math.comb(depth, extra)
-    for counts in found:
-        assert sum(counts) == num_layers and set(counts) <= {base, base + 1}
-
-
-@given(
-    st.lists(st.sampled_from([0.001, 0.002, 0.005]), min_size=2, max_size=7),
-    st.integers(min_value=1, max_value=4),
-    st.sampled_from([2**40, 2600, 3600]),
-)
-@settings(max_examples=40, deadline=None)
-def test_the_split_is_the_fastest_fitting_placement(
-    times: list[float], depth: int, memory_bytes: int
-) -> None:
-    if depth > len(times):
-        return
-    prof = timed_profile(times, memory_bytes)
-    estimates = candidates.Estimates(prof)
-    running = grid(1, (), len(times), 1)
-    chosen = candidates.split_layers(estimates, depth, running, candidates.SearchSettings())
-    scored = []
-    for counts in candidates.remainder_placements(len(times), depth):
-        alone = candidates.pipeline_of(counts, [W(w) for w in range(depth)], depth)
-        estimate = estimates.pipeline(alone, 1, 1)
-        if estimate.peak_bytes <= memory_bytes:
-            scored.append((estimate.step_s, counts))
-    assert chosen == (min(scored)[1] if scored else None)
-
-
-def test_a_heavy_head_gets_the_shorter_stage() -> None:
-    estimates = candidates.Estimates(timed_profile([0.001] * 6 + [0.004]))
-    split = candidates.split_layers(estimates, 2, grid(1, (), 7, 1), candidates.SearchSettings())
-    assert split == (4, 3)
-
-
-def test_more_placements_than_max_splits_are_preranked_by_bottleneck_compute() -> None:
-    estimates = candidates.Estimates(timed_profile([0.004] + [0.001] * 6))
-    one = candidates.SearchSettings(max_splits=1)
-    # with the heavy first layer, (3, 4)'s slowest stage computes 6 ms-units, (4, 3)'s 7
-    assert candidates.split_layers(estimates, 2, grid(1, (), 7, 1), one) == (3, 4)
-
-
-def test_batch_distribution_sums_and_favours_faster_pipelines() -> None:
-    estimates = candidates.Estimates(strategies.uniform_profile(6))
-    running = grid(1, (), 6, 13)
-    same = candidates.distribute_batch(estimates, [(3, 3), (3, 3)], running)
-    assert sum(same) == 13 and abs(same[0] - same[1]) <= 1
-    mixed = candidates.distribute_batch(estimates, [(2, 2, 2), (3, 3)], running)
-    assert sum(mixed) == 13 and mixed[0] >= mixed[1] >= 1
-
-
 # --- the search --------------------------------------------------------------------------------
 
 
 def test_fig3_search_finds_rerouting_and_dp2_pp4_moving_three_layers() -> None:
-    light_tail = timed_profile([0.002] * 6 + [0.001] * 3)  # so [2, 2, 2, 3] is the fastest
-    found = candidates.search(fig3(), candidates.Estimates(light_tail), candidates.SearchSettings())
+    light_tail = strategies.timed_profile(
+        [0.002] * 6 + [0.001] * 3
+    )  # so [2, 2, 2, 3] is the fastest
+    found = candidates.search(fig3(), screening.Estimates(light_tail), candidates.SearchSettings())
     by_label = {c.label: c for c in found.candidates}
     reroute = [c for c in found.candidates if c.kind == candidates.Kind.REROUTE]
     assert len(reroute) == 1 and reroute[0].transition.transfers == ()
@@ -174,9 +76,11 @@ def test_fig3_search_finds_rerouting_and_dp2_pp4_moving_three_layers() -> None:
 
 
 def test_the_running_split_is_offered_beside_the_fastest() -> None:
-    prof = timed_profile([0.001] * 6 + [0.004])
-    failure = candidates.Failure(running=grid(3, (3,), 7, 6), failed=frozenset({W(1)}))
-    found = candidates.search(failure, candidates.Estimates(prof), candidates.SearchSettings())
+    prof = strategies.timed_profile([0.001] * 6 + [0.004])
+    failure = candidates.Failure(
+        running=strategies.grid_plan(3, (3,), 7, 6), failed=frozenset({W(1)})
+    )
+    found = candidates.search(failure, screening.Estimates(prof), candidates.SearchSettings())
     labels = [c.label for c in found.candidates]
     assert "DP=2 x PP=2 [4, 3]" in labels
     kept = next(c for c in found.candidates if c.label == "DP=2 x PP=2 [3, 4] (running split)")
@@ -185,17 +89,21 @@ def test_the_running_split_is_offered_beside_the_fastest() -> None:
 
 def test_rejections_say_what_does_not_fit() -> None:
     prof = strategies.uniform_profile(4, memory_bytes=1500)  # one layer's state fits, two do not
-    failure = candidates.Failure(running=grid(2, (1, 2, 3), 4, 2), failed=frozenset({W(0)}))
-    found = candidates.search(failure, candidates.Estimates(prof), candidates.SearchSettings())
+    failure = candidates.Failure(
+        running=strategies.grid_plan(2, (1, 2, 3), 4, 2), failed=frozenset({W(0)})
+    )
+    found = candidates.search(failure, screening.Estimates(prof), candidates.SearchSettings())
     reasons = {r.label: r.why for r in found.rejected}
     assert any("no split of 4 layers into 3 stages fits" in why for why in reasons.values())
     assert all(c.estimate.peak_bytes <= 1500 for c in found.candidates)
 
 
 def test_rerouting_impossible_is_a_rejection_with_its_reason() -> None:
-    failure = candidates.Failure(running=grid(2, (1,), 2, 2), failed=frozenset({W(1), W(3)}))
+    failure = candidates.Failure(
+        running=strategies.grid_plan(2, (1,), 2, 2), failed=frozenset({W(1), W(3)})
+    )
     found = candidates.search(
-        failure, candidates.Estimates(strategies.uniform_profile(2)), candidates.SearchSettings()
+        failure, screening.Estimates(strategies.uniform_profile(2)), candidates.SearchSettings()
     )
     (rejected,) = [r for r in found.rejected if r.kind == candidates.Kind.REROUTE]
     assert "rerouting is impossible" in rejected.why
@@ -207,13 +115,14 @@ def test_given_layouts_are_candidates_and_must_keep_the_global_batch() -> None:
     failure = fig3()
     survivors = [w for w in failure.running.workers if w not in failure.failed]
     layout = transfers.relabel(
-        grid(1, (2, 4, 6, 7), 9, 12), dict(zip(map(W, range(5)), survivors, strict=False))
+        strategies.grid_plan(1, (2, 4, 6, 7), 9, 12),
+        dict(zip(map(W, range(5)), survivors, strict=False)),
     )
-    estimates = candidates.Estimates(strategies.uniform_profile(9))
+    estimates = screening.Estimates(strategies.uniform_profile(9))
     found = candidates.search(failure, estimates, candidates.SearchSettings(), given=[layout])
     (mine,) = [c for c in found.candidates if c.kind == candidates.Kind.GIVEN]
     assert mine.label == "given 0: DP=1 PP=5"
-    wrong = grid(1, (2, 4, 6, 7), 9, 5)
+    wrong = strategies.grid_plan(1, (2, 4, 6, 7), 9, 5)
     with pytest.raises(
         errors.PlanInputError, match="global batch of 5 samples but the job's is 12"
     ):
@@ -227,7 +136,7 @@ def test_every_candidate_is_a_valid_plan_over_the_survivors(data: st.DataObject)
     failed = data.draw(strategies.failed_workers(running))
     prof = strategies.uniform_profile(running.num_layers)
     failure = candidates.Failure(running=running, failed=failed)
-    found = candidates.search(failure, candidates.Estimates(prof), candidates.SearchSettings())
+    found = candidates.search(failure, screening.Estimates(prof), candidates.SearchSettings())
     survivors = set(running.workers) - failed
     for candidate in found.candidates:
         new = candidate.plan
@@ -235,30 +144,30 @@ def test_every_candidate_is_a_valid_plan_over_the_survivors(data: st.DataObject)
         assert new.global_batch_size == running.global_batch_size
         assert new.num_layers == running.num_layers
         schedule.compile_schedule(new)
-        exact = candidates.exact(candidate, candidates.Estimates(prof))
+        exact = candidates.exact(candidate, screening.Estimates(prof))
         assert exact.exact and exact.estimate.step_s > 0
 
 
 def test_prepared_estimates_give_the_same_search() -> None:
-    prof = timed_profile([0.001, 0.002, 0.001, 0.003, 0.001, 0.002])
-    running = grid(3, (2, 4), 6, 6)
+    prof = strategies.timed_profile([0.001, 0.002, 0.001, 0.003, 0.001, 0.002])
+    running = strategies.grid_plan(3, (2, 4), 6, 6)
     failure = candidates.Failure(running=running, failed=frozenset({W(4)}))
-    warm = candidates.Estimates(prof)
+    warm = screening.Estimates(prof)
     candidates.prepare(running, warm, candidates.SearchSettings())
-    cold = candidates.search(failure, candidates.Estimates(prof), candidates.SearchSettings())
+    cold = candidates.search(failure, screening.Estimates(prof), candidates.SearchSettings())
     assert candidates.search(failure, warm, candidates.SearchSettings()) == cold
 
 
 def test_inputs_that_do_not_fit_are_refused() -> None:
     with pytest.raises(errors.PlanInputError, match="at least one failed worker"):
-        candidates.Failure(running=grid(1, (), 2, 1), failed=frozenset())
+        candidates.Failure(running=strategies.grid_plan(1, (), 2, 1), failed=frozenset())
     with pytest.raises(errors.PlanInputError, match="profile has 3 layers but the plan 2"):
         candidates.search(
-            candidates.Failure(running=grid(2, (), 2, 2), failed=frozenset({W(0)})),
-            candidates.Estimates(strategies.uniform_profile(3)),
+            candidates.Failure(running=strategies.grid_plan(2, (), 2, 2), failed=frozenset({W(0)})),
+            screening.Estimates(strategies.uniform_profile(3)),
             candidates.SearchSettings(),
         )
     with pytest.raises(errors.PlanInputError, match="memory_bytes"):
-        candidates.Estimates(strategies.uniform_profile(3), memory_bytes=0)
+        screening.Estimates(strategies.uniform_profile(3), memory_bytes=0)
     with pytest.raises(errors.PlanInputError, match="dp_radius"):
         candidates.SearchSettings(dp_radius=-1)

@@ -4,55 +4,28 @@ Given the running plan and the failed workers, `search` lists:
 - rerouting (`rerouting`): the same layout, failed stages' micro-batches on same-stage peers;
 - symmetric and asymmetric DP/PP configurations over all survivors (Alg. 1
   `get_parallel_strategy`): for each DP degree within `dp_radius` of the current one (Odyssey:
-  "the new DP degree often differs from the original by less than 2"), the symmetric layout
-  DP x floor(N/DP) and, when DP does not divide N, the balanced asymmetric one that uses every
-  survivor (N mod DP pipelines one stage deeper);
+  "the new DP degree often differs from the original by less than 2", so 1 by default), the
+  symmetric layout DP x floor(N/DP) and, when DP does not divide N, the balanced asymmetric one
+  that uses every survivor (N mod DP pipelines one stage deeper). Each gets the fastest layer
+  split per depth and, for depths the running plan has, also the running split (fewer layers
+  move, which eq. 8 may prefer); layers and batch from `distribution` (Alg. 1 lines 13-14);
 - caller-given layouts, e.g. the Oobleck templates' reinstantiations over the survivors.
 
-Per DP/PP configuration (Alg. 1 lines 13-14): the batch is distributed by the templates' exact
-min-makespan batching (`batching`, Oobleck eq. 6) on affine pipeline costs fitted to E's
-estimator (`distribute_batch`; docs/policy.md says why not Odyssey's pre-allocation), and
-each pipeline depth gets its layer split from `split_layers`: the even split plus every placement
-of the remainder layers, filtered by E's memory estimator and ranked by E's time estimator on one
-pipeline (Odyssey §IV-A "Layer Distribution"). As in Alg. 1, the split depends on the depth
-only; it is costed at depth micro-batches, where every stage reaches its steady-state number of
-micro-batches in flight, so the memory filter holds for any larger count.
-
 Every re-planned candidate is bound to the survivors by min-cost matching (`transfers`). Its step
-time is first screened (Odyssey eq. 10: the slowest of its pipelines, each estimated alone by E's
-estimator and memoised per distinct pipeline: identical pipelines have identical estimates);
-`Estimates.whole` then estimates whole plans, with all-reduces and rerouted micro-batches, for the
-candidates the policy shortlists. Rerouting is always estimated whole (its cost is the peers'
-extra work, which no single pipeline shows). There is one performance model: `estimator` and
-`memory`; this module only decides what to ask them.
-
-Rejected candidates (out of memory, rerouting impossible) come back with the reason.
+time is screened (`screening`: Odyssey eq. 10 over its pipelines estimated alone); `exact` asks
+E's estimator for the whole plan, with all-reduces, for the candidates the policy shortlists.
+Rerouting is always estimated whole (its cost is the peers' extra work, which no pipeline alone
+shows). There is one performance model, `estimator` and `memory`; this module only decides what
+to ask them. Rejected candidates (out of memory, rerouting impossible) come back with the reason.
 """
 
 from __future__ import annotations
 
-import heapq
-import itertools
-from collections import defaultdict
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
-from planaria.planner import (
-    batching,
-    errors,
-    estimator,
-    memory,
-    plan,
-    profile,
-    rerouting,
-    schedule,
-    transfers,
-)
-
-# Remainder placements screened when there are more than `max_splits`: enumerating more costs
-# more than it can gain (ranked by bottleneck compute first, see `split_layers`).
-_MAX_ENUMERATED = 20_000
+from planaria.planner import distribution, errors, plan, rerouting, screening, transfers
 
 
 class Kind(StrEnum):
@@ -95,14 +68,6 @@ class SearchSettings:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Estimate:
-    """E's step time and peak memory for a plan (or one pipeline alone)."""
-
-    step_s: float
-    peak_bytes: int
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
 class Candidate:
     """A plan the job could move to. `exact`: `estimate` is E's estimate of the whole plan;
     otherwise it is the eq. 10 screen (slowest pipeline alone, no all-reduce)."""
@@ -110,7 +75,7 @@ class Candidate:
     kind: Kind
     label: str
     transition: transfers.Transition
-    estimate: Estimate
+    estimate: screening.Estimate
     exact: bool
 
     @property
@@ -135,76 +100,6 @@ class Search:
     rejected: tuple[Rejection, ...]
 
 
-class Estimates:
-    """E's estimators behind a memo. Estimates of identical plans are identical, so a pipeline
-    is keyed by its layer ranges, micro-batches and node pattern; keep one instance per profile
-    to reuse the memo across decisions (Odyssey: the search can run ahead of failures).
-    `memory_bytes` is the per-worker limit plans must fit (default: the profile's accelerator)."""
-
-    def __init__(self, prof: profile.Profile, memory_bytes: int | None = None) -> None:
-        if memory_bytes is not None and memory_bytes < 1:
-            raise errors.PlanInputError(f"memory_bytes is {memory_bytes}; give bytes >= 1")
-        self.profile = prof
-        self.memory_bytes = prof.memory_bytes if memory_bytes is None else memory_bytes
-        self._memo: dict[object, Estimate] = {}
-
-    def whole(self, plan_: plan.Plan) -> Estimate:
-        """Step time and peak memory of the whole plan (all-reduces, reroutes included)."""
-        key = (plan_.pipelines, plan_.micro_batch_size, plan_.gpus_per_node, plan_.reroutes)
-        if key not in self._memo:
-            sched = schedule.compile_schedule(plan_)
-            self._memo[key] = Estimate(
-                step_s=estimator.estimate_step(sched, self.profile).step_s,
-                peak_bytes=memory.estimate_memory(sched, self.profile).peak_bytes,
-            )
-        return self._memo[key]
-
-    def pipeline(self, pipeline: plan.Pipeline, micro_batch_size: int, gpus: int) -> Estimate:
-        """One pipeline run alone, on workers renumbered to keep only its node pattern."""
-        stages = _canonical(pipeline, gpus)
-        key = (stages, pipeline.num_micro_batches, micro_batch_size, gpus)
-        if key not in self._memo:
-            alone = plan.Plan(
-                pipelines=(_rebuilt(stages, pipeline.num_micro_batches),),
-                micro_batch_size=micro_batch_size,
-                gpus_per_node=gpus,
-            )
-            self._memo[key] = self.whole(alone)
-        return self._memo[key]
-
-    def fits(self, estimate: Estimate) -> bool:
-        return estimate.peak_bytes <= self.memory_bytes
-
-
-_Stages = tuple[tuple[int, int, tuple[int, ...]], ...]
-
-
-def _canonical(pipeline: plan.Pipeline, gpus_per_node: int) -> _Stages:
-    """(layer_start, layer_stop, workers) per stage, with nodes renumbered 0, 1, ... in order of
-    first use and GPUs in order of use within a node: what its estimate depends on."""
-    nodes: dict[int, int] = {}
-    used: dict[int, int] = defaultdict(int)
-    stages = []
-    for stage in pipeline.stages:
-        workers = []
-        for worker in stage.workers:
-            node = nodes.setdefault(worker // gpus_per_node, len(nodes))
-            workers.append(node * gpus_per_node + used[node])
-            used[node] += 1
-        stages.append((stage.layer_start, stage.layer_stop, tuple(workers)))
-    return tuple(stages)
-
-
-def _rebuilt(stages: _Stages, num_micro_batches: int) -> plan.Pipeline:
-    return plan.Pipeline(
-        stages=tuple(
-            plan.Stage(layer_start=a, layer_stop=b, workers=tuple(map(plan.WorkerId, w)))
-            for a, b, w in stages
-        ),
-        num_micro_batches=num_micro_batches,
-    )
-
-
 # --- Alg. 1 get_parallel_strategy --------------------------------------------------------------
 
 
@@ -215,7 +110,8 @@ def configurations(
     within the radius (and at most one pipeline per worker and per micro-batch), the symmetric
     DP x floor(N/DP) and the balanced asymmetric layout using all N workers."""
     found: list[tuple[int, ...]] = []
-    low, high = max(1, old_dp - dp_radius), min(old_dp + dp_radius, num_workers, num_micro_batches)
+    high = min(old_dp + dp_radius, num_workers, num_micro_batches)
+    low = min(max(1, old_dp - dp_radius), high)  # too few survivors: the most pipelines left
     for dp in range(low, high + 1):
         depth, extra = divmod(num_workers, dp)
         symmetric = (min(depth, num_layers),) * dp
@@ -225,97 +121,12 @@ def configurations(
     return tuple(dict.fromkeys(found))
 
 
-# --- Alg. 1 distribute_batch ------------------------------------------------------------------
-
-
-def pipeline_cost(
-    estimates: Estimates, counts: tuple[int, ...], running: plan.Plan
-) -> batching.PipelineCost:
-    """T(N_b) = a + c N_b of a pipeline with layer counts `counts`, through E's estimates at
-    N_b = S and 2S (S stages): past the fill, 1F1B adds one bottleneck slot per micro-batch."""
-    depth = len(counts)
-    workers = [plan.WorkerId(w) for w in range(depth)]
-    at = [
-        estimates.pipeline(
-            pipeline_of(counts, workers, m), running.micro_batch_size, running.gpus_per_node
-        ).step_s
-        for m in (depth, 2 * depth)
-    ]
-    slope = (at[1] - at[0]) / depth
-    return batching.PipelineCost(fixed_s=at[0] - slope * depth, per_micro_batch_s=slope)
-
-
-def distribute_batch(
-    estimates: Estimates, splits: Sequence[tuple[int, ...]], running: plan.Plan
-) -> tuple[int, ...]:
-    """Micro-batches per pipeline minimising the slowest one (Oobleck eq. 6 as solved exactly
-    by `batching.distribute`) on the affine costs `pipeline_cost` fits to E's estimator."""
-    costs = [pipeline_cost(estimates, counts, running) for counts in splits]
-    distribution = batching.distribute(costs, running.global_batch_size, running.micro_batch_size)
-    return distribution.micro_batches
-
-
-# --- Alg. 1 split_layers (Odyssey §IV-A "Layer Distribution") ----------------------------------
-
-
-def remainder_placements(num_layers: int, depth: int) -> Iterator[tuple[int, ...]]:
-    """Every split of num_layers into depth stages of floor(L/depth) layers plus one extra
-    layer on each of L mod depth stages: the even split with the remainder enumerated."""
-    base, extra = divmod(num_layers, depth)
-    for chosen in itertools.combinations(range(depth), extra):
-        yield tuple(base + (1 if s in chosen else 0) for s in range(depth))
-
-
-def _stage_work_s(prof: profile.Profile, counts: tuple[int, ...]) -> float:
-    """The largest forward + backward compute of one stage (1 GPU): a pre-ranking only."""
-    bounds = list(itertools.accumulate(counts, initial=0))
-    return max(
-        sum(layer.forward_s[0] + layer.backward_s[0] for layer in prof.layers[a:b])
-        for a, b in itertools.pairwise(bounds)
-    )
-
-
-def split_layers(
-    estimates: Estimates, depth: int, running: plan.Plan, settings: SearchSettings
-) -> tuple[int, ...] | None:
-    """The fastest fitting split of the profile's layers into `depth` stages (layer counts), or
-    None when none fits in memory; costed on consecutive workers with the running plan's
-    micro-batch size and GPUs per node. When there are more remainder placements than
-    `max_splits`, the ones with the smallest bottleneck compute are costed."""
-    prof = estimates.profile
-    if depth > prof.num_layers:
-        return None
-    placements = itertools.islice(remainder_placements(prof.num_layers, depth), _MAX_ENUMERATED)
-    splits = list(placements)
-    if len(splits) > settings.max_splits:
-        splits = heapq.nsmallest(settings.max_splits, splits, key=lambda c: _stage_work_s(prof, c))
-    best: tuple[float, tuple[int, ...]] | None = None
-    for counts in splits:
-        alone = pipeline_of(counts, [plan.WorkerId(w) for w in range(depth)], depth)
-        estimate = estimates.pipeline(alone, running.micro_batch_size, running.gpus_per_node)
-        if estimates.fits(estimate) and (best is None or (estimate.step_s, counts) < best):
-            best = (estimate.step_s, counts)
-    return None if best is None else best[1]
-
-
-def pipeline_of(
-    counts: Sequence[int], workers: Sequence[plan.WorkerId], num_micro_batches: int
-) -> plan.Pipeline:
-    """Stages of `counts` layers each, in order, one worker each."""
-    bounds = list(itertools.accumulate(counts, initial=0))
-    stages = tuple(
-        plan.Stage(layer_start=a, layer_stop=b, workers=(w,))
-        for (a, b), w in zip(itertools.pairwise(bounds), workers, strict=True)
-    )
-    return plan.Pipeline(stages=stages, num_micro_batches=num_micro_batches)
-
-
 # --- the search --------------------------------------------------------------------------------
 
 
 def search(
     failure: Failure,
-    estimates: Estimates,
+    estimates: screening.Estimates,
     settings: SearchSettings,
     given: Sequence[plan.Plan] = (),
 ) -> Search:
@@ -351,7 +162,7 @@ def search(
     )
 
 
-def exact(candidate: Candidate, estimates: Estimates) -> Candidate:
+def exact(candidate: Candidate, estimates: screening.Estimates) -> Candidate:
     """The candidate with E's estimate of its whole plan (all-reduces, reroutes included)."""
     if candidate.exact:
         return candidate
@@ -359,7 +170,7 @@ def exact(candidate: Candidate, estimates: Estimates) -> Candidate:
 
 
 def _rerouted(
-    failure: Failure, estimates: Estimates, settings: SearchSettings
+    failure: Failure, estimates: screening.Estimates, settings: SearchSettings
 ) -> Candidate | Rejection:
     try:
         new = rerouting.reroute(failure.running, failure.failed)
@@ -392,13 +203,16 @@ def _configured(
     depths: tuple[int, ...],
     held: transfers.Holdings,
     running: plan.Plan,
-    estimates: Estimates,
+    estimates: screening.Estimates,
     settings: SearchSettings,
 ) -> list[Candidate | Rejection]:
     """The DP/PP configuration `depths` with the best split per depth (Alg. 1 lines 13-15) and,
     when it differs, with the running plan's split for depths it already runs: fewer layers
     move, which eq. 8 may prefer to a slightly faster step."""
-    best = {d: split_layers(estimates, d, running, settings) for d in sorted(set(depths))}
+    best = {
+        d: distribution.split_layers(estimates, d, running, settings.max_splits)
+        for d in sorted(set(depths))
+    }
     found = [_laid_out(depths, best, "", held, running, estimates, settings)]
     current = {len(p.stages): _counts(p) for p in reversed(running.pipelines)}
     kept = {d: current.get(d, counts) for d, counts in best.items()}
@@ -419,7 +233,7 @@ def _laid_out(
     suffix: str,
     held: transfers.Holdings,
     running: plan.Plan,
-    estimates: Estimates,
+    estimates: screening.Estimates,
     settings: SearchSettings,
 ) -> Candidate | Rejection:
     """`depths` with `splits` laid out on the survivors in order, batch distributed."""
@@ -441,16 +255,18 @@ def _layout(
     splits: dict[int, tuple[int, ...] | None],
     workers: list[plan.WorkerId],
     running: plan.Plan,
-    estimates: Estimates,
+    estimates: screening.Estimates,
 ) -> plan.Plan:
     """Pipelines of `depths` on consecutive `workers`, the running batch distributed."""
     counts = [splits[d] for d in depths]
     assert all(c is not None for c in counts), "callers reject depths without a split"
     chosen = [c for c in counts if c is not None]
-    batch = distribute_batch(estimates, chosen, running)
+    batch = distribution.distribute_batch(estimates, chosen, running)
     pipelines, used = [], 0
     for split, num_micro_batches in zip(chosen, batch, strict=True):
-        pipelines.append(pipeline_of(split, workers[used : used + len(split)], num_micro_batches))
+        pipelines.append(
+            distribution.pipeline_of(split, workers[used : used + len(split)], num_micro_batches)
+        )
         used += len(split)
     return plan.Plan(
         pipelines=tuple(pipelines),
@@ -460,7 +276,10 @@ def _layout(
 
 
 def prepare(
-    running: plan.Plan, estimates: Estimates, settings: SearchSettings, max_failed: int = 1
+    running: plan.Plan,
+    estimates: screening.Estimates,
+    settings: SearchSettings,
+    max_failed: int = 1,
 ) -> None:
     """Fill the memo for failures of up to `max_failed` workers of `running` ahead of time
     (Odyssey §IV-C: the search overlaps with training): layer splits of every depth the search
@@ -473,7 +292,10 @@ def prepare(
             running.num_micro_batches,
             settings.dp_radius,
         ):
-            splits = {d: split_layers(estimates, d, running, settings) for d in set(depths)}
+            splits = {
+                d: distribution.split_layers(estimates, d, running, settings.max_splits)
+                for d in set(depths)
+            }
             if None not in splits.values():
                 workers = [plan.WorkerId(w) for w in range(survivors)]
                 layout = _layout(depths, splits, workers, running, estimates)
@@ -499,7 +321,7 @@ def _given(
     layout: plan.Plan,
     held: transfers.Holdings,
     running: plan.Plan,
-    estimates: Estimates,
+    estimates: screening.Estimates,
     settings: SearchSettings,
 ) -> Candidate | Rejection:
     if layout.global_batch_size != running.global_batch_size:
@@ -517,7 +339,7 @@ def _screened(
     label: str,
     layout: plan.Plan,
     held: transfers.Holdings,
-    estimates: Estimates,
+    estimates: screening.Estimates,
     settings: SearchSettings,
 ) -> Candidate | Rejection:
     """Bind the layout to the survivors and screen it (eq. 10 over its pipelines alone)."""
@@ -525,7 +347,7 @@ def _screened(
         estimates.pipeline(p, layout.micro_batch_size, layout.gpus_per_node)
         for p in layout.pipelines
     ]
-    screen = Estimate(
+    screen = screening.Estimate(
         step_s=max(e.step_s for e in alone), peak_bytes=max(e.peak_bytes for e in alone)
     )
     if not estimates.fits(screen):
@@ -534,7 +356,7 @@ def _screened(
     return Candidate(kind=kind, label=label, transition=transition, estimate=screen, exact=False)
 
 
-def _over(estimate: Estimate, estimates: Estimates) -> str:
+def _over(estimate: screening.Estimate, estimates: screening.Estimates) -> str:
     return (
         f"needs {estimate.peak_bytes / 2**30:.2f} GiB at peak on some worker, over the "
         f"{estimates.memory_bytes / 2**30:.2f} GiB per worker"

@@ -1,0 +1,107 @@
+"""Layer and batch distribution of a DP/PP configuration (Odyssey §IV-A, Alg. 1 lines 13-14).
+
+Layers (`split_layers`): the even split of the L layers into S stages plus every placement of
+the L mod S remainder layers (`remainder_placements`), filtered by E's memory estimator and
+ranked by E's time estimator on one pipeline alone (Odyssey §IV-A "Layer Distribution"). As in
+Alg. 1 the split depends on the depth only; it is costed at S micro-batches, where every stage
+reaches its steady-state number of micro-batches in flight, so the memory filter holds for any
+larger count. More placements than `max_splits` are pre-ranked by their slowest stage's compute.
+
+Batch (`distribute_batch`): the templates' exact min-makespan distribution (`batching`, Oobleck
+eq. 6 solved exactly) on affine pipeline costs T(N_b) = a + c N_b fitted to E's estimator at
+N_b = S and 2S (`pipeline_cost`); docs/policy.md says why this rather than Odyssey's
+proportional pre-allocation.
+
+Not here: which configurations to try (`candidates`), the estimators (`screening`).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Iterator, Sequence
+
+from planaria.planner import batching, plan, profile, screening
+
+# Remainder placements enumerated at most (C(S, L mod S) can explode for deep pipelines): beyond
+# this the pre-ranking by bottleneck compute would cost more than the estimates it saves.
+_MAX_ENUMERATED = 20_000
+
+
+def remainder_placements(num_layers: int, depth: int) -> Iterator[tuple[int, ...]]:
+    """Every split of num_layers into depth stages of floor(L/depth) layers plus one extra
+    layer on each of L mod depth stages: the even split with the remainder enumerated."""
+    base, extra = divmod(num_layers, depth)
+    for chosen in itertools.combinations(range(depth), extra):
+        yield tuple(base + (1 if s in chosen else 0) for s in range(depth))
+
+
+def _stage_work_s(prof: profile.Profile, counts: tuple[int, ...]) -> float:
+    """The largest forward + backward compute of one stage (1 GPU): a pre-ranking only."""
+    bounds = list(itertools.accumulate(counts, initial=0))
+    return max(
+        sum(layer.forward_s[0] + layer.backward_s[0] for layer in prof.layers[a:b])
+        for a, b in itertools.pairwise(bounds)
+    )
+
+
+def split_layers(
+    estimates: screening.Estimates, depth: int, running: plan.Plan, max_splits: int
+) -> tuple[int, ...] | None:
+    """The fastest fitting split of the profile's layers into `depth` stages (layer counts), or
+    None when none fits in memory; costed on consecutive workers with the running plan's
+    micro-batch size and GPUs per node. When there are more remainder placements than
+    `max_splits`, the ones with the smallest bottleneck compute are costed."""
+    prof = estimates.profile
+    if depth > prof.num_layers:
+        return None
+    placements = itertools.islice(remainder_placements(prof.num_layers, depth), _MAX_ENUMERATED)
+    splits = list(placements)
+    if len(splits) > max_splits:
+        splits = heapq.nsmallest(max_splits, splits, key=lambda c: _stage_work_s(prof, c))
+    best: tuple[float, tuple[int, ...]] | None = None
+    for counts in splits:
+        alone = pipeline_of(counts, [plan.WorkerId(w) for w in range(depth)], depth)
+        estimate = estimates.pipeline(alone, running.micro_batch_size, running.gpus_per_node)
+        if estimates.fits(estimate) and (best is None or (estimate.step_s, counts) < best):
+            best = (estimate.step_s, counts)
+    return None if best is None else best[1]
+
+
+def pipeline_of(
+    counts: Sequence[int], workers: Sequence[plan.WorkerId], num_micro_batches: int
+) -> plan.Pipeline:
+    """Stages of `counts` layers each, in order, one worker each."""
+    bounds = list(itertools.accumulate(counts, initial=0))
+    stages = tuple(
+        plan.Stage(layer_start=a, layer_stop=b, workers=(w,))
+        for (a, b), w in zip(itertools.pairwise(bounds), workers, strict=True)
+    )
+    return plan.Pipeline(stages=stages, num_micro_batches=num_micro_batches)
+
+
+def pipeline_cost(
+    estimates: screening.Estimates, counts: tuple[int, ...], running: plan.Plan
+) -> batching.PipelineCost:
+    """T(N_b) = a + c N_b of a pipeline with layer counts `counts`, through E's estimates at
+    N_b = S and 2S (S stages): past the fill, 1F1B adds one bottleneck slot per micro-batch."""
+    depth = len(counts)
+    workers = [plan.WorkerId(w) for w in range(depth)]
+    at = [
+        estimates.pipeline(
+            pipeline_of(counts, workers, m), running.micro_batch_size, running.gpus_per_node
+        ).step_s
+        for m in (depth, 2 * depth)
+    ]
+    slope = (at[1] - at[0]) / depth
+    return batching.PipelineCost(fixed_s=at[0] - slope * depth, per_micro_batch_s=slope)
+
+
+def distribute_batch(
+    estimates: screening.Estimates, splits: Sequence[tuple[int, ...]], running: plan.Plan
+) -> tuple[int, ...]:
+    """Micro-batches per pipeline minimising the slowest one (Oobleck eq. 6 as solved exactly
+    by `batching.distribute`) on the affine costs `pipeline_cost` fits to E's estimator."""
+    costs = [pipeline_cost(estimates, counts, running) for counts in splits]
+    spread = batching.distribute(costs, running.global_batch_size, running.micro_batch_size)
+    return spread.micro_batches

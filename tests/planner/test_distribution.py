@@ -1,0 +1,91 @@
+"""Layer and batch distribution (planaria.planner.distribution), Odyssey Alg. 1 lines 13-14.
+
+Covers: remainder placements (count C(S, L mod S), each an even split plus one); the layer split
+equals a brute-force search over every placement with the same estimator and memory filter, and
+is None when nothing fits; a heavy last layer gets the shorter stage; more placements than
+max_splits are pre-ranked by bottleneck compute; the fitted pipeline cost is E's estimate at S
+and 2S micro-batches; the batch sums to the global batch, splits evenly between identical
+pipelines and feeds a deeper (faster) pipeline at least as much.
+"""
+
+from __future__ import annotations
+
+import math
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from planaria.planner import distribution, screening
+from planaria.planner import plan as plans
+from tests import strategies
+
+W = plans.WorkerId
+
+
+@given(st.integers(min_value=1, max_value=14), st.integers(min_value=1, max_value=8))
+def test_remainder_placements_are_the_even_split_plus_one(num_layers: int, depth: int) -> None:
+    if depth > num_layers:
+        return
+    found = list(distribution.remainder_placements(num_layers, depth))
+    base, extra = divmod(num_layers, depth)
+    assert len(found) == len(set(found)) == math.comb(depth, extra)
+    for counts in found:
+        assert sum(counts) == num_layers and set(counts) <= {base, base + 1}
+
+
+@given(
+    st.lists(st.sampled_from([0.001, 0.002, 0.005]), min_size=2, max_size=7),
+    st.integers(min_value=1, max_value=4),
+    st.sampled_from([2**40, 2600, 3600]),
+)
+@settings(max_examples=40, deadline=None)
+def test_the_split_is_the_fastest_fitting_placement(
+    times: list[float], depth: int, memory_bytes: int
+) -> None:
+    if depth > len(times):
+        return
+    prof = strategies.timed_profile(times, memory_bytes=memory_bytes)
+    estimates = screening.Estimates(prof)
+    running = strategies.grid_plan(1, (), len(times), 1)
+    chosen = distribution.split_layers(estimates, depth, running, max_splits=32)
+    scored = []
+    for counts in distribution.remainder_placements(len(times), depth):
+        alone = distribution.pipeline_of(counts, [W(w) for w in range(depth)], depth)
+        estimate = estimates.pipeline(alone, 1, 1)
+        if estimate.peak_bytes <= memory_bytes:
+            scored.append((estimate.step_s, counts))
+    assert chosen == (min(scored)[1] if scored else None)
+
+
+def test_a_heavy_head_gets_the_shorter_stage() -> None:
+    estimates = screening.Estimates(strategies.timed_profile([0.001] * 6 + [0.004]))
+    split = distribution.split_layers(
+        estimates, 2, strategies.grid_plan(1, (), 7, 1), max_splits=32
+    )
+    assert split == (4, 3)
+
+
+def test_more_placements_than_max_splits_are_preranked_by_bottleneck_compute() -> None:
+    estimates = screening.Estimates(strategies.timed_profile([0.004] + [0.001] * 6))
+    # with the heavy first layer, (3, 4)'s slowest stage computes 6 ms-units, (4, 3)'s 7
+    assert distribution.split_layers(
+        estimates, 2, strategies.grid_plan(1, (), 7, 1), max_splits=1
+    ) == (3, 4)
+
+
+def test_batch_distribution_sums_and_favours_faster_pipelines() -> None:
+    estimates = screening.Estimates(strategies.uniform_profile(6))
+    running = strategies.grid_plan(1, (), 6, 13)
+    same = distribution.distribute_batch(estimates, [(3, 3), (3, 3)], running)
+    assert sum(same) == 13 and abs(same[0] - same[1]) <= 1
+    mixed = distribution.distribute_batch(estimates, [(2, 2, 2), (3, 3)], running)
+    assert sum(mixed) == 13 and mixed[0] >= mixed[1] >= 1
+
+
+def test_the_fitted_cost_passes_through_the_estimates_at_s_and_2s() -> None:
+    estimates = screening.Estimates(strategies.uniform_profile(6))
+    running = strategies.grid_plan(1, (), 6, 1)
+    cost = distribution.pipeline_cost(estimates, (2, 2, 2), running)
+    for m in (3, 6):
+        alone = distribution.pipeline_of((2, 2, 2), [W(0), W(1), W(2)], m)
+        assert math.isclose(cost.time_s(m), estimates.pipeline(alone, 1, 1).step_s)
