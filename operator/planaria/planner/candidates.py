@@ -107,8 +107,9 @@ def configurations(
     num_workers: int, old_dp: int, num_layers: int, num_micro_batches: int, dp_radius: int
 ) -> tuple[tuple[int, ...], ...]:
     """Pipeline depths of each DP/PP configuration to try, deepest pipeline first: for DP
-    within the radius (and at most one pipeline per worker and per micro-batch), the symmetric
-    DP x floor(N/DP) and the balanced asymmetric layout using all N workers."""
+    within the radius (at most one pipeline per worker and per micro-batch; when that leaves
+    none in the radius, as many pipelines as there can be), the symmetric DP x floor(N/DP)
+    and the balanced asymmetric layout using all N workers."""
     found: list[tuple[int, ...]] = []
     high = min(old_dp + dp_radius, num_workers, num_micro_batches)
     low = min(max(1, old_dp - dp_radius), high)  # too few survivors: the most pipelines left
