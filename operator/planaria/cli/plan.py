@@ -3,11 +3,15 @@ optionally the plan after some nodes fail.
 
     planaria plan --profile FILE --nodes N --gpus-per-node M --fault-tolerance F
                   --global-batch B --micro-batch b [--gpu-memory-gib G] [--failed 3,7] [--json]
+                  [--explain --mtbf SECONDS]
 
 Text output is for people; `--json` prints one JSON document whose fields are documented in
 docs/planner.md (format `planaria.plan-output`, version 1). The planning itself is
 `planaria.planner` (templates, instantiation, batching, reinstantiation); this module parses
-options, loads the profile file and renders results. Every user error is a ValueError
+options, loads the profile file and renders results. With --failed, `--explain` adds the recovery
+policy's decision (Odyssey eq. 8, `planaria.planner.policy`, docs/policy.md): rerouting, the
+DP/PP candidates and the reinstantiations above, ranked for a time to the next failure of
+--mtbf seconds. Every user error is a ValueError
 (PlanCommandError here, or the planner's and the profile file's), which `planaria.cli.main`
 prints as one line with exit status 2.
 """
@@ -20,6 +24,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from planaria.cli import plan_explain
 from planaria.planner import instantiation, plan, reinstantiation, templates
 from planaria.spec import profile_file
 
@@ -57,6 +62,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--failed", metavar="IDS", help="comma-separated node ids that fail, e.g. 3,7"
     )
     parser.add_argument("--json", action="store_true", help="print one JSON document")
+    plan_explain.add_options(parser)
     parser.set_defaults(handler=run)
 
 
@@ -69,6 +75,7 @@ def run(args: argparse.Namespace) -> int:
     micro_batch = _whole(args.micro_batch, "--micro-batch", minimum=1)
     memory = _memory(args.gpu_memory_gib)
     failed = _failed(args.failed, num_nodes)
+    mtbf_s = plan_explain.mtbf(args.explain, args.mtbf, failed)
     source = profile_file.load_profile(profile_path)
     if micro_batch != source.micro_batch_size:
         raise PlanCommandError(
@@ -81,12 +88,18 @@ def run(args: argparse.Namespace) -> int:
     )
     choice = instantiation.choose_plan(template_set, list(range(num_nodes)), global_batch)
     after = reinstantiation.reinstantiate(choice.plan, template_set, failed) if failed else None
+    decided = None
+    if after is not None and mtbf_s is not None:
+        decided = plan_explain.decide(source, memory, choice.plan, after, failed, mtbf_s)
     if args.json:
-        print(
-            json.dumps(to_json(template_set, choice, after, failed), indent=2, ensure_ascii=False)
-        )
+        document = to_json(template_set, choice, after, failed)
+        if decided is not None:
+            document["recoveryPolicy"] = plan_explain.to_json(*decided)
+        print(json.dumps(document, indent=2, ensure_ascii=False))
     else:
         print(render(template_set, choice, after, failed))
+        if decided is not None:
+            print(plan_explain.render(decided[1]))
     return 0
 
 

@@ -1,0 +1,136 @@
+"""`planaria plan --failed ... --explain --mtbf S` (planaria.cli.plan_explain, via cli.plan).
+
+Covers: the text report ends with the recovery policy's reason (the choice, eq. 8's numbers, the
+ranking with rerouting and the reinstantiations as given candidates, the window); a short MTBF
+keeps rerouting and a long one re-plans (a profile where that differs); --json gains a
+`recoveryPolicy` member with the documented fields, consistent with the planner; without
+--explain the output has no policy part; bad --explain/--mtbf combinations are one line on
+stderr with exit status 2 and no traceback.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from planaria.cli import main
+from planaria.planner import accelerators, shapes, synthetic
+from planaria.spec import profile_file
+
+
+@pytest.fixture(scope="module")
+def profile_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A synthetic profile of the `small` model (10 planner layers) for 2-GPU nodes, b = 2."""
+    path = tmp_path_factory.mktemp("profiles") / "small.json"
+    source = synthetic.synthesize(shapes.named("small"), accelerators.named("a100-80gb"), 2, 2)
+    profile_file.dump_profile(source, path)
+    return path
+
+
+def _args(path: Path, *extra: str) -> list[str]:
+    base = ["plan", "--profile", str(path), "--nodes", "5", "--gpus-per-node", "2"]
+    return [*base, "--fault-tolerance", "1", "--global-batch", "64", "--micro-batch", "2", *extra]
+
+
+def test_explain_appends_the_policy_reason(
+    profile_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main.main(_args(profile_path, "--failed", "1", "--explain", "--mtbf", "3600")) == 0
+    out = capsys.readouterr().out
+    report, _, explained = out.partition("recovery policy (Odyssey eq. 8), next failure in 3600 s:")
+    assert "after nodes 1 fail (Oobleck §5.1):" in report
+    lines = explained.strip().splitlines()
+    assert lines[0].startswith("chose ")
+    assert "eq. 8: 64 samples /" in explained
+    assert "reroute pipeline" in explained and "given 0:" in explained
+    assert "#1 stays the best for a time to the next failure from" in explained
+
+
+def test_the_choice_depends_on_the_time_to_the_next_failure(
+    profile_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    chosen = []
+    for mtbf in ("0.001", "1e9"):
+        argv = _args(profile_path, "--failed", "2", "--explain", "--mtbf", mtbf, "--json")
+        assert main.main(argv) == 0
+        chosen.append(json.loads(capsys.readouterr().out)["recoveryPolicy"]["choice"]["kind"])
+    assert chosen[0] == "reroute"
+    assert chosen[1] != "reroute"
+
+
+def test_json_gains_a_documented_recovery_policy_member(
+    profile_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = _args(profile_path, "--failed", "0,4", "--explain", "--mtbf", "600", "--json")
+    assert main.main(argv) == 0
+    document = json.loads(capsys.readouterr().out)
+    member = document["recoveryPolicy"]
+    assert set(member) == {
+        "timeToFailureS",
+        "choice",
+        "ranked",
+        "breakEvenS",
+        "window",
+        "rejected",
+        "plan",
+    }
+    assert member["timeToFailureS"] == 600.0
+    top = member["ranked"][0]
+    assert set(top) == {
+        "kind",
+        "label",
+        "stepS",
+        "transitionS",
+        "movedBytes",
+        "peakBytes",
+        "samplesPerS",
+        "wholePlanEstimate",
+    }
+    assert (top["kind"], top["label"]) == (member["choice"]["kind"], member["choice"]["label"])
+    assert top["wholePlanEstimate"] is True
+    assert top["samplesPerS"] == pytest.approx(64 / top["stepS"] * (600 - top["transitionS"]) / 600)
+    assert set(member["window"]) == {"fromS", "untilS"}
+    assert set(member["plan"]) == {"pipelines", "reroutes", "transfers", "restores"}
+    micro_batches = sum(p["microBatches"] for p in member["plan"]["pipelines"])
+    assert micro_batches * 2 == 64
+    dead = {0, 1, 8, 9}  # nodes 0 and 4 with 2 GPUs each
+    used = {w for p in member["plan"]["pipelines"] for s in p["stages"] for w in s["workers"]}
+    assert not used & dead
+
+
+def test_without_explain_there_is_no_policy_part(
+    profile_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main.main(_args(profile_path, "--failed", "1")) == 0
+    assert "recovery policy" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("extra", "complaint"),
+    [
+        (("--explain", "--mtbf", "60"), "give --failed too"),
+        (("--failed", "1", "--explain"), "--explain needs --mtbf SECONDS"),
+        (("--failed", "1", "--mtbf", "60"), "--mtbf is used only with --explain"),
+        (("--failed", "1", "--explain", "--mtbf", "soon"), "--mtbf must be a number"),
+        (("--failed", "1", "--explain", "--mtbf", "-3"), "--mtbf must be > 0 seconds"),
+        (("--failed", "1", "--explain", "--mtbf", "inf"), "--mtbf must be > 0 seconds"),
+    ],
+    ids=[
+        "explain without failed nodes",
+        "explain without an mtbf",
+        "an mtbf without explain",
+        "an mtbf that is not a number",
+        "a negative mtbf",
+        "an infinite mtbf",
+    ],
+)
+def test_bad_explain_options_are_one_line_errors(
+    profile_path: Path, capsys: pytest.CaptureFixture[str], extra: tuple[str, ...], complaint: str
+) -> None:
+    assert main.main(_args(profile_path, *extra)) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.startswith("planaria: error: ") and complaint in captured.err
+    assert len(captured.err.strip().splitlines()) == 1
