@@ -236,7 +236,14 @@ class MappingSearch:
             interval = heapq.heappop(heap)[1]
             batch.append(interval)
             work += self._pass_work(float(self.caps[interval[1] - 1]), n)
-        return [child for interval in batch for child in self._split(interval, n)]
+        children = [child for interval in batch for child in self._split(interval, n)]
+        return [child for child in children if self._floor(child, n) < best]
+
+    def _floor(self, interval: Interval, n: int) -> float:
+        """A bound without a pass: while planning, S >= n stages each cost at least b c and the
+        bottleneck (a + b) c, with c >= lo; so T >= (a + b n) lo."""
+        a, b = self._objective.a, self._objective.b
+        return (a + b * n) * float(self.caps[interval[0]]) if b > 0 else -_INF
 
     def _value(
         self,
