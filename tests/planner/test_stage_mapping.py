@@ -20,7 +20,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from planaria.planner import errors, profile, stage_mapping, stage_table
-from planaria.planner.stage_table import Link
 from tests import strategies
 
 
@@ -47,7 +46,11 @@ def brute_force(
         if s > table.num_layers:
             continue
         links = [
-            Link.NONE if i == s - 1 else Link.INTRA if owners[i] == owners[i + 1] else Link.INTER
+            stage_table.Link.NONE
+            if i == s - 1
+            else stage_table.Link.INTRA
+            if owners[i] == owners[i + 1]
+            else stage_table.Link.INTER
             for i in range(s)
         ]
         n_b = num_micro_batches or 4 * s
@@ -114,10 +117,10 @@ def test_pipeline_time_is_linear_in_micro_batches(times: list[float], n_b: int) 
 def test_stage_times_add_layers_in_order_and_two_transfers_over_the_link() -> None:
     layers = [_layer(1.0, 2.0, output_bytes=100), _layer(0.5, 0.25, output_bytes=50)]
     table = stage_table.build_table(_profile(layers), gpus_per_node=1)
-    assert table.stage_time_s(0, 2, 1, Link.NONE) == 3.75
+    assert table.stage_time_s(0, 2, 1, stage_table.Link.NONE) == 3.75
     # Intra-node: 2 * (0.5 s + 100 B / 100 B/s); inter-node: 2 * (1 s + 100 B / 10 B/s).
-    assert table.stage_time_s(0, 1, 1, Link.INTRA) == 3.0 + 3.0
-    assert table.stage_time_s(0, 1, 1, Link.INTER) == 3.0 + 22.0
+    assert table.stage_time_s(0, 1, 1, stage_table.Link.INTRA) == 3.0 + 3.0
+    assert table.stage_time_s(0, 1, 1, stage_table.Link.INTER) == 3.0 + 22.0
 
 
 @settings(max_examples=40, deadline=None)

@@ -31,7 +31,6 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided, sliding_window_view
 
 from planaria.planner import stage_table
-from planaria.planner.stage_table import FloatArray, Link
 
 _INF = math.inf
 
@@ -57,10 +56,10 @@ class Costs:
     memory penalty (d - 1, bucket, k, w), folded into the costs when there is one bucket. The
     stage length d leads so that minimising over it reduces over the outermost axis."""
 
-    after: FloatArray
-    bottleneck: FloatArray
-    before: FloatArray
-    penalty: FloatArray | None
+    after: stage_table.FloatArray
+    bottleneck: stage_table.FloatArray
+    before: stage_table.FloatArray
+    penalty: stage_table.FloatArray | None
     band: int
     depth: int
 
@@ -70,10 +69,10 @@ class Pass:
     """One DP pass: state values (g, batch, bucket, u) per phase, and `final[b, n]`, the value
     of a whole pipeline on n nodes for batch entry b."""
 
-    after: FloatArray
-    before: FloatArray
+    after: stage_table.FloatArray
+    before: stage_table.FloatArray
     costs: Costs
-    final: FloatArray
+    final: stage_table.FloatArray
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,13 +84,13 @@ class TracedStage:
     stop: int
     gpu: int
     num_gpus: int
-    link: Link
+    link: stage_table.Link
 
 
 def costs(
     table: stage_table.StageTable,
-    depth_limit: FloatArray,
-    bounds: tuple[FloatArray, FloatArray, FloatArray],
+    depth_limit: stage_table.FloatArray,
+    bounds: tuple[stage_table.FloatArray, stage_table.FloatArray, stage_table.FloatArray],
     objective: Objective,
     *,
     depth: int,
@@ -117,17 +116,21 @@ def costs(
     return Costs(after, neck, before, penalty, band, depth)
 
 
-def _term(coefficient: float, floor: FloatArray, hi: FloatArray) -> FloatArray | float:
+def _term(
+    coefficient: float, floor: stage_table.FloatArray, hi: stage_table.FloatArray
+) -> stage_table.FloatArray | float:
     """coefficient * c bounded from below: c >= floor for coefficients >= 0, c <= hi else."""
     if coefficient == 0:
         return 0.0
-    result: FloatArray = coefficient * (floor if coefficient > 0 else hi)
+    result: stage_table.FloatArray = coefficient * (floor if coefficient > 0 else hi)
     return result
 
 
-def link_after(g: int, m: int) -> Link:
+def link_after(g: int, m: int) -> stage_table.Link:
     """The link after a stage whose GPUs start g GPUs from the end of the pipeline."""
-    return Link.NONE if g == 0 else Link.INTER if g % m == 0 else Link.INTRA
+    if g == 0:
+        return stage_table.Link.NONE
+    return stage_table.Link.INTER if g % m == 0 else stage_table.Link.INTRA
 
 
 def forward(costs: Costs, num_layers: int, m: int, max_nodes: int) -> Pass:
@@ -164,28 +167,32 @@ def forward(costs: Costs, num_layers: int, m: int, max_nodes: int) -> Pass:
     return Pass(after, before, costs, final)
 
 
-def _windows(values: FloatArray, band: int) -> FloatArray:
+def _windows(values: stage_table.FloatArray, band: int) -> stage_table.FloatArray:
     """A read-only view w[d - 1, g, b, bucket, u] = values[g, b, bucket, u + d] for
     u < num_layers + 1 (the state arrays carry `band` columns of inf padding for u + d)."""
     s0, s1, s2, s3 = values.strides
     g, b, bucket, width = values.shape
     shape = (band, g, b, bucket, width - band)
-    view: FloatArray = as_strided(
+    view: stage_table.FloatArray = as_strided(
         values[:, :, :, 1:], shape=shape, strides=(s3, s0, s1, s2, s3), writeable=False
     )
     return view
 
 
-def _relax(windows: FloatArray, cost: FloatArray, penalty: FloatArray | None) -> FloatArray:
+def _relax(
+    windows: stage_table.FloatArray,
+    cost: stage_table.FloatArray,
+    penalty: stage_table.FloatArray | None,
+) -> stage_table.FloatArray:
     """min over d of V[w + d] + cost[k, w, d] (+ memory penalty), as (k, batch, bucket, w)."""
     values = windows[:, :, :, None] + cost[:, :, None]
     if penalty is not None:
         values = values + penalty
-    result: FloatArray = values.min(axis=0).transpose(2, 0, 1, 3)
+    result: stage_table.FloatArray = values.min(axis=0).transpose(2, 0, 1, 3)
     return result
 
 
-def _merge(target: FloatArray, new: FloatArray) -> None:
+def _merge(target: stage_table.FloatArray, new: stage_table.FloatArray) -> None:
     """Fold new values (k, batch, bucket b = stage depth b + 1, w) into the target states'
     next buckets, the last bucket absorbing deeper ones."""
     if new.shape[2] == 1:
@@ -240,7 +247,9 @@ def _predecessor(
     raise AssertionError(f"no predecessor for DP state {state}")
 
 
-def fewest_stages(depth_limit: FloatArray, max_gpus: int, m: int, max_nodes: int) -> list[float]:
+def fewest_stages(
+    depth_limit: stage_table.FloatArray, max_gpus: int, m: int, max_nodes: int
+) -> list[float]:
     """Feasibility: the fewest stages of a whole pipeline on n nodes that fits in memory, for
     n = 0..max_nodes (inf: none fits). Keeping the fewest stages per suffix state is exact for
     feasibility: fewer stages behind a stage means a smaller depth, so more room, for it."""

@@ -44,7 +44,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from planaria.planner import errors, stage_dp, stage_table
-from planaria.planner.stage_table import FloatArray, Link
 
 _INF = math.inf
 # Search tuning (speed only, never the result): intervals expanded per round once there is an
@@ -105,7 +104,7 @@ class _Entry:
     """Cached values of one cap interval for every template size. A single cap's value is
     exact below `exact_below`; above, it is only a lower bound (see the module docstring)."""
 
-    values: FloatArray
+    values: stage_table.FloatArray
     exact_below: float
 
 
@@ -143,10 +142,12 @@ class MappingSearch:
         self.max_nodes = max_nodes
         self.num_micro_batches = num_micro_batches
         self._objective = stage_dp.Objective.of(num_micro_batches)
-        self._depth_limit = _effective_depth(table.max_depth, num_micro_batches)
-        self._relevant = _relevant_times(table, self._depth_limit, gpus_per_node, max_nodes)
+        self._depth_limit = stage_table.effective_depth(table.max_depth, num_micro_batches)
+        self._relevant = stage_table.usable_times(
+            table, self._depth_limit, gpus_per_node, max_nodes
+        )
         self.caps = np.unique(self._relevant[np.isfinite(self._relevant)])
-        self._sensitive = _depth_sensitivity(
+        self._sensitive = stage_table.depth_sensitivity(
             self._relevant, self._depth_limit, self._max_stages(max_nodes)
         )
         self._cache: dict[Interval, _Entry] = {}
@@ -341,7 +342,7 @@ class MappingSearch:
         """Intervals per pass so that its state and cost arrays stay within _BATCH_ELEMENTS."""
         layers = self.table.num_layers
         states = 2 * (n * self.gpus_per_node + 1) * depth * (layers + 1 + band)
-        costs = 3 * len(Link) * self.table.max_gpus * (layers + 1) * band
+        costs = 3 * len(stage_table.Link) * self.table.max_gpus * (layers + 1) * band
         return max(1, _BATCH_ELEMENTS // (states + costs))
 
     # -- memory depth --------------------------------------------------------------------------
@@ -385,45 +386,7 @@ class MappingSearch:
         )
 
 
-def _effective_depth(max_depth: FloatArray, num_micro_batches: int | None) -> FloatArray:
-    """With a given N_b, in-flight micro-batches never exceed it: limits >= N_b are unlimited."""
-    if num_micro_batches is None:
-        return max_depth
-    return np.where(max_depth >= num_micro_batches, stage_table.UNLIMITED_DEPTH, max_depth)
-
-
-def _relevant_times(
-    table: stage_table.StageTable, depth_limit: FloatArray, m: int, max_nodes: int
-) -> FloatArray:
-    """Stage times that a pipeline can use (inf elsewhere): the last stage ends at the last
-    layer and sends nothing; others send over the intra-node link (only if a node has room for a
-    second stage) or the inter-node link (only with two nodes or more); memory fits at depth 1."""
-    num_layers = table.num_layers
-    offsets = np.arange(num_layers)[None, :] + np.arange(num_layers + 1)[:, None] + 1
-    times = np.full_like(table.times, _INF)
-    inner = offsets < num_layers
-    times[Link.NONE] = np.where(offsets == num_layers, table.times[Link.NONE], _INF)
-    if m > 1:
-        times[Link.INTRA, : m - 1] = np.where(inner, table.times[Link.INTRA, : m - 1], _INF)
-    if max_nodes > 1:
-        times[Link.INTER] = np.where(inner, table.times[Link.INTER], _INF)
-    relevant: FloatArray = np.where(depth_limit[None] >= 1, times, _INF)
-    return relevant
-
-
-def _depth_sensitivity(
-    relevant: FloatArray, depth_limit: FloatArray, max_stages: int
-) -> tuple[FloatArray, FloatArray]:
-    """Stages whose memory limit falls among the possible depths: their fastest times, sorted,
-    and their limits in the same order."""
-    fastest = relevant.min(axis=0)
-    sensitive = np.isfinite(fastest) & (depth_limit >= 1) & (depth_limit < max_stages)
-    times, limits = fastest[sensitive], depth_limit[sensitive]
-    order = np.argsort(times, kind="stable")
-    return times[order], limits[order]
-
-
-def _band(relevant: FloatArray, hi: float) -> int:
+def _band(relevant: stage_table.FloatArray, hi: float) -> int:
     """The most layers a stage can hold under cap `hi`."""
     hits = np.flatnonzero((relevant <= hi).any(axis=(0, 1, 2)))
     return int(hits[-1]) + 1 if hits.size else 1

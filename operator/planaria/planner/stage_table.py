@@ -206,3 +206,42 @@ def slowest_stage(stage_times: Sequence[float]) -> int:
     if not stage_times:
         raise errors.PlanInputError("a pipeline needs at least one stage time")
     return max(range(len(stage_times)), key=lambda k: (stage_times[k], -k))
+
+
+# -- tables derived for the mapping search (planaria.planner.stage_mapping) ------------------
+
+
+def effective_depth(max_depth: FloatArray, num_micro_batches: int | None) -> FloatArray:
+    """With a given N_b, in-flight micro-batches never exceed it: limits >= N_b are unlimited."""
+    if num_micro_batches is None:
+        return max_depth
+    return np.where(max_depth >= num_micro_batches, UNLIMITED_DEPTH, max_depth)
+
+
+def usable_times(table: StageTable, depth_limit: FloatArray, m: int, max_nodes: int) -> FloatArray:
+    """Stage times that a pipeline can use (inf elsewhere): the last stage ends at the last
+    layer and sends nothing; others send over the intra-node link (only if a node has room for a
+    second stage) or the inter-node link (only with two nodes or more); memory fits at depth 1."""
+    num_layers, link = table.num_layers, Link
+    offsets = np.arange(num_layers)[None, :] + np.arange(num_layers + 1)[:, None] + 1
+    times = np.full_like(table.times, math.inf)
+    inner = offsets < num_layers
+    times[link.NONE] = np.where(offsets == num_layers, table.times[link.NONE], math.inf)
+    if m > 1:
+        times[link.INTRA, : m - 1] = np.where(inner, table.times[link.INTRA, : m - 1], math.inf)
+    if max_nodes > 1:
+        times[link.INTER] = np.where(inner, table.times[link.INTER], math.inf)
+    relevant: FloatArray = np.where(depth_limit[None] >= 1, times, math.inf)
+    return relevant
+
+
+def depth_sensitivity(
+    relevant: FloatArray, depth_limit: FloatArray, max_stages: int
+) -> tuple[FloatArray, FloatArray]:
+    """Stages whose memory limit falls among the possible depths: their fastest times, sorted,
+    and their limits in the same order."""
+    fastest = relevant.min(axis=0)
+    sensitive = np.isfinite(fastest) & (depth_limit >= 1) & (depth_limit < max_stages)
+    times, limits = fastest[sensitive], depth_limit[sensitive]
+    order = np.argsort(times, kind="stable")
+    return times[order], limits[order]
