@@ -162,21 +162,18 @@ def growth(cells: list[Cell]) -> list[str]:
     return lines
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=5, help="runs per cell (median)")
-    parser.add_argument("--out", default="bench/results/planner.json", help="JSON results")
-    args = parser.parse_args()
+def run_grid(repeats: int) -> list[Cell]:
+    """Every cell of Table 3, printed as it is measured."""
     plan_one_template(gpt3_like(8, 2), 2, 2)  # warm-up: imports, numpy's first calls
-    cells = []
     print(
         f"{'layers':>6} {'nodes':>5} {'GPUs':>4} {'median s':>9} {'best s':>9} {'paper s':>9} "
         f"{'speedup':>8}"
     )
+    cells = []
     for nodes in NODES:
         for gpus in GPUS:
             for num_layers in LAYERS:
-                cell = measure_cell(num_layers, nodes, gpus, args.repeats)
+                cell = measure_cell(num_layers, nodes, gpus, repeats)
                 cells.append(cell)
                 flag = "" if cell.speedup >= GOAL_SPEEDUP else f"  < {GOAL_SPEEDUP}x"
                 print(
@@ -185,14 +182,10 @@ def main() -> None:
                     f"{cell.speedup:>7.0f}x{flag}",
                     flush=True,
                 )
-    full = full_template_set()
-    print(
-        f"complete template set, 96 layers / 24 nodes / 8 GPUs / f = 0 (sizes "
-        f"{full['sizes'][0]}..{full['sizes'][-1]}): {full['seconds']:.2f} s "
-        f"(goal < {FULL_SET_GOAL_S:.0f} s)"
-    )
-    lines = growth(cells)
-    print("\n".join(lines))
+    return cells
+
+
+def summarize(cells: list[Cell]) -> dict[str, float]:
     speedups = [c.speedup for c in cells]
     summary = {
         "minSpeedup": min(speedups),
@@ -204,8 +197,23 @@ def main() -> None:
         f"{summary['geomeanSpeedup']:.0f}x, {summary['cellsBelowGoal']} of {len(cells)} cells "
         f"below {GOAL_SPEEDUP}x"
     )
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    return summary
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=5, help="runs per cell (median)")
+    parser.add_argument("--out", default="bench/results/planner.json", help="JSON results")
+    args = parser.parse_args()
+    cells = run_grid(args.repeats)
+    full = full_template_set()
+    print(
+        f"complete template set, 96 layers / 24 nodes / 8 GPUs / f = 0 (sizes "
+        f"{full['sizes'][0]}..{full['sizes'][-1]}): {full['seconds']:.2f} s "
+        f"(goal < {FULL_SET_GOAL_S:.0f} s)"
+    )
+    lines = growth(cells)
+    print("\n".join(lines))
     document = {
         "benchmark": "planner",
         "machine": {
@@ -217,8 +225,10 @@ def main() -> None:
         "cells": [{**asdict(c), "speedup": c.speedup} for c in cells],
         "fullTemplateSet": full,
         "growth": lines,
-        "summary": summary,
+        "summary": summarize(cells),
     }
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(document, indent=2) + "\n")
     print(f"wrote {out}")
 

@@ -6,7 +6,8 @@ has at least f + 1 pipelines, each covering every layer once, keeps the global b
 merge has a template (App. B); §5.1's simple, borrow and merge steps on hand-made cases, with
 untouched pipelines kept as they were; the re-optimised mix wins only on throughput or on bytes;
 moved bytes are exact (nothing for an unchanged plan, a shard's missing part otherwise); failed
-nodes outside the plan, lost layers and too few survivors are refused with reasons.
+nodes outside the plan, lost layers, too few survivors and a plan made from other templates are
+refused with reasons.
 """
 
 from __future__ import annotations
@@ -200,3 +201,11 @@ def test_too_few_survivors_for_f_plus_one_pipelines_are_refused() -> None:
     start = _plan(template_set, [[0, 1, 2], [3, 4, 5], [6, 7]], 48)
     with pytest.raises(errors.InfeasibleError, match="need 4"):
         reinstantiation.reinstantiate(start, template_set, [2, 3, 4, 5, 6])
+
+
+def test_a_plan_from_other_templates_is_refused() -> None:
+    template_set = tiny_templates(8, 2, 1, 2 * MIB)
+    other = tiny_templates(9, 1, 2, 4 * MIB)
+    start = _plan(other, [[0, 1, 2], [3, 4, 5], [6, 7, 8]], 48)
+    with pytest.raises(errors.PlanInputError, match="the templates the plan came from"):
+        reinstantiation.reinstantiate(start, template_set, [0])

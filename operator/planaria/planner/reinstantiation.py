@@ -147,10 +147,14 @@ def _check_failures(
     if unknown:
         known = sorted(layout.pipeline_of)
         raise errors.PlanInputError(f"failed node(s) {unknown} are not in the plan (nodes {known})")
-    if current.gpus_per_node != template_set.gpus_per_node:
+    if (current.gpus_per_node, current.micro_batch_size) != (
+        template_set.gpus_per_node,
+        template_set.micro_batch_size,
+    ):
         raise errors.PlanInputError(
-            f"the plan has {current.gpus_per_node} GPUs per node but the templates "
-            f"{template_set.gpus_per_node}; reinstantiate with the templates the plan came from"
+            f"the plan has {current.gpus_per_node} GPUs per node and micro-batches of "
+            f"{current.micro_batch_size} but the templates {template_set.gpus_per_node} and "
+            f"{template_set.micro_batch_size}; reinstantiate with the templates the plan came from"
         )
     orphans = _orphaned_layers(current, set(lost))
     if orphans:

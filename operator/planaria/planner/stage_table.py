@@ -31,8 +31,10 @@ activations evenly (tensor parallelism), so it fits when
 
     state_bytes(w, u) + min(r, N_b) * activation_bytes(w, u) <= k * memory_bytes.
 
-`max_depth` holds the largest r that fits. What is deliberately not here: the data-parallel
-gradient all-reduce and the optimizer step (the estimator's business; eq. 1-4 leave them out).
+`max_depth` holds the largest r that fits. At the end: the tables the mapping search derives
+from these (usable stage times, memory limits under a given N_b, depth-sensitive stages). What is
+deliberately not here: the data-parallel gradient all-reduce and the optimizer step (the
+estimator's business; eq. 1-4 leave them out).
 """
 
 from __future__ import annotations
