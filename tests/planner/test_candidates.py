@@ -1,12 +1,13 @@
 """Candidate search (planaria.planner.candidates): Odyssey Alg. 1 around the running plan.
 
 Covers: DP/PP configurations (hand list for Fig. 3; hypothesis: within the DP radius or, with
-too few survivors for it, as many pipelines as possible; no deeper than the model, never more workers than survive, the asymmetric one uses all of them
-with depths one apart); the search on Fig. 3 finds rerouting and
-DP=2 x PP=4 [2,2,2,3] moving 3 layers; the running split is offered too; rejections say why
-(memory, rerouting impossible); given layouts are candidates and must keep the global batch;
-hypothesis: every candidate is a valid plan over survivors with the same layers and batch whose
-schedule compiles; memoised estimates (`prepare`) never change results; input errors.
+too few survivors for it, as many pipelines as possible; no deeper than the model, never more
+workers than survive, the asymmetric one uses all of them with depths one apart); the search on
+Fig. 3 finds rerouting and DP=2 x PP=4 [2,2,2,3] moving 3 layers; the running split is offered
+too; rejections say why (memory, rerouting impossible); given layouts are candidates and must
+keep the global batch; hypothesis: every candidate is a valid plan over survivors with the same
+layers and batch whose schedule compiles; memoised estimates (`prepare`) never change results;
+a wholly failed pipeline's reroute label; input errors.
 """
 
 from __future__ import annotations
@@ -172,3 +173,13 @@ def test_inputs_that_do_not_fit_are_refused() -> None:
         screening.Estimates(strategies.uniform_profile(3), memory_bytes=0)
     with pytest.raises(errors.PlanInputError, match="dp_radius"):
         candidates.SearchSettings(dp_radius=-1)
+
+
+def test_a_wholly_failed_pipeline_reads_as_one_reroute() -> None:
+    failure = candidates.Failure(
+        running=strategies.grid_plan(3, (1,), 2, 2), failed=frozenset({W(0), W(1)})
+    )
+    found = candidates.search(
+        failure, screening.Estimates(strategies.uniform_profile(2)), candidates.SearchSettings()
+    )
+    assert found.candidates[0].label == "reroute pipeline 0 (all stages) -> pipelines 1, 2"

@@ -191,13 +191,23 @@ def _rerouted(
 
 
 def _reroute_label(new: plan.Plan) -> str:
-    peers: dict[tuple[int, int], list[int]] = {}
+    """ "pipeline 1 stage 1 -> pipelines 0, 2", one part per hole; a pipeline whose every stage
+    is a hole with the same peers reads "pipeline 1 (all stages) -> pipelines 0, 2"."""
+    peers: dict[int, dict[int, list[int]]] = {}
     for r in new.reroutes:
-        peers.setdefault((r.pipeline, r.stage), []).append(r.peer_pipeline)
-    return "; ".join(
-        f"pipeline {p} stage {s} -> pipeline{'s' if len(qs) > 1 else ''} {', '.join(map(str, qs))}"
-        for (p, s), qs in sorted(peers.items())
-    )
+        peers.setdefault(r.pipeline, {}).setdefault(r.stage, []).append(r.peer_pipeline)
+    parts = []
+    for p, stages in sorted(peers.items()):
+        targets = {tuple(qs) for qs in stages.values()}
+        if len(stages) == len(new.pipelines[p].stages) > 1 and len(targets) == 1:
+            parts.append(f"pipeline {p} (all stages) -> {_pipelines(next(iter(targets)))}")
+        else:
+            parts.extend(f"pipeline {p} stage {s} -> {_pipelines(qs)}" for s, qs in stages.items())
+    return "; ".join(parts)
+
+
+def _pipelines(indices: Sequence[int]) -> str:
+    return f"pipeline{'s' if len(indices) > 1 else ''} {', '.join(map(str, indices))}"
 
 
 def _configured(
