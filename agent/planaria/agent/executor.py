@@ -1,0 +1,526 @@
+"""The schedule executor: one worker's instruction stream, run with real torch.distributed.
+
+Given a compiled schedule (`planaria.planner.schedule`), this worker's id, the job (training
+configuration and data), the epoch's process groups and the layers the worker holds,
+`Executor.run_step(step)` interprets the worker's instructions literally, in order (the
+instruction set is `planaria.planner.instructions`):
+
+    Forward(g, [a, b))      held layers a..b-1 on micro-batch g; a == 0 loads g's tokens
+                            (samples [g*B, (g+1)*B) of the step's global batch); b == L adds
+                            `model.micro_batch_loss` to the worker's share of the step's loss
+    Backward(g, [a, b))     from the loss (b == L) or from the received gradient; parameter
+                            gradients accumulate, summed over micro-batches as in the reference
+    Send*(to, g, tag)       isend of g's output activation / input gradient; awaited before
+                            the optimizer step (or at the end of the step)
+    Recv*(from, g, tag)     irecv into a fresh [B, T, d_model] buffer, awaited at once
+    AllReduce(layers, grp)  the layers' gradients as one flat bucket (zeros where this worker
+                            computed none), SUM over the group's subgroup (Oobleck §6.1)
+    OptimizerStep(layers)   each layer's own AdamW steps, then its gradients are cleared
+    Snapshot(layers)        a marker, reported in the StepResult for the snapshot writer
+
+No division happens at the optimizer step: `model.micro_batch_loss` already divides by
+B_global * T, so gradients summed over whoever computed them are the gradient of the global
+batch's mean loss, exactly as in the reference trainer (`planaria.agent.reference`). A rerouted
+micro-batch (ReCycle, Odyssey §II-C, eq. 12-13) needs nothing special: it appears in the peer's
+stream as a Forward/Backward of the same layer range with sends and receives to the other
+pipeline's neighbours, and its gradients land in the peer's accumulated gradients, hence in the
+same per-layer sum.
+
+Messages are hidden states [B, T, d_model] in the layers' dtype: stage boundaries lie between
+planner layers and nothing follows the head. Tags are the schedule's (matching by tag, as gloo
+does, and by order, as NCCL does, agree). On device cuda the tensors live on the device and the
+epoch must use NCCL; gloo is the CPU backend.
+
+Failures: every blocking wait (receive, collective, send completion) waits at most the epoch's
+timeout. A torch.distributed failure aborts the step with a `StepError` naming the step, the
+instruction and the peer when one is known, and the error is latched: every later `run_step`
+raises it again; the worker waits for its next epoch (a new Executor). An aborted step never
+reaches the optimizer step, so the layers keep the last committed step's parameters and AdamW
+state; the next executor clears the aborted step's gradients.
+
+Not here: forming groups (`groups`), processes (`harness`), snapshots and layer transfers.
+
+Errors:
+
+    ExecutorError
+    ├── ExecutorInputError (ValueError)  schedule, configuration, layers and epoch do not fit
+    └── StepError                        a step aborted on a communication failure (latched)
+        ├── PeerLostError                a connection closed: the peer died or left the epoch
+        └── StepTimeoutError             a wait outlived the epoch's timeout (a hung peer)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from planaria.agent import data, groups, model, reference
+from planaria.planner import errors, instructions, plan, schedule
+from planaria.wire import messages
+
+Op = instructions.Op
+# Called before each instruction with (step, index in the stream, instruction); failure
+# injection and tracing hook in here.
+Hook = Callable[[int, int, instructions.Instruction], None]
+DETAIL_CHARS = 300  # how much of torch's error text an error message keeps
+
+
+class ExecutorError(Exception):
+    """Base of the errors this module raises on purpose."""
+
+
+class ExecutorInputError(ExecutorError, ValueError):
+    """The executor's inputs do not fit together; the message says what to change."""
+
+
+class StepError(ExecutorError):
+    """Step `step` aborted at instruction `index` (`instruction`); `peer` is the worker at the
+    other end when the instruction names one. `kind` classifies it for the controller."""
+
+    kind = messages.ErrorKind.INTERNAL
+
+    def __init__(
+        self,
+        *,
+        step: int,
+        index: int,
+        instruction: instructions.Instruction,
+        peer: plan.WorkerId | None,
+        detail: str,
+    ) -> None:
+        self.step, self.index, self.instruction, self.peer = step, index, instruction, peer
+        with_peer = "" if peer is None else f" (peer worker {peer})"
+        super().__init__(
+            f"step {step} aborted at instruction #{index} {instruction}{with_peer}: {detail}"
+        )
+
+    def latched(self) -> messages.LatchedError:
+        """This error as the agent reports it on its heartbeat stream."""
+        return messages.LatchedError(
+            kind=self.kind, message=str(self), step=self.step, peer_worker=self.peer
+        )
+
+
+class PeerLostError(StepError):
+    """A peer's connection closed during the step (it died, or left the epoch after its own
+    error)."""
+
+    kind = messages.ErrorKind.PEER_LOST
+
+
+class StepTimeoutError(StepError):
+    """A blocking wait outlived the epoch's timeout: a peer hangs or is far too slow."""
+
+    kind = messages.ErrorKind.TIMEOUT
+
+
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
+class Job:
+    """What fixes training semantics, identical on every worker: configuration and data."""
+
+    config: reference.TrainingConfig
+    dataset: data.TokenDataset
+    sampler: data.Sampler
+
+    @classmethod
+    def from_tokens(cls, config: reference.TrainingConfig, tokens: data.Tokens) -> Job:
+        """The dataset and sampler exactly as `reference.ReferenceTrainer` builds them."""
+        dataset = data.TokenDataset(tokens=tokens, seq_len=config.shape.seq_len)
+        sampler = data.Sampler(
+            num_samples=dataset.num_samples,
+            global_batch_size=config.global_batch_size,
+            seed=config.seed,
+        )
+        return cls(config=config, dataset=dataset, sampler=sampler)
+
+
+class HeldLayers:
+    """The planner layers a worker holds, each with its own AdamW (`model.make_optimizer`).
+
+    They outlive executors: a worker that keeps its layers from one epoch to the next keeps
+    this object and hands it to the next epoch's executor.
+    """
+
+    def __init__(
+        self,
+        modules: Mapping[int, nn.Module],
+        optimizers: Mapping[int, torch.optim.Optimizer],
+        device: torch.device,
+    ) -> None:
+        self.modules = dict(modules)
+        self.optimizers = dict(optimizers)
+        self.device = device
+
+    @classmethod
+    def build(
+        cls, config: reference.TrainingConfig, indices: Iterable[int], device: str = "cpu"
+    ) -> HeldLayers:
+        """Layers `indices` freshly initialised from the configuration's seed."""
+        shape, target = config.shape, torch.device(device)
+        modules = {i: model.build_layer(shape, config.seed, i, target) for i in indices}
+        optimizers = {i: model.make_optimizer(m, config.optimizer) for i, m in modules.items()}
+        return cls(modules, optimizers, target)
+
+    @property
+    def indices(self) -> tuple[int, ...]:
+        return tuple(sorted(self.modules))
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The floating-point dtype of the layers (of the hidden states between them)."""
+        first = self.modules[self.indices[0]]
+        return next(first.parameters()).dtype
+
+    def run(self, start: int, stop: int, x: torch.Tensor) -> torch.Tensor:
+        return model.run_layers([self.modules[i] for i in range(start, stop)], x)
+
+    def parameters(self, layers: Iterable[int]) -> list[nn.Parameter]:
+        return [p for i in layers for p in self.modules[i].parameters()]
+
+    def step(self, layers: Iterable[int]) -> None:
+        """One AdamW step of each layer; a parameter nobody computed a gradient for steps with
+        a zero gradient (as in the reference, where every layer gets one every step)."""
+        for i in layers:
+            for p in self.modules[i].parameters():
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+            self.optimizers[i].step()
+            self.optimizers[i].zero_grad(set_to_none=True)
+
+    def clear_grads(self) -> None:
+        for optimizer in self.optimizers.values():
+            optimizer.zero_grad(set_to_none=True)
+
+    def states(self) -> dict[int, model.LayerState]:
+        """A copy of every held layer's parameters and AdamW state."""
+        return {
+            i: model.extract_layer_state(i, self.modules[i], self.optimizers[i])
+            for i in self.indices
+        }
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StepResult:
+    """One committed step as this worker saw it.
+
+    `loss` is this worker's share of the step's loss: the sum of the losses of the micro-batches
+    whose last stage it ran (`num_losses` of them; 0.0 when none). The step's loss, the global
+    batch's mean token loss, is the sum of every worker's share. `seconds` is the wall time spent
+    per kind of instruction (receives and collectives include their waiting), `send_wait_s` the
+    time spent awaiting posted sends. `snapshot_layers` are the layers the Snapshot marker named.
+    """
+
+    step: int
+    loss: float
+    num_losses: int
+    step_s: float
+    seconds: Mapping[instructions.Op, float]
+    send_wait_s: float
+    snapshot_layers: tuple[int, ...]
+
+
+@dataclass(slots=True, kw_only=True)
+class _StepState:
+    """What one step keeps between instructions, by global micro-batch index."""
+
+    batch: tuple[int, ...]
+    inputs: dict[int, torch.Tensor] = field(default_factory=dict)  # received activation leaves
+    outputs: dict[int, torch.Tensor] = field(default_factory=dict)  # activations or losses
+    grads: dict[int, torch.Tensor] = field(default_factory=dict)  # gradients of the outputs
+    sends: list[tuple[plan.WorkerId, dist.Work, torch.Tensor]] = field(default_factory=list)
+    loss: float = 0.0
+    num_losses: int = 0
+    send_wait_s: float = 0.0
+    snapshot: tuple[int, ...] = ()
+
+
+class _CommFailure(Exception):
+    """A torch.distributed call failed; run_step turns it into a StepError with the position."""
+
+    def __init__(self, cause: RuntimeError, peer: plan.WorkerId | None, waited_s: float) -> None:
+        super().__init__(str(cause))
+        self.cause, self.peer, self.waited_s = cause, peer, waited_s
+
+
+class Executor:
+    """Runs `worker`'s stream of `sched` step after step within one epoch.
+
+    Raises ExecutorInputError when the schedule's model or batch differ from the job's, the
+    epoch's rank or size differ from `groups.worker_ranks`, the layers lack one the stream
+    computes, or device and backend do not match; planner errors for a stage of several
+    workers (`schedule.require_one_worker_per_stage`).
+    """
+
+    def __init__(
+        self,
+        *,
+        job: Job,
+        sched: schedule.Schedule,
+        worker: plan.WorkerId,
+        epoch: groups.Epoch,
+        layers: HeldLayers,
+    ) -> None:
+        schedule.require_one_worker_per_stage(sched)
+        self.job, self.epoch, self.layers = job, epoch, layers
+        self.stream = _stream_of(sched, worker)
+        self.ranks = groups.worker_ranks(sched)
+        self.num_layers = sched.num_layers
+        _check_fit(job, sched, self.stream, epoch, layers)
+        config = job.config
+        self.message_shape = (config.micro_batch_size, config.shape.seq_len, config.shape.d_model)
+        self.latched: StepError | None = None
+        layers.clear_grads()  # an aborted step of an earlier epoch may have left some
+
+    def run_step(self, step: int, before: Hook | None = None) -> StepResult:
+        """Run every instruction of the stream for step `step`; raises the latched StepError
+        when an earlier step aborted, or a new one when this step does."""
+        if self.latched is not None:
+            raise self.latched
+        state = _StepState(batch=self.job.sampler.global_batch(step))
+        seconds = dict.fromkeys(Op, 0.0)
+        started = time.perf_counter()
+        for index, op in enumerate(self.stream.instructions):
+            if before is not None:
+                before(step, index, op)
+            t0 = time.perf_counter()
+            with self._latching(step, index, op):
+                self._execute(state, op)
+            seconds[op.op] += time.perf_counter() - t0
+            if state.sends and index == len(self.stream.instructions) - 1:
+                with self._latching(step, index, op):  # a stream without an optimizer step
+                    self._await(state)
+        return StepResult(
+            step=step,
+            loss=state.loss,
+            num_losses=state.num_losses,
+            step_s=time.perf_counter() - started,
+            seconds=seconds,
+            send_wait_s=state.send_wait_s,
+            snapshot_layers=state.snapshot,
+        )
+
+    @contextlib.contextmanager
+    def _latching(self, step: int, index: int, op: instructions.Instruction) -> Iterator[None]:
+        """A communication failure inside becomes the latched StepError of this position."""
+        try:
+            yield
+        except _CommFailure as failure:
+            text = str(failure).strip()
+            timed_out = "timed out" in text.lower() or failure.waited_s >= self.epoch.timeout_s
+            kind = StepTimeoutError if timed_out else PeerLostError
+            detail = text.splitlines()[0][:DETAIL_CHARS] if text else type(failure.cause).__name__
+            self.latched = kind(
+                step=step, index=index, instruction=op, peer=failure.peer, detail=detail
+            )
+            raise self.latched from failure.cause
+
+    def _execute(self, state: _StepState, op: instructions.Instruction) -> None:
+        match op:
+            case instructions.Forward():
+                self._forward(state, op)
+            case instructions.Backward():
+                self._backward(state, op)
+            case instructions.SendActivation():
+                self._send(state, op.destination, op.tag, state.outputs[op.micro_batch].detach())
+            case instructions.SendGrad():
+                self._send(state, op.destination, op.tag, _input_grad(state, op.micro_batch))
+            case instructions.RecvActivation():
+                received = self._receive(op.source, op.tag)
+                state.inputs[op.micro_batch] = received.requires_grad_(True)
+            case instructions.RecvGrad():
+                state.grads[op.micro_batch] = self._receive(op.source, op.tag)
+            case instructions.AllReduce():
+                self._all_reduce(op)
+            case instructions.OptimizerStep():
+                self._await(state)
+                self.layers.step(op.layers)
+            case instructions.Snapshot():
+                state.snapshot = op.layers
+
+    # --- compute ----------------------------------------------------------------------------
+
+    def _forward(self, state: _StepState, op: instructions.Forward) -> None:
+        g = op.micro_batch
+        tokens, targets = self._micro_batch(state, g)
+        x = tokens if op.layer_start == 0 else _get(state.inputs, g, "activation", op)
+        out = self.layers.run(op.layer_start, op.layer_stop, x)
+        if op.layer_stop < self.num_layers:
+            state.outputs[g] = out
+            return
+        loss = model.micro_batch_loss(out, targets, self.job.config.global_batch_size)
+        state.outputs[g] = loss
+        state.loss += loss.item()
+        state.num_losses += 1
+
+    def _backward(self, state: _StepState, op: instructions.Backward) -> None:
+        g = op.micro_batch
+        out = _take(state.outputs, g, "forward output", op)
+        if op.layer_stop == self.num_layers:
+            torch.autograd.backward(out)
+        else:
+            torch.autograd.backward(out, _take(state.grads, g, "gradient", op))
+
+    def _micro_batch(self, state: _StepState, g: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Token ids and targets of global micro-batch g, on the layers' device."""
+        b = self.job.config.micro_batch_size
+        tokens, targets = self.job.dataset.batch(state.batch[g * b : (g + 1) * b])
+        device = self.layers.device
+        return tokens.to(device, non_blocking=True), targets.to(device, non_blocking=True)
+
+    # --- communication ----------------------------------------------------------------------
+
+    def _send(
+        self, state: _StepState, destination: plan.WorkerId, tag: int, tensor: torch.Tensor
+    ) -> None:
+        payload = tensor.contiguous()
+        work = self._call(
+            destination, lambda: dist.isend(payload, self.ranks[destination], tag=tag)
+        )
+        state.sends.append((destination, work, payload))  # the payload must live until sent
+
+    def _receive(self, source: plan.WorkerId, tag: int) -> torch.Tensor:
+        buffer = torch.empty(self.message_shape, dtype=self.layers.dtype, device=self.layers.device)
+        work = self._call(source, lambda: dist.irecv(buffer, self.ranks[source], tag=tag))
+        self._wait(work, source)
+        return buffer
+
+    def _all_reduce(self, op: instructions.AllReduce) -> None:
+        params = self.layers.parameters(op.layers)
+        flat = torch.cat([_grad_or_zeros(p).reshape(-1) for p in params])
+        group = self.epoch.group(groups.ranks_of(op.group, self.ranks))
+        reduce = dist.ReduceOp.SUM  # summed, never averaged: see the module docstring
+        work = self._call(None, lambda: dist.all_reduce(flat, reduce, group, async_op=True))
+        self._wait(work, None)
+        for p, chunk in zip(params, torch.split(flat, [p.numel() for p in params]), strict=True):
+            p.grad = chunk.view_as(p)
+
+    def _await(self, state: _StepState) -> None:
+        """Wait for every posted send of the step to complete."""
+        started = time.perf_counter()
+        while state.sends:
+            destination, work, _ = state.sends.pop(0)
+            self._wait(work, destination)
+        state.send_wait_s += time.perf_counter() - started
+
+    def _call(self, peer: plan.WorkerId | None, post: Callable[[], dist.Work | None]) -> dist.Work:
+        """Post a non-blocking torch.distributed operation."""
+        try:
+            work = post()
+        except RuntimeError as exc:
+            raise _CommFailure(exc, peer, 0.0) from exc
+        assert work is not None, "every rank of the epoch is a member of the world group"
+        return work
+
+    def _wait(self, work: dist.Work, peer: plan.WorkerId | None) -> None:
+        started = time.monotonic()
+        try:
+            work.wait(self.epoch.timeout)
+        except RuntimeError as exc:
+            raise _CommFailure(exc, peer, time.monotonic() - started) from exc
+
+
+def _get(
+    table: dict[int, torch.Tensor], g: int, what: str, op: instructions.Instruction
+) -> torch.Tensor:
+    """Micro-batch g's tensor; a missing one means the schedule breaks its contract."""
+    if g not in table:
+        raise errors.ScheduleError(
+            f"{op} needs the {what} of micro-batch {g}, which no earlier instruction produced"
+        )
+    return table[g]
+
+
+def _take(
+    table: dict[int, torch.Tensor], g: int, what: str, op: instructions.Instruction
+) -> torch.Tensor:
+    """Remove and return micro-batch g's tensor (see `_get`)."""
+    tensor = _get(table, g, what, op)
+    del table[g]
+    return tensor
+
+
+def _input_grad(state: _StepState, g: int) -> torch.Tensor:
+    """The gradient w.r.t. micro-batch g's received activation (its backward has run)."""
+    received = state.inputs.pop(g)
+    assert received.grad is not None, "SendGrad follows the Backward that computes it"
+    return received.grad
+
+
+def _grad_or_zeros(p: nn.Parameter) -> torch.Tensor:
+    return p.grad if p.grad is not None else torch.zeros_like(p)
+
+
+def _stream_of(sched: schedule.Schedule, worker: plan.WorkerId) -> schedule.WorkerStream:
+    try:
+        return sched.stream(worker)
+    except KeyError:
+        workers = [s.worker for s in sched.streams]
+        raise ExecutorInputError(
+            f"worker {worker} has no stream in this schedule (its workers are {workers}); "
+            "start an executor only on a worker of the plan"
+        ) from None
+
+
+def _check_fit(
+    job: Job,
+    sched: schedule.Schedule,
+    stream: schedule.WorkerStream,
+    epoch: groups.Epoch,
+    layers: HeldLayers,
+) -> None:
+    config = job.config
+    if sched.num_layers != config.shape.num_planner_layers:
+        raise ExecutorInputError(
+            f"the schedule has {sched.num_layers} layers but model {config.shape.name!r} has "
+            f"{config.shape.num_planner_layers} planner layers; plan for this model"
+        )
+    samples = sched.num_micro_batches * config.micro_batch_size
+    if samples != config.global_batch_size:
+        raise ExecutorInputError(
+            f"the schedule runs {sched.num_micro_batches} micro-batches of "
+            f"{config.micro_batch_size} = {samples} samples but the global batch is "
+            f"{config.global_batch_size}; plan for the configured batch sizes"
+        )
+    _check_epoch(sched, stream, epoch)
+    _check_layers(stream, layers)
+    _check_device(layers.device, epoch.backend)
+
+
+def _check_epoch(
+    sched: schedule.Schedule, stream: schedule.WorkerStream, epoch: groups.Epoch
+) -> None:
+    rank = groups.worker_ranks(sched)[stream.worker]
+    if (epoch.rank, epoch.world_size) != (rank, len(sched.streams)):
+        raise ExecutorInputError(
+            f"worker {stream.worker} is rank {rank} of {len(sched.streams)} in this schedule "
+            f"but joined epoch {epoch.number} as rank {epoch.rank} of {epoch.world_size}; "
+            "form the epoch with groups.worker_ranks"
+        )
+
+
+def _check_layers(stream: schedule.WorkerStream, layers: HeldLayers) -> None:
+    needed = set(stream.layers)
+    for op in stream.instructions:
+        if isinstance(op, instructions.Forward | instructions.Backward):
+            needed.update(range(op.layer_start, op.layer_stop))
+    missing = sorted(needed - set(layers.indices))
+    if missing:
+        raise ExecutorInputError(
+            f"worker {stream.worker} computes layers {sorted(needed)} but holds "
+            f"{list(layers.indices)}; transfer or build layers {missing} first"
+        )
+
+
+def _check_device(device: torch.device, backend: messages.Backend) -> None:
+    wanted = messages.Backend.NCCL if device.type == "cuda" else messages.Backend.GLOO
+    if backend is not wanted:
+        raise ExecutorInputError(
+            f"layers on {device.type} need the {wanted} backend but the epoch uses {backend}; "
+            f"form the epoch with {wanted}"
+        )
