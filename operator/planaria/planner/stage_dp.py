@@ -266,3 +266,22 @@ def fewest_stages(
             target = stages[g + k][: num_layers + 1]
             np.minimum(target, fits.min(axis=1), out=target)
     return [float(stages[n * m][0]) for n in range(max_nodes + 1)]
+
+
+def bottleneck_floor(usable: stage_table.FloatArray, m: int, max_nodes: int) -> list[float]:
+    """For n = 0..max_nodes, the least possible slowest-stage time of an n-node pipeline (a
+    min-max DP over `usable` stage times, inf where unusable). Memory is only checked at
+    depth 1 there, so this is a lower bound: no pipeline has a slowest stage below it."""
+    num_layers = usable.shape[2] - 1
+    total = max_nodes * m
+    worst = [np.full(2 * num_layers + 1, _INF) for _ in range(total + 1)]
+    worst[0][num_layers] = 0.0
+    for g in range(total):
+        if not np.isfinite(worst[g]).any():
+            continue
+        windows = sliding_window_view(worst[g][1:], num_layers)[: num_layers + 1]
+        for k in range(1, min(usable.shape[1], m - g % m) + 1):
+            slowest = np.maximum(windows, usable[link_after(g, m), k - 1])
+            target = worst[g + k][: num_layers + 1]
+            np.minimum(target, slowest.min(axis=1), out=target)
+    return [float(worst[n * m][0]) for n in range(max_nodes + 1)]

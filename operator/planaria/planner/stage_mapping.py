@@ -151,6 +151,8 @@ class MappingSearch:
             self._relevant, self._depth_limit, self._max_stages(max_nodes)
         )
         self._cache: dict[Interval, _Entry] = {}
+        # No pipeline's slowest stage is faster than this: caps below it are never solved.
+        self._floors = stage_dp.bottleneck_floor(self._relevant, gpus_per_node, max_nodes)
 
     def feasible(self) -> list[bool]:
         """feasible[n]: whether some n-node pipeline fits in memory (n = 0..max_nodes)."""
@@ -241,10 +243,14 @@ class MappingSearch:
         return [child for child in children if self._floor(child, n) < best]
 
     def _floor(self, interval: Interval, n: int) -> float:
-        """A bound without a pass: while planning, S >= n stages each cost at least b c and the
-        bottleneck (a + b) c, with c >= lo; so T >= (a + b n) lo."""
+        """A bound without a pass: the slowest stage c is at least lo and the bottleneck floor
+        (inf: no pipeline has its slowest stage in the interval), and while planning S >= n
+        stages each cost at least b c and the bottleneck (a + b) c; so T >= (a + b n) c."""
+        if float(self.caps[interval[1] - 1]) < self._floors[n]:
+            return _INF
         a, b = self._objective.a, self._objective.b
-        return (a + b * n) * float(self.caps[interval[0]]) if b > 0 else -_INF
+        c = max(float(self.caps[interval[0]]), self._floors[n])
+        return (a + b * n) * c if b > 0 else -_INF
 
     def _value(
         self,
