@@ -9,7 +9,9 @@ chooses re-planning, with rerouting winning below the window; the decision flips
 reported break-even; rerouting is impossible when a stage lost all its replicas (rejected with
 that reason; the re-plan restores the lost layers) and when the surviving replicas are cut
 differently (the re-plan copies them); nothing fits: one error listing every rejection.
-Hypothesis: the choice always has a whole-plan estimate and the highest value. The rendered
+Hypothesis: the choice always has a whole-plan estimate and the highest value among those,
+screened candidates above it are counted, and with an unlimited budget none is; a spent budget
+is reported. The rendered
 reason names the choice, eq. 8's numbers, every candidate, the window and the rejections.
 Input errors.
 """
@@ -177,21 +179,37 @@ def test_nothing_fits_is_one_error_listing_every_rejection() -> None:
     assert "reroute" in str(caught.value) and "GiB" in str(caught.value)
 
 
-@given(st.data(), st.sampled_from([0.05, 1.0, 1e4]))
-@settings(max_examples=30, deadline=None)
-def test_the_choice_is_estimated_whole_and_has_the_highest_value(
-    data: st.DataObject, time_to_failure: float
+@given(st.data(), st.sampled_from([0.05, 1.0, 1e4]), st.sampled_from([0, 1, 4, 1000]))
+@settings(max_examples=40, deadline=None)
+def test_the_choice_is_the_best_whole_estimate_and_unbounded_it_is_the_best(
+    data: st.DataObject, time_to_failure: float, max_whole: int
 ) -> None:
     running = data.draw(strategies.running_plans(max_workers=7))
     failed = data.draw(strategies.failed_workers(running))
     estimates = screening.Estimates(strategies.uniform_profile(running.num_layers))
     failure = candidates.Failure(running=running, failed=failed)
-    decision, reason = policy.decide(failure, estimates, time_to_failure, SETTINGS)
+    budget = policy.PolicySettings(max_whole=max_whole, search=SETTINGS.search)
+    decision, reason = policy.decide(failure, estimates, time_to_failure, budget)
     assert decision.choice.exact and reason.ranked[0].exact
-    assert decision.value == reason.ranked[0].value == max(r.value for r in reason.ranked)
+    exact = [r.value for r in reason.ranked if r.exact]
+    assert decision.value == reason.ranked[0].value == max(exact)
+    above = [r for r in reason.ranked if not r.exact and r.value > decision.value]
+    assert reason.unverified == len(above)
+    if max_whole == 1000:
+        assert reason.unverified == 0
     assert [r.rank for r in reason.ranked] == list(range(1, len(reason.ranked) + 1))
     window = reason.window
-    assert window.from_s <= time_to_failure <= window.until_s or decision.value == 0.0
+    if reason.unverified == 0 and decision.value > 0:
+        assert window.from_s <= time_to_failure <= window.until_s
+
+
+def test_a_spent_budget_is_reported_not_hidden() -> None:
+    failure, estimates = four_by_two()
+    no_budget = policy.PolicySettings(max_whole=0, search=SETTINGS.search)
+    decision, reason = policy.decide(failure, estimates, 1000.0, no_budget)
+    assert decision.choice.kind == candidates.Kind.REROUTE  # the only whole estimate
+    assert reason.unverified >= 1
+    assert "have optimistic values above the choice" in policy.render_reason(reason)
 
 
 def test_the_rendered_reason_names_everything_that_decided() -> None:

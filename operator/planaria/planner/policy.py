@@ -15,11 +15,14 @@ step; re-planning pays copies and a restart for a faster step, so it wins when f
 
 `decide` ranks every candidate of the search by that value. Screened candidates (eq. 10 over
 pipelines alone, see `screening`) are optimistic (no all-reduce), so the ranking is refined
-lazily, branch-and-bound style: while the top candidate is only screened it is estimated whole
-and the ranking redone, so the choice always has E's whole-plan estimate and beats every other
-candidate's optimistic value; the next `exact_top - 1` are refined too, within `max_whole`
-further estimates. Ties (e.g. every value 0 because the next failure comes before any
-transition ends) go to the cheaper transition, then the faster step.
+lazily, branch-and-bound style: while one of the top `exact_top` is only screened it is
+estimated whole and the ranking redone, for at most `max_whole` whole-plan estimates (each
+costs about as much as the rest of a 32-worker search). The choice is the best candidate with
+a whole-plan estimate; if the budget ran out while screened candidates still rank above it by
+their optimistic values, the reason counts them (`unverified`): with an unlimited budget the
+choice beats every other candidate's optimistic value. Ties (e.g. every value 0 because the
+next failure comes before any transition ends) go to the cheaper transition, then the faster
+step.
 
 The reason lists the ranked candidates with predicted step time, transition time, bytes moved
 and peak memory, the rejected ones with why, and break-even times: (B/t1)(T - c1) =
@@ -45,11 +48,11 @@ from planaria.planner import candidates, errors, plan, screening
 class PolicySettings:
     """`exact_top`: how many of the best-ranked candidates should have whole-plan estimates
     (2: the choice and the runner-up of the break-even); `max_whole`: at most this many
-    whole-plan estimates beyond those the choice needs (each costs about as much as the rest
-    of the search on a 32-worker job)."""
+    whole-plan estimates while refining (rerouting's is part of the search; one more is made
+    when no candidate has one, since the choice must)."""
 
     exact_top: int = 2
-    max_whole: int = 2
+    max_whole: int = 4
     search: candidates.SearchSettings = field(default_factory=candidates.SearchSettings)
 
     def __post_init__(self) -> None:
@@ -107,8 +110,9 @@ class Decision:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Reason:
-    """Why: the inputs of eq. 8, every candidate ranked (the choice first), the rejected ones,
-    and break-even times (module docstring)."""
+    """Why: the inputs of eq. 8, every candidate ranked (whole-plan estimates first, the choice
+    at the top, then screened ones), the rejected ones, break-even times, and how many screened
+    candidates have optimistic values above the choice (module docstring)."""
 
     time_to_failure_s: float
     global_batch: int
@@ -116,6 +120,7 @@ class Reason:
     rejected: tuple[candidates.Rejection, ...]
     break_even: BreakEven | None
     window: Window
+    unverified: int
 
 
 def value(global_batch: int, step_s: float, transition_s: float, time_to_failure_s: float) -> float:
@@ -177,6 +182,7 @@ def decide(
         rejected=found.rejected,
         break_even=_break_even(rows[0], rows[1]) if len(rows) > 1 else None,
         window=_window(rows),
+        unverified=sum(not r.exact and r.value > rows[0].value for r in rows),
     )
     return Decision(choice=ranked[0], value=rows[0].value), reason
 
@@ -188,20 +194,22 @@ def _refined(
     time_to_failure: float,
     settings: PolicySettings,
 ) -> list[candidates.Candidate]:
-    """Rank by eq. 8 until the top one has a whole-plan estimate and, within `max_whole`
-    further estimates, the top `exact_top` do (module docstring)."""
+    """Refine the top `exact_top` within `max_whole` whole-plan estimates, then order: whole
+    estimates by value, then screens by value (module docstring)."""
     budget = settings.max_whole
-    while True:
+    while budget:
         pool.sort(key=lambda c: _order(c, batch, time_to_failure))
-        if not pool[0].exact:
-            pool[0] = candidates.exact(pool[0], estimates)
-            continue
         pending = [i for i, c in enumerate(pool[: settings.exact_top]) if not c.exact]
-        if not pending or budget == 0:
-            return pool
+        if not pending:
+            break
         for i in pending[:budget]:
             pool[i] = candidates.exact(pool[i], estimates)
             budget -= 1
+    if not any(c.exact for c in pool):
+        pool.sort(key=lambda c: _order(c, batch, time_to_failure))
+        pool[0] = candidates.exact(pool[0], estimates)
+    pool.sort(key=lambda c: (not c.exact, *_order(c, batch, time_to_failure)))
+    return pool
 
 
 def _order(
@@ -267,6 +275,11 @@ def render_reason(reason: Reason) -> str:
     lines.extend(_table_row(row) for row in reason.ranked)
     if not all(row.exact for row in reason.ranked):
         lines.append("  ~ screened: slowest pipeline alone, no all-reduce (optimistic)")
+    if reason.unverified:
+        lines.append(
+            f"  note: {reason.unverified} screened candidate(s) have optimistic values above the "
+            "choice; whole-plan estimates were capped (PolicySettings.max_whole)"
+        )
     if reason.break_even is not None:
         lines.append(_break_even_line(reason, reason.break_even))
     lines.append(_window_line(reason))
