@@ -52,27 +52,46 @@ class Objective:
 
 @dataclass(frozen=True, slots=True)
 class Costs:
-    """Per-stage costs for a batch: (d - 1, batch, link, k, w) arrays for each phase, and the
+    """Per-stage costs for a batch: `moves[d - 1, move, batch, link, k, w]` for the moves
+    after -> after, after -> before (placing the bottleneck) and before -> before, and the
     memory penalty (d - 1, bucket, k, w), folded into the costs when there is one bucket. The
     stage length d leads so that minimising over it reduces over the outermost axis."""
 
-    after: stage_table.FloatArray
-    bottleneck: stage_table.FloatArray
-    before: stage_table.FloatArray
+    moves: stage_table.FloatArray
     penalty: stage_table.FloatArray | None
     band: int
     depth: int
 
+    @property
+    def after(self) -> stage_table.FloatArray:
+        return self.moves[:, 0]
+
+    @property
+    def bottleneck(self) -> stage_table.FloatArray:
+        return self.moves[:, 1]
+
+    @property
+    def before(self) -> stage_table.FloatArray:
+        return self.moves[:, 2]
+
 
 @dataclass(frozen=True, slots=True)
 class Pass:
-    """One DP pass: state values (g, batch, bucket, u) per phase, and `final[b, n]`, the value
-    of a whole pipeline on n nodes for batch entry b."""
+    """One DP pass: state values `states[g, phase, batch, bucket, u]` (phase 0: after, no
+    bottleneck yet; 1: before), and `final[b, n]`, the value of a whole pipeline on n nodes for
+    batch entry b."""
 
-    after: stage_table.FloatArray
-    before: stage_table.FloatArray
+    states: stage_table.FloatArray
     costs: Costs
     final: stage_table.FloatArray
+
+    @property
+    def after(self) -> stage_table.FloatArray:
+        return self.states[:, 0]
+
+    @property
+    def before(self) -> stage_table.FloatArray:
+        return self.states[:, 1]
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,10 +129,10 @@ def costs(
     buckets = np.arange(1, depth + 1).reshape(1, -1, 1, 1)
     limit = depth_limit[:, :, :band].transpose(2, 0, 1)[:, None]
     penalty = np.where(limit >= buckets, 0.0, _INF)
+    moves = np.stack([after, neck, before], axis=1)
     if depth == 1:
-        fold = penalty[:, :1, None]
-        return Costs(after + fold, neck + fold, before + fold, None, band, 1)
-    return Costs(after, neck, before, penalty, band, depth)
+        return Costs(moves + penalty[:, None, :1, None], None, band, 1)
+    return Costs(moves, penalty, band, depth)
 
 
 def _term(
@@ -135,71 +154,75 @@ def link_after(g: int, m: int) -> stage_table.Link:
 
 def forward(costs: Costs, num_layers: int, m: int, max_nodes: int) -> Pass:
     """Run the DP up to max_nodes * m GPUs; every template size is read off the same pass."""
-    batch, band, depth = costs.after.shape[1], costs.band, costs.depth
+    batch, band, depth = costs.moves.shape[2], costs.band, costs.depth
     total = max_nodes * m
-    width = num_layers + 1 + band
-    after = np.full((total + 1, batch, depth, width), _INF)
-    before = np.full((total + 1, batch, depth, width), _INF)
-    after[0, :, 0, num_layers] = 0.0
-    windows_a, windows_b = _windows(after, band), _windows(before, band)
+    states = np.full((total + 1, 2, batch, depth, num_layers + 1 + band), _INF)
+    states[0, 0, :, 0, num_layers] = 0.0
+    windows = _windows(states, band)
     for g in range(total):
-        lowest_before = before[g].min(axis=(0, 1))
-        live = np.flatnonzero(np.minimum(after[g].min(axis=(0, 1)), lowest_before) < _INF)
+        live = np.flatnonzero(states[g].min(axis=(0, 1, 2)) < _INF)
         if live.size == 0:
             continue
         w0, w1 = max(0, int(live[0]) - band), int(live[-1])  # targets w in [w0, w1)
         if w1 <= w0:
             continue
-        widest = min(costs.after.shape[3], m - g % m)
-        sl = (slice(None), slice(None), link_after(g, m), slice(0, widest), slice(w0, w1))
-        penalty = None if costs.penalty is None else costs.penalty[:, None, :, :widest, w0:w1]
-        win_a = windows_a[:, g, :, :, w0:w1]
-        new_a = _relax(win_a, costs.after[sl], penalty)
-        new_b = _relax(win_a, costs.bottleneck[sl], penalty)
-        if lowest_before.min() < _INF:
-            win_b = windows_b[:, g, :, :, w0:w1]
-            new_b = np.minimum(new_b, _relax(win_b, costs.before[sl], penalty))
-        _merge(after[g + 1 : g + 1 + widest, :, :, w0:w1], new_a)
-        _merge(before[g + 1 : g + 1 + widest, :, :, w0:w1], new_b)
+        widest = min(costs.moves.shape[4], m - g % m)
+        cost = costs.moves[:, :, :, link_after(g, m), :widest, w0:w1][:, :, :, None]
+        source = windows[:, g, :, :, :, w0:w1, None].swapaxes(-1, -2)
+        penalty = None if costs.penalty is None else costs.penalty[:, :, :widest, w0:w1]
+        best = _relax(source, cost, penalty)
+        np.minimum(best[1], best[2], out=best[1])
+        _merge(states[g + 1 : g + 1 + widest, :, :, :, w0:w1], best[:2].transpose(3, 0, 1, 2, 4))
     final = np.full((batch, max_nodes + 1), _INF)
     for n in range(1, max_nodes + 1):
-        final[:, n] = before[n * m][:, :, 0].min(axis=1)
-    return Pass(after, before, costs, final)
+        final[:, n] = states[n * m, 1, :, :, 0].min(axis=1)
+    return Pass(states, costs, final)
+
+
+def _relax(
+    source: stage_table.FloatArray,
+    cost: stage_table.FloatArray,
+    penalty: stage_table.FloatArray | None,
+) -> stage_table.FloatArray:
+    """best[move, b, bucket, k, w] = min over d of V[w + d] + cost (+ memory penalty); moves 0
+    and 1 start from the after phase, move 2 from the before phase. One array for all moves
+    when it is small (fewer numpy calls); one move at a time with depth buckets (cache)."""
+    band, _, batch, depth, _, width = source.shape
+    widest = cost.shape[4]
+    if penalty is None:
+        values = np.empty((band, 3, batch, depth, widest, width))
+        np.add(source[:, :1], cost[:, :2], out=values[:, :2])
+        np.add(source[:, 1:], cost[:, 2:], out=values[:, 2:])
+        stacked: stage_table.FloatArray = values.min(axis=0)
+        return stacked
+    best = np.empty((3, batch, depth, widest, width))
+    for move, phase in enumerate((0, 0, 1)):
+        values = source[:, phase] + cost[:, move]
+        values += penalty[:, None]
+        best[move] = values.min(axis=0)
+    return best
 
 
 def _windows(values: stage_table.FloatArray, band: int) -> stage_table.FloatArray:
-    """A read-only view w[d - 1, g, b, bucket, u] = values[g, b, bucket, u + d] for
-    u < num_layers + 1 (the state arrays carry `band` columns of inf padding for u + d)."""
-    s0, s1, s2, s3 = values.strides
-    g, b, bucket, width = values.shape
-    shape = (band, g, b, bucket, width - band)
+    """A read-only view w[d - 1, g, phase, b, bucket, u] = values[g, phase, b, bucket, u + d]
+    for u < num_layers + 1 (the states carry `band` columns of inf padding for u + d)."""
+    s0, s1, s2, s3, s4 = values.strides
+    g, phases, b, bucket, width = values.shape
+    shape = (band, g, phases, b, bucket, width - band)
     view: stage_table.FloatArray = as_strided(
-        values[:, :, :, 1:], shape=shape, strides=(s3, s0, s1, s2, s3), writeable=False
+        values[..., 1:], shape=shape, strides=(s4, s0, s1, s2, s3, s4), writeable=False
     )
     return view
 
 
-def _relax(
-    windows: stage_table.FloatArray,
-    cost: stage_table.FloatArray,
-    penalty: stage_table.FloatArray | None,
-) -> stage_table.FloatArray:
-    """min over d of V[w + d] + cost[k, w, d] (+ memory penalty), as (k, batch, bucket, w)."""
-    values = windows[:, :, :, None] + cost[:, :, None]
-    if penalty is not None:
-        values = values + penalty
-    result: stage_table.FloatArray = values.min(axis=0).transpose(2, 0, 1, 3)
-    return result
-
-
 def _merge(target: stage_table.FloatArray, new: stage_table.FloatArray) -> None:
-    """Fold new values (k, batch, bucket b = stage depth b + 1, w) into the target states'
-    next buckets, the last bucket absorbing deeper ones."""
-    if new.shape[2] == 1:
+    """Fold new values (k, phase, batch, bucket b = stage depth b + 1, w) into the target
+    states' next buckets, the last bucket absorbing deeper ones."""
+    if new.shape[3] == 1:
         np.minimum(target, new, out=target)
         return
-    np.minimum(target[:, :, 1:], new[:, :, :-1], out=target[:, :, 1:])
-    np.minimum(target[:, :, -1:], new[:, :, -1:], out=target[:, :, -1:])
+    np.minimum(target[:, :, :, 1:], new[:, :, :, :-1], out=target[:, :, :, 1:])
+    np.minimum(target[:, :, :, -1:], new[:, :, :, -1:], out=target[:, :, :, -1:])
 
 
 def trace(result: Pass, entry: int, n: int, m: int) -> list[TracedStage]:
@@ -228,7 +251,7 @@ def _predecessor(
     moves = [("after", c.bottleneck), ("before", c.before)] if phase == "before" else []
     moves = moves or [("after", c.after)]
     sources = ([bucket - 1] if bucket > 0 else []) + ([bucket] if bucket == c.depth - 1 else [])
-    for k in range(1, c.after.shape[3] + 1):
+    for k in range(1, c.moves.shape[4] + 1):
         gs = g - k
         if gs < 0 or gs % m + k > m:
             continue
