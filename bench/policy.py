@@ -10,9 +10,11 @@ and `policy.decide` chooses for a time to the next failure of 1 hour. Two cases:
 - warm: `candidates.prepare` ran after the plan was adopted (Odyssey §IV-C: the search overlaps
   with training), so the decision only binds survivors, reroutes and estimates whole plans.
 
-Prints per size the median / min / max milliseconds over the runs, the candidates ranked, the
-whole-plan estimates made, and the choice; writes bench/results/policy.json. A profile of one
-cold decision (cProfile, top functions by own time) is printed with --profile.
+Prints per size the median / min / max milliseconds over the runs and the median estimator runs
+(schedules compiled and replayed) per decision, cold and warm, the time `prepare` took, the
+candidates ranked, how many have whole-plan estimates, and the choice; writes
+bench/results/policy.json. With --profile, cProfile's top functions (by own time) over cold
+decisions.
 
     .venv/bin/python bench/policy.py [--runs N] [--profile]
 """
@@ -58,11 +60,13 @@ def running_plan(dp: int, pp: int, micro_batches: int, num_layers: int) -> plan.
 
 def decide(
     running: plan.Plan, worker: int, estimates: screening.Estimates
-) -> tuple[float, policy.Decision, policy.Reason]:
+) -> tuple[float, int, policy.Decision, policy.Reason]:
+    """Milliseconds, estimator runs, and the decision when `worker` fails."""
     failure = candidates.Failure(running=running, failed=frozenset({plan.WorkerId(worker)}))
+    runs = estimates.computed
     start = time.perf_counter()
     decision, reason = policy.decide(failure, estimates, HOUR_S, policy.PolicySettings())
-    return (time.perf_counter() - start) * 1e3, decision, reason
+    return (time.perf_counter() - start) * 1e3, estimates.computed - runs, decision, reason
 
 
 def measure(dp: int, pp: int, micro_batches: int, runs: int) -> dict[str, object]:
@@ -75,12 +79,14 @@ def measure(dp: int, pp: int, micro_batches: int, runs: int) -> dict[str, object
     candidates.prepare(running, warm_estimates, candidates.SearchSettings())
     prepare_ms = (time.perf_counter() - start) * 1e3
     warm = [decide(running, w, warm_estimates) for w in victims]
-    _, decision, reason = cold[0]
+    _, _, decision, reason = cold[0]
     return {
         "workers": len(running.workers),
         "micro_batches": running.num_micro_batches,
-        "cold_ms": [ms for ms, _, _ in cold],
-        "warm_ms": [ms for ms, _, _ in warm],
+        "cold_ms": [ms for ms, _, _, _ in cold],
+        "warm_ms": [ms for ms, _, _, _ in warm],
+        "cold_estimator_runs": statistics.median(n for _, n, _, _ in cold),
+        "warm_estimator_runs": statistics.median(n for _, n, _, _ in warm),
         "prepare_ms": prepare_ms,
         "candidates": len(reason.ranked),
         "rejected": len(reason.rejected),
@@ -107,8 +113,9 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true", help="cProfile cold decisions")
     args = parser.parse_args()
     print(
-        f"{'DP x PP':>8} {'workers':>7} {'M':>4} {'cold ms (min..max)':>22} "
-        f"{'warm ms (min..max)':>22} {'prepare ms':>10} {'cands':>5} {'whole':>5}  choice"
+        f"{'DP x PP':>8} {'workers':>7} {'M':>4} {'cold ms (min..max)':>22} {'E runs':>6} "
+        f"{'warm ms (min..max)':>22} {'E runs':>6} {'prepare ms':>10} {'cands':>5} "
+        f"{'whole':>5}  choice"
     )
     report = []
     for dp, pp, m in SIZES:
@@ -116,7 +123,8 @@ def main() -> None:
         report.append({"pipelines": dp, "stages": pp, "micro_batches_per_pipeline": m, **row})
         print(
             f"{f'{dp} x {pp}':>8} {row['workers']:>7} {row['micro_batches']:>4} "
-            f"{_spread(row['cold_ms']):>22} {_spread(row['warm_ms']):>22} "
+            f"{_spread(row['cold_ms']):>22} {row['cold_estimator_runs']:>6} "
+            f"{_spread(row['warm_ms']):>22} {row['warm_estimator_runs']:>6} "
             f"{row['prepare_ms']:>10.1f} {row['candidates']:>5} {row['whole_estimates']:>5}  "
             f"{row['choice']}"
         )

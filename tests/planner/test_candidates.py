@@ -6,7 +6,8 @@ workers than survive, the asymmetric one uses all of them with depths one apart)
 Fig. 3 finds rerouting and DP=2 x PP=4 [2,2,2,3] moving 3 layers; the running split is offered
 too; rejections say why (memory, rerouting impossible); given layouts are candidates and must
 keep the global batch; hypothesis: every candidate is a valid plan over survivors with the same
-layers and batch whose schedule compiles; memoised estimates (`prepare`) never change results;
+layers and batch whose schedule compiles; memoised estimates (`prepare`) never change results
+and leave a later decision only its rerouting to estimate;
 a wholly failed pipeline's reroute label; input errors.
 """
 
@@ -148,6 +149,18 @@ def test_every_candidate_is_a_valid_plan_over_the_survivors(data: st.DataObject)
         schedule.compile_schedule(new)
         exact = candidates.exact(candidate, screening.Estimates(prof))
         assert exact.exact and exact.estimate.step_s > 0
+
+
+def test_after_prepare_a_decision_only_estimates_its_rerouting() -> None:
+    prof = strategies.timed_profile([0.001, 0.002, 0.001, 0.003, 0.001, 0.002])
+    running = strategies.grid_plan(3, (2, 4), 6, 6)
+    estimates = screening.Estimates(prof)
+    candidates.prepare(running, estimates, candidates.SearchSettings())
+    before = estimates.computed
+    failure = candidates.Failure(running=running, failed=frozenset({W(1)}))
+    for candidate in candidates.search(failure, estimates, candidates.SearchSettings()).candidates:
+        candidates.exact(candidate, estimates)
+    assert estimates.computed == before + 1
 
 
 def test_prepared_estimates_give_the_same_search() -> None:

@@ -292,26 +292,16 @@ def prepare(
     settings: SearchSettings,
     max_failed: int = 1,
 ) -> None:
-    """Fill the memo for failures of up to `max_failed` workers of `running` ahead of time
-    (Odyssey §IV-C: the search overlaps with training): layer splits of every depth the search
-    may try and screens of the pipelines it lays out (exact keys for one GPU per node)."""
-    for survivors in range(max(1, len(running.workers) - max_failed), len(running.workers)):
-        for depths in configurations(
-            survivors,
-            len(running.pipelines),
-            running.num_layers,
-            running.num_micro_batches,
-            settings.dp_radius,
-        ):
-            splits = {
-                d: distribution.split_layers(estimates, d, running, settings.max_splits)
-                for d in set(depths)
-            }
-            if None not in splits.values():
-                workers = [plan.WorkerId(w) for w in range(survivors)]
-                layout = _layout(depths, splits, workers, running, estimates)
-                for p in layout.pipelines:
-                    estimates.pipeline(p, layout.micro_batch_size, layout.gpus_per_node)
+    """Fill the memo ahead of failures of up to `max_failed` workers of `running` (Odyssey
+    §IV-C: the search overlaps with training): run the search for the last k workers failing
+    and estimate every re-planned candidate whole. With one GPU per node every failure of k
+    workers lays out the same node patterns, so a later decision only estimates its
+    rerouting; with more, layouts after other failures may differ and are estimated then."""
+    workers = sorted(running.workers)
+    for k in range(1, min(max_failed, len(workers) - 1) + 1):
+        failure = Failure(running=running, failed=frozenset(workers[-k:]))
+        for candidate in search(failure, estimates, settings).candidates:
+            exact(candidate, estimates)
 
 
 def _depths_label(depths: tuple[int, ...], splits: dict[int, tuple[int, ...] | None]) -> str:

@@ -16,13 +16,13 @@ step; re-planning pays copies and a restart for a faster step, so it wins when f
 `decide` ranks every candidate of the search by that value. Screened candidates (eq. 10 over
 pipelines alone, see `screening`) are optimistic (no all-reduce), so the ranking is refined
 lazily, branch-and-bound style: while one of the top `exact_top` is only screened it is
-estimated whole and the ranking redone, for at most `max_whole` whole-plan estimates (each
-costs about as much as the rest of a 32-worker search). The choice is the best candidate with
-a whole-plan estimate; if the budget ran out while screened candidates still rank above it by
-their optimistic values, the reason counts them (`unverified`): with an unlimited budget the
-choice beats every other candidate's optimistic value. Ties (e.g. every value 0 because the
-next failure comes before any transition ends) go to the cheaper transition, then the faster
-step.
+estimated whole and the ranking redone. By default there is no limit, so the choice has E's
+whole-plan estimate and beats every other candidate's optimistic value. `max_whole` caps the
+whole-plan estimates (each costs about as much as the rest of a 32-worker search) for callers
+that need a latency bound; the choice is then the best candidate with a whole-plan estimate,
+and the reason counts the screened candidates still above it (`unverified`). Ties (e.g. every
+value 0 because the next failure comes before any transition ends) go to the cheaper
+transition, then the faster step.
 
 The reason lists the ranked candidates with predicted step time, transition time, bytes moved
 and peak memory, the rejected ones with why, and break-even times: (B/t1)(T - c1) =
@@ -46,19 +46,19 @@ from planaria.planner import candidates, errors, plan, screening
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PolicySettings:
-    """`exact_top`: how many of the best-ranked candidates should have whole-plan estimates
-    (2: the choice and the runner-up of the break-even); `max_whole`: at most this many
-    whole-plan estimates while refining (rerouting's is part of the search; one more is made
-    when no candidate has one, since the choice must)."""
+    """`exact_top`: how many of the best-ranked candidates must have whole-plan estimates
+    (2: the choice and the runner-up of the break-even); `max_whole`: None for no limit, else
+    at most this many whole-plan estimates while refining (rerouting's is part of the search;
+    one more is made when no candidate has one, since the choice must)."""
 
     exact_top: int = 2
-    max_whole: int = 4
+    max_whole: int | None = None
     search: candidates.SearchSettings = field(default_factory=candidates.SearchSettings)
 
     def __post_init__(self) -> None:
         if self.exact_top < 1:
             raise errors.PlanInputError(f"exact_top is {self.exact_top}; give 1 or more")
-        if self.max_whole < 0:
+        if self.max_whole is not None and self.max_whole < 0:
             raise errors.PlanInputError(f"max_whole is {self.max_whole}; give 0 or more")
 
 
@@ -194,17 +194,18 @@ def _refined(
     time_to_failure: float,
     settings: PolicySettings,
 ) -> list[candidates.Candidate]:
-    """Refine the top `exact_top` within `max_whole` whole-plan estimates, then order: whole
-    estimates by value, then screens by value (module docstring)."""
+    """Refine the top `exact_top` (within `max_whole` whole-plan estimates, if set), then order:
+    whole estimates by value, then screens by value (module docstring)."""
     budget = settings.max_whole
-    while budget:
+    while budget is None or budget > 0:
         pool.sort(key=lambda c: _order(c, batch, time_to_failure))
         pending = [i for i, c in enumerate(pool[: settings.exact_top]) if not c.exact]
         if not pending:
             break
-        for i in pending[:budget]:
+        if budget is not None:
+            pending, budget = pending[:budget], budget - len(pending[:budget])
+        for i in pending:
             pool[i] = candidates.exact(pool[i], estimates)
-            budget -= 1
     if not any(c.exact for c in pool):
         pool.sort(key=lambda c: _order(c, batch, time_to_failure))
         pool[0] = candidates.exact(pool[0], estimates)

@@ -1,11 +1,12 @@
 """E's estimators behind a memo, for the candidate search (Odyssey §IV-C, eq. 10 screening).
 
 `Estimates.whole` is E's time and memory estimate of a whole plan (`schedule`, `estimator`,
-`memory`); `Estimates.pipeline` the same for one pipeline run alone, keyed by what its estimate
-depends on (layer ranges, micro-batches, node pattern), so identical pipelines are estimated
-once. The candidate search screens a layout by its slowest pipeline alone (Odyssey eq. 10,
-t_step = max over pipelines) and estimates whole plans only for the shortlist; the memo can be
-filled ahead of a failure (Odyssey §IV-C: the search overlaps with training).
+`memory`); `Estimates.pipeline` the same for one pipeline run alone. Both are keyed by what an
+estimate depends on (layer ranges, micro-batches, node pattern: `canonical`), so identical
+pipelines and relabelled plans are estimated once. The candidate search screens a layout by
+its slowest pipeline alone (Odyssey eq. 10, t_step = max over pipelines) and estimates whole
+plans only for the shortlist; the memo can be filled ahead of a failure (Odyssey §IV-C: the
+search overlaps with training).
 
 This module adds no cost model of its own: every number comes from `estimator` and `memory`.
 """
@@ -13,6 +14,7 @@ This module adds no cost model of its own: every number comes from `estimator` a
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from planaria.planner import errors, estimator, memory, plan, profile, schedule
@@ -27,9 +29,11 @@ class Estimate:
 
 
 class Estimates:
-    """E's estimators behind a memo. Estimates of identical plans are identical, so a pipeline
-    is keyed by its layer ranges, micro-batches and node pattern; keep one instance per profile
-    to reuse the memo across decisions (Odyssey: the search can run ahead of failures).
+    """E's estimators behind a memo. A step estimate depends on the workers only through which
+    share a node, so plans are keyed with nodes renumbered in order of first use (`canonical`):
+    estimates of relabelled plans (a layout and its matched copy, the same layout after
+    different failures) and of identical pipelines are computed once. Keep one instance per
+    profile to reuse the memo across decisions (Odyssey: the search can run ahead of failures).
     `memory_bytes` is the per-worker limit plans must fit (default: the profile's accelerator)."""
 
     def __init__(self, prof: profile.Profile, memory_bytes: int | None = None) -> None:
@@ -38,11 +42,14 @@ class Estimates:
         self.profile = prof
         self.memory_bytes = prof.memory_bytes if memory_bytes is None else memory_bytes
         self._memo: dict[object, Estimate] = {}
+        self.computed = 0  # estimator runs so far (schedules compiled and replayed)
 
     def whole(self, plan_: plan.Plan) -> Estimate:
         """Step time and peak memory of the whole plan (all-reduces, reroutes included)."""
-        key = (plan_.pipelines, plan_.micro_batch_size, plan_.gpus_per_node, plan_.reroutes)
+        shape = canonical(plan_.pipelines, plan_.gpus_per_node)
+        key = (shape, plan_.micro_batch_size, plan_.gpus_per_node, plan_.reroutes)
         if key not in self._memo:
+            self.computed += 1
             sched = schedule.compile_schedule(plan_)
             self._memo[key] = Estimate(
                 step_s=estimator.estimate_step(sched, self.profile).step_s,
@@ -51,46 +58,37 @@ class Estimates:
         return self._memo[key]
 
     def pipeline(self, pipeline: plan.Pipeline, micro_batch_size: int, gpus: int) -> Estimate:
-        """One pipeline run alone, on workers renumbered to keep only its node pattern."""
-        stages = canonical(pipeline, gpus)
-        key = (stages, pipeline.num_micro_batches, micro_batch_size, gpus)
+        """One pipeline run alone (no all-reduce: nobody shares its layers)."""
+        key = (canonical((pipeline,), gpus), micro_batch_size, gpus, ())
         if key not in self._memo:
             alone = plan.Plan(
-                pipelines=(_rebuilt(stages, pipeline.num_micro_batches),),
-                micro_batch_size=micro_batch_size,
-                gpus_per_node=gpus,
+                pipelines=(pipeline,), micro_batch_size=micro_batch_size, gpus_per_node=gpus
             )
-            self._memo[key] = self.whole(alone)
+            self.whole(alone)
         return self._memo[key]
 
     def fits(self, estimate: Estimate) -> bool:
         return estimate.peak_bytes <= self.memory_bytes
 
 
-_Stages = tuple[tuple[int, int, tuple[int, ...]], ...]
+_Shape = tuple[tuple[tuple[tuple[int, int, tuple[int, ...]], ...], int], ...]
 
 
-def canonical(pipeline: plan.Pipeline, gpus_per_node: int) -> _Stages:
-    """(layer_start, layer_stop, workers) per stage, with nodes renumbered 0, 1, ... in order of
-    first use and GPUs in order of use within a node: what its estimate depends on."""
+def canonical(pipelines: Sequence[plan.Pipeline], gpus_per_node: int) -> _Shape:
+    """Per pipeline its (layer_start, layer_stop, workers) stages and micro-batches, with nodes
+    renumbered 0, 1, ... in order of first use and GPUs in order of use within a node: what
+    an estimate depends on."""
     nodes: dict[int, int] = {}
     used: dict[int, int] = defaultdict(int)
-    stages = []
-    for stage in pipeline.stages:
-        workers = []
-        for worker in stage.workers:
-            node = nodes.setdefault(worker // gpus_per_node, len(nodes))
-            workers.append(node * gpus_per_node + used[node])
-            used[node] += 1
-        stages.append((stage.layer_start, stage.layer_stop, tuple(workers)))
-    return tuple(stages)
-
-
-def _rebuilt(stages: _Stages, num_micro_batches: int) -> plan.Pipeline:
-    return plan.Pipeline(
-        stages=tuple(
-            plan.Stage(layer_start=a, layer_stop=b, workers=tuple(map(plan.WorkerId, w)))
-            for a, b, w in stages
-        ),
-        num_micro_batches=num_micro_batches,
-    )
+    shape = []
+    for pipeline in pipelines:
+        stages = []
+        for stage in pipeline.stages:
+            workers = []
+            for worker in stage.workers:
+                node = nodes.setdefault(worker // gpus_per_node, len(nodes))
+                workers.append(node * gpus_per_node + used[node])
+                used[node] += 1
+            stages.append((stage.layer_start, stage.layer_stop, tuple(workers)))
+        shape.append((tuple(stages), pipeline.num_micro_batches))
+    return tuple(shape)
