@@ -45,7 +45,7 @@ def test_explain_appends_the_policy_reason(
     assert lines[0].startswith("chose ")
     assert "eq. 8: 64 samples /" in explained
     assert "reroute pipeline" in explained and "given 0:" in explained
-    assert "#1 stays the best for a time to the next failure from" in explained
+    assert "#1 stays the best at least for a time to the next failure from" in explained
 
 
 def test_the_choice_depends_on_the_time_to_the_next_failure(

@@ -221,7 +221,7 @@ def test_the_rendered_reason_names_everything_that_decided() -> None:
     assert "eq. 8: 32 samples /" in text and "(0.1 s - 0.02 s) / 0.1 s" in text
     for row in reason.ranked:
         assert row.label in text
-    assert "#1 stays the best for a time to the next failure from 0 s to" in text
+    assert "#1 stays the best at least for a time to the next failure from 0 s to" in text
     assert "break-even #1 vs #2" in text
 
 

@@ -30,6 +30,8 @@ and peak memory, the rejected ones with why, and break-even times: (B/t1)(T - c1
 transition times. It is given for the top two, and the choice's window is derived from the
 break-evens against every other candidate: the range of T_next over which the choice stays the
 best, and which candidate would win beyond either end (e.g. rerouting below, re-planning above).
+Against screened rivals (optimistic) the window can only come out narrower than the truth, so
+it is a range where the choice is known to hold.
 
 Not here: finding candidates (`candidates`), costing them (`estimator`, `memory`, `transfers`).
 """
@@ -89,9 +91,10 @@ class BreakEven:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Window:
-    """The times to the next failure over which the choice stays the best: from `from_s`
-    (below it candidate `below` wins; 0 and None when none does) until `until_s` (above it
-    candidate `above` wins; inf and None when none does). Ranks as in the reason."""
+    """Times to the next failure over which the choice stays the best: from `from_s` (below it
+    candidate `below` wins; 0 and None when none does) until `until_s` (above it candidate
+    `above` wins; inf and None when none does). Ranks as in the reason. A screened rival's
+    optimistic value can only narrow the window."""
 
     from_s: float = 0.0
     below: int | None = None
@@ -327,4 +330,4 @@ def _window_line(reason: Reason) -> str:
     window = reason.window
     low = "0 s" if window.below is None else f"{window.from_s:.4g} s (below: #{window.below})"
     high = "no end" if window.above is None else f"{window.until_s:.4g} s (above: #{window.above})"
-    return f"#1 stays the best for a time to the next failure from {low} to {high}"
+    return f"#1 stays the best at least for a time to the next failure from {low} to {high}"
