@@ -4,7 +4,8 @@ Covers: E's step and peak memory are invariant under relabelling nodes and GPUs 
 (hypothesis over plans with holes, reroutes and multi-GPU stages), which is what makes the
 canonical key sound; the memo returns exactly E's numbers; a pipeline alone equals the whole
 estimate of a one-pipeline plan; relabelled plans share one memo entry; the canonical form;
-the memory limit and its check.
+the memory limit and its check; a whole plan is never faster than its slowest pipeline alone
+(hypothesis over heterogeneous plans: the screen is optimistic).
 """
 
 from __future__ import annotations
@@ -125,3 +126,12 @@ def test_fits_compares_with_the_limit() -> None:
     assert screening.Estimates(strategies.uniform_profile(2)).memory_bytes == 2**40
     with pytest.raises(errors.PlanInputError, match="memory_bytes is 0"):
         screening.Estimates(strategies.uniform_profile(2), memory_bytes=0)
+
+
+@given(strategies.running_plans(max_workers=8, max_layers=6, max_pipelines=3))
+@settings(max_examples=60, deadline=None)
+def test_a_whole_plan_is_never_faster_than_its_slowest_pipeline_alone(plan_: plans.Plan) -> None:
+    # what makes the eq. 10 screen optimistic, and the policy's lazy refinement exact
+    estimates = screening.Estimates(profile_for(plan_.num_layers, 1))
+    alone = [estimates.pipeline(p, 1, plan_.gpus_per_node).step_s for p in plan_.pipelines]
+    assert estimates.whole(plan_).step_s >= max(alone)
