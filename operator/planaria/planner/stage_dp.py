@@ -33,6 +33,8 @@ from numpy.lib.stride_tricks import as_strided, sliding_window_view
 from planaria.planner import stage_table
 
 _INF = math.inf
+# Above this many elements a step's three moves are computed one by one (speed only).
+_STACKED_ELEMENTS = 200_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,11 +187,11 @@ def _relax(
     penalty: stage_table.FloatArray | None,
 ) -> stage_table.FloatArray:
     """best[move, b, bucket, k, w] = min over d of V[w + d] + cost (+ memory penalty); moves 0
-    and 1 start from the after phase, move 2 from the before phase. One array for all moves
-    when it is small (fewer numpy calls); one move at a time with depth buckets (cache)."""
+    and 1 start from the after phase, move 2 from the before phase. All moves in one array
+    while it is small (fewer numpy calls), else one move at a time (it stays in cache)."""
     band, _, batch, depth, _, width = source.shape
     widest = cost.shape[4]
-    if penalty is None:
+    if penalty is None and band * 3 * batch * widest * width <= _STACKED_ELEMENTS:
         values = np.empty((band, 3, batch, depth, widest, width))
         np.add(source[:, :1], cost[:, :2], out=values[:, :2])
         np.add(source[:, 1:], cost[:, 2:], out=values[:, 2:])
@@ -198,7 +200,8 @@ def _relax(
     best = np.empty((3, batch, depth, widest, width))
     for move, phase in enumerate((0, 0, 1)):
         values = source[:, phase] + cost[:, move]
-        values += penalty[:, None]
+        if penalty is not None:
+            values += penalty[:, None]
         best[move] = values.min(axis=0)
     return best
 
