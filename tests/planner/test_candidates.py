@@ -4,11 +4,11 @@ Covers: DP/PP configurations (hand list for Fig. 3; hypothesis: within the DP ra
 too few survivors for it, as many pipelines as possible; no deeper than the model, never more
 workers than survive, the asymmetric one uses all of them with depths one apart); the search on
 Fig. 3 finds rerouting and DP=2 x PP=4 [2,2,2,3] moving 3 layers; the running split is offered
-too; rejections say why (memory, rerouting impossible); given layouts are candidates and must
-keep the global batch; hypothesis: every candidate is a valid plan over survivors with the same
-layers and batch whose schedule compiles; memoised estimates (`prepare`) never change results
-and leave a later decision only its rerouting to estimate;
-a wholly failed pipeline's reroute label; input errors.
+too; rejections say why (memory, rerouting impossible, a whole plan over the limit); given
+layouts are candidates and must keep the global batch; hypothesis: every candidate is a valid
+plan over survivors with the same layers and batch whose schedule compiles; memoised estimates
+(`prepare`) never change results and leave a later decision only its rerouting to estimate; a
+wholly failed pipeline's reroute label; input errors.
 """
 
 from __future__ import annotations
@@ -90,6 +90,23 @@ def test_the_running_split_is_offered_beside_the_fastest() -> None:
     assert kept.transition.moved_bytes == 0
 
 
+def test_a_whole_plan_over_the_memory_limit_is_rejected_when_estimated() -> None:
+    failure = candidates.Failure(
+        running=strategies.grid_plan(2, (1,), 2, 4), failed=frozenset({W(0)})
+    )
+    roomy = screening.Estimates(strategies.uniform_profile(2))
+    candidate = next(
+        c
+        for c in candidates.search(failure, roomy, candidates.SearchSettings()).candidates
+        if not c.exact
+    )
+    peak = roomy.whole(candidate.plan).peak_bytes
+    tight = screening.Estimates(strategies.uniform_profile(2), memory_bytes=peak - 1)
+    rejected = candidates.exact(candidate, tight)
+    assert isinstance(rejected, candidates.Rejection)
+    assert rejected.label == candidate.label and "(whole plan)" in rejected.why
+
+
 def test_rejections_say_what_does_not_fit() -> None:
     prof = strategies.uniform_profile(4, memory_bytes=1500)  # one layer's state fits, two do not
     failure = candidates.Failure(
@@ -148,6 +165,7 @@ def test_every_candidate_is_a_valid_plan_over_the_survivors(data: st.DataObject)
         assert new.num_layers == running.num_layers
         schedule.compile_schedule(new)
         exact = candidates.exact(candidate, screening.Estimates(prof))
+        assert isinstance(exact, candidates.Candidate)  # memory is ample here
         assert exact.exact and exact.estimate.step_s > 0
 
 

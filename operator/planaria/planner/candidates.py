@@ -163,11 +163,16 @@ def search(
     )
 
 
-def exact(candidate: Candidate, estimates: screening.Estimates) -> Candidate:
-    """The candidate with E's estimate of its whole plan (all-reduces, reroutes included)."""
+def exact(candidate: Candidate, estimates: screening.Estimates) -> Candidate | Rejection:
+    """The candidate with E's estimate of its whole plan (all-reduces, reroutes included), or
+    its rejection when the whole plan's peak memory is over the limit."""
     if candidate.exact:
         return candidate
-    return replace(candidate, estimate=estimates.whole(candidate.plan), exact=True)
+    estimate = estimates.whole(candidate.plan)
+    if not estimates.fits(estimate):
+        why = _over(estimate, estimates) + " (whole plan)"
+        return Rejection(kind=candidate.kind, label=candidate.label, why=why)
+    return replace(candidate, estimate=estimate, exact=True)
 
 
 def _rerouted(

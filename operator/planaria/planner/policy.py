@@ -172,17 +172,18 @@ def decide(
             f"time to the next failure is {time_to_failure}; give finite seconds > 0"
         )
     found = candidates.search(failure, estimates, settings.search, given)
-    if not found.candidates:
-        reasons = "; ".join(f"{r.label}: {r.why}" for r in found.rejected)
-        raise errors.InfeasibleError(f"no candidate can recover from this failure: {reasons}")
     batch = failure.running.global_batch_size
-    ranked = _refined(list(found.candidates), estimates, batch, time_to_failure, settings)
+    ranked, late = _refined(list(found.candidates), estimates, batch, time_to_failure, settings)
+    rejected = (*found.rejected, *late)
+    if not ranked:
+        reasons = "; ".join(f"{r.label}: {r.why}" for r in rejected)
+        raise errors.InfeasibleError(f"no candidate can recover from this failure: {reasons}")
     rows = tuple(_row(i, c, batch, time_to_failure) for i, c in enumerate(ranked, start=1))
     reason = Reason(
         time_to_failure_s=time_to_failure,
         global_batch=batch,
         ranked=rows,
-        rejected=found.rejected,
+        rejected=rejected,
         break_even=_break_even(rows[0], rows[1]) if len(rows) > 1 else None,
         window=_window(rows),
         unverified=sum(not r.exact and r.value > rows[0].value for r in rows),
@@ -196,24 +197,33 @@ def _refined(
     batch: int,
     time_to_failure: float,
     settings: PolicySettings,
-) -> list[candidates.Candidate]:
+) -> tuple[list[candidates.Candidate], list[candidates.Rejection]]:
     """Refine the top `exact_top` (within `max_whole` whole-plan estimates, if set), then order:
-    whole estimates by value, then screens by value (module docstring)."""
+    whole estimates by value, then screens by value (module docstring). Candidates whose whole
+    plan is over the memory limit come back as rejections."""
+    rejected: list[candidates.Rejection] = []
+
+    def refine(chosen: list[int]) -> None:
+        nonlocal pool
+        results = {i: candidates.exact(pool[i], estimates) for i in chosen}
+        rejected.extend(r for r in results.values() if isinstance(r, candidates.Rejection))
+        kept = [results.get(i, c) for i, c in enumerate(pool)]
+        pool = [c for c in kept if isinstance(c, candidates.Candidate)]
+
     budget = settings.max_whole
-    while budget is None or budget > 0:
+    while pool and (budget is None or budget > 0):
         pool.sort(key=lambda c: _order(c, batch, time_to_failure))
         pending = [i for i, c in enumerate(pool[: settings.exact_top]) if not c.exact]
         if not pending:
             break
         if budget is not None:
             pending, budget = pending[:budget], budget - len(pending[:budget])
-        for i in pending:
-            pool[i] = candidates.exact(pool[i], estimates)
-    if not any(c.exact for c in pool):
+        refine(pending)
+    while pool and not any(c.exact for c in pool):  # the choice must be estimated whole
         pool.sort(key=lambda c: _order(c, batch, time_to_failure))
-        pool[0] = candidates.exact(pool[0], estimates)
+        refine([0])
     pool.sort(key=lambda c: (not c.exact, *_order(c, batch, time_to_failure)))
-    return pool
+    return pool, rejected
 
 
 def _order(
