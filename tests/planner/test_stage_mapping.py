@@ -6,7 +6,8 @@ the right link, memory limits agree with exact integer checks); the DP's optimum
 brute-force enumerator over every layer partition and GPU split on small inputs (L <= 8, <= 3
 nodes, <= 4 GPUs per node; hypothesis profiles with ties and binding memory; N_b = 4S and given
 N_b), for every template size of one shared search; the mapping it returns is well formed and
-fits in memory; feasibility agrees with the enumerator; infeasible sizes raise InfeasibleError.
+fits in memory; feasibility and the bottleneck floor (least slowest stage) agree with the
+enumerator; infeasible sizes raise InfeasibleError.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from planaria.planner import errors, profile, stage_mapping, stage_table
+from planaria.planner import errors, profile, stage_dp, stage_mapping, stage_table
 from tests import strategies
 
 
@@ -33,10 +34,16 @@ def _compositions(total: int, largest: int) -> Iterator[tuple[int, ...]]:
 
 
 def brute_force(
-    table: stage_table.StageTable, num_nodes: int, m: int, num_micro_batches: int | None
+    table: stage_table.StageTable,
+    num_nodes: int,
+    m: int,
+    num_micro_batches: int | None,
+    *,
+    slowest_only: bool = False,
 ) -> float:
     """The least T over every pipeline on num_nodes nodes: each node's GPUs split into
-    consecutive stages in every way, every layer partition, memory checked at 1F1B depth."""
+    consecutive stages in every way, every layer partition, memory checked at 1F1B depth (with
+    `slowest_only`, the least slowest-stage time instead, memory checked at depth 1)."""
     best = math.inf
     splits = list(_compositions(m, table.max_gpus))
     for per_node in itertools.product(splits, repeat=num_nodes):
@@ -57,10 +64,12 @@ def brute_force(
         for cuts in itertools.combinations(range(1, table.num_layers), s - 1):
             bounds = (0, *cuts, table.num_layers)
             stages = list(zip(bounds, bounds[1:], widths, strict=False))
-            if not all(table.fits(a, b, k, min(s - i, n_b)) for i, (a, b, k) in enumerate(stages)):
+            depths = [1 if slowest_only else min(s - i, n_b) for i in range(s)]
+            if not all(table.fits(a, b, k, r) for (a, b, k), r in zip(stages, depths, strict=True)):
                 continue
             times = [table.stage_time_s(a, b, k, links[i]) for i, (a, b, k) in enumerate(stages)]
-            best = min(best, stage_table.pipeline_time_s(times, n_b))
+            value = max(times) if slowest_only else stage_table.pipeline_time_s(times, n_b)
+            best = min(best, value)
     return best
 
 
@@ -180,6 +189,22 @@ def test_the_optimum_equals_a_brute_force_enumerator(
         mapping = search.map(n)
         _check_well_formed(mapping, table, m)
         assert mapping.iteration_time_s() == pytest.approx(expected, rel=1e-9, abs=1e-12)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    source=strategies.planning_profiles(max_layers=6),
+    m=st.integers(1, 3),
+    max_nodes=st.integers(1, 3),
+)
+def test_the_bottleneck_floor_is_the_least_slowest_stage(
+    source: profile.Profile, m: int, max_nodes: int
+) -> None:
+    table = stage_table.build_table(source, gpus_per_node=m)
+    usable = stage_table.usable_times(table, table.max_depth, m, max_nodes)
+    floors = stage_dp.bottleneck_floor(usable, m, max_nodes)
+    for n in range(1, max_nodes + 1):
+        assert floors[n] == brute_force(table, n, m, None, slowest_only=True)
 
 
 def test_eight_layers_three_nodes_four_gpus_equal_the_enumerator() -> None:

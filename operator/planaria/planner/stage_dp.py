@@ -300,14 +300,14 @@ def bottleneck_floor(usable: stage_table.FloatArray, m: int, max_nodes: int) -> 
     depth 1 there, so this is a lower bound: no pipeline has a slowest stage below it."""
     num_layers = usable.shape[2] - 1
     total = max_nodes * m
-    worst = [np.full(2 * num_layers + 1, _INF) for _ in range(total + 1)]
-    worst[0][num_layers] = 0.0
+    worst = np.full((total + 1, 2 * num_layers + 1), _INF)
+    worst[0, num_layers] = 0.0
     for g in range(total):
         if not np.isfinite(worst[g]).any():
             continue
-        windows = sliding_window_view(worst[g][1:], num_layers)[: num_layers + 1]
-        for k in range(1, min(usable.shape[1], m - g % m) + 1):
-            slowest = np.maximum(windows, usable[link_after(g, m), k - 1])
-            target = worst[g + k][: num_layers + 1]
-            np.minimum(target, slowest.min(axis=1), out=target)
-    return [float(worst[n * m][0]) for n in range(max_nodes + 1)]
+        widest = min(usable.shape[1], m - g % m)
+        windows = sliding_window_view(worst[g, 1:], num_layers)[: num_layers + 1]
+        slowest = np.maximum(windows, usable[link_after(g, m), :widest]).min(axis=2)
+        target = worst[g + 1 : g + 1 + widest, : num_layers + 1]
+        np.minimum(target, slowest, out=target)
+    return [float(worst[n * m, 0]) for n in range(max_nodes + 1)]
