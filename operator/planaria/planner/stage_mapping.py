@@ -22,11 +22,12 @@ S leaves the state, entering only through b*c per stage, so all S in [n, L] are 
 nodes are identical, so one DP pass up to the largest template answers every smaller one too.
 The DP itself is `planaria.planner.stage_dp`.
 
-Which caps: branch and bound over the sorted distinct stage times. An interval of caps gets a
-lower bound from one relaxed pass (stage_dp); intervals whose bound reaches the best exact value
-are dropped, others split until single caps, which are solved exactly. Passes are vectorised
-over a batch of intervals, and every value is cached for all template sizes (the paper's "the
-largest template's cache serves the rest"). The stage table is built once per profile.
+Which caps: branch and bound over the sorted distinct stage times. Caps below the least possible
+slowest stage (a min-max DP) are skipped; an interval of caps gets a lower bound from one relaxed
+pass (stage_dp), or from T >= (a + b n) c without one; intervals whose bound reaches the best
+exact value are dropped, others split until single caps, which are solved exactly. Passes are
+vectorised over a batch of intervals, and every value is cached for all template sizes (the
+paper's "the largest template's cache serves the rest"). The stage table is built once per profile.
 
 Memory depth. Exact values need depth buckets up to the largest memory limit (in stages) that a
 candidate pipeline could reach. While planning every stage costs at least 3c, so a pipeline that
