@@ -117,7 +117,7 @@ def configurations(
         depth, extra = divmod(num_workers, dp)
         symmetric = (min(depth, num_layers),) * dp
         found.append(symmetric)
-        if extra and depth + 1 <= num_layers:
+        if extra and depth + 1 <= num_layers:  # N mod DP pipelines one deeper: nobody idles
             found.append((depth + 1,) * extra + (depth,) * (dp - extra))
     return tuple(dict.fromkeys(found))
 
@@ -146,6 +146,7 @@ def search(
     held = transfers.holdings(running, failure.failed, failure.spare)
     if not held:
         raise errors.InfeasibleError("every worker of the plan failed; nothing can recover")
+    # rerouting is estimated whole here: its cost is the peers' extra work, no pipeline alone
     found: list[Candidate | Rejection] = [_rerouted(failure, estimates, settings)]
     for depths in configurations(
         len(held),
@@ -230,6 +231,7 @@ def _configured(
         for d in sorted(set(depths))
     }
     found = [_laid_out(depths, best, "", held, running, estimates, settings)]
+    # the first running pipeline of each depth wins (reversed: later ones are overwritten)
     current = {len(p.stages): _counts(p) for p in reversed(running.pipelines)}
     kept = {d: current.get(d, counts) for d, counts in best.items()}
     if kept != best:
@@ -278,6 +280,7 @@ def _layout(
     assert all(c is not None for c in counts), "callers reject depths without a split"
     chosen = [c for c in counts if c is not None]
     batch = distribution.distribute_batch(estimates, chosen, running)
+    # consecutive workers: with several GPUs per node, neighbouring stages share a node
     pipelines, used = [], 0
     for split, num_micro_batches in zip(chosen, batch, strict=True):
         pipelines.append(

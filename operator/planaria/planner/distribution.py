@@ -61,6 +61,8 @@ def split_layers(
         splits = heapq.nsmallest(max_splits, splits, key=lambda c: _stage_work_s(prof, c))
     best: tuple[float, tuple[int, ...]] | None = None
     for counts in splits:
+        # S micro-batches: each stage reaches its steady-state count in flight (memory holds
+        # for any larger count) at the least estimation cost
         alone = pipeline_of(counts, [plan.WorkerId(w) for w in range(depth)], depth)
         estimate = estimates.pipeline(alone, running.micro_batch_size, running.gpus_per_node)
         if estimates.fits(estimate) and (best is None or (estimate.step_s, counts) < best):
@@ -93,6 +95,7 @@ def pipeline_cost(
         ).step_s
         for m in (depth, 2 * depth)
     ]
+    # past the fill, each extra micro-batch adds one bottleneck slot: the slope is constant
     slope = (at[1] - at[0]) / depth
     return batching.PipelineCost(fixed_s=at[0] - slope * depth, per_micro_batch_s=slope)
 

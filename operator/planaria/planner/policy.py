@@ -128,6 +128,7 @@ class Reason:
 
 def value(global_batch: int, step_s: float, transition_s: float, time_to_failure_s: float) -> float:
     """Odyssey eq. 8 with t_S(i+1) = T_next - t_transition, clamped at 0 (samples/s)."""
+    # throughput x effective time ratio; a transition longer than T_next trains nothing
     return global_batch / step_s * max(0.0, time_to_failure_s - transition_s) / time_to_failure_s
 
 
@@ -214,7 +215,7 @@ def _refined(
     while pool and (budget is None or budget > 0):
         pool.sort(key=lambda c: _order(c, batch, time_to_failure))
         pending = [i for i, c in enumerate(pool[: settings.exact_top]) if not c.exact]
-        if not pending:
+        if not pending:  # screens are optimistic: no screened rival below can overtake
             break
         if budget is not None:
             pending, budget = pending[:budget], budget - len(pending[:budget])
@@ -267,6 +268,7 @@ def _window(rows: tuple[Ranked, ...]) -> Window:
         tie = _break_even(rows[0], rival).time_to_failure_s
         if tie is None:
             continue
+        # a faster rival amortises its transition over long T_next; a slower one wins short
         if rival.step_s < rows[0].step_s and tie < window.until_s:
             window = dataclasses.replace(window, until_s=tie, above=rival.rank)
         elif rival.step_s > rows[0].step_s and tie > window.from_s:

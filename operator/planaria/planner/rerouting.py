@@ -31,6 +31,7 @@ def reroute(old: plan.Plan, failed: Collection[plan.WorkerId]) -> plan.Plan:
     Raises InfeasibleError when some emptied stage has no live same-range peer.
     """
     dead = set(failed)
+    # every reroute is recomputed: a peer that took rerouted work may have failed itself
     pipelines = tuple(_without(p, dead) for p in old.pipelines)
     load = _own_load(pipelines)
     reroutes: list[plan.Reroute] = []
@@ -51,6 +52,7 @@ def _without(pipeline: plan.Pipeline, dead: set[plan.WorkerId]) -> plan.Pipeline
         plan.Stage(
             layer_start=s.layer_start,
             layer_stop=s.layer_stop,
+            # a tensor-parallel stage cannot run with a member missing: all of it is a hole
             workers=() if dead & set(s.workers) else s.workers,
         )
         for s in pipeline.stages
@@ -83,6 +85,7 @@ def _spread(
         raise errors.InfeasibleError(_impossible(old, p, s, dead))
     given: dict[int, list[int]] = defaultdict(list)
     for micro_batch in range(pipelines[p].num_micro_batches):
+        # least loaded first: extra work per peer differs by at most one (Odyssey eq. 13)
         q = min(peers, key=lambda peer: (load[(peer, layers)], peer))
         load[(q, layers)] += 1
         given[q].append(micro_batch)

@@ -46,6 +46,7 @@ class Estimates:
 
     def whole(self, plan_: plan.Plan) -> Estimate:
         """Step time and peak memory of the whole plan (all-reduces, reroutes included)."""
+        # E's estimates are invariant under relabelling nodes and GPUs (test_screening)
         shape = canonical(plan_.pipelines, plan_.gpus_per_node)
         key = (shape, plan_.micro_batch_size, plan_.gpus_per_node, plan_.reroutes)
         if key not in self._memo:

@@ -158,6 +158,7 @@ def cost_matrix(
     for j, layers in enumerate(wanted):
         need[j, list(layers)] = 1.0
     weights = np.asarray(layer_bytes, dtype=np.float64)
+    # (1 - have) masks what a survivor already holds; dropping a layer it holds costs nothing
     result: CostMatrix = ((1.0 - have) * weights) @ need.T
     return result
 
@@ -174,6 +175,7 @@ def match(
     survivors = list(held)
     sizes = [moved_bytes(layer) for layer in prof.layers]
     cost = cost_matrix([held[w] for w in survivors], list(wanted.values()), sizes)
+    # whole nodes play whole layout nodes: co-location, hence the layout's estimate, is kept
     rows = _groups(survivors, layout.gpus_per_node)
     cols = _groups(list(wanted), layout.gpus_per_node)
     outer, inner = _node_costs(cost, rows, cols)
@@ -226,7 +228,7 @@ def _inner(
 ) -> tuple[float, tuple[tuple[int, int], ...]]:
     """Cheapest way for the survivors `row` (one node) to play the roles `col` (one layout
     node): total bytes and (survivor index, role index) pairs; inf when too few survivors."""
-    if len(col) > len(row):
+    if len(col) > len(row):  # the layout node needs more GPUs than this node has alive
         return math.inf, ()
     block = cost[np.ix_(row, col)]
     r, c = optimize.linear_sum_assignment(block)
@@ -272,6 +274,7 @@ def missing(
     for worker, layers in roles(new).items():
         for layer in sorted(layers - held.get(worker, frozenset())):
             if holders[layer]:
+                # sorted, so every agent computes the same shard split (LayerTransfer.shard)
                 sources = tuple(sorted(holders[layer]))
                 transfers.append(
                     plan.LayerTransfer(layer=layer, destination=worker, sources=sources)
@@ -292,13 +295,14 @@ def transfer_s(
     load: dict[tuple[plan.WorkerId, bool, bool], tuple[int, float]] = defaultdict(lambda: (0, 0))
     for transfer in transfers:
         size = moved_bytes(prof.layers[transfer.layer])
+        # every source's shard is one message on its send side and the destination's receive
         for source in transfer.sources:
             shard = transfer.shard(source, size)
             intra = source // gpus_per_node == transfer.destination // gpus_per_node
             for key in ((source, intra, True), (transfer.destination, intra, False)):
                 count, num_bytes = load[key]
                 load[key] = (count + 1, num_bytes + len(shard))
-    for restore in restores:
+    for restore in restores:  # snapshot shards sit on other nodes (REFT §4): inter-node link
         count, num_bytes = load[(restore.destination, False, False)]
         load[(restore.destination, False, False)] = (
             count + 1,
