@@ -134,7 +134,7 @@ EXAMPLE = manifests.Manifest(
 def test_bad_json_and_a_damaged_body_are_refused() -> None:
     with pytest.raises(manifests.ManifestError, match="not valid JSON"):
         manifests.decode(b"{")
-    damaged = manifests.encode(EXAMPLE).replace(b'"step": 10', b'"step": 11')
+    damaged = manifests.encode(EXAMPLE).replace(b'"step":10', b'"step":11')
     with pytest.raises(manifests.ManifestError, match="checksum: does not match"):
         manifests.decode(damaged)
 

@@ -240,7 +240,7 @@ def test_a_damaged_manifest_makes_its_slot_untrusted(
     stores = _stores(tmp_path)
     _write_steps(stores, [1, 2])
     manifest = _shard_path(stores[0], 2).parent / snapshot_store.MANIFEST
-    manifest.write_bytes(manifest.read_bytes().replace(b'"step": 2', b'"step": 7'))
+    manifest.write_bytes(manifest.read_bytes().replace(b'"step":2', b'"step":7'))
     with caplog.at_level(logging.WARNING):
         assert stores[0].latest().step == 1
     assert "checksum: does not match the body" in caplog.text

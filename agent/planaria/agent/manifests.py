@@ -6,8 +6,9 @@ flattened state (each tensor's role, dtype, shape and byte range), and the files
 (this member's shard, a peer's shard copy or a parity) with the byte range each covers and its
 checksum. Host-memory snapshots and persistent checkpoints share this format.
 
-On disk the manifest is `{"body": {...}, "checksum": "crc32:..."}`, the checksum taken over the
-body's canonical JSON (sorted keys, no spaces), so a flipped bit anywhere is caught.
+On disk the manifest is `{"body": {...}, "checksum": "crc32:..."}` on one line, the body in
+canonical JSON (sorted keys, no spaces) and the checksum taken over it, so a flipped bit
+anywhere is caught.
 
 `decode` trusts nothing: every field is type- and range-checked and a failure raises
 ManifestError naming the field path. Nothing here does I/O.
@@ -143,7 +144,11 @@ def encode(manifest: Manifest) -> bytes:
         "note": manifest.note,
         "layers": [_encode_layer(entry) for entry in manifest.layers],
     }
-    return json.dumps({"body": body, "checksum": _body_checksum(body)}, indent=1).encode()
+    # The body is written in its canonical form, so its checksum is computed once; compact
+    # JSON also keeps json's C encoder (indentation would fall back to the slow Python one).
+    canonical = _canonical(body)
+    checksum = f"crc32:{zlib.crc32(canonical):08x}"
+    return b'{"body":' + canonical + b',"checksum":"' + checksum.encode() + b'"}\n'
 
 
 def _encode_layer(entry: LayerEntry) -> dict[str, Any]:

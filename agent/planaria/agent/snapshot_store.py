@@ -60,6 +60,8 @@ LOG = logging.getLogger(__name__)
 DEFAULT_BASE = Path("/dev/shm/planaria")
 SLOTS = ("slot-0", "slot-1")
 MANIFEST = "manifest.json"
+# Buffers per writev call (well under IOV_MAX, 1024 on Linux).
+WRITEV_BATCH = 512
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
@@ -159,21 +161,41 @@ def write_private_file(path: Path, chunks: Iterable[Any], algorithm: str) -> str
     """Create `path` afresh (0600), write the chunks, fsync; returns their checksum.
 
     An existing file is unlinked first rather than truncated, so a reader holding it open
-    keeps the old bytes.
+    keeps the old bytes. Chunks go out in batches with one writev each: every system call
+    hands the GIL to the training thread and back, so fewer calls disturb training less.
     """
     path.unlink(missing_ok=True)
     digest = CHECKSUMS[algorithm]()
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
     try:
+        batch: list[memoryview] = []
         for chunk in chunks:
             view = memoryview(chunk).cast("B")
             digest.update(view)
-            while view:
-                view = view[os.write(fd, view) :]
+            batch.append(view)
+            if len(batch) == WRITEV_BATCH:
+                _write_all(fd, batch)
+                batch = []
+        _write_all(fd, batch)
         os.fsync(fd)
     finally:
         os.close(fd)
     return f"{algorithm}:{digest.hexdigest()}"
+
+
+def _write_all(fd: int, views: list[memoryview]) -> None:
+    """Write every byte of `views`, in order (writev, then plain writes after a short one)."""
+    if not views:
+        return
+    written = os.writev(fd, views)
+    for view in views:
+        if written >= len(view):
+            written -= len(view)
+            continue
+        view = view[written:]
+        written = 0
+        while view:
+            view = view[os.write(fd, view) :]
 
 
 def fsync_dir(path: Path) -> None:
@@ -185,20 +207,30 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def commit_manifest(directory: Path, manifest: manifests.Manifest) -> None:
-    """Write the manifest to a temp name, fsync, rename over manifest.json: the commit."""
+def commit_manifest(directory: Path, manifest: manifests.Manifest) -> bytes:
+    """Write the manifest to a temp name, fsync, rename over manifest.json: the commit.
+    Returns the bytes written."""
     temp = directory / (MANIFEST + ".tmp")
-    write_private_file(temp, [manifests.encode(manifest)], "crc32")
+    raw = manifests.encode(manifest)
+    write_private_file(temp, [raw], "crc32")
     os.replace(temp, directory / MANIFEST)
     fsync_dir(directory)
+    return raw
 
 
 def read_manifest(directory: Path) -> manifests.Manifest:
     """The manifest in `directory`; SnapshotMissing when absent, SnapshotCorrupt when bad."""
+    return decode_manifest(read_manifest_bytes(directory), directory)
+
+
+def read_manifest_bytes(directory: Path) -> bytes:
     try:
-        raw = (directory / MANIFEST).read_bytes()
+        return (directory / MANIFEST).read_bytes()
     except FileNotFoundError as exc:
         raise SnapshotMissing(f"no complete snapshot in {directory}") from exc
+
+
+def decode_manifest(raw: bytes, directory: Path) -> manifests.Manifest:
     try:
         return manifests.decode(raw)
     except manifests.ManifestError as exc:
@@ -236,6 +268,7 @@ class SnapshotStore:
         self.root = root
         self.checksum = checksum
         self._lock = threading.Lock()
+        self._decoded: dict[str, tuple[bytes, manifests.Manifest]] = {}
         make_private_dir(root)
         for slot in SLOTS:
             make_private_dir(root / slot)
@@ -264,7 +297,8 @@ class SnapshotStore:
 
     def commit(self, directory: Path, manifest: manifests.Manifest) -> None:
         """Make the snapshot in `directory` complete (see the module docstring)."""
-        commit_manifest(directory, manifest)
+        raw = commit_manifest(directory, manifest)
+        self._decoded[directory.name] = (raw, manifest)
 
     def _invalidate(self, directory: Path) -> None:
         (directory / MANIFEST).unlink(missing_ok=True)
@@ -346,13 +380,21 @@ class SnapshotStore:
         return [_Slot(path=self.root / name, manifest=self._try_manifest(name)) for name in SLOTS]
 
     def _try_manifest(self, name: str) -> manifests.Manifest | None:
+        """The slot's manifest as on disk now; decoding is skipped when the bytes are the
+        ones decoded last time (decoding a large manifest costs milliseconds per snapshot)."""
         try:
-            return read_manifest(self.root / name)
+            raw = read_manifest_bytes(self.root / name)
+            cached = self._decoded.get(name)
+            if cached is not None and cached[0] == raw:
+                return cached[1]
+            manifest = decode_manifest(raw, self.root / name)
         except SnapshotMissing:
             return None
         except SnapshotCorrupt as exc:
             LOG.warning("ignoring snapshot slot: %s", exc)
             return None
+        self._decoded[name] = (raw, manifest)
+        return manifest
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

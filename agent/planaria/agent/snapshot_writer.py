@@ -67,6 +67,7 @@ class SnapshotWriter:
         self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="snapshot")
         self._future: concurrent.futures.Future[manifests.Manifest] | None = None
         self._parity_buffers: dict[int, parity.Bytes] = {}
+        self._flat = snapshots.FlatCache()
         self._replicas: dict[int, recompute.OptimizerReplica] = {}
 
     def due(self, step: int) -> bool:
@@ -188,6 +189,7 @@ class SnapshotWriter:
     def _write(self, step: int, epoch: int, jobs: Sequence[_LayerJob]) -> manifests.Manifest:
         directory = self.store.begin(step)
         entries = tuple(self._write_layer(directory, job) for job in jobs)
+        self._flat.keep_only({job.state.index for job in jobs})
         mode = self.config.redundancy
         unprotected = [e.layer for e in entries if e.tolerated_losses == 0]
         note = "" if not unprotected else f"layers {unprotected} survive no lost member"
@@ -206,8 +208,7 @@ class SnapshotWriter:
     def _write_layer(self, directory: Path, job: _LayerJob) -> manifests.LayerEntry:
         state, group = job.state, job.group
         member, m = group.index(self.config.worker), len(group)
-        layout = snapshots.tensor_layout(state)
-        data = snapshots.flat_bytes(state)
+        layout, data = self._flat.flatten(state)
         files = [self._write_range(directory, job, data, member, manifests.FileKind.SHARD)]
         tolerated = snapshots.tolerated_losses(self.config.redundancy, m)
         if tolerated:
