@@ -8,7 +8,8 @@ or a group of one, the manifest says nothing is protected and a lost member is S
 naming the next tier; a restarted agent reads its own store again; live states are references
 that cost no copy; the reference trainer, restored from a snapshot rebuilt with one member
 lost and replayed, ends bit-identical to an uninterrupted run; the writer's contract: interval,
-no second begin before wait, timeout, write failures, a worker outside its group, settings.
+no second begin before wait, timeout, write failures, a worker outside its group, settings;
+snapshots follow state updated in place and state replaced (the cached views stay correct).
 """
 
 from __future__ import annotations
@@ -354,3 +355,28 @@ def test_manifests_name_every_tensor_and_file(tmp_path: Path) -> None:
         state.names
     )
     assert {f.kind for f in entry.files} == {manifests.FileKind.SHARD, manifests.FileKind.PARITY}
+
+
+def test_snapshots_follow_state_updated_in_place_and_state_replaced(tmp_path: Path) -> None:
+    trainer, other = _trainer(), _trainer()
+    other.step(0)
+    stores = _stores(tmp_path, 2)
+    writers = _writers(stores, Mode.COPY)
+    groups = {i: (plan.WorkerId(0), plan.WorkerId(1)) for i in range(4)}
+
+    def snapshot_and_check(step: int) -> None:
+        for writer in writers:
+            writer.begin(step=step, epoch=1, states=_live(trainer), groups=groups)
+        for writer in writers:
+            writer.wait(30)
+        for layer in range(MICRO.num_planner_layers):
+            _assert_identical(snapshots.load_layer(stores, step, layer), trainer.layer_state(layer))
+
+    snapshot_and_check(1)  # zeros for the optimizer state: no step taken yet
+    trainer.step(0)  # parameters updated in place, optimizer state created
+    snapshot_and_check(2)
+    trainer.step(1)  # updated in place again (the cached views must show it)
+    snapshot_and_check(3)
+    for layer in range(MICRO.num_planner_layers):  # new optimizer state tensors
+        trainer.load_layer_state(other.layer_state(layer))
+    snapshot_and_check(4)
