@@ -49,10 +49,12 @@ from planaria.planner import errors, stage_dp, stage_table
 _INF = math.inf
 # Search tuning (speed only, never the result): intervals expanded per round once there is an
 # incumbent (8, or up to 32 while their passes are cheap); element operations that cost about as
-# much as one pass's fixed numpy overhead (a pass this cheap splits its interval more ways);
-# float64 elements one batched pass may hold.
+# much as one pass's fixed numpy overhead (a pass this cheap splits its interval more ways); the
+# work under which one pass takes intervals of any stage length; float64 elements one batched
+# pass may hold.
 _ROUND_INTERVALS = (8, 32)
 _PASS_OVERHEAD = 2_000_000
+_CHEAP_CHUNK = 4 * _PASS_OVERHEAD
 _BATCH_ELEMENTS = 4_000_000
 
 Interval = tuple[int, int]
@@ -332,18 +334,27 @@ class MappingSearch:
 
     def _chunks(self, group: list[Interval], depth: int, n: int) -> list[list[Interval]]:
         """Batches of intervals for one pass each: similar stage lengths (a pass costs as much
-        as its longest), and state and cost arrays within _BATCH_ELEMENTS."""
+        as its longest) unless the whole batch is cheap, and state and cost arrays within
+        _BATCH_ELEMENTS."""
         chunks: list[list[Interval]] = []
         first_band = 0
         for interval in sorted(group, key=lambda iv: (iv[1], iv[0])):
-            band = _band(self._relevant, float(self.caps[interval[1] - 1]))
-            size = self._batch_size(band, depth, n)
-            if chunks and band <= 2 * first_band and len(chunks[-1]) < size:
+            hi = float(self.caps[interval[1] - 1])
+            band = _band(self._relevant, hi)
+            if chunks and self._joins(chunks[-1], hi, band <= 2 * first_band, depth, n):
                 chunks[-1].append(interval)
             else:
                 chunks.append([interval])
                 first_band = max(band, 2)
         return chunks
+
+    def _joins(self, chunk: list[Interval], hi: float, similar: bool, depth: int, n: int) -> bool:
+        """Whether an interval with cap `hi` joins `chunk`: it fits, and its stage lengths are
+        similar or the whole chunk stays cheap."""
+        band = _band(self._relevant, hi)
+        if len(chunk) >= self._batch_size(band, depth, n):
+            return False
+        return similar or (len(chunk) + 1) * self._pass_work(hi, n) <= _CHEAP_CHUNK
 
     def _batch_size(self, band: int, depth: int, n: int) -> int:
         """Intervals per pass so that its state and cost arrays stay within _BATCH_ELEMENTS."""
