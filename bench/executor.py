@@ -2,21 +2,23 @@
 
 1. Symmetric data parallelism: 2 workers, each the whole model, 4 micro-batches of 4 samples
    per worker per step. Our executor (planaria.agent.harness) and torch's
-   DistributedDataParallel (gloo, same processes count, model, data, per-layer AdamW; DDP's
-   average turned into a sum by scaling the loss with the world size) are timed in
-   interleaved rounds; the table gives samples/s of each and their ratio (goal: ours within
-   10%), plus the largest parameter difference between the two (they train the same thing).
-2. The estimator: a profile measured here (`profiler.measure_profile`, one thread) predicts the
-   step time of pipeline, data-parallel, heterogeneous and rerouted plans
-   (`estimator.estimate_step`); the table gives measured vs predicted seconds and the error
-   (goal: <= 5%). Each worker is one process with one thread, but this machine may have fewer
-   cores than a plan has workers; the estimator assumes one device per worker, so the table
-   also gives a contention-aware prediction, max(estimate, sum of busy seconds / cores), and
-   its error. Only the plans with no more workers than cores are like for like.
+   DistributedDataParallel (gloo, same number of processes, model, data, per-layer AdamW;
+   DDP's average turned into a sum by scaling the loss with the world size) run in rounds,
+   one after the other; the table gives samples/s of each (medians) and the median over
+   rounds of their ratio (goal: ours within 10%), plus the largest parameter difference
+   between the two (they train the same thing).
+2. The estimator: per plan (pipeline, data-parallel, heterogeneous, rerouted), rounds of
+   (measure profiles with `profiler.measure_profile`, one thread; predict the step with
+   `estimator.estimate_step`; run the plan); the table gives the medians of the measured and
+   predicted seconds and of the rounds' errors (goal: <= 5%). Two predictions: from a profile
+   measured alone in this process, and from per-layer medians of profiles measured by as
+   many processes at once as the plan has workers. The estimator assumes a device per
+   worker; this machine has few cores shared with other work, so a worker runs as fast as the
+   concurrent profile says, not the lone one.
 
 Step time of a run: per worker the median over the measured steps (after warm-up steps) of
 its step wall time; the run's step time is the slowest worker's (steps are back to back, so
-that is the period). Writes bench/results/executor.json.
+that is the period). Writes bench/results/executor.json, with the machine's load average.
 
     .venv/bin/python bench/executor.py [--quick]
 """
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import datetime
 import json
 import multiprocessing
@@ -44,13 +47,14 @@ from torch._C import _distributed_c10d as c10d
 from torch.nn.parallel import DistributedDataParallel
 
 from planaria.agent import data, harness, model, profiler, reference
-from planaria.planner import estimator, plan, schedule, shapes
+from planaria.planner import estimator, plan, profile, schedule, shapes
 
 RESULTS = Path(__file__).parent / "results" / "executor.json"
 SHAPE = shapes.named("small")
 MICRO_BATCH = 4
 SEED = 0
 WARMUP_STEPS = 2
+CORES = len(os.sched_getaffinity(0))
 Stages = list[tuple[int, int, tuple[int, ...]]]
 
 
@@ -182,20 +186,21 @@ def run_ddp(tokens: data.Tokens, steps: int) -> tuple[float, list[npt.NDArray[np
 def compare_with_ddp(
     cluster: harness.LocalCluster, tokens: data.Tokens, settings: Settings
 ) -> dict[str, float]:
+    """Rounds of (ours, DDP) back to back; the ratio is the median of the rounds' ratios, since
+    the two runs of a round see about the same load from whatever else runs here."""
     ours, theirs, difference = [], [], 0.0
-    for _ in range(settings.rounds):  # interleaved, so drifting machine load hits both
+    for _ in range(settings.rounds):
         period, run = run_ours(cluster, DATA_PARALLEL, settings.steps)
         ours.append(period)
         period, parameters = run_ddp(tokens, settings.steps)
         theirs.append(period)
         difference = max(difference, max_difference(run, parameters))
     samples = DATA_PARALLEL.global_batch_size
-    ours_rate, ddp_rate = samples / statistics.median(ours), samples / statistics.median(theirs)
     return {
         "samples_per_step": samples,
-        "ours_samples_per_s": ours_rate,
-        "ddp_samples_per_s": ddp_rate,
-        "ours_over_ddp": ours_rate / ddp_rate,
+        "ours_samples_per_s": samples / statistics.median(ours),
+        "ddp_samples_per_s": samples / statistics.median(theirs),
+        "ours_over_ddp": statistics.median(t / o for o, t in zip(ours, theirs, strict=True)),
         "max_parameter_difference": difference,
     }
 
@@ -214,32 +219,63 @@ def max_difference(
 def compare_with_estimator(
     cluster: harness.LocalCluster, settings: Settings
 ) -> list[dict[str, object]]:
+    """Per plan, rounds of (measure profiles, predict, run); each run is compared with the
+    predictions from the profiles measured just before it, and the medians are reported."""
     torch.set_num_threads(1)
-    measured_profile = profiler.measure_profile(
-        SHAPE, MICRO_BATCH, warmup=3, repeats=settings.profile_repeats
-    )
-    cores = len(os.sched_getaffinity(0))
     rows: list[dict[str, object]] = []
     for name, p in ESTIMATED.items():
-        estimate = estimator.estimate_step(schedule.compile_schedule(p), measured_profile)
-        measured = statistics.median(
-            run_ours(cluster, p, settings.steps)[0] for _ in range(settings.rounds)
-        )
-        busy = sum(w.busy_s for w in estimate.workers)
-        bound = max(estimate.step_s, busy / cores)
-        rows.append(
-            {
-                "plan": name,
-                "workers": len(p.workers),
-                "cores": cores,
-                "measured_s": measured,
-                "estimated_s": estimate.step_s,
-                "error_pct": 100 * (estimate.step_s - measured) / measured,
-                "cpu_bound_s": bound,
-                "cpu_bound_error_pct": 100 * (bound - measured) / measured,
-            }
-        )
+        rounds = [estimate_and_run(cluster, p, settings) for _ in range(settings.rounds)]
+        row: dict[str, object] = {"plan": name, "workers": len(p.workers)}
+        for key in rounds[0]:
+            row[key] = statistics.median(r[key] for r in rounds)
+        for key in ("alone", "concurrent"):
+            errors = [100 * (r[f"{key}_s"] - r["measured_s"]) / r["measured_s"] for r in rounds]
+            row[f"{key}_error_pct"] = statistics.median(errors)
+        rows.append(row)
     return rows
+
+
+def estimate_and_run(
+    cluster: harness.LocalCluster, p: plan.Plan, settings: Settings
+) -> dict[str, float]:
+    """One round: the step predicted from a profile measured alone in this process and from
+    profiles measured by as many processes at once as the plan has workers, then measured."""
+    sched = schedule.compile_schedule(p)
+    alone = profiler.measure_profile(SHAPE, MICRO_BATCH, warmup=2, repeats=settings.profile_repeats)
+    concurrent = profile_concurrently(len(p.workers), settings.profile_repeats)
+    return {
+        "alone_s": estimator.estimate_step(sched, alone).step_s,
+        "concurrent_s": estimator.estimate_step(sched, concurrent).step_s,
+        "measured_s": run_ours(cluster, p, settings.steps)[0],
+    }
+
+
+def profile_worker(repeats: int, results: connection.Connection) -> None:
+    torch.set_num_threads(1)
+    results.send(profiler.measure_profile(SHAPE, MICRO_BATCH, warmup=2, repeats=repeats))
+
+
+def profile_concurrently(num_processes: int, repeats: int) -> profile.Profile:
+    """Per-layer medians over profiles measured by `num_processes` processes at once: each
+    worker's speed when as many processes share this machine's cores as in the run."""
+    context = multiprocessing.get_context("forkserver")
+    pipes = [context.Pipe(duplex=False) for _ in range(num_processes)]
+    processes = [context.Process(target=profile_worker, args=(repeats, w)) for _, w in pipes]
+    for process in processes:
+        process.start()
+    profiles: list[profile.Profile] = [r.recv() for r, _ in pipes]
+    for process in processes:
+        process.join()
+    layers = tuple(
+        dataclasses.replace(
+            versions[0],
+            forward_s=(statistics.median(v.forward_s[0] for v in versions),),
+            backward_s=(statistics.median(v.backward_s[0] for v in versions),),
+            optimizer_s=statistics.median(v.optimizer_s for v in versions),
+        )
+        for versions in zip(*(p.layers for p in profiles), strict=True)
+    )
+    return dataclasses.replace(profiles[0], layers=layers)
 
 
 # --- main ----------------------------------------------------------------------------------------
@@ -252,36 +288,37 @@ def print_tables(ddp: dict[str, float], rows: list[dict[str, object]]) -> None:
         f"{ddp['ours_samples_per_s']:>10.1f} {ddp['ddp_samples_per_s']:>10.1f} "
         f"{ddp['ours_over_ddp']:>7.3f} {ddp['max_parameter_difference']:>13.2e}"
     )
-    print()
-    header = f"{'plan':<30} {'workers':>7} {'measured':>9} {'estimate':>9} {'err %':>7}"
-    print(header + f" {'cpu-bound':>9} {'err %':>7}")
+    print("\nstep seconds: measured; estimated from a profile measured alone / concurrently")
+    header = f"{'plan':<30} {'workers':>7} {'measured':>9} {'alone':>7} {'err %':>7}"
+    print(header + f" {'concurrent':>10} {'err %':>7}")
     for row in rows:
         print(
             f"{row['plan']!s:<30} {row['workers']!s:>7} {row['measured_s']:>9.3f} "
-            f"{row['estimated_s']:>9.3f} {row['error_pct']:>7.1f} {row['cpu_bound_s']:>9.3f} "
-            f"{row['cpu_bound_error_pct']:>7.1f}"
+            f"{row['alone_s']:>7.3f} {row['alone_error_pct']:>7.1f} "
+            f"{row['concurrent_s']:>10.3f} {row['concurrent_error_pct']:>7.1f}"
         )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="fewer rounds and steps")
+    parser.add_argument("--quick", action="store_true", help="one round of fewer steps")
     quick = parser.parse_args().quick
-    settings = Settings(rounds=1 if quick else 3, steps=4 if quick else 8, profile_repeats=10)
+    settings = Settings(rounds=1 if quick else 3, steps=4 if quick else 8, profile_repeats=5)
     tokens = data.load_default_corpus(max_bytes=2_000_000)
+    load_before = os.getloadavg()[0]  # other work on this machine skews every figure
     with harness.LocalCluster(workers=range(5), tokens=tokens, timeout_s=120.0) as cluster:
         ddp = compare_with_ddp(cluster, tokens, settings)
         rows = compare_with_estimator(cluster, settings)
+    machine = {"cores": CORES, "load_before": load_before, "load_after": os.getloadavg()[0]}
     print_tables(ddp, rows)
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(
-        json.dumps({"settings": vars_of(settings), "ddp": ddp, "estimator": rows}, indent=2)
+    print(
+        f"\n{CORES} cores; 1-minute load average {load_before:.2f} before, "
+        f"{machine['load_after']:.2f} after"
     )
-    print(f"\nwrote {RESULTS}")
-
-
-def vars_of(settings: Settings) -> dict[str, int]:
-    return {"rounds": settings.rounds, "steps": settings.steps, "repeats": settings.profile_repeats}
+    report = {"settings": dataclasses.asdict(settings), "machine": machine, "ddp": ddp}
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps({**report, "estimator": rows}, indent=2))
+    print(f"wrote {RESULTS}")
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch._C import _distributed_c10d as c10d
 
-from planaria.agent import data, executor, groups, harness, model, reference
+from planaria.agent import data, executor, groups, harness, held_layers, model, reference
 from planaria.planner import errors, instructions, plan, schedule, shapes
 from planaria.wire import messages
 from tests import strategies
@@ -188,7 +188,7 @@ def solo(tokens: data.Tokens) -> Iterator[tuple[executor.Job, groups.Epoch]]:
 def _solo_executor(
     job: executor.Job, epoch: groups.Epoch, sched: schedule.Schedule
 ) -> executor.Executor:
-    layers = executor.HeldLayers.build(job.config, range(job.config.shape.num_planner_layers))
+    layers = held_layers.HeldLayers.build(job.config, range(job.config.shape.num_planner_layers))
     return executor.Executor(
         job=job, sched=sched, worker=plan.WorkerId(0), epoch=epoch, layers=layers
     )
@@ -277,7 +277,7 @@ def test_inputs_that_do_not_fit_are_refused(
     job, epoch = solo
     sched = schedule.compile_schedule(_plan(([(0, 5, (0,))], 3)))
     config, worker = job.config, plan.WorkerId(0)
-    layers = executor.HeldLayers.build(config, range(5))
+    layers = held_layers.HeldLayers.build(config, range(5))
     if change == "model":
         job = executor.Job(
             config=_config(_plan(([(0, 6, (0,))], 3))), dataset=job.dataset, sampler=job.sampler
@@ -287,7 +287,7 @@ def test_inputs_that_do_not_fit_are_refused(
     elif change == "worker":
         worker = plan.WorkerId(9)
     elif change == "layers":
-        layers = executor.HeldLayers.build(config, range(2))
+        layers = held_layers.HeldLayers.build(config, range(2))
     elif change == "rank":
         sched = schedule.compile_schedule(_plan(([(0, 5, (0,))], 2), ([(0, 5, (1,))], 1)))
     else:
@@ -313,7 +313,7 @@ def test_a_stage_of_several_workers_is_refused(solo: tuple[executor.Job, groups.
         gpus_per_node=2,
     )
     sched = schedule.compile_schedule(tensor_parallel)
-    layers = executor.HeldLayers.build(job.config, range(5))
+    layers = held_layers.HeldLayers.build(job.config, range(5))
     with pytest.raises(errors.PlanInputError, match="runs on 2 workers"):
         executor.Executor(job=job, sched=sched, worker=plan.WorkerId(0), epoch=epoch, layers=layers)
 

@@ -53,14 +53,14 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from planaria.agent import data, groups, model, reference
+from planaria.agent import data, groups, held_layers, model, reference
 from planaria.planner import errors, instructions, plan, schedule
 from planaria.wire import messages
 
@@ -140,71 +140,6 @@ class Job:
         return cls(config=config, dataset=dataset, sampler=sampler)
 
 
-class HeldLayers:
-    """The planner layers a worker holds, each with its own AdamW (`model.make_optimizer`).
-
-    They outlive executors: a worker that keeps its layers from one epoch to the next keeps
-    this object and hands it to the next epoch's executor.
-    """
-
-    def __init__(
-        self,
-        modules: Mapping[int, nn.Module],
-        optimizers: Mapping[int, torch.optim.Optimizer],
-        device: torch.device,
-    ) -> None:
-        self.modules = dict(modules)
-        self.optimizers = dict(optimizers)
-        self.device = device
-
-    @classmethod
-    def build(
-        cls, config: reference.TrainingConfig, indices: Iterable[int], device: str = "cpu"
-    ) -> HeldLayers:
-        """Layers `indices` freshly initialised from the configuration's seed."""
-        shape, target = config.shape, torch.device(device)
-        modules = {i: model.build_layer(shape, config.seed, i, target) for i in indices}
-        optimizers = {i: model.make_optimizer(m, config.optimizer) for i, m in modules.items()}
-        return cls(modules, optimizers, target)
-
-    @property
-    def indices(self) -> tuple[int, ...]:
-        return tuple(sorted(self.modules))
-
-    @property
-    def dtype(self) -> torch.dtype:
-        """The floating-point dtype of the layers (of the hidden states between them)."""
-        first = self.modules[self.indices[0]]
-        return next(first.parameters()).dtype
-
-    def run(self, start: int, stop: int, x: torch.Tensor) -> torch.Tensor:
-        return model.run_layers([self.modules[i] for i in range(start, stop)], x)
-
-    def parameters(self, layers: Iterable[int]) -> list[nn.Parameter]:
-        return [p for i in layers for p in self.modules[i].parameters()]
-
-    def step(self, layers: Iterable[int]) -> None:
-        """One AdamW step of each layer; a parameter nobody computed a gradient for steps with
-        a zero gradient (as in the reference, where every layer gets one every step)."""
-        for i in layers:
-            for p in self.modules[i].parameters():
-                if p.grad is None:
-                    p.grad = torch.zeros_like(p)
-            self.optimizers[i].step()
-            self.optimizers[i].zero_grad(set_to_none=True)
-
-    def clear_grads(self) -> None:
-        for optimizer in self.optimizers.values():
-            optimizer.zero_grad(set_to_none=True)
-
-    def states(self) -> dict[int, model.LayerState]:
-        """A copy of every held layer's parameters and AdamW state."""
-        return {
-            i: model.extract_layer_state(i, self.modules[i], self.optimizers[i])
-            for i in self.indices
-        }
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StepResult:
     """One committed step as this worker saw it.
@@ -264,7 +199,7 @@ class Executor:
         sched: schedule.Schedule,
         worker: plan.WorkerId,
         epoch: groups.Epoch,
-        layers: HeldLayers,
+        layers: held_layers.HeldLayers,
     ) -> None:
         schedule.require_one_worker_per_stage(sched)
         self.job, self.epoch, self.layers = job, epoch, layers
@@ -472,7 +407,7 @@ def _check_fit(
     sched: schedule.Schedule,
     stream: schedule.WorkerStream,
     epoch: groups.Epoch,
-    layers: HeldLayers,
+    layers: held_layers.HeldLayers,
 ) -> None:
     config = job.config
     if sched.num_layers != config.shape.num_planner_layers:
@@ -504,7 +439,7 @@ def _check_epoch(
         )
 
 
-def _check_layers(stream: schedule.WorkerStream, layers: HeldLayers) -> None:
+def _check_layers(stream: schedule.WorkerStream, layers: held_layers.HeldLayers) -> None:
     needed = set(stream.layers)
     for op in stream.instructions:
         if isinstance(op, instructions.Forward | instructions.Backward):

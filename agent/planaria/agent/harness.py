@@ -53,10 +53,8 @@ import contextlib
 import datetime
 import multiprocessing
 import os
-import signal
 import tempfile
 import time
-import traceback
 import typing
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -67,11 +65,10 @@ from types import TracebackType
 import torch
 from torch._C import _distributed_c10d as c10d  # the store classes (see groups.py)
 
-from planaria.agent import data, executor, groups, model, reference
-from planaria.planner import instructions, plan, schedule
+from planaria.agent import data, local_worker, model, reference
+from planaria.planner import plan, schedule
 from planaria.wire import messages
 
-LOOPBACK = "127.0.0.1"
 POLL_S = 0.2  # how often the parent looks at the clock while it waits for reports
 STOP_GRACE_S = 5.0  # how long close() waits for a worker to exit before killing it
 FAILURE_MARGIN_S = 3.0  # beyond timeout_s, how long survivors of a failure get to report
@@ -89,13 +86,8 @@ class HarnessTimeoutError(HarnessError):
     """The cluster's start or a run outlived its deadline; every child has been killed."""
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Fault:
-    """Send `signal` to the worker itself right before instruction `index` of step `step`."""
-
-    step: int
-    index: int
-    signal: int = signal.SIGKILL
+# Part of this module's API; defined with the worker, which acts on it.
+Fault = local_worker.Fault
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False)
@@ -131,45 +123,12 @@ class RunResult:
         raise KeyError(f"no reporting worker holds layer {index}")
 
 
-# --- messages between parent and workers (pickled over pipes) --------------------------------
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class _RunCommand:
-    epoch: int
-    config: reference.TrainingConfig
-    plan: plan.Plan
-    steps: tuple[int, ...]
-    fresh: bool
-    fault: Fault | None
-    timeout_s: float
-    states_file: str
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class _Ready:
-    worker: plan.WorkerId
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class _StepDone:
-    step: int
-    loss: float
-    step_s: float
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class _RunEnded:
-    error: messages.LatchedError | None
-    states_file: str | None
-
-
 @dataclass(slots=True)
 class _Collected:
     """The parent's view of a run while reports come in."""
 
-    steps: dict[plan.WorkerId, list[_StepDone]]
-    ended: dict[plan.WorkerId, _RunEnded] = field(default_factory=dict)
+    steps: dict[plan.WorkerId, list[local_worker.StepDone]]
+    ended: dict[plan.WorkerId, local_worker.RunEnded] = field(default_factory=dict)
     lost: set[plan.WorkerId] = field(default_factory=set)
 
     @property
@@ -207,7 +166,7 @@ class LocalCluster:
         self._dead: set[plan.WorkerId] = set()
         self._files = tempfile.TemporaryDirectory(prefix="planaria-harness-")
         self._store = c10d.TCPStore(
-            LOOPBACK, 0, None, True, datetime.timedelta(seconds=timeout_s), False
+            local_worker.LOOPBACK, 0, None, True, datetime.timedelta(seconds=timeout_s), False
         )
         self._processes: dict[plan.WorkerId, multiprocessing.process.BaseProcess] = {}
         self._commands: dict[plan.WorkerId, connection.Connection] = {}
@@ -236,7 +195,7 @@ class LocalCluster:
         steps: Iterable[int],
         *,
         fresh: bool = True,
-        faults: Mapping[int, Fault] | None = None,
+        faults: Mapping[int, local_worker.Fault] | None = None,
         deadline_s: float | None = None,
     ) -> RunResult:
         """Run `steps` of `plan_` as the next epoch on the plan's workers (see the module
@@ -292,7 +251,7 @@ class LocalCluster:
         commands_in, commands_out = self._context.Pipe(duplex=False)
         reports_in, reports_out = self._context.Pipe(duplex=False)
         process = self._context.Process(
-            target=_worker_main,
+            target=local_worker.worker_main,
             args=(worker, self._store.port, tokens, commands_in, reports_out),
             name=f"planaria-worker-{worker}",
             daemon=True,
@@ -316,7 +275,7 @@ class LocalCluster:
                 )
             for worker in self._ready_readers(waiting, remaining):
                 message = self._receive(worker)
-                if not isinstance(message, _Ready):
+                if not isinstance(message, local_worker.Ready):
                     raise HarnessError(f"worker {worker} died or misbehaved while starting")
                 waiting.discard(worker)
 
@@ -336,11 +295,11 @@ class LocalCluster:
         plan_: plan.Plan,
         steps: tuple[int, ...],
         fresh: bool,
-        faults: Mapping[int, Fault] | None,
+        faults: Mapping[int, local_worker.Fault] | None,
         worker: plan.WorkerId,
-    ) -> _RunCommand:
+    ) -> local_worker.RunCommand:
         states_file = Path(self._files.name) / f"worker-{worker}-epoch-{self._epoch}.pt"
-        return _RunCommand(
+        return local_worker.RunCommand(
             epoch=self._epoch,
             config=config,
             plan=plan_,
@@ -377,11 +336,11 @@ class LocalCluster:
         self, worker: plan.WorkerId, pending: set[plan.WorkerId], collected: _Collected
     ) -> None:
         message = self._receive(worker)
-        if isinstance(message, _StepDone):
+        if isinstance(message, local_worker.StepDone):
             collected.steps[worker].append(message)
             return
         pending.discard(worker)
-        if isinstance(message, _RunEnded):
+        if isinstance(message, local_worker.RunEnded):
             collected.ended[worker] = message
         else:  # EOF: the process died
             self._reap(worker)
@@ -459,136 +418,3 @@ def _load_states(path: str) -> dict[int, model.LayerState]:
         )
         for index, fields in saved.items()
     }
-
-
-# --- the worker side ----------------------------------------------------------------------------
-
-
-def _worker_main(
-    worker: plan.WorkerId,
-    store_port: int,
-    tokens: data.Tokens,
-    commands: connection.Connection,
-    reports: connection.Connection,
-) -> None:
-    """A worker process: serve run commands until told to stop or the parent goes away."""
-    torch.set_num_threads(1)
-    # torch.optim's constructors import torch._dynamo on first use, seconds of CPU: pay that
-    # before reporting ready, not while peers wait for this worker at an epoch's rendezvous.
-    torch.optim.AdamW([torch.zeros(1, requires_grad=True)])
-    store = c10d.TCPStore(LOOPBACK, store_port, None, False, datetime.timedelta(seconds=60))
-    runner = _Runner(worker=worker, store=store, tokens=tokens, reports=reports)
-    reports.send(_Ready(worker=worker))
-    while True:
-        try:
-            command = commands.recv()
-        except EOFError:  # the parent is gone
-            break
-        if command is None:
-            break
-        runner.run(command)
-    # Everything this worker owes the parent has been written to its pipe; skip the interpreter's
-    # teardown of torch (most of a second per process) as multiprocessing's own fork path does.
-    os._exit(0)
-
-
-class _Runner:
-    """One worker's state between runs: the layers it holds."""
-
-    def __init__(
-        self,
-        *,
-        worker: plan.WorkerId,
-        store: c10d.Store,
-        tokens: data.Tokens,
-        reports: connection.Connection,
-    ) -> None:
-        self.worker, self.store, self.tokens, self.reports = worker, store, tokens, reports
-        self.held: executor.HeldLayers | None = None
-
-    def run(self, command: _RunCommand) -> None:
-        """Run the command's steps; report each step, then the outcome and the layer states."""
-        error = None
-        try:
-            self._run(command)
-        except executor.StepError as exc:
-            error = exc.latched()
-        except ValueError as exc:  # our input errors: a plan or state that cannot run here
-            error = _latched(messages.ErrorKind.INVALID_CONFIG, exc, command)
-        except groups.EpochFormationError as exc:
-            error = _latched(messages.ErrorKind.TIMEOUT, exc, command)
-        except Exception as exc:  # a process boundary: report anything else, keep serving
-            error = _latched(messages.ErrorKind.INTERNAL, exc, command)
-        states_file = self._save(command.states_file)
-        self.reports.send(_RunEnded(error=error, states_file=states_file))
-
-    def _run(self, command: _RunCommand) -> None:
-        sched = schedule.compile_schedule(command.plan)
-        ranks = groups.worker_ranks(sched)
-        layers = self._layers(command, sched)
-        epoch = groups.form_epoch(
-            self.store,
-            command.epoch,
-            ranks[self.worker],
-            len(ranks),
-            messages.Backend.GLOO,
-            command.timeout_s,
-            subgroups=groups.subgroup_ranks(sched),
-        )
-        try:
-            job = executor.Job.from_tokens(command.config, self.tokens)
-            runner = executor.Executor(
-                job=job, sched=sched, worker=self.worker, epoch=epoch, layers=layers
-            )
-            hook = _fault_hook(command.fault)
-            for step in command.steps:
-                result = runner.run_step(step, before=hook)
-                self.reports.send(_StepDone(step=step, loss=result.loss, step_s=result.step_s))
-        finally:
-            groups.leave_epoch(epoch)
-
-    def _layers(self, command: _RunCommand, sched: schedule.Schedule) -> executor.HeldLayers:
-        if command.fresh or self.held is None:
-            self.held = None  # free the old layers before building new ones
-            self.held = executor.HeldLayers.build(command.config, sched.stream(self.worker).layers)
-        return self.held
-
-    def _save(self, path: str) -> str | None:
-        if self.held is None:
-            return None
-        torch.save(
-            {
-                index: {
-                    "names": list(state.names),
-                    "parameters": list(state.parameters),
-                    "exp_avg": list(state.exp_avg),
-                    "exp_avg_sq": list(state.exp_avg_sq),
-                    "steps": list(state.steps),
-                }
-                for index, state in self.held.states().items()
-            },
-            path,
-        )
-        return path
-
-
-def _latched(
-    kind: messages.ErrorKind, exc: BaseException, command: _RunCommand
-) -> messages.LatchedError:
-    """An error that is not a StepError, with where it was raised (internal errors are bugs)."""
-    first = command.steps[0] if command.steps else 0
-    frames = traceback.extract_tb(exc.__traceback__)
-    where = f" (at {Path(frames[-1].filename).name}:{frames[-1].lineno})" if frames else ""
-    message = f"{type(exc).__name__}: {exc}{where}"
-    return messages.LatchedError(kind=kind, message=message, step=first)
-
-
-def _fault_hook(fault: Fault | None) -> executor.Hook | None:
-    if fault is None:
-        return None
-
-    def before(step: int, index: int, _: instructions.Instruction) -> None:
-        if (step, index) == (fault.step, fault.index):
-            os.kill(os.getpid(), fault.signal)
-
-    return before
