@@ -28,6 +28,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+import numpy.typing as npt
 from numpy.lib.stride_tricks import as_strided, sliding_window_view
 
 from planaria.planner import stage_table
@@ -125,15 +126,21 @@ def costs(
     before_hi = np.where(exact, np.nextafter(hi, -_INF), hi)
     a, b = objective.a, objective.b
     floor = np.maximum(lo, t)
-    after = np.where(t <= hi, 2 * t + _term(b, floor, hi), _INF)
-    neck = np.where((t >= lo) & (t <= hi), _term(a + b, t, hi), _INF)
-    before = np.where(t <= before_hi, t + _term(1 + b, floor, hi), _INF)
-    buckets = np.arange(1, depth + 1).reshape(1, -1, 1, 1)
     limit = depth_limit[:, :, :band].transpose(2, 0, 1)[:, None]
-    penalty = np.where(limit >= buckets, 0.0, _INF)
-    moves = np.stack([after, neck, before], axis=1)
+    # With one bucket, memory is a condition on the stage like the caps; with more, a penalty
+    # (0 or inf) per bucket added in the pass.
+    fits: npt.NDArray[np.bool_] | bool = True
+    penalty = None
     if depth == 1:
-        return Costs(moves + penalty[:, None, :1, None], None, band, 1)
+        fits = limit[:, :, None] >= 1
+    else:
+        buckets = np.arange(1, depth + 1).reshape(1, -1, 1, 1)
+        penalty = np.where(limit >= buckets, 0.0, _INF)
+    below_hi = (t <= hi) & fits
+    moves = np.full((band, 3, lo.shape[1], *t.shape[2:]), _INF)
+    np.copyto(moves[:, 0], 2 * t + _term(b, floor, hi), where=below_hi)
+    np.copyto(moves[:, 1], _term(a + b, t, hi), where=below_hi & (t >= lo))
+    np.copyto(moves[:, 2], t + _term(1 + b, floor, hi), where=(t <= before_hi) & fits)
     return Costs(moves, penalty, band, depth)
 
 
