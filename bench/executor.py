@@ -6,7 +6,9 @@
    DDP's average turned into a sum by scaling the loss with the world size) run in rounds,
    one after the other; the table gives samples/s of each (medians) and the median over
    rounds of their ratio (goal: ours within 10%), plus the largest parameter difference
-   between the two (they train the same thing).
+   between the two (they train the same thing). Wall time on a shared machine is noisy, so
+   the same comparison is also made in CPU seconds, each as the one rank of a group in this
+   process, stepped in alternation: what the executor itself costs against DDP.
 2. The estimator: per plan (pipeline, data-parallel, heterogeneous, rerouted), rounds of
    (measure profiles with `profiler.measure_profile`, one thread; predict the step with
    `estimator.estimate_step`; run the plan); the table gives the medians of the measured and
@@ -34,7 +36,7 @@ import multiprocessing
 import os
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from multiprocessing import connection
 from pathlib import Path
@@ -46,8 +48,9 @@ import torch.distributed as dist
 from torch._C import _distributed_c10d as c10d
 from torch.nn.parallel import DistributedDataParallel
 
-from planaria.agent import data, harness, model, profiler, reference
+from planaria.agent import data, executor, groups, harness, held_layers, model, profiler, reference
 from planaria.planner import estimator, plan, profile, schedule, shapes
+from planaria.wire import messages
 
 RESULTS = Path(__file__).parent / "results" / "executor.json"
 SHAPE = shapes.named("small")
@@ -84,6 +87,7 @@ def make_plan(*pipelines: tuple[Stages, int], reroutes: tuple[plan.Reroute, ...]
 
 L = SHAPE.num_planner_layers  # 10 for "small": embedding, 8 blocks, head
 DATA_PARALLEL = make_plan(([(0, L, (0,))], 4), ([(0, L, (1,))], 4))
+ONE_WORKER = make_plan(([(0, L, (0,))], 4))
 ESTIMATED = {
     "pipeline of 2 stages": make_plan(([(0, 5, (0,)), (5, L, (1,))], 8)),
     "data parallel 2x1": DATA_PARALLEL,
@@ -122,49 +126,49 @@ def run_ours(
     return period_s(list(run.step_s.values())), run
 
 
+class DdpRank:
+    """One DDP rank of `p` (pipelines of one stage): the whole model, one AdamW per layer,
+    this rank's micro-batches of every step."""
+
+    def __init__(self, p: plan.Plan, rank: int, tokens: data.Tokens) -> None:
+        config = config_for(p)
+        layers = model.build_layers(config.shape, config.seed)
+        self.net = DistributedDataParallel(torch.nn.Sequential(*layers))
+        self.optimizers = [model.make_optimizer(layer, config.optimizer) for layer in layers]
+        self.job = executor.Job.from_tokens(config, tokens)
+        self.counts = [pipeline.num_micro_batches for pipeline in p.pipelines]
+        self.rank = rank
+
+    def step(self, step: int) -> float:
+        """Train step `step`; returns its wall seconds."""
+        started = time.perf_counter()
+        mine = self.job.sampler.split(step, MICRO_BATCH, self.counts)[self.rank]
+        for i, samples in enumerate(mine):
+            inputs, targets = self.job.dataset.batch(samples)
+            last = i == len(mine) - 1
+            with contextlib.nullcontext() if last else self.net.no_sync():
+                logits = self.net(inputs)
+                loss = model.micro_batch_loss(logits, targets, self.job.config.global_batch_size)
+                torch.autograd.backward(loss * len(self.counts))  # DDP averages; we sum
+        for optimizer in self.optimizers:
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        return time.perf_counter() - started
+
+
 def ddp_worker(
     rank: int, port: int, tokens: data.Tokens, steps: int, results: connection.Connection
 ) -> None:
-    """One DDP rank: the whole model, this rank's share of every step's micro-batches."""
+    """A DDP process of DATA_PARALLEL: train, then send the step times and the parameters."""
     torch.set_num_threads(1)
     store = c10d.TCPStore("127.0.0.1", port, None, False, datetime.timedelta(seconds=60))
     world = len(DATA_PARALLEL.pipelines)
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
-    config = config_for(DATA_PARALLEL)
-    layers = model.build_layers(config.shape, config.seed)
-    net = DistributedDataParallel(torch.nn.Sequential(*layers))
-    optimizers = [model.make_optimizer(layer, config.optimizer) for layer in layers]
-    dataset = data.TokenDataset(tokens=tokens, seq_len=config.shape.seq_len)
-    sampler = data.Sampler(
-        num_samples=dataset.num_samples, global_batch_size=config.global_batch_size, seed=SEED
-    )
-    times = [ddp_step(net, optimizers, dataset, sampler, step, rank) for step in range(steps)]
+    ddp = DdpRank(DATA_PARALLEL, rank, tokens)
+    times = [ddp.step(step) for step in range(steps)]
     # numpy, not tensors: torch would pass tensors as shared memory this process then frees
-    results.send((times, [p.detach().numpy().copy() for p in net.module.parameters()]))
+    results.send((times, [p.detach().numpy().copy() for p in ddp.net.module.parameters()]))
     dist.destroy_process_group()
-
-
-def ddp_step(
-    net: DistributedDataParallel,
-    optimizers: Sequence[torch.optim.Optimizer],
-    dataset: data.TokenDataset,
-    sampler: data.Sampler,
-    step: int,
-    rank: int,
-) -> float:
-    started = time.perf_counter()
-    counts = [pipeline.num_micro_batches for pipeline in DATA_PARALLEL.pipelines]
-    mine = sampler.split(step, MICRO_BATCH, counts)[rank]
-    for i, samples in enumerate(mine):
-        inputs, targets = dataset.batch(samples)
-        last = i == len(mine) - 1
-        with contextlib.nullcontext() if last else net.no_sync():
-            loss = model.micro_batch_loss(net(inputs), targets, sampler.global_batch_size)
-            torch.autograd.backward(loss * len(counts))  # DDP averages over ranks; we sum
-    for optimizer in optimizers:
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-    return time.perf_counter() - started
 
 
 def run_ddp(tokens: data.Tokens, steps: int) -> tuple[float, list[npt.NDArray[np.float32]]]:
@@ -211,6 +215,35 @@ def max_difference(
     ours = [p for i in range(SHAPE.num_planner_layers) for p in run.layer_state(i).parameters]
     pairs = zip(ours, ddp_parameters, strict=True)
     return max((a - torch.from_numpy(b)).abs().max().item() for a, b in pairs)
+
+
+def compare_cpu_in_process(tokens: data.Tokens, settings: Settings) -> dict[str, float]:
+    """CPU seconds per step of the executor and of DDP, both as the one rank of a group in this
+    process, stepped in alternation: what each costs by itself, whatever else loads the machine
+    (process CPU time, not wall time)."""
+    torch.set_num_threads(1)
+    store = c10d.TCPStore("127.0.0.1", 0, None, True, datetime.timedelta(seconds=60), False)
+    epoch = groups.form_epoch(store, 1, 0, 1, messages.Backend.GLOO, 60.0)
+    try:
+        sched = schedule.compile_schedule(ONE_WORKER)
+        config = config_for(ONE_WORKER)
+        layers = held_layers.HeldLayers.build(config, range(SHAPE.num_planner_layers))
+        job = executor.Job.from_tokens(config, tokens)
+        ours = executor.Executor(
+            job=job, sched=sched, worker=plan.WorkerId(0), epoch=epoch, layers=layers
+        )
+        ddp = DdpRank(ONE_WORKER, 0, tokens)
+        steppers: dict[str, Callable[[int], object]] = {"ours": ours.run_step, "ddp": ddp.step}
+        times: dict[str, list[float]] = {name: [] for name in steppers}
+        for step in range(settings.steps + WARMUP_STEPS):
+            for name, run in steppers.items():
+                started = time.process_time()
+                run(step)
+                times[name].append(time.process_time() - started)
+    finally:
+        groups.leave_epoch(epoch)
+    ours_s, ddp_s = (statistics.median(times[n][WARMUP_STEPS:]) for n in ("ours", "ddp"))
+    return {"ours_cpu_s": ours_s, "ddp_cpu_s": ddp_s, "ours_over_ddp": ddp_s / ours_s}
 
 
 # --- 2. ours vs the estimator ------------------------------------------------------------------
@@ -281,12 +314,18 @@ def profile_concurrently(num_processes: int, repeats: int) -> profile.Profile:
 # --- main ----------------------------------------------------------------------------------------
 
 
-def print_tables(ddp: dict[str, float], rows: list[dict[str, object]]) -> None:
+def print_tables(
+    ddp: dict[str, float], cpu: dict[str, float], rows: list[dict[str, object]]
+) -> None:
     print(f"model {SHAPE.name}, micro-batch {MICRO_BATCH}, {ddp['samples_per_step']} samples/step")
     print(f"{'executor':>10} {'DDP':>10} {'ratio':>7} {'max |dparam|':>13}")
     print(
         f"{ddp['ours_samples_per_s']:>10.1f} {ddp['ddp_samples_per_s']:>10.1f} "
         f"{ddp['ours_over_ddp']:>7.3f} {ddp['max_parameter_difference']:>13.2e}"
+    )
+    print(
+        f"one rank in one process, CPU s/step: executor {cpu['ours_cpu_s']:.3f}, "
+        f"DDP {cpu['ddp_cpu_s']:.3f}, ratio {cpu['ours_over_ddp']:.3f}"
     )
     print("\nstep seconds: measured; estimated from a profile measured alone / concurrently")
     header = f"{'plan':<30} {'workers':>7} {'measured':>9} {'alone':>7} {'err %':>7}"
@@ -309,13 +348,15 @@ def main() -> None:
     with harness.LocalCluster(workers=range(5), tokens=tokens, timeout_s=120.0) as cluster:
         ddp = compare_with_ddp(cluster, tokens, settings)
         rows = compare_with_estimator(cluster, settings)
+    cpu = compare_cpu_in_process(tokens, settings)
     machine = {"cores": CORES, "load_before": load_before, "load_after": os.getloadavg()[0]}
-    print_tables(ddp, rows)
+    print_tables(ddp, cpu, rows)
     print(
         f"\n{CORES} cores; 1-minute load average {load_before:.2f} before, "
         f"{machine['load_after']:.2f} after"
     )
     report = {"settings": dataclasses.asdict(settings), "machine": machine, "ddp": ddp}
+    report["ddp_cpu_one_rank"] = cpu
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps({**report, "estimator": rows}, indent=2))
     print(f"wrote {RESULTS}")

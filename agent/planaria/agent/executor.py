@@ -169,8 +169,7 @@ class _StepState:
     outputs: dict[int, torch.Tensor] = field(default_factory=dict)  # activations or losses
     grads: dict[int, torch.Tensor] = field(default_factory=dict)  # gradients of the outputs
     sends: list[tuple[plan.WorkerId, dist.Work, torch.Tensor]] = field(default_factory=list)
-    loss: float = 0.0
-    num_losses: int = 0
+    losses: list[torch.Tensor] = field(default_factory=list)  # in the order computed
     send_wait_s: float = 0.0
     snapshot: tuple[int, ...] = ()
 
@@ -232,8 +231,8 @@ class Executor:
                     self._await(state)
         return StepResult(
             step=step,
-            loss=state.loss,
-            num_losses=state.num_losses,
+            loss=sum((loss.item() for loss in state.losses), 0.0),
+            num_losses=len(state.losses),
             step_s=time.perf_counter() - started,
             seconds=seconds,
             send_wait_s=state.send_wait_s,
@@ -262,7 +261,8 @@ class Executor:
             case instructions.Backward():
                 self._backward(state, op)
             case instructions.SendActivation():
-                self._send(state, op.destination, op.tag, state.outputs[op.micro_batch].detach())
+                output = _get(state.outputs, op.micro_batch, "forward output", op)
+                self._send(state, op.destination, op.tag, output.detach())
             case instructions.SendGrad():
                 self._send(state, op.destination, op.tag, _input_grad(state, op.micro_batch))
             case instructions.RecvActivation():
@@ -282,16 +282,18 @@ class Executor:
 
     def _forward(self, state: _StepState, op: instructions.Forward) -> None:
         g = op.micro_batch
-        tokens, targets = self._micro_batch(state, g)
-        x = tokens if op.layer_start == 0 else _get(state.inputs, g, "activation", op)
+        if op.layer_start == 0:
+            x = self._micro_batch(state, g)[0]
+        else:
+            x = _get(state.inputs, g, "activation", op)
         out = self.layers.run(op.layer_start, op.layer_stop, x)
         if op.layer_stop < self.num_layers:
             state.outputs[g] = out
             return
+        targets = self._micro_batch(state, g)[1]
         loss = model.micro_batch_loss(out, targets, self.job.config.global_batch_size)
         state.outputs[g] = loss
-        state.loss += loss.item()
-        state.num_losses += 1
+        state.losses.append(loss.detach())  # read once at the end: .item() syncs a device
 
     def _backward(self, state: _StepState, op: instructions.Backward) -> None:
         g = op.micro_batch
