@@ -32,7 +32,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from planaria.agent import manifests, model, parity, recompute, snapshot_store, snapshots
+from planaria.agent import (
+    manifests,
+    model,
+    parity,
+    recompute,
+    snapshot_store,
+    snapshots,
+    staging,
+)
 from planaria.planner import plan as plans
 from planaria.wire import messages
 
@@ -67,7 +75,7 @@ class SnapshotWriter:
         self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="snapshot")
         self._future: concurrent.futures.Future[manifests.Manifest] | None = None
         self._parity_buffers: dict[int, parity.Bytes] = {}
-        self._flat = snapshots.FlatCache()
+        self._staging = staging.Staging()
         self._replicas: dict[int, recompute.OptimizerReplica] = {}
 
     def due(self, step: int) -> bool:
@@ -189,7 +197,7 @@ class SnapshotWriter:
     def _write(self, step: int, epoch: int, jobs: Sequence[_LayerJob]) -> manifests.Manifest:
         directory = self.store.begin(step)
         entries = tuple(self._write_layer(directory, job) for job in jobs)
-        self._flat.keep_only({job.state.index for job in jobs})
+        self._staging.keep_only({job.state.index for job in jobs})
         mode = self.config.redundancy
         unprotected = [e.layer for e in entries if e.tolerated_losses == 0]
         note = "" if not unprotected else f"layers {unprotected} survive no lost member"
@@ -208,7 +216,7 @@ class SnapshotWriter:
     def _write_layer(self, directory: Path, job: _LayerJob) -> manifests.LayerEntry:
         state, group = job.state, job.group
         member, m = group.index(self.config.worker), len(group)
-        layout, data = self._flat.flatten(state)
+        layout, data = self._staging.stage(state, self._wanted(state.nbytes, member, m))
         files = [self._write_range(directory, job, data, member, manifests.FileKind.SHARD)]
         tolerated = snapshots.tolerated_losses(self.config.redundancy, m)
         if tolerated:
@@ -223,6 +231,17 @@ class SnapshotWriter:
             files=tuple(files),
             tolerated_losses=tolerated,
         )
+
+    def _wanted(self, total_bytes: int, member: int, m: int) -> list[range]:
+        """The bytes of the flattened state this member writes: its shard, and the peer's
+        shard (COPY, RECOMPUTE) or the pieces of its parity (XOR)."""
+        wanted = [parity.shard_range(total_bytes, m, member)]
+        if not snapshots.tolerated_losses(self.config.redundancy, m):
+            return wanted
+        if self.config.redundancy is messages.RedundancyMode.XOR:
+            sources = parity.parity_sources(member, m)
+            return wanted + [parity.piece_range(total_bytes, m, i, j) for i, j in sources]
+        return [*wanted, parity.shard_range(total_bytes, m, (member + 1) % m)]
 
     def _write_redundancy(
         self, directory: Path, job: _LayerJob, data: parity.FlatBytes, member: int

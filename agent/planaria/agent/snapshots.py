@@ -157,6 +157,8 @@ def _dtype_name(dtype: torch.dtype) -> str:
 def host_bytes(tensor: torch.Tensor) -> parity.Bytes:
     """A tensor's bytes as a uint8 numpy array: a view for contiguous CPU tensors, otherwise
     one device-to-host (or compacting) copy."""
+    if tensor.numel() == 0:  # may carry any strides (from numpy: 0), which view() refuses
+        return np.empty(0, dtype=np.uint8)
     flat = tensor.detach().reshape(-1)
     if flat.device.type != "cpu":
         flat = flat.cpu()
@@ -167,49 +169,6 @@ def host_bytes(tensor: torch.Tensor) -> parity.Bytes:
 def flat_bytes(state: model.LayerState) -> parity.FlatBytes:
     """The flattened state as zero-copy segments (one per tensor)."""
     return parity.FlatBytes([host_bytes(t) for t in state.tensors()])
-
-
-class FlatCache:
-    """Per-layer layout and flattened views of live state, reused while the tensors stay put.
-
-    Building them costs Python time per tensor on every snapshot, and on the background
-    thread that time holds the GIL against the training thread. Parameters and AdamW state
-    are updated in place, so their storage does not move between steps and views made once
-    keep showing the current bytes (a view also keeps its tensor alive, so an address cannot
-    be reused by another tensor while cached). A layer is flattened afresh when a tensor's
-    address, dtype or shape changes; tensors that are not contiguous CPU tensors are copied
-    on every snapshot and never cached. Not thread-safe: one writer thread uses it.
-    """
-
-    def __init__(self) -> None:
-        self._layers: dict[int, tuple[object, tuple[manifests.TensorLayout, ...], parity.FlatBytes]]
-        self._layers = {}
-
-    def flatten(
-        self, state: model.LayerState
-    ) -> tuple[tuple[manifests.TensorLayout, ...], parity.FlatBytes]:
-        """`state`'s layout and flattened bytes (cached when every tensor allows it)."""
-        key = _identity(state)
-        cached = self._layers.get(state.index)
-        if key is not None and cached is not None and cached[0] == key:
-            return cached[1], cached[2]
-        layout, data = tensor_layout(state), flat_bytes(state)
-        if key is not None:
-            self._layers[state.index] = (key, layout, data)
-        return layout, data
-
-    def keep_only(self, layers: set[int]) -> None:
-        """Forget layers no longer snapshotted, so their tensors can be freed."""
-        for index in set(self._layers) - layers:
-            del self._layers[index]
-
-
-def _identity(state: model.LayerState) -> object | None:
-    """What must not change for cached views to stay valid; None when caching is unsafe."""
-    tensors = state.tensors()
-    if not all(t.device.type == "cpu" and t.is_contiguous() for t in tensors):
-        return None
-    return (state.names, tuple((t.data_ptr(), t.dtype, t.shape) for t in tensors))
 
 
 def unflatten(entry: manifests.LayerEntry, data: parity.Bytes) -> model.LayerState:
