@@ -83,8 +83,9 @@ def test_a_hung_worker_times_its_peer_out_and_is_killed(tokens: data.Tokens) -> 
         started = time.monotonic()
         run = cluster.run(_config(p), p, range(50), faults={1: hang})
         elapsed = time.monotonic() - started
-        # the peer's receive times out after 1.5 s, the silent worker is killed 1.5 + 3 s later
-        assert elapsed < 2 * 1.5 + harness.FAILURE_MARGIN_S + 3.0
+        # the peer's receive times out after 1.5 s, the silent worker is killed 1.5 + 3 s later:
+        # about 6 s; the bound leaves room for a loaded machine but not for a hang
+        assert elapsed < 20
         assert run.lost == (1,) and cluster.alive == (0,)
         error = run.errors[plan.WorkerId(0)]
         assert (error.kind, error.step, error.peer_worker) == (messages.ErrorKind.TIMEOUT, 1, 1)
@@ -113,24 +114,29 @@ def test_closing_a_cluster_leaves_no_worker_process(tokens: data.Tokens) -> None
 
 
 def test_workers_exit_when_their_parent_is_killed(tmp_path: Path) -> None:
+    ready = tmp_path / "pids"
     script = textwrap.dedent(
-        """
-        import sys, time
+        f"""
+        import time
+        from pathlib import Path
         from planaria.agent import data, harness
 
         if __name__ == "__main__":
             tokens = data.encode("planaria " * 1000)
             cluster = harness.LocalCluster(workers=range(2), tokens=tokens)
-            print(*cluster.pids.values(), flush=True)
+            pids = " ".join(str(pid) for pid in cluster.pids.values())
+            Path({str(ready)!r} + ".tmp").write_text(pids)
+            Path({str(ready)!r} + ".tmp").replace({str(ready)!r})  # whole, or not at all
             time.sleep(120)
         """
     )
     (tmp_path / "parent.py").write_text(script)
-    command = [sys.executable, str(tmp_path / "parent.py")]
-    with subprocess.Popen(command, stdout=subprocess.PIPE, text=True, cwd=ROOT) as parent:
+    with subprocess.Popen([sys.executable, str(tmp_path / "parent.py")], cwd=ROOT) as parent:
         try:
-            assert parent.stdout is not None
-            pids = [int(pid) for pid in parent.stdout.readline().split()]
+            deadline = time.monotonic() + 60
+            while not ready.exists() and time.monotonic() < deadline and parent.poll() is None:
+                time.sleep(0.1)
+            pids = [int(pid) for pid in ready.read_text().split()]
             assert len(pids) == 2 and not any(map(_gone, pids))
         finally:
             parent.kill()
