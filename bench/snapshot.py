@@ -9,7 +9,9 @@ of m for every layer and writes what member 0 writes (its shard plus copy or par
 /dev/shm, exactly as `snapshot_writer` does for the executor: `begin` right after the optimizer
 step, the write overlapping the next step's forward and backward, `wait` before its optimizer
 step. Arms are interleaved A B B A within one process, so drift (other processes on a shared
-machine, thermal state) hits both alike; the overhead is the ratio of median step times.
+machine, thermal state) hits both alike; the overhead is the ratio of median step times. The
+process's CPU time per step (all threads) is reported too: on a loaded machine it is steadier
+than wall-clock time, and its ratio bounds the overhead when no core is spare for the writer.
 
 Also measured: each configuration's snapshot written alone (begin + wait with no training
 running; the background work the step hides) and the bytes it writes, and the throughput of the
@@ -61,6 +63,9 @@ class Row:
     off_median_s: float
     on_median_s: float
     overhead: float
+    off_cpu_median_s: float
+    on_cpu_median_s: float
+    cpu_overhead: float
 
 
 class Bench:
@@ -85,11 +90,12 @@ class Bench:
         pairs = zip(self.trainer.layers, self.trainer.optimizers, strict=True)
         return [snapshots.live_layer_state(i, layer, opt) for i, (layer, opt) in enumerate(pairs)]
 
-    def step(self, snapshot: bool) -> float:
+    def step(self, snapshot: bool) -> tuple[float, float]:
         """One training step, overlapping a snapshot of the previous step's result if asked;
-        its wall-clock seconds, begin and wait included."""
+        its wall-clock seconds and this process's CPU seconds (all threads), begin and wait
+        included."""
         trainer, i = self.trainer, self.step_index
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.process_time()
         if snapshot:
             self.writer.begin(step=i + 1, epoch=1, states=self.live(), groups=self.groups)
         (micro_batches,) = trainer.sampler.split(i, MICRO_BATCH, [GLOBAL_BATCH // MICRO_BATCH])
@@ -102,7 +108,7 @@ class Bench:
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
         self.step_index += 1
-        return time.perf_counter() - start
+        return time.perf_counter() - start, time.process_time() - start_cpu
 
     def snapshot_alone(self, repeats: int = 5) -> tuple[float, int]:
         """Median seconds of a snapshot with nothing else running, and the bytes it writes."""
@@ -127,13 +133,14 @@ def measure(shape: shapes.ModelShape, tokens: data.Tokens, mode: Mode, m: int, s
         for _ in range(4):  # warm-up: first steps allocate optimizer state and caches
             bench.step(snapshot=True)
         alone_s, held = bench.snapshot_alone()
-        arms: dict[bool, list[float]] = {False: [], True: []}
+        arms: dict[bool, list[tuple[float, float]]] = {False: [], True: []}
         for i in range(2 * steps):
             snapshot = (i % 4) in (1, 2)  # A B B A
             arms[snapshot].append(bench.step(snapshot=snapshot))
     finally:
         bench.close()
-    off_s, on_s = statistics.median(arms[False]), statistics.median(arms[True])
+    off_s, on_s = (statistics.median(t for t, _ in arms[arm]) for arm in (False, True))
+    off_cpu, on_cpu = (statistics.median(c for _, c in arms[arm]) for arm in (False, True))
     return Row(
         shape=shape.name,
         redundancy=mode.value,
@@ -144,6 +151,9 @@ def measure(shape: shapes.ModelShape, tokens: data.Tokens, mode: Mode, m: int, s
         off_median_s=off_s,
         on_median_s=on_s,
         overhead=on_s / off_s - 1,
+        off_cpu_median_s=off_cpu,
+        on_cpu_median_s=on_cpu,
+        cpu_overhead=on_cpu / off_cpu - 1,
     )
 
 
@@ -197,7 +207,8 @@ def _print(rows: list[Row], speeds: dict[str, float]) -> None:
         print(
             f"{r.shape:6} {r.redundancy:5} {r.group_size:>2} {r.snapshot_bytes / 1e6:6.2f} "
             f"{r.snapshot_alone_s * 1e3:8.2f} {r.off_median_s * 1e3:8.1f} "
-            f"{r.on_median_s * 1e3:8.1f} {r.overhead:+9.2%} {mark}"
+            f"{r.on_median_s * 1e3:8.1f} {r.overhead:+9.2%}  {r.off_cpu_median_s * 1e3:8.1f} "
+            f"{r.on_cpu_median_s * 1e3:8.1f} {r.cpu_overhead:+8.2%}  {mark}"
         )
     print("checksums (GB/s): " + ", ".join(f"{k} {v:.2f}" for k, v in speeds.items()))
     print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
