@@ -150,6 +150,8 @@ class SnapshotWriter:
             return
         for state, grads in zip(states, gradients, strict=True):
             group = groups[state.index]
+            if len(group) < 2:  # no peer whose shard to protect
+                continue
             replica = self._replicas.get(state.index)
             if replica is None or replica.group != group:
                 replica = self._new_replica(state, group, step - 1)
