@@ -131,16 +131,23 @@ def test_workers_exit_when_their_parent_is_killed(tmp_path: Path) -> None:
         """
     )
     (tmp_path / "parent.py").write_text(script)
-    with subprocess.Popen([sys.executable, str(tmp_path / "parent.py")], cwd=ROOT) as parent:
+    log = tmp_path / "parent.log"
+    with (
+        log.open("w") as output,
+        subprocess.Popen(
+            [sys.executable, str(tmp_path / "parent.py")], cwd=ROOT, stderr=output, stdout=output
+        ) as parent,
+    ):
         try:
             deadline = time.monotonic() + 60
             while not ready.exists() and time.monotonic() < deadline and parent.poll() is None:
                 time.sleep(0.1)
+            assert ready.exists(), f"the parent never got ready: {log.read_text()[-2000:]}"
             pids = [int(pid) for pid in ready.read_text().split()]
             assert len(pids) == 2 and not any(map(_gone, pids))
         finally:
             parent.kill()
-    assert _all_gone(pids, within_s=10.0)
+    assert _all_gone(pids, within_s=10.0), [(pid, _gone(pid)) for pid in pids]
 
 
 def test_a_plan_naming_a_missing_worker_is_refused(tokens: data.Tokens) -> None:

@@ -186,7 +186,12 @@ class LocalCluster:
 
     @property
     def alive(self) -> tuple[plan.WorkerId, ...]:
-        return tuple(w for w in sorted(self._processes) if w not in self._dead)
+        """Workers whose process runs (not lost in a run, not exited or killed otherwise)."""
+        return tuple(
+            w
+            for w in sorted(self._processes)
+            if w not in self._dead and self._processes[w].is_alive()
+        )
 
     def run(
         self,
@@ -205,9 +210,10 @@ class LocalCluster:
         workers = self._plan_workers(plan_)
         self._epoch += 1
         todo = tuple(steps)
-        for worker in workers:
-            self._commands[worker].send(self._command(config, plan_, todo, fresh, faults, worker))
         try:
+            for worker in workers:
+                command = self._command(config, plan_, todo, fresh, faults, worker)
+                self._commands[worker].send(command)
             collected = self._collect(workers, deadline_s or self.run_deadline_s)
         except BaseException:
             self._shutdown(grace_s=0.0)  # workers are mid-run: kill them now
