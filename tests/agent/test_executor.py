@@ -126,14 +126,6 @@ def cluster(tokens: data.Tokens) -> Iterator[harness.LocalCluster]:
         yield pool
 
 
-@pytest.fixture(autouse=True)
-def one_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def _reference(
     config: reference.TrainingConfig, tokens: data.Tokens, steps: int
 ) -> tuple[reference.ReferenceTrainer, list[float]]:

@@ -11,8 +11,6 @@ and after steps) and later steps continue identically; mismatched states are ref
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -30,14 +28,6 @@ MICRO = shapes.ModelShape(
 BUILD_SETTINGS = settings(
     max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
-
-
-@pytest.fixture(autouse=True)
-def one_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def _params(layer: torch.nn.Module) -> list[torch.Tensor]:

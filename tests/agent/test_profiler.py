@@ -12,7 +12,6 @@ errors.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 
 import pytest
 import torch
@@ -23,14 +22,6 @@ from planaria.spec import profile_file
 
 TINY = shapes.named("tiny")
 FP32 = 4
-
-
-@pytest.fixture(autouse=True)
-def one_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

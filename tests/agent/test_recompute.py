@@ -9,7 +9,6 @@ skipped step are refused with a message that says what to call.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -25,14 +24,6 @@ MICRO = shapes.ModelShape(
 )
 M = 3
 GROUPS = {i: tuple(plan.WorkerId(w) for w in range(M)) for i in range(4)}
-
-
-@pytest.fixture(autouse=True)
-def one_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def _trainer() -> reference.ReferenceTrainer:

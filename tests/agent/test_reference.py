@@ -10,8 +10,6 @@ training configurations are validated.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import numpy as np
 import pytest
 import torch
@@ -23,14 +21,6 @@ TINY = shapes.named("tiny")
 MICRO = shapes.ModelShape(
     name="micro", num_layers=3, d_model=32, num_heads=4, seq_len=16, vocab_size=256
 )
-
-
-@pytest.fixture(autouse=True)
-def one_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

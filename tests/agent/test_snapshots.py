@@ -15,7 +15,7 @@ snapshots follow state updated in place and state replaced (the cached views sta
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -34,14 +34,6 @@ MICRO = shapes.ModelShape(
     name="micro", num_layers=2, d_model=16, num_heads=2, seq_len=8, vocab_size=256
 )
 DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.int64)
-
-
-@pytest.fixture(autouse=True)
-def one_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def _random_tensor(
