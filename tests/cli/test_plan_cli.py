@@ -19,19 +19,10 @@ from pathlib import Path
 import pytest
 
 from planaria.cli import main
-from planaria.planner import accelerators, instantiation, shapes, synthetic, templates
+from planaria.planner import instantiation, templates
 from planaria.spec import profile_file
 
 PLANARIA = str(Path(sys.executable).parent / "planaria")
-
-
-@pytest.fixture(scope="module")
-def profile_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A synthetic profile of the `small` model (10 planner layers) for 2-GPU nodes, b = 2."""
-    path = tmp_path_factory.mktemp("profiles") / "small.json"
-    source = synthetic.synthesize(shapes.named("small"), accelerators.named("a100-80gb"), 2, 2)
-    profile_file.dump_profile(source, path)
-    return path
 
 
 def _args(path: Path, *extra: str) -> list[str]:
