@@ -253,6 +253,24 @@ def training_settings(global_batch_size: int) -> st.SearchStrategy[messages.Trai
         device=st.sampled_from(messages.Device),
         snapshot_interval_steps=st.integers(min_value=0, max_value=1000),
         redundancy=st.sampled_from(messages.RedundancyMode),
+    ).flatmap(_with_checkpoints)
+
+
+def _with_checkpoints(
+    settings: messages.TrainingSettings,
+) -> st.SearchStrategy[messages.TrainingSettings]:
+    """The settings without checkpoints, or with a directory and a multiple of the snapshot
+    interval (only when snapshots are periodic)."""
+    if not settings.snapshot_interval_steps:
+        return st.just(settings)
+    multiples = st.integers(min_value=0, max_value=8).map(
+        lambda k: k * settings.snapshot_interval_steps
+    )
+    return st.just(settings) | st.builds(
+        dataclasses.replace,
+        st.just(settings),
+        checkpoint_dir=_WORDS,
+        checkpoint_interval_steps=multiples,
     )
 
 
@@ -267,11 +285,13 @@ def worker_configs(draw: st.DrawFn) -> messages.WorkerConfig:
             layer_transfers(p, worker), max_size=3, unique_by=lambda t: (t.layer, t.destination)
         )
     )
+    resume_step = draw(_STEPS)
     return messages.WorkerConfig(
         epoch=draw(st.integers(min_value=1, max_value=2**64 - 1)),
         worker=worker,
         plan=p,
-        resume_step=draw(_STEPS),
+        resume_step=resume_step,
+        stop_step=draw(st.none() | st.integers(min_value=resume_step, max_value=2**64 - 1)),
         rendezvous=draw(rendezvous()),
         transfers=tuple(transfers),
         settings=draw(training_settings(p.global_batch_size)),
@@ -330,6 +350,23 @@ def heartbeats(draw: st.DrawFn) -> messages.Heartbeat:
         timings=draw(timings()),
         snapshot=draw(snapshot_states()),
         errors=tuple(draw(st.lists(latched_errors(), min_size=minimum, max_size=3))),
+        setup=draw(st.none() | epoch_setups()),
+        checkpoint_step=draw(st.none() | st.integers(min_value=1, max_value=2**64 - 1)),
+    )
+
+
+def epoch_setups() -> st.SearchStrategy[messages.EpochSetup]:
+    seconds = st.floats(min_value=0.0, max_value=1e4)
+    sizes = st.integers(min_value=0, max_value=2**64 - 1)
+    return st.builds(
+        messages.EpochSetup,
+        epoch=st.integers(min_value=1, max_value=2**64 - 1),
+        tier=st.sampled_from(messages.RecoveryTier),
+        regroup_s=seconds,
+        transfer_s=seconds,
+        load_s=seconds,
+        received_bytes=sizes,
+        sent_bytes=sizes,
     )
 
 

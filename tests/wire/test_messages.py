@@ -165,6 +165,33 @@ CASES: list[tuple[str, Callable[[], object], str]] = [
         "repeats",
     ),
     ("a load of step 0", lambda: messages.SnapshotLoad(epoch=1, step=0), "step"),
+    (
+        "checkpoints not a multiple of snapshots",
+        lambda: _settings(
+            snapshot_interval_steps=4, checkpoint_dir="/ckpt", checkpoint_interval_steps=6
+        ),
+        "checkpoint_interval_steps",
+    ),
+    (
+        "checkpoints without snapshots",
+        lambda: _settings(checkpoint_dir="/ckpt", checkpoint_interval_steps=6),
+        "multiple",
+    ),
+    (
+        "a stop before the resume step",
+        lambda: dataclasses.replace(_config(0), resume_step=5, stop_step=4),
+        "stop_step",
+    ),
+    (
+        "an epoch setup of epoch 0",
+        lambda: messages.EpochSetup(epoch=0, tier=messages.RecoveryTier.KEPT),
+        "epoch",
+    ),
+    (
+        "an epoch setup taking negative seconds",
+        lambda: messages.EpochSetup(epoch=1, tier=messages.RecoveryTier.KEPT, load_s=-1.0),
+        "load_s",
+    ),
 ]
 
 

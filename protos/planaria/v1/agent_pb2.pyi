@@ -122,6 +122,48 @@ REDUNDANCY_MODE_RECOMPUTE: RedundancyMode.ValueType  # 4
 """Optimizer state of peers is recomputed from gradient shards (REFT AOR)."""
 Global___RedundancyMode: _TypeAlias = RedundancyMode  # noqa: Y015
 
+class _RecoveryTier:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _RecoveryTierEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_RecoveryTier.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    RECOVERY_TIER_UNSPECIFIED: _RecoveryTier.ValueType  # 0
+    """Not set: invalid."""
+    RECOVERY_TIER_INITIAL: _RecoveryTier.ValueType  # 1
+    """Built from the seed (the first epoch of a job)."""
+    RECOVERY_TIER_KEPT: _RecoveryTier.ValueType  # 2
+    """Already held by this worker from the previous epoch."""
+    RECOVERY_TIER_LIVE_REPLICA: _RecoveryTier.ValueType  # 3
+    """Copied from live workers that hold it."""
+    RECOVERY_TIER_LOCAL_SNAPSHOT: _RecoveryTier.ValueType  # 4
+    """Loaded from this worker's own host-memory snapshot (a restarted agent process)."""
+    RECOVERY_TIER_PEER_SNAPSHOT: _RecoveryTier.ValueType  # 5
+    """Rebuilt from snapshot shards and redundancy in other workers' host memory."""
+    RECOVERY_TIER_CHECKPOINT: _RecoveryTier.ValueType  # 6
+    """Loaded from the persistent checkpoint."""
+
+class RecoveryTier(_RecoveryTier, metaclass=_RecoveryTierEnumTypeWrapper):
+    """RecoveryTier is where a worker found the state of a layer it holds in a new epoch, cheapest
+    first.
+    """
+
+RECOVERY_TIER_UNSPECIFIED: RecoveryTier.ValueType  # 0
+"""Not set: invalid."""
+RECOVERY_TIER_INITIAL: RecoveryTier.ValueType  # 1
+"""Built from the seed (the first epoch of a job)."""
+RECOVERY_TIER_KEPT: RecoveryTier.ValueType  # 2
+"""Already held by this worker from the previous epoch."""
+RECOVERY_TIER_LIVE_REPLICA: RecoveryTier.ValueType  # 3
+"""Copied from live workers that hold it."""
+RECOVERY_TIER_LOCAL_SNAPSHOT: RecoveryTier.ValueType  # 4
+"""Loaded from this worker's own host-memory snapshot (a restarted agent process)."""
+RECOVERY_TIER_PEER_SNAPSHOT: RecoveryTier.ValueType  # 5
+"""Rebuilt from snapshot shards and redundancy in other workers' host memory."""
+RECOVERY_TIER_CHECKPOINT: RecoveryTier.ValueType  # 6
+"""Loaded from the persistent checkpoint."""
+Global___RecoveryTier: _TypeAlias = RecoveryTier  # noqa: Y015
+
 class _AgentState:
     ValueType = _typing.NewType("ValueType", _builtins.int)
     V: _TypeAlias = ValueType  # noqa: Y015
@@ -144,6 +186,8 @@ class _AgentStateEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_AgentState
     """Stopped by an error (see errors); waits for the next Configure."""
     AGENT_STATE_STOPPED: _AgentState.ValueType  # 7
     """Stopping or stopped by Stop."""
+    AGENT_STATE_FINISHED: _AgentState.ValueType  # 8
+    """Reached the configured stop_step; holds its layers and waits for Configure or Stop."""
 
 class AgentState(_AgentState, metaclass=_AgentStateEnumTypeWrapper):
     """AgentState is what an agent is doing."""
@@ -164,6 +208,8 @@ AGENT_STATE_FAILED: AgentState.ValueType  # 6
 """Stopped by an error (see errors); waits for the next Configure."""
 AGENT_STATE_STOPPED: AgentState.ValueType  # 7
 """Stopping or stopped by Stop."""
+AGENT_STATE_FINISHED: AgentState.ValueType  # 8
+"""Reached the configured stop_step; holds its layers and waits for Configure or Stop."""
 Global___AgentState: _TypeAlias = AgentState  # noqa: Y015
 
 class _ErrorKind:
@@ -391,12 +437,17 @@ class ConfigureRequest(_message.Message):
     RENDEZVOUS_FIELD_NUMBER: _builtins.int
     TRANSFERS_FIELD_NUMBER: _builtins.int
     SETTINGS_FIELD_NUMBER: _builtins.int
+    STOP_STEP_FIELD_NUMBER: _builtins.int
     epoch: _builtins.int
     """The epoch this configuration opens; >= 1 and larger than any earlier one."""
     worker: _builtins.int
     """The worker id of the agent being configured."""
     resume_step: _builtins.int
     """The last committed step; training continues with step resume_step + 1."""
+    stop_step: _builtins.int
+    """Train up to and including this step, then hold the layers in state FINISHED until the next
+    Configure or Stop; absent means train until paused or stopped. >= resume_step.
+    """
     @_builtins.property
     def plan(self) -> Global___Plan:
         """The whole plan of the epoch (every worker gets the same one)."""
@@ -423,12 +474,15 @@ class ConfigureRequest(_message.Message):
         rendezvous: Global___Rendezvous | None = ...,
         transfers: _abc.Iterable[Global___LayerTransfer] | None = ...,
         settings: Global___TrainingSettings | None = ...,
+        stop_step: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["plan", b"plan", "rendezvous", b"rendezvous", "settings", b"settings"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_stop_step", b"_stop_step", "plan", b"plan", "rendezvous", b"rendezvous", "settings", b"settings", "stop_step", b"stop_step"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "plan", b"plan", "rendezvous", b"rendezvous", "resume_step", b"resume_step", "settings", b"settings", "transfers", b"transfers", "worker", b"worker"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_stop_step", b"_stop_step", "epoch", b"epoch", "plan", b"plan", "rendezvous", b"rendezvous", "resume_step", b"resume_step", "settings", b"settings", "stop_step", b"stop_step", "transfers", b"transfers", "worker", b"worker"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__stop_step: _TypeAlias = _typing.Literal["stop_step"]  # noqa: Y015
+    _WhichOneofArgType__stop_step: _TypeAlias = _typing.Literal["_stop_step", b"_stop_step"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__stop_step) -> _WhichOneofReturnType__stop_step | None: ...
 
 Global___ConfigureRequest: _TypeAlias = ConfigureRequest  # noqa: Y015
 
@@ -518,6 +572,8 @@ class TrainingSettings(_message.Message):
     DEVICE_FIELD_NUMBER: _builtins.int
     SNAPSHOT_INTERVAL_STEPS_FIELD_NUMBER: _builtins.int
     REDUNDANCY_FIELD_NUMBER: _builtins.int
+    CHECKPOINT_DIR_FIELD_NUMBER: _builtins.int
+    CHECKPOINT_INTERVAL_STEPS_FIELD_NUMBER: _builtins.int
     model: _builtins.str
     """Name of the model shape (planaria.planner.shapes), e.g. "tiny"."""
     seed: _builtins.int
@@ -530,6 +586,14 @@ class TrainingSettings(_message.Message):
     """Steps between periodic host-memory snapshots; 0 means none (TakeSnapshot still works)."""
     redundancy: Global___RedundancyMode.ValueType
     """How snapshot shards are protected against the loss of a worker (REFT §4)."""
+    checkpoint_dir: _builtins.str
+    """Directory of persistent checkpoints (a local path or a mounted volume shared by the
+    workers); empty means none.
+    """
+    checkpoint_interval_steps: _builtins.int
+    """Steps between persistent checkpoints, each copied from a complete host-memory snapshot
+    without stopping training; 0 means none. A multiple of snapshot_interval_steps.
+    """
     @_builtins.property
     def optimizer(self) -> Global___OptimizerSettings:
         """AdamW hyper-parameters."""
@@ -549,10 +613,12 @@ class TrainingSettings(_message.Message):
         device: Global___Device.ValueType = ...,
         snapshot_interval_steps: _builtins.int = ...,
         redundancy: Global___RedundancyMode.ValueType = ...,
+        checkpoint_dir: _builtins.str = ...,
+        checkpoint_interval_steps: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "optimizer", b"optimizer"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "device", b"device", "global_batch_size", b"global_batch_size", "model", b"model", "optimizer", b"optimizer", "redundancy", b"redundancy", "seed", b"seed", "snapshot_interval_steps", b"snapshot_interval_steps"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_dir", b"checkpoint_dir", "checkpoint_interval_steps", b"checkpoint_interval_steps", "data", b"data", "device", b"device", "global_batch_size", b"global_batch_size", "model", b"model", "optimizer", b"optimizer", "redundancy", b"redundancy", "seed", b"seed", "snapshot_interval_steps", b"snapshot_interval_steps"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -663,6 +729,8 @@ class WatchResponse(_message.Message):
     TIMINGS_FIELD_NUMBER: _builtins.int
     SNAPSHOT_FIELD_NUMBER: _builtins.int
     ERRORS_FIELD_NUMBER: _builtins.int
+    SETUP_FIELD_NUMBER: _builtins.int
+    CHECKPOINT_STEP_FIELD_NUMBER: _builtins.int
     worker: _builtins.int
     """The worker id of the agent (as configured; the agent's launch id before the first epoch)."""
     epoch: _builtins.int
@@ -675,6 +743,10 @@ class WatchResponse(_message.Message):
     """Training loss of that step; absent when no step was committed."""
     samples_processed: _builtins.int
     """Samples processed in total, over all committed steps of the job."""
+    checkpoint_step: _builtins.int
+    """Step of the latest persistent checkpoint this worker has completely written; absent when
+    none.
+    """
     @_builtins.property
     def timings(self) -> Global___StepTimings:
         """Per-phase timings of the last step."""
@@ -686,6 +758,10 @@ class WatchResponse(_message.Message):
     @_builtins.property
     def errors(self) -> _containers.RepeatedCompositeFieldContainer[Global___LatchedError]:
         """Errors latched since the epoch began (cleared by the next Configure)."""
+
+    @_builtins.property
+    def setup(self) -> Global___EpochSetup:
+        """How the agent set up its current epoch; absent until the first epoch is set up."""
 
     def __init__(
         self,
@@ -699,16 +775,71 @@ class WatchResponse(_message.Message):
         timings: Global___StepTimings | None = ...,
         snapshot: Global___SnapshotState | None = ...,
         errors: _abc.Iterable[Global___LatchedError] | None = ...,
+        setup: Global___EpochSetup | None = ...,
+        checkpoint_step: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_loss", b"_loss", "loss", b"loss", "snapshot", b"snapshot", "timings", b"timings"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_checkpoint_step", b"_checkpoint_step", "_loss", b"_loss", "checkpoint_step", b"checkpoint_step", "loss", b"loss", "setup", b"setup", "snapshot", b"snapshot", "timings", b"timings"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_loss", b"_loss", "epoch", b"epoch", "errors", b"errors", "last_committed_step", b"last_committed_step", "loss", b"loss", "samples_processed", b"samples_processed", "snapshot", b"snapshot", "state", b"state", "timings", b"timings", "worker", b"worker"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_checkpoint_step", b"_checkpoint_step", "_loss", b"_loss", "checkpoint_step", b"checkpoint_step", "epoch", b"epoch", "errors", b"errors", "last_committed_step", b"last_committed_step", "loss", b"loss", "samples_processed", b"samples_processed", "setup", b"setup", "snapshot", b"snapshot", "state", b"state", "timings", b"timings", "worker", b"worker"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__checkpoint_step: _TypeAlias = _typing.Literal["checkpoint_step"]  # noqa: Y015
+    _WhichOneofArgType__checkpoint_step: _TypeAlias = _typing.Literal["_checkpoint_step", b"_checkpoint_step"]  # noqa: Y015
     _WhichOneofReturnType__loss: _TypeAlias = _typing.Literal["loss"]  # noqa: Y015
     _WhichOneofArgType__loss: _TypeAlias = _typing.Literal["_loss", b"_loss"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__checkpoint_step) -> _WhichOneofReturnType__checkpoint_step | None: ...
+    @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__loss) -> _WhichOneofReturnType__loss | None: ...
 
 Global___WatchResponse: _TypeAlias = WatchResponse  # noqa: Y015
+
+@_typing.final
+class EpochSetup(_message.Message):
+    """EpochSetup says where a worker's layers came from when it set up an epoch, and how long each
+    part took: the recovery report of one worker.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EPOCH_FIELD_NUMBER: _builtins.int
+    TIER_FIELD_NUMBER: _builtins.int
+    REGROUP_S_FIELD_NUMBER: _builtins.int
+    TRANSFER_S_FIELD_NUMBER: _builtins.int
+    LOAD_S_FIELD_NUMBER: _builtins.int
+    RECEIVED_BYTES_FIELD_NUMBER: _builtins.int
+    SENT_BYTES_FIELD_NUMBER: _builtins.int
+    epoch: _builtins.int
+    """The epoch set up."""
+    tier: Global___RecoveryTier.ValueType
+    """The costliest tier any of the worker's layers needed."""
+    regroup_s: _builtins.float
+    """Seconds to leave the old process group and form the new one."""
+    transfer_s: _builtins.float
+    """Seconds to send and receive layers between workers."""
+    load_s: _builtins.float
+    """Seconds to load layers from a snapshot or a checkpoint."""
+    received_bytes: _builtins.int
+    """Bytes of layer state this worker received from peers."""
+    sent_bytes: _builtins.int
+    """Bytes of layer state this worker sent to peers."""
+    def __init__(
+        self,
+        *,
+        epoch: _builtins.int = ...,
+        tier: Global___RecoveryTier.ValueType = ...,
+        regroup_s: _builtins.float = ...,
+        transfer_s: _builtins.float = ...,
+        load_s: _builtins.float = ...,
+        received_bytes: _builtins.int = ...,
+        sent_bytes: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "load_s", b"load_s", "received_bytes", b"received_bytes", "regroup_s", b"regroup_s", "sent_bytes", b"sent_bytes", "tier", b"tier", "transfer_s", b"transfer_s"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___EpochSetup: _TypeAlias = EpochSetup  # noqa: Y015
 
 @_typing.final
 class StepTimings(_message.Message):

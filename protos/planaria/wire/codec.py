@@ -67,6 +67,7 @@ class _EnumCodec(Generic[_E, _V]):
 # Public so that a servicer can translate a lone enum value, and tests can check completeness.
 STATES = _EnumCodec(pb.AgentState.Value, "AGENT_STATE_", messages.AgentState)
 ERROR_KINDS = _EnumCodec(pb.ErrorKind.Value, "ERROR_KIND_", messages.ErrorKind)
+TIERS = _EnumCodec(pb.RecoveryTier.Value, "RECOVERY_TIER_", messages.RecoveryTier)
 REDUNDANCY_MODES = _EnumCodec(pb.RedundancyMode.Value, "REDUNDANCY_MODE_", messages.RedundancyMode)
 BACKENDS = _EnumCodec(pb.Backend.Value, "BACKEND_", messages.Backend)
 DEVICES = _EnumCodec(pb.Device.Value, "DEVICE_", messages.Device)
@@ -89,6 +90,7 @@ def encode_worker_config(config: messages.WorkerConfig) -> pb.ConfigureRequest:
         rendezvous=encode_rendezvous(config.rendezvous),
         transfers=[planner_codec.encode_transfer(t) for t in config.transfers],
         settings=encode_settings(config.settings),
+        stop_step=config.stop_step,
     )
 
 
@@ -113,6 +115,7 @@ def decode_worker_config(msg: pb.ConfigureRequest) -> messages.WorkerConfig:
             rendezvous=rendezvous,
             transfers=transfers,
             settings=settings,
+            stop_step=msg.stop_step if msg.HasField("stop_step") else None,
         )
 
 
@@ -161,6 +164,8 @@ def encode_settings(settings: messages.TrainingSettings) -> pb.TrainingSettings:
         device=DEVICES.encode(settings.device),
         snapshot_interval_steps=settings.snapshot_interval_steps,
         redundancy=REDUNDANCY_MODES.encode(settings.redundancy),
+        checkpoint_dir=settings.checkpoint_dir,
+        checkpoint_interval_steps=settings.checkpoint_interval_steps,
     )
 
 
@@ -194,6 +199,8 @@ def decode_settings(
             device=device,
             snapshot_interval_steps=msg.snapshot_interval_steps,
             redundancy=redundancy,
+            checkpoint_dir=msg.checkpoint_dir,
+            checkpoint_interval_steps=msg.checkpoint_interval_steps,
         )
 
 
@@ -226,6 +233,8 @@ def encode_heartbeat(heartbeat: messages.Heartbeat) -> pb.WatchResponse:
         timings=encode_timings(heartbeat.timings),
         snapshot=encode_snapshot_state(heartbeat.snapshot),
         errors=[encode_latched_error(e) for e in heartbeat.errors],
+        setup=None if heartbeat.setup is None else encode_epoch_setup(heartbeat.setup),
+        checkpoint_step=heartbeat.checkpoint_step,
     )
 
 
@@ -240,6 +249,7 @@ def decode_heartbeat(msg: pb.WatchResponse) -> messages.Heartbeat:
     latched = tuple(
         decode_latched_error(e, f"{path}.errors[{i}]") for i, e in enumerate(msg.errors)
     )
+    setup = decode_epoch_setup(msg.setup, f"{path}.setup") if msg.HasField("setup") else None
     with errors.at(path):
         return messages.Heartbeat(
             worker=plans.WorkerId(msg.worker),
@@ -251,6 +261,34 @@ def decode_heartbeat(msg: pb.WatchResponse) -> messages.Heartbeat:
             timings=timings,
             snapshot=snapshot,
             errors=latched,
+            setup=setup,
+            checkpoint_step=msg.checkpoint_step if msg.HasField("checkpoint_step") else None,
+        )
+
+
+def encode_epoch_setup(setup: messages.EpochSetup) -> pb.EpochSetup:
+    return pb.EpochSetup(
+        epoch=setup.epoch,
+        tier=TIERS.encode(setup.tier),
+        regroup_s=setup.regroup_s,
+        transfer_s=setup.transfer_s,
+        load_s=setup.load_s,
+        received_bytes=setup.received_bytes,
+        sent_bytes=setup.sent_bytes,
+    )
+
+
+def decode_epoch_setup(msg: pb.EpochSetup, path: str = "EpochSetup") -> messages.EpochSetup:
+    tier = TIERS.decode(msg.tier, f"{path}.tier")
+    with errors.at(path):
+        return messages.EpochSetup(
+            epoch=msg.epoch,
+            tier=tier,
+            regroup_s=msg.regroup_s,
+            transfer_s=msg.transfer_s,
+            load_s=msg.load_s,
+            received_bytes=msg.received_bytes,
+            sent_bytes=msg.sent_bytes,
         )
 
 

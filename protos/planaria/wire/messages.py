@@ -38,6 +38,29 @@ class AgentState(StrEnum):
     PAUSED = "paused"
     FAILED = "failed"
     STOPPED = "stopped"
+    FINISHED = "finished"
+
+
+class RecoveryTier(StrEnum):
+    """Where a worker found a layer's state in a new epoch, cheapest first (agent.proto)."""
+
+    INITIAL = "initial"
+    KEPT = "kept"
+    LIVE_REPLICA = "live_replica"
+    LOCAL_SNAPSHOT = "local_snapshot"
+    PEER_SNAPSHOT = "peer_snapshot"
+    CHECKPOINT = "checkpoint"
+
+
+# The tiers from cheapest to costliest: an epoch's setup reports the costliest one it needed.
+TIER_ORDER = (
+    RecoveryTier.KEPT,
+    RecoveryTier.LIVE_REPLICA,
+    RecoveryTier.LOCAL_SNAPSHOT,
+    RecoveryTier.PEER_SNAPSHOT,
+    RecoveryTier.CHECKPOINT,
+    RecoveryTier.INITIAL,
+)
 
 
 class ErrorKind(StrEnum):
@@ -150,6 +173,9 @@ class TrainingSettings:
     """The job's settings that never change with the plan.
 
     `snapshot_interval_steps` = 0 takes no periodic snapshots (TakeSnapshot still works).
+    `checkpoint_dir` = "" or `checkpoint_interval_steps` = 0 writes no persistent checkpoints;
+    otherwise the interval is a multiple of the snapshot interval (checkpoints are copied from
+    complete snapshots).
     """
 
     model: str
@@ -160,6 +186,8 @@ class TrainingSettings:
     device: Device
     snapshot_interval_steps: int
     redundancy: RedundancyMode
+    checkpoint_dir: str = ""
+    checkpoint_interval_steps: int = 0
 
     def __post_init__(self) -> None:
         if not self.model:
@@ -169,6 +197,17 @@ class TrainingSettings:
         _check_range(
             "settings", "snapshot_interval_steps", self.snapshot_interval_steps, 0, MAX_UINT32
         )
+        _check_range(
+            "settings", "checkpoint_interval_steps", self.checkpoint_interval_steps, 0, MAX_UINT32
+        )
+        if self.checkpoint_interval_steps and self.checkpoint_dir:
+            snap = self.snapshot_interval_steps
+            if snap == 0 or self.checkpoint_interval_steps % snap:
+                raise ValueError(
+                    f"settings: checkpoint_interval_steps {self.checkpoint_interval_steps} is "
+                    f"not a multiple of snapshot_interval_steps {snap}; checkpoints are copied "
+                    "from snapshots, so make it a multiple (and snapshots periodic)"
+                )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -179,6 +218,8 @@ class WorkerConfig:
     are the layer copies this worker takes part in, as destination or as a source; a worker may
     be a source without being in the plan (its old layers are still wanted). The plan's global
     batch must equal the settings' global batch: the plan may change, the batch never does.
+    `stop_step` (None: train until paused or stopped) is the last step to train before holding
+    in state FINISHED.
     """
 
     epoch: int
@@ -188,9 +229,12 @@ class WorkerConfig:
     rendezvous: Rendezvous
     transfers: tuple[plans.LayerTransfer, ...]
     settings: TrainingSettings
+    stop_step: int | None = None
 
     def __post_init__(self) -> None:
         _check_range("worker config", "epoch", self.epoch, 1, MAX_UINT64)
+        if self.stop_step is not None:
+            _check_range("worker config", "stop_step", self.stop_step, self.resume_step, MAX_UINT64)
         _check_range("worker config", "worker", self.worker, 0, MAX_UINT32)
         _check_range("worker config", "resume_step", self.resume_step, 0, MAX_UINT64)
         if self.plan.global_batch_size != self.settings.global_batch_size:
@@ -291,11 +335,34 @@ class LatchedError:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class EpochSetup:
+    """How a worker set up `epoch`: the costliest tier its layers needed, seconds per part, and
+    the bytes of layer state it received from and sent to peers."""
+
+    epoch: int
+    tier: RecoveryTier
+    regroup_s: float = 0.0
+    transfer_s: float = 0.0
+    load_s: float = 0.0
+    received_bytes: int = 0
+    sent_bytes: int = 0
+
+    def __post_init__(self) -> None:
+        _check_range("epoch setup", "epoch", self.epoch, 1, MAX_UINT64)
+        for name in ("regroup_s", "transfer_s", "load_s"):
+            _check_seconds("epoch setup", name, getattr(self, name), positive=False)
+        _check_range("epoch setup", "received_bytes", self.received_bytes, 0, MAX_UINT64)
+        _check_range("epoch setup", "sent_bytes", self.sent_bytes, 0, MAX_UINT64)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Heartbeat:
     """One report on the Watch stream: where the agent is and how its last step went.
 
     `loss` is the loss of `last_committed_step` (None when no step is committed, or when the
-    agent resumed without it); `errors` are those latched since the epoch began.
+    agent resumed without it); `errors` are those latched since the epoch began; `setup` is how
+    the current epoch was set up (None before the first); `checkpoint_step` the latest
+    persistent checkpoint this worker completely wrote (None when none).
     """
 
     worker: plans.WorkerId
@@ -307,6 +374,8 @@ class Heartbeat:
     timings: Timings
     snapshot: SnapshotState
     errors: tuple[LatchedError, ...] = ()
+    setup: EpochSetup | None = None
+    checkpoint_step: int | None = None
 
     def __post_init__(self) -> None:
         _check_range("heartbeat", "worker", self.worker, 0, MAX_UINT32)
@@ -317,6 +386,8 @@ class Heartbeat:
             raise ValueError("heartbeat: a loss is given but no step is committed; drop the loss")
         if self.state is AgentState.FAILED and not self.errors:
             raise ValueError("heartbeat: state is failed but no error is latched; report it")
+        if self.checkpoint_step is not None:
+            _check_range("heartbeat", "checkpoint_step", self.checkpoint_step, 1, MAX_UINT64)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
