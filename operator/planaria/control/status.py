@@ -1,0 +1,198 @@
+"""The job's status: a value computed from the controller's state on every pass, written once.
+
+`JobStatus` is what the terminal shows, what metrics are drawn from, and what the Kubernetes
+adapter writes to the CRD status (phase as a summary, conditions keyed by type, jobset-style).
+`Recovery` and `StepRecord` are the history kept for the report.
+
+`compute` is a pure function of a `View` (the controller's facts at one instant), so the status
+of every situation is tested without running a controller.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from planaria.planner import plan as plans
+from planaria.wire import messages
+
+
+class Phase(StrEnum):
+    """Where the job is, as one word."""
+
+    PENDING = "Pending"
+    PROFILING = "Profiling"
+    RUNNING = "Running"
+    RECOVERING = "Recovering"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+    SUSPENDED = "Suspended"
+
+
+class ConditionType(StrEnum):
+    """The conditions a status always carries, each True or False with a reason."""
+
+    READY = "Ready"  # training at full strength
+    DEGRADED = "Degraded"  # training with fewer workers than the job asked for
+    RECOVERING = "Recovering"  # a failure or a join is being handled
+    SUSPENDED = "Suspended"  # no feasible plan: waiting for workers
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Condition:
+    """One condition: `status` "True" or "False", a CamelCase `reason`, a sentence."""
+
+    type: str
+    status: str
+    reason: str
+    message: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Recovery:
+    """One recovery (or planned reconfiguration): when it started (clock seconds), the workers
+    lost, the epoch it opened, the costliest tier any worker needed, the kind of move
+    ("dynamic", "reroute", "restart", "scale-up", "preemption", "resume"), the planner's reason,
+    and its seconds: death to noticed (`detect_s`), deciding (`plan_s`), the workers' slowest
+    regroup and transfer, Configure to the first step committed in the new epoch (`resume_s`),
+    and `total_s` from the death to that step. `lost_steps` were committed before and trained
+    again; `transferred_bytes` moved between workers."""
+
+    started_s: float
+    failed: tuple[plans.WorkerId, ...]
+    epoch: int
+    tier: messages.RecoveryTier
+    kind: str
+    reason: str
+    detect_s: float = 0.0
+    plan_s: float = 0.0
+    regroup_s: float = 0.0
+    transfer_s: float = 0.0
+    resume_s: float = 0.0
+    total_s: float = 0.0
+    lost_steps: int = 0
+    transferred_bytes: int = 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StepRecord:
+    """A committed step as the controller saw it: when (clock seconds), its loss (None when
+    unknown), samples per second since the previous record, and the epoch's live workers."""
+
+    at_s: float
+    step: int
+    loss: float | None
+    samples_per_s: float
+    live_workers: int
+    epoch: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobStatus:
+    """The job's status (module docstring). `plan` summarises the plan, e.g. "[4,4,3] dynamic":
+    the pipelines' worker counts and the kind of the move that made it."""
+
+    phase: Phase
+    conditions: tuple[Condition, ...]
+    epoch: int
+    step: int
+    loss: float | None
+    samples_per_s: float
+    live_workers: int
+    total_workers: int
+    plan: str
+    last_recovery: Recovery | None
+    recoveries: int
+    message: str
+    checkpoint_step: int | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class View:
+    """The controller's facts at one instant, from which `compute` derives the status."""
+
+    phase: Phase
+    epoch: int
+    step: int
+    loss: float | None
+    samples_per_s: float
+    live_workers: int
+    total_workers: int
+    plan: plans.Plan | None
+    plan_kind: str
+    recoveries: tuple[Recovery, ...]
+    message: str
+    checkpoint_step: int | None = None
+
+
+def plan_summary(plan: plans.Plan | None, kind: str) -> str:
+    """ "[4,4,3] dynamic": each pipeline's number of workers, then how the plan was made."""
+    if plan is None:
+        return ""
+    counts = ",".join(str(len(p.workers)) for p in plan.pipelines)
+    return f"[{counts}] {kind}".rstrip()
+
+
+def compute(view: View) -> JobStatus:
+    """The status of `view` (pure)."""
+    return JobStatus(
+        phase=view.phase,
+        conditions=conditions(view),
+        epoch=view.epoch,
+        step=view.step,
+        loss=view.loss,
+        samples_per_s=view.samples_per_s,
+        live_workers=view.live_workers,
+        total_workers=view.total_workers,
+        plan=plan_summary(view.plan, view.plan_kind),
+        last_recovery=view.recoveries[-1] if view.recoveries else None,
+        recoveries=len(view.recoveries),
+        message=view.message,
+        checkpoint_step=view.checkpoint_step,
+    )
+
+
+def conditions(view: View) -> tuple[Condition, ...]:
+    """Ready, Degraded, Recovering and Suspended, each True or False with a reason."""
+    training = view.phase is Phase.RUNNING
+    short = view.live_workers < view.total_workers
+    return (
+        _condition(ConditionType.READY, training and not short, _ready_reason(view), view),
+        _condition(ConditionType.DEGRADED, short, "WorkersLost" if short else "FullStrength", view),
+        _condition(
+            ConditionType.RECOVERING,
+            view.phase is Phase.RECOVERING,
+            "Reconfiguring" if view.phase is Phase.RECOVERING else "Steady",
+            view,
+        ),
+        _condition(
+            ConditionType.SUSPENDED,
+            view.phase is Phase.SUSPENDED,
+            "NoFeasiblePlan" if view.phase is Phase.SUSPENDED else "Feasible",
+            view,
+        ),
+    )
+
+
+def _ready_reason(view: View) -> str:
+    reasons = {
+        Phase.PENDING: "Starting",
+        Phase.PROFILING: "Profiling",
+        Phase.RUNNING: "Training",
+        Phase.RECOVERING: "Recovering",
+        Phase.SUCCEEDED: "Completed",
+        Phase.FAILED: "Failed",
+        Phase.SUSPENDED: "Suspended",
+    }
+    if view.phase is Phase.RUNNING and view.live_workers < view.total_workers:
+        return "Degraded"
+    return reasons[view.phase]
+
+
+def _condition(kind: ConditionType, true: bool, reason: str, view: View) -> Condition:
+    message = view.message if true else ""
+    if kind is ConditionType.DEGRADED and true:
+        message = f"{view.live_workers} of {view.total_workers} workers training"
+    return Condition(
+        type=kind.value, status="True" if true else "False", reason=reason, message=message
+    )
