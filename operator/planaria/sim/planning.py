@@ -1,0 +1,257 @@
+"""What the simulator asks the planner, behind caches shared by every run of a scenario.
+
+- `Planner.fresh`: the fastest plan over a set of live workers, as if planned from scratch:
+  every DP degree's symmetric and balanced asymmetric layout (`candidates.configurations` with
+  an unbounded radius), the best layer split per depth (`distribution.split_layers`) and the
+  batch distributed (`distribution.distribute_batch`). Layouts are ranked by their eq. 10
+  screen (slowest pipeline alone: a lower bound on the whole plan's step) and estimated whole
+  in that order until no screen can beat the best whole estimate, so the result is exact.
+  This is the ideal bound's plan, the initial plan, and the re-plan of checkpoint restarts.
+- `Planner.decide`: the recovery after a failure: `policy.decide` (Odyssey eq. 8 over every
+  candidate) or the same eq. 8 over the candidates of some kinds only (dynamic-only: no
+  rerouting; rerouting-only), with the same branch-and-bound refinement.
+- `Planner.rejoin`: the transition to the fresh plan when nodes join (holdings of the running
+  plan, joined workers holding nothing, `transfers.replan`).
+
+Caches: fresh layouts by the shape of the live set (workers per node; placement does not change
+an estimate, `screening.canonical`), decisions by their full input, estimates in one
+`screening.Estimates`. Every number still comes from the planner's estimator and transfers.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Collection, Iterable
+from dataclasses import dataclass
+
+from planaria.planner import (
+    candidates,
+    distribution,
+    errors,
+    plan,
+    policy,
+    profile,
+    screening,
+    transfers,
+)
+
+REPLANNED = frozenset({candidates.Kind.SYMMETRIC, candidates.Kind.ASYMMETRIC})
+REROUTED = frozenset({candidates.Kind.REROUTE})
+ALL_KINDS = frozenset(candidates.Kind)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Job:
+    """The training job: its profile (micro-batch size included), global batch in samples,
+    GPUs per node."""
+
+    profile: profile.Profile
+    global_batch: int
+    gpus_per_node: int = 1
+
+    def __post_init__(self) -> None:
+        if self.global_batch < 1 or self.global_batch % self.profile.micro_batch_size:
+            raise errors.PlanInputError(
+                f"global batch {self.global_batch} must be a positive multiple of the "
+                f"micro-batch size {self.profile.micro_batch_size}"
+            )
+
+    @property
+    def num_micro_batches(self) -> int:
+        return self.global_batch // self.profile.micro_batch_size
+
+    @property
+    def state_bytes(self) -> int:
+        """Bytes a checkpoint holds: every layer's parameters and optimizer state."""
+        return sum(transfers.moved_bytes(layer) for layer in self.profile.layers)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Choice:
+    """A recovery: the new plan, E's step estimate of it, the transition's seconds, and what
+    was chosen (the candidate's label)."""
+
+    plan: plan.Plan
+    step_s: float
+    transition_s: float
+    label: str
+
+
+class Planner:
+    """The planner's answers for one job, cached across runs (module docstring)."""
+
+    def __init__(self, job: Job, settings: policy.PolicySettings | None = None) -> None:
+        self.job = job
+        self.settings = settings or policy.PolicySettings()
+        self.estimates = screening.Estimates(job.profile)
+        self._fresh: dict[tuple[object, ...], tuple[tuple[int, ...], ...] | None] = {}
+        self._decided: dict[tuple[object, ...], Choice | None] = {}
+        self._splits: dict[int, tuple[int, ...] | None] = {}
+        self._reference = plan.Plan(
+            pipelines=(
+                distribution.pipeline_of(
+                    (job.profile.num_layers,), [plan.WorkerId(0)], job.num_micro_batches
+                ),
+            ),
+            micro_batch_size=job.profile.micro_batch_size,
+            gpus_per_node=job.gpus_per_node,
+        )
+
+    def step_s(self, plan_: plan.Plan) -> float:
+        """E's step estimate of the whole plan."""
+        return self.estimates.whole(plan_).step_s
+
+    def peak_bytes(self, plan_: plan.Plan) -> int:
+        return self.estimates.whole(plan_).peak_bytes
+
+    # --- fresh plans -------------------------------------------------------------------------
+
+    def fresh(
+        self, workers: Collection[plan.WorkerId], symmetric: bool = False
+    ) -> plan.Plan | None:
+        """The fastest plan over `workers` planned from scratch (None: nothing fits);
+        `symmetric` keeps DP x PP grids only (Varuna's grid topology, Oobleck §2)."""
+        ordered = sorted(workers)
+        key = (self._shape(ordered), symmetric)
+        if key not in self._fresh:
+            self._fresh[key] = self._best_layout(len(ordered), symmetric)
+        layout = self._fresh[key]
+        return None if layout is None else self._laid_out(layout, ordered)
+
+    def _shape(self, workers: list[plan.WorkerId]) -> tuple[int, ...]:
+        per_node = Counter(w // self.job.gpus_per_node for w in workers)
+        return tuple(sorted(per_node.values(), reverse=True))
+
+    def _best_layout(self, num_workers: int, symmetric: bool) -> tuple[tuple[int, ...], ...] | None:
+        """Per pipeline (layer counts..., micro-batches) of the fastest layout (exact B&B)."""
+        screened = []
+        for layout in self._layouts(num_workers, symmetric):
+            built = self._laid_out(layout, [plan.WorkerId(w) for w in range(num_workers)])
+            alone = [self._alone(p) for p in built.pipelines]
+            if all(self.estimates.fits(e) for e in alone):
+                screened.append((max(e.step_s for e in alone), layout, built))
+        screened.sort(key=lambda item: item[0])
+        best: tuple[float, tuple[tuple[int, ...], ...]] | None = None
+        for screen_s, layout, built in screened:
+            if best is not None and screen_s >= best[0]:
+                break  # a screen is a lower bound: nothing later can beat the best
+            whole = self.estimates.whole(built)
+            if self.estimates.fits(whole) and (best is None or whole.step_s < best[0]):
+                best = (whole.step_s, layout)
+        return None if best is None else best[1]
+
+    def _alone(self, pipeline: plan.Pipeline) -> screening.Estimate:
+        return self.estimates.pipeline(
+            pipeline, self.job.profile.micro_batch_size, self.job.gpus_per_node
+        )
+
+    def _layouts(self, num_workers: int, symmetric: bool) -> Iterable[tuple[tuple[int, ...], ...]]:
+        """Every configuration's layout: layer counts per pipeline plus its micro-batches."""
+        prof = self.job.profile
+        found = candidates.configurations(
+            num_workers, 1, prof.num_layers, self.job.num_micro_batches, num_workers
+        )
+        for depths in found:
+            if symmetric and len(set(depths)) > 1:
+                continue
+            splits = [self._split(d) for d in depths]
+            chosen = [s for s in splits if s is not None]
+            if len(chosen) < len(splits):
+                continue
+            try:
+                batch = distribution.distribute_batch(self.estimates, chosen, self._reference)
+            except errors.InfeasibleError:
+                continue  # this many pipelines cannot share the global batch
+            yield tuple((*split, m) for split, m in zip(chosen, batch, strict=True))
+
+    def _split(self, depth: int) -> tuple[int, ...] | None:
+        # the best split depends on the depth alone (Alg. 1): one search per depth
+        if depth not in self._splits:
+            self._splits[depth] = distribution.split_layers(
+                self.estimates, depth, self._reference, self.settings.search.max_splits
+            )
+        return self._splits[depth]
+
+    def _laid_out(
+        self, layout: tuple[tuple[int, ...], ...], workers: list[plan.WorkerId]
+    ) -> plan.Plan:
+        pipelines, used = [], 0
+        for *split, num_micro_batches in layout:
+            pipelines.append(
+                distribution.pipeline_of(
+                    split, workers[used : used + len(split)], num_micro_batches
+                )
+            )
+            used += len(split)
+        return plan.Plan(
+            pipelines=tuple(pipelines),
+            micro_batch_size=self.job.profile.micro_batch_size,
+            gpus_per_node=self.job.gpus_per_node,
+        )
+
+    # --- recovery decisions ------------------------------------------------------------------
+
+    def decide(
+        self,
+        kinds: frozenset[candidates.Kind],
+        failure: candidates.Failure,
+        time_to_failure_s: float,
+    ) -> Choice | None:
+        """Eq. 8's choice among candidates of `kinds` (all: `policy.decide` itself); None when
+        no candidate of those kinds can run."""
+        key = (kinds, failure.running, failure.failed, failure.spare, time_to_failure_s)
+        if key not in self._decided:
+            self._decided[key] = self._decide(kinds, failure, time_to_failure_s)
+        return self._decided[key]
+
+    def _decide(
+        self, kinds: frozenset[candidates.Kind], failure: candidates.Failure, ttf: float
+    ) -> Choice | None:
+        if kinds == ALL_KINDS:
+            try:
+                decision, _ = policy.decide(failure, self.estimates, ttf, self.settings)
+            except errors.InfeasibleError:
+                return None
+            return _choice(decision.choice)
+        found = candidates.search(failure, self.estimates, self.settings.search)
+        pool = [c for c in found.candidates if c.kind in kinds]
+        batch = failure.running.global_batch_size
+        while pool:
+            # a screen's value is optimistic: refine the top until it is estimated whole
+            pool.sort(key=lambda c: _rank(c, batch, ttf))
+            if pool[0].exact:
+                return _choice(pool[0])
+            refined = candidates.exact(pool[0], self.estimates)
+            pool[0:1] = [refined] if isinstance(refined, candidates.Candidate) else []
+        return None
+
+    def rejoin(self, running: plan.Plan, live: Collection[plan.WorkerId]) -> Choice | None:
+        """The move from `running` to the fresh plan over `live` (joined workers hold no
+        layers), or None when no plan fits."""
+        target = self.fresh(live)
+        if target is None:
+            return None
+        spare = sorted(set(live) - set(running.workers))
+        held = transfers.holdings(running, (), spare)
+        move = transfers.replan(held, target, self.job.profile, self.settings.search.overheads)
+        return Choice(
+            plan=move.target,
+            step_s=self.step_s(move.target),
+            transition_s=move.total_s,
+            label="rejoin: fresh plan",
+        )
+
+
+def _choice(candidate: candidates.Candidate) -> Choice:
+    return Choice(
+        plan=candidate.plan,
+        step_s=candidate.estimate.step_s,
+        transition_s=candidate.transition.total_s,
+        label=f"{candidate.kind}: {candidate.label}",
+    )
+
+
+def _rank(candidate: candidates.Candidate, batch: int, ttf: float) -> tuple[float, float, str]:
+    """Higher eq. 8 value first, then the cheaper transition (as `policy` orders them)."""
+    step, cost = candidate.estimate.step_s, candidate.transition.total_s
+    return (-policy.value(batch, step, cost, ttf), cost, candidate.label)

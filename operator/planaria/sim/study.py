@@ -1,0 +1,61 @@
+"""A study: every policy over the same traces (seeds of a scenario, or one given trace).
+
+Policies share one `planning.Planner` (its caches make later seeds cheap); each run gets a
+fresh policy object. `progress` is called after each trace with (done, total, seconds so far).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from planaria.sim import engine, errors, planning, policies, scenarios, traces
+
+Progress = Callable[[int, int, float], None]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Study:
+    """Runs per policy (in `policies.POLICIES` order), the traces, and the planner used."""
+
+    runs: dict[str, list[engine.Run]]
+    traces: tuple[traces.Trace, ...]
+    planner: planning.Planner
+    num_nodes: int
+    elapsed_s: float
+
+
+def run(
+    scenario: scenarios.Scenario,
+    seeds: Sequence[int],
+    *,
+    model: str | None = None,
+    given: traces.Trace | None = None,
+    names: Sequence[str] = tuple(policies.POLICIES),
+    progress: Progress | None = None,
+) -> Study:
+    """Every policy in `names` over the scenario's trace for each seed (or over `given`)."""
+    unknown = [n for n in names if n not in policies.POLICIES]
+    if unknown:
+        known = ", ".join(policies.POLICIES)
+        raise errors.SimInputError(f"unknown policy {unknown[0]!r}; choose from {known}")
+    if not seeds and given is None:
+        raise errors.SimInputError("give at least one seed (--seeds 1 or more)")
+    planner = planning.Planner(scenario.job(model))
+    drawn = (given,) if given is not None else tuple(scenario.trace(s) for s in seeds)
+    runs: dict[str, list[engine.Run]] = {n: [] for n in names}
+    start = time.perf_counter()
+    for done, trace in enumerate(drawn, start=1):
+        for name in names:
+            policy = policies.POLICIES[name](planner, scenario.time_to_failure)
+            runs[name].append(engine.simulate(trace, policy, scenario.global_batch))
+        if progress is not None:
+            progress(done, len(drawn), time.perf_counter() - start)
+    return Study(
+        runs=runs,
+        traces=drawn,
+        planner=planner,
+        num_nodes=drawn[0].num_nodes,
+        elapsed_s=time.perf_counter() - start,
+    )
