@@ -12,6 +12,7 @@ Failures (planner transfers, candidates, policy): builders `uniform_profile`, `t
 `grid_plan`; strategies `running_plans`, `failed_workers`, `layouts` (new layouts over survivors).
 Wire messages (planaria.wire.messages): `rendezvous`, `training_settings`, `worker_configs`,
 `timings`, `snapshot_states`, `latched_errors`, `heartbeats`.
+Failure traces (planaria.sim): `sim_traces` (per-device, per-cluster and spot traces).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from hypothesis import assume
 from hypothesis import strategies as st
 
 from planaria.planner import plan, profile, shapes
+from planaria.sim import traces
 from planaria.wire import messages
 
 # --- profiles ----------------------------------------------------------------------------------
@@ -653,4 +655,25 @@ def layouts(
         ),
         micro_batch_size=1,
         gpus_per_node=gpus_per_node,
+    )
+
+
+# --- failure traces (planaria.sim) ------------------------------------------------------------
+
+
+@st.composite
+def sim_traces(draw: st.DrawFn, max_nodes: int = 8) -> traces.Trace:
+    """A seeded trace over 2..max_nodes nodes: per-device failures, per-cluster failures down
+    to one node, or spot preemptions with additions; horizons of minutes to hours."""
+    num_nodes = draw(st.integers(min_value=2, max_value=max_nodes))
+    seed = draw(st.integers(min_value=0, max_value=2**16))
+    kind = draw(st.sampled_from(["device", "cluster", "spot"]))
+    if kind == "device":
+        rate = draw(st.floats(min_value=0.05, max_value=2.0))
+        return traces.per_device(num_nodes, rate, draw(st.floats(600.0, 20_000.0)), seed)
+    if kind == "cluster":
+        mtbf_s = draw(st.floats(min_value=60.0, max_value=3600.0))
+        return traces.per_cluster(num_nodes, mtbf_s, 1, seed)
+    return traces.spot(
+        num_nodes, draw(st.floats(60.0, 1800.0)), draw(st.floats(600.0, 20_000.0)), seed
     )

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 
 import pydantic
 
-from planaria.cli import plan, profile, reference, version
+from planaria.cli import plan, profile, reference, simulate, version
 
 # The command modules, in the order `planaria --help` lists them.
 COMMANDS: tuple[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None], ...] = (
@@ -22,6 +22,7 @@ COMMANDS: tuple[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], 
     profile.register,
     reference.register,
     plan.register,
+    simulate.register,
 )
 
 EXIT_USAGE = 2

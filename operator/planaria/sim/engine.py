@@ -213,6 +213,8 @@ def _settle(state: _State, global_batch: int) -> None:
         return
     work_s = running.steps_per_commit * running.step_s
     training = min(pending, work_s)
-    state.samples += math.floor(training / running.step_s) * global_batch
+    # a whole cycle's steps all finished (dividing work_s by step_s could round below k)
+    steps = running.steps_per_commit if pending >= work_s else math.floor(pending / running.step_s)
+    state.samples += steps * global_batch
     _add(state, "training", training)
     _add(state, "checkpoint", pending - training)

@@ -84,7 +84,7 @@ class Planner:
         self.job = job
         self.settings = settings or policy.PolicySettings()
         self.estimates = screening.Estimates(job.profile)
-        self._fresh: dict[tuple[object, ...], tuple[tuple[int, ...], ...] | None] = {}
+        self._fresh: dict[tuple[object, ...], tuple[float, tuple[tuple[int, ...], ...]] | None] = {}
         self._decided: dict[tuple[object, ...], Choice | None] = {}
         self._splits: dict[int, tuple[int, ...] | None] = {}
         self._reference = plan.Plan(
@@ -109,21 +109,34 @@ class Planner:
     def fresh(
         self, workers: Collection[plan.WorkerId], symmetric: bool = False
     ) -> plan.Plan | None:
-        """The fastest plan over `workers` planned from scratch (None: nothing fits);
-        `symmetric` keeps DP x PP grids only (Varuna's grid topology, Oobleck §2)."""
+        """The fastest plan over `workers` planned from scratch (None: nothing fits); it may
+        leave workers idle when fewer train faster (its pipelines use a prefix of the sorted
+        workers). `symmetric` keeps DP x PP grids only (Varuna's grid topology, Oobleck §2)."""
         ordered = sorted(workers)
-        key = (self._shape(ordered), symmetric)
+        best: tuple[float, tuple[tuple[int, ...], ...]] | None = None
+        for count in range(1, len(ordered) + 1):
+            found = self._best_of(ordered[:count], symmetric)
+            if found is not None and (best is None or found[0] < best[0]):
+                best = found
+        return None if best is None else self._laid_out(best[1], ordered)
+
+    def _best_of(
+        self, workers: list[plan.WorkerId], symmetric: bool
+    ) -> tuple[float, tuple[tuple[int, ...], ...]] | None:
+        key = (self._shape(workers), symmetric)
         if key not in self._fresh:
-            self._fresh[key] = self._best_layout(len(ordered), symmetric)
-        layout = self._fresh[key]
-        return None if layout is None else self._laid_out(layout, ordered)
+            self._fresh[key] = self._best_layout(len(workers), symmetric)
+        return self._fresh[key]
 
     def _shape(self, workers: list[plan.WorkerId]) -> tuple[int, ...]:
         per_node = Counter(w // self.job.gpus_per_node for w in workers)
         return tuple(sorted(per_node.values(), reverse=True))
 
-    def _best_layout(self, num_workers: int, symmetric: bool) -> tuple[tuple[int, ...], ...] | None:
-        """Per pipeline (layer counts..., micro-batches) of the fastest layout (exact B&B)."""
+    def _best_layout(
+        self, num_workers: int, symmetric: bool
+    ) -> tuple[float, tuple[tuple[int, ...], ...]] | None:
+        """Step and layout (per pipeline: layer counts..., micro-batches) of the fastest
+        layout using all `num_workers` (exact branch and bound on the screens)."""
         screened = []
         for layout in self._layouts(num_workers, symmetric):
             built = self._laid_out(layout, [plan.WorkerId(w) for w in range(num_workers)])
@@ -138,7 +151,7 @@ class Planner:
             whole = self.estimates.whole(built)
             if self.estimates.fits(whole) and (best is None or whole.step_s < best[0]):
                 best = (whole.step_s, layout)
-        return None if best is None else best[1]
+        return best
 
     def _alone(self, pipeline: plan.Pipeline) -> screening.Estimate:
         return self.estimates.pipeline(
@@ -213,7 +226,10 @@ class Planner:
             except errors.InfeasibleError:
                 return None
             return _choice(decision.choice)
-        found = candidates.search(failure, self.estimates, self.settings.search)
+        try:
+            found = candidates.search(failure, self.estimates, self.settings.search)
+        except errors.InfeasibleError:
+            return None  # no worker of the plan survived
         pool = [c for c in found.candidates if c.kind in kinds]
         batch = failure.running.global_batch_size
         while pool:

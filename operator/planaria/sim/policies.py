@@ -190,7 +190,7 @@ class Varuna:
     ) -> Recovery | None:
         if running.plan is not None and not failed & set(running.plan.workers):
             return None
-        return self._restart(live) if live else None
+        return self._restart(live)  # with nobody left the re-plan is None: idle
 
     def on_join(self, running: Running, live: frozenset[plan.WorkerId]) -> Recovery | None:
         target = self.planner.fresh(live, symmetric=True)
@@ -365,12 +365,12 @@ def _checkpointed(
         return Running(plan=None, note="no plan fits")
     step_s = planner.step_s(target) * (1 + rc)
     commit_s = planner.job.state_bytes / CHECKPOINT_BANDWIDTH
-    young_s = math.sqrt(2 * commit_s * mtbf_s) if math.isfinite(mtbf_s) else math.inf
-    steps = CHECKPOINT_EVERY_STEPS if not math.isfinite(young_s) else young_s / step_s
+    # no failure expected (infinite MTBF): Young's interval is infinite, no checkpoint is due
+    young_steps = math.sqrt(2 * commit_s * mtbf_s) / step_s if math.isfinite(mtbf_s) else 1e12
     return Running(
         plan=target,
         step_s=step_s,
-        steps_per_commit=max(CHECKPOINT_EVERY_STEPS, min(round(steps), 10**9)),
+        steps_per_commit=max(CHECKPOINT_EVERY_STEPS, round(min(young_steps, 1e12))),
         commit_s=commit_s,
     )
 
