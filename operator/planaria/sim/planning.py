@@ -80,10 +80,17 @@ class Choice:
 class Planner:
     """The planner's answers for one job, cached across runs (module docstring)."""
 
-    def __init__(self, job: Job, settings: policy.PolicySettings | None = None) -> None:
+    def __init__(
+        self,
+        job: Job,
+        settings: policy.PolicySettings | None = None,
+        estimates: screening.Estimates | None = None,
+    ) -> None:
+        """`estimates`: a memo to share (same profile), e.g. between planners whose
+        settings differ; E's estimates do not depend on the settings."""
         self.job = job
         self.settings = settings or policy.PolicySettings()
-        self.estimates = screening.Estimates(job.profile)
+        self.estimates = estimates or screening.Estimates(job.profile)
         self._fresh: dict[tuple[object, ...], tuple[float, tuple[tuple[int, ...], ...]] | None] = {}
         self._decided: dict[tuple[object, ...], Choice | None] = {}
         self._splits: dict[int, tuple[int, ...] | None] = {}

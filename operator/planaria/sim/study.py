@@ -34,15 +34,17 @@ def run(
     given: traces.Trace | None = None,
     names: Sequence[str] = tuple(policies.POLICIES),
     progress: Progress | None = None,
+    planner: planning.Planner | None = None,
 ) -> Study:
-    """Every policy in `names` over the scenario's trace for each seed (or over `given`)."""
+    """Every policy in `names` over the scenario's trace for each seed (or over `given`);
+    `planner`: one to reuse (its job must be this scenario's), else a new one."""
     unknown = [n for n in names if n not in policies.POLICIES]
     if unknown:
         known = ", ".join(policies.POLICIES)
         raise errors.SimInputError(f"unknown policy {unknown[0]!r}; choose from {known}")
     if not seeds and given is None:
         raise errors.SimInputError("give at least one seed (--seeds 1 or more)")
-    planner = planning.Planner(scenario.job(model))
+    planner = planner or planning.Planner(scenario.job(model))
     drawn = (given,) if given is not None else tuple(scenario.trace(s) for s in seeds)
     runs: dict[str, list[engine.Run]] = {n: [] for n in names}
     start = time.perf_counter()
