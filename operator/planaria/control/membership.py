@@ -1,0 +1,173 @@
+"""Who is alive and what each agent last said: the controller's view of its workers.
+
+`Roster` absorbs what arrives on the controller's queue (heartbeats, broken Watch streams,
+backend events) and answers the questions the controller's passes ask: which workers are dead
+or silent, which heartbeat of a worker counts for an epoch, where the epoch's steps are.
+
+A worker is *dead* from a DIED event or a broken Watch stream until a JOINED event for it;
+*faulty* when the controller gave up on it (refused or never finished a Configure, past a
+bound) until it joins again; *silent* when no heartbeat came for the job's heartbeat timeout.
+Watch items carry the connection's generation, so a stale stream's end after a re-join is
+ignored.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable
+from dataclasses import dataclass, field
+
+from planaria.control import ports
+from planaria.planner import plan as plans
+from planaria.wire import messages
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Beat:
+    """A heartbeat from connection `generation` of `worker`'s agent."""
+
+    worker: plans.WorkerId
+    generation: int
+    heartbeat: messages.Heartbeat
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Lost:
+    """The Watch stream of connection `generation` broke or ended."""
+
+    worker: plans.WorkerId
+    generation: int
+    detail: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Event:
+    """A backend event."""
+
+    event: ports.WorkerEvent
+
+
+Item = Beat | Lost | Event
+
+# A worker that latched one of these is itself broken, not a survivor of a peer's death.
+OWN_FAULTS = frozenset(
+    {
+        messages.ErrorKind.INTERNAL,
+        messages.ErrorKind.INVALID_CONFIG,
+        messages.ErrorKind.OUT_OF_MEMORY,
+    }
+)
+SETTLED = frozenset(
+    {messages.AgentState.FAILED, messages.AgentState.FINISHED, messages.AgentState.PAUSED}
+)
+
+
+@dataclass(slots=True, kw_only=True)
+class Roster:
+    """The controller's mutable view of its workers (module docstring)."""
+
+    heartbeat_timeout_s: float
+    beats: dict[plans.WorkerId, messages.Heartbeat] = field(default_factory=dict)
+    beat_at: dict[plans.WorkerId, float] = field(default_factory=dict)
+    generation: dict[plans.WorkerId, int] = field(default_factory=dict)
+    dead: dict[plans.WorkerId, float] = field(default_factory=dict)  # worker -> noticed at
+    faulty: set[plans.WorkerId] = field(default_factory=set)
+    joined: list[plans.WorkerId] = field(default_factory=list)
+    notices: set[plans.WorkerId] = field(default_factory=set)
+    switching: set[plans.WorkerId] = field(default_factory=set)
+
+    def connected(self, worker: plans.WorkerId, now: float) -> int:
+        """A (re)connected agent: alive, its silence counted from now; its new generation."""
+        self.generation[worker] = self.generation.get(worker, 0) + 1
+        self.dead.pop(worker, None)
+        self.faulty.discard(worker)
+        self.notices.discard(worker)
+        self.beats.pop(worker, None)
+        self.beat_at[worker] = now
+        return self.generation[worker]
+
+    def absorb(self, item: Item, now: float) -> None:
+        """Take one queue item into the view."""
+        if isinstance(item, Event):
+            self._event(item.event, now)
+        elif item.generation != self.generation.get(item.worker):
+            return  # a stale connection's report
+        elif isinstance(item, Beat):
+            self.beats[item.worker] = item.heartbeat
+            self.beat_at[item.worker] = now
+        else:
+            self.dead.setdefault(item.worker, now)
+
+    def _event(self, event: ports.WorkerEvent, now: float) -> None:
+        if event.kind is ports.EventKind.DIED:
+            self.dead.setdefault(event.worker, now)
+        elif event.kind is ports.EventKind.PREEMPTION_NOTICE:
+            self.notices.add(event.worker)
+        elif event.worker not in self.joined:
+            self.joined.append(event.worker)
+
+    def live(self, now: float) -> set[plans.WorkerId]:
+        """Connected workers neither dead, faulty nor silent."""
+        return {
+            w
+            for w in self.generation
+            if w not in self.dead and w not in self.faulty and not self.silent(w, now)
+        }
+
+    def silent(self, worker: plans.WorkerId, now: float) -> bool:
+        return now - self.beat_at.get(worker, now) > self.heartbeat_timeout_s
+
+    def gone(self, workers: Iterable[plans.WorkerId], now: float) -> set[plans.WorkerId]:
+        """Those of `workers` that are dead, faulty or silent."""
+        return {w for w in workers if w in self.dead or w in self.faulty or self.silent(w, now)}
+
+    def beat(self, worker: plans.WorkerId, epoch: int) -> messages.Heartbeat | None:
+        """`worker`'s heartbeat as it counts for `epoch`: one of that epoch, or of an earlier
+        one while the worker runs on towards a planned switch; older ones are stale."""
+        beat = self.beats.get(worker)
+        if beat is None or beat.epoch > epoch:
+            return None
+        if beat.epoch == epoch or worker in self.switching:
+            return beat
+        return None
+
+    def failed_in(self, workers: Collection[plans.WorkerId], epoch: int) -> set[plans.WorkerId]:
+        """Those of `workers` whose heartbeat for `epoch` reports FAILED."""
+        return {
+            w
+            for w in workers
+            if (b := self.beat(w, epoch)) is not None and b.state is messages.AgentState.FAILED
+        }
+
+    def latched(self, workers: Iterable[plans.WorkerId], epoch: int) -> set[messages.ErrorKind]:
+        """The kinds of errors `workers` latched in `epoch`."""
+        beats = (self.beat(w, epoch) for w in workers)
+        return {e.kind for b in beats if b is not None for e in b.errors}
+
+    def own_faults(self, workers: Iterable[plans.WorkerId], epoch: int) -> set[plans.WorkerId]:
+        """Workers that latched an error of their own (not a lost peer) in `epoch`."""
+        return {
+            w
+            for w in workers
+            if (b := self.beat(w, epoch)) is not None
+            and any(e.kind in OWN_FAULTS for e in b.errors)
+        }
+
+    def committed(self, workers: Iterable[plans.WorkerId], epoch: int) -> list[int]:
+        """The last committed steps of `workers` that reported for `epoch`."""
+        beats = (self.beat(w, epoch) for w in workers)
+        return [b.last_committed_step for b in beats if b is not None]
+
+    def checkpoint_step(self, workers: Iterable[plans.WorkerId]) -> int | None:
+        """The latest persistent checkpoint all of `workers` completed (None when one has
+        none): each writes its own layers, so the model's is the oldest of theirs."""
+        steps = [b.checkpoint_step if (b := self.beats.get(w)) else None for w in workers]
+        if not steps or any(s is None for s in steps):
+            return None
+        return min(s for s in steps if s is not None)
+
+    def snapshot_step(self, workers: Iterable[plans.WorkerId]) -> int | None:
+        """The latest host-memory snapshot all of `workers` hold (None when one has none)."""
+        steps = [b.snapshot.latest_step if (b := self.beats.get(w)) else None for w in workers]
+        if not steps or any(s is None for s in steps):
+            return None
+        return min(s for s in steps if s is not None)

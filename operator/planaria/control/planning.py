@@ -1,0 +1,225 @@
+"""The controller's questions to the planner: the first plan, a recovery, a scale-up.
+
+`Planner` holds what a job's decisions share (the Oobleck templates for the job's nodes, the
+estimates memo of the profile) and answers with a `Move`: the next plan, the layer copies that
+get there, what kind of move it is and the planner's one-line reason.
+
+- `best`: the templates' highest-throughput instantiation over the whole live nodes (Oobleck
+  §4.2), used for the first epoch and a resume from Suspended. Nothing is copied: the agents
+  find their layers (snapshots, checkpoint) or build them from the seed.
+- `grow`: the same plan for a scale-up, bound to the workers by min-cost matching so the
+  running ones keep their layers and the new ones receive copies.
+- `recover`: after workers fail, per the job's policy: `adaptive` ranks rerouting, the DP/PP
+  candidates and Oobleck's reinstantiations by Odyssey eq. 8 (`planner.policy.decide`);
+  `dynamic` takes Oobleck's reinstantiation (§5.1, no rerouting); `reroute` keeps the layout
+  and reroutes the failed stages' micro-batches (ReCycle). The survivors are bound to the new
+  roles by min-cost matching (Odyssey §IV-B, `planner.transfers`).
+
+Transfer sources are restricted to workers of the new plan (the epoch's process group is exactly
+the plan's workers); a layer left with no source is restored by the agents from snapshots, so
+the move says so (`needs_snapshot`) and the controller resumes at a snapshot step.
+
+Errors: the planner's own (`planner.errors.InfeasibleError` when no plan fits the survivors);
+the controller turns that into Suspended.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+
+from planaria.control import settings as job_settings
+from planaria.planner import (
+    candidates,
+    errors,
+    instantiation,
+    policy,
+    profile,
+    reinstantiation,
+    rerouting,
+    screening,
+    templates,
+    transfers,
+)
+from planaria.planner import plan as plans
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Move:
+    """The next plan, the copies into it (sources all in `plan`), the kind of move ("initial",
+    "dynamic", "reroute", "symmetric", "asymmetric", "scale-up", "resume"), the planner's
+    reason, and whether some layer of the plan has no live source (restored from snapshots)."""
+
+    plan: plans.Plan
+    transfers: tuple[plans.LayerTransfer, ...]
+    kind: str
+    reason: str
+    needs_snapshot: bool = False
+
+
+class Planner:
+    """The planner for one job's profile and settings (module docstring)."""
+
+    def __init__(self, source: profile.Profile, job: job_settings.JobSettings) -> None:
+        if source.micro_batch_size != job.micro_batch_size:
+            raise errors.PlanInputError(
+                f"the profile is for micro-batch size {source.micro_batch_size} but the job's "
+                f"is {job.micro_batch_size}; profile the job's micro-batch size"
+            )
+        self._job = job
+        self._profile = source
+        self._templates = templates.generate_templates(
+            source,
+            num_nodes=job.num_nodes,
+            gpus_per_node=job.gpus_per_node,
+            fault_tolerance=job.fault_tolerance,
+        )
+        self._estimates = screening.Estimates(source)
+        self._policy = policy.PolicySettings()
+
+    @property
+    def min_workers(self) -> int:
+        """The fewest workers any plan needs: f + 1 pipelines of the smallest template."""
+        f = self._templates.fault_tolerance
+        return (f + 1) * self._templates.min_nodes * self._job.gpus_per_node
+
+    def best(self, live: Collection[plans.WorkerId], kind: str) -> Move:
+        """The templates' best plan over the nodes whose every worker is live (§4.2)."""
+        nodes = whole_nodes(live, self._job.gpus_per_node)
+        choice = instantiation.choose_plan(
+            self._templates, nodes, self._job.training.global_batch_size
+        )
+        return Move(plan=choice.plan, transfers=(), kind=kind, reason=choice.reason)
+
+    def grow(self, running: plans.Plan, live: Collection[plans.WorkerId]) -> Move:
+        """Scale up: the templates' best plan over the whole live nodes, its roles bound to
+        the workers by min-cost matching so the running workers keep what they hold and the
+        new ones receive copies from the holders."""
+        nodes = set(whole_nodes(live, self._job.gpus_per_node))
+        best = self.best(live, "scale-up")
+        spare = [w for w in live if w not in set(running.workers)]
+        held = {
+            w: layers
+            for w, layers in transfers.holdings(running, (), spare).items()
+            if w // self._job.gpus_per_node in nodes
+        }
+        transition = transfers.replan(held, best.plan, self._profile, self._policy.search.overheads)
+        return self._move(transition, "scale-up", best.reason)
+
+    def recover(
+        self,
+        running: plans.Plan,
+        failed: Collection[plans.WorkerId],
+        spare: Collection[plans.WorkerId],
+        time_to_failure_s: float,
+    ) -> Move:
+        """The next plan after `failed` workers of `running` are lost, per the job's policy.
+        Raises InfeasibleError when the policy has no plan for the survivors."""
+        lost = frozenset(failed)
+        chosen = job_settings.Policy(self._job.policy)
+        if chosen is job_settings.Policy.REROUTE:
+            return self._rerouted(running, lost)
+        if chosen is job_settings.Policy.DYNAMIC:
+            return self._reinstantiated(running, lost)
+        return self._decided(running, lost, frozenset(spare), time_to_failure_s)
+
+    def prepare(self, running: plans.Plan) -> None:
+        """Warm the estimates memo for failures of the running plan (Odyssey §IV-C)."""
+        if job_settings.Policy(self._job.policy) is job_settings.Policy.ADAPTIVE:
+            candidates.prepare(running, self._estimates, self._policy.search)
+
+    def _rerouted(self, running: plans.Plan, lost: frozenset[plans.WorkerId]) -> Move:
+        new = rerouting.reroute(running, lost)
+        reason = (
+            "reroute policy (ReCycle): the failed stages' micro-batches go to same-stage "
+            f"peers ({len(new.reroutes)} reroute(s))"
+        )
+        return Move(plan=new, transfers=(), kind="reroute", reason=reason)
+
+    def _reinstantiated(self, running: plans.Plan, lost: frozenset[plans.WorkerId]) -> Move:
+        failed_nodes = {int(running.node_of(w)) for w in lost}
+        after = reinstantiation.reinstantiate(running, self._templates, failed_nodes)
+        held = {
+            w: layers
+            for w, layers in transfers.holdings(running, lost).items()
+            if int(running.node_of(w)) not in failed_nodes
+        }
+        transition = transfers.replan(
+            held, after.plan, self._profile, self._policy.search.overheads
+        )
+        return self._move(transition, "dynamic", after.reason)
+
+    def _decided(
+        self,
+        running: plans.Plan,
+        lost: frozenset[plans.WorkerId],
+        spare: frozenset[plans.WorkerId],
+        time_to_failure_s: float,
+    ) -> Move:
+        failure = candidates.Failure(
+            running=running, failed=lost, spare=spare - set(running.workers)
+        )
+        decision, reason = policy.decide(
+            failure,
+            self._estimates,
+            time_to_failure_s,
+            self._policy,
+            given=self._oobleck_layouts(running, lost),
+        )
+        choice = decision.choice
+        kind = "dynamic" if choice.kind is candidates.Kind.GIVEN else str(choice.kind)
+        return self._move(
+            choice.transition,
+            kind,
+            f"chose {choice.kind}: {choice.label}; "
+            f"{reason.ranked[0].value:.4g} samples/s by Odyssey eq. 8 among "
+            f"{len(reason.ranked)} candidate(s)",
+        )
+
+    def _oobleck_layouts(
+        self, running: plans.Plan, lost: frozenset[plans.WorkerId]
+    ) -> list[plans.Plan]:
+        """Oobleck's reinstantiations over the surviving nodes, when the running plan is one
+        the templates can reinstantiate (a rerouted plan may not be); else none."""
+        failed_nodes = {int(running.node_of(w)) for w in lost}
+        try:
+            after = reinstantiation.reinstantiate(running, self._templates, failed_nodes)
+        except errors.PlannerError:
+            return []
+        return [after.chosen.plan, *(o.plan for o in after.alternatives)]
+
+    def _move(self, transition: transfers.Transition, kind: str, reason: str) -> Move:
+        copies, orphaned = within(transition.transfers, transition.target)
+        return Move(
+            plan=transition.target,
+            transfers=copies,
+            kind=kind,
+            reason=reason,
+            needs_snapshot=bool(orphaned or transition.restores),
+        )
+
+
+def within(
+    copies: Sequence[plans.LayerTransfer], new: plans.Plan
+) -> tuple[tuple[plans.LayerTransfer, ...], tuple[plans.LayerTransfer, ...]]:
+    """`copies` with sources outside `new` dropped (the epoch's group is the plan's workers),
+    and the copies left with no source at all (their layers come from snapshots)."""
+    members = set(new.workers)
+    kept: list[plans.LayerTransfer] = []
+    orphaned: list[plans.LayerTransfer] = []
+    for copy in copies:
+        sources = tuple(s for s in copy.sources if s in members)
+        if sources:
+            kept.append(
+                plans.LayerTransfer(layer=copy.layer, destination=copy.destination, sources=sources)
+            )
+        else:
+            orphaned.append(copy)
+    return tuple(kept), tuple(orphaned)
+
+
+def whole_nodes(live: Collection[plans.WorkerId], gpus_per_node: int) -> list[int]:
+    """Nodes whose every worker is live, in order."""
+    alive = set(live)
+    nodes = sorted({w // gpus_per_node for w in alive})
+    return [n for n in nodes if all(n * gpus_per_node + g in alive for g in range(gpus_per_node))]

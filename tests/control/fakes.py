@@ -1,0 +1,393 @@
+"""In-memory implementations of the controller's ports, for its tests: a manual clock, and a
+cluster of fake agents that keep the agents' protocol (interfaces: Configure rules, lockstep
+steps with a commit barrier, recovery tiers, snapshots and checkpoints) in simulated time.
+
+    ManualClock   time moves only when a test calls `advance`; sleepers wake in order.
+    FakeCluster   a `ports.Backend`: starts FakeAgents, hosts a (pretend) store, reports events;
+                  steps every epoch's group every `step_s` simulated seconds; the test injects
+                  deaths (`kill`), hangs, latched errors, preemption notices and joins.
+    FakeAgent     a `ports.Agent`: Watch heartbeats every interval, Configure per the rules.
+
+The cluster records what a test checks: every Configure sent per epoch (ranks), and every
+lockstep violation (members of a group at different steps).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field
+
+from planaria.control import ports
+from planaria.planner import plan as plans
+from planaria.planner import profile, transfers
+from planaria.wire import messages
+
+SETTLE_ROUNDS = 40
+RUNNING = messages.AgentState.RUNNING
+CONFIGURING = messages.AgentState.CONFIGURING
+FAILED = messages.AgentState.FAILED
+
+
+async def settle() -> None:
+    """Let every ready task run until it waits again (on the clock or a queue)."""
+    for _ in range(SETTLE_ROUNDS):
+        await asyncio.sleep(0)
+
+
+class ManualClock:
+    """`ports.Clock` whose time moves only in `advance`."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self._sleepers: list[tuple[float, int, asyncio.Future[None]]] = []
+        self._order = itertools.count()
+
+    def monotonic(self) -> float:
+        return self.now
+
+    async def sleep(self, seconds: float) -> None:
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        heapq.heappush(self._sleepers, (self.now + max(0.0, seconds), next(self._order), future))
+        await future
+
+    async def advance(self, seconds: float) -> None:
+        """Move time forward by `seconds`, waking sleepers in deadline order."""
+        target = self.now + seconds
+        await settle()
+        while self._sleepers and self._sleepers[0][0] <= target:
+            self.now = max(self.now, self._sleepers[0][0])
+            while self._sleepers and self._sleepers[0][0] <= self.now:
+                _, _, future = heapq.heappop(self._sleepers)
+                if not future.done():
+                    future.set_result(None)
+            await settle()
+        self.now = target
+        await settle()
+
+
+@dataclass(slots=True, kw_only=True)
+class FakeAgent:
+    """One worker's agent in the fake cluster (module docstring)."""
+
+    cluster: FakeCluster
+    id: plans.WorkerId
+    alive: bool = True
+    hung: bool = False
+    epoch: int = 0
+    state: messages.AgentState = messages.AgentState.IDLE
+    step: int = 0
+    held: frozenset[int] = frozenset()
+    config: messages.WorkerConfig | None = None
+    pending: messages.WorkerConfig | None = None
+    errors: tuple[messages.LatchedError, ...] = ()
+    setup: messages.EpochSetup | None = None
+    waiting_since: float | None = None
+    checkpoint_step: int | None = None
+    received: list[messages.WorkerConfig] = field(default_factory=list)
+
+    @property
+    def worker(self) -> plans.WorkerId:
+        return self.id
+
+    # -- the Agent port --------------------------------------------------------------------
+
+    async def configure(self, config: messages.WorkerConfig) -> messages.Acknowledgement:
+        self._reachable()
+        self.received.append(config)
+        self.cluster.sent.setdefault(config.epoch, []).append(config)
+        newest = max(self.epoch, self.pending.epoch if self.pending else 0)
+        if config.epoch <= newest or config.worker != self.id:
+            return refuse(f"epoch {config.epoch} is not after {newest} or not worker {self.id}")
+        if self.state is RUNNING:
+            if config.resume_step <= self.step:
+                return refuse(f"running at step {self.step}; resume_step must be later")
+            self.pending = config
+            return messages.Acknowledgement(accepted=True)
+        self.cluster.set_up(self, config)
+        return messages.Acknowledgement(accepted=True)
+
+    async def watch(self, interval_s: float) -> AsyncIterator[messages.Heartbeat]:
+        while True:
+            self._reachable()
+            if self.state is messages.AgentState.STOPPED:
+                return
+            if not self.hung:
+                yield self.heartbeat()
+            await self.cluster.clock.sleep(interval_s)
+
+    async def pause(self, epoch: int) -> messages.Acknowledgement:
+        self._reachable()
+        return refuse("pause is not simulated")
+
+    async def resume(self, epoch: int) -> messages.Acknowledgement:
+        self._reachable()
+        return refuse("resume is not simulated")
+
+    async def stop(self, grace_s: float) -> messages.Acknowledgement:
+        self._reachable()
+        self.state = messages.AgentState.STOPPED
+        return messages.Acknowledgement(accepted=True)
+
+    async def profile(self, order: messages.ProfileOrder) -> profile.Profile:
+        self._reachable()
+        assert self.cluster.profile is not None, "the test gave the cluster no profile"
+        return self.cluster.profile
+
+    async def load_snapshot(self, load: messages.SnapshotLoad) -> messages.Acknowledgement:
+        self._reachable()
+        return refuse("load_snapshot is not simulated")
+
+    async def close(self) -> None:
+        return None
+
+    # -- simulation ------------------------------------------------------------------------
+
+    def _reachable(self) -> None:
+        if not self.alive:
+            raise ports.AgentUnreachable(self.id, "connection refused")
+
+    def heartbeat(self) -> messages.Heartbeat:
+        snap = self.cluster.shm.get(self.id)
+        batch = self.config.settings.global_batch_size if self.config else 0
+        return messages.Heartbeat(
+            worker=self.id,
+            epoch=self.epoch,
+            state=self.state,
+            last_committed_step=self.step,
+            loss=5.0 / (1 + self.step) if self.step else None,
+            samples_processed=self.step * batch,
+            timings=messages.Timings(step_s=self.cluster.step_s),
+            snapshot=messages.SnapshotState(
+                latest_step=snap[0] if snap else None, held_bytes=1 if snap else 0
+            ),
+            errors=self.errors,
+            setup=self.setup,
+            checkpoint_step=self.checkpoint_step,
+        )
+
+    def latch(self, kind: messages.ErrorKind, message: str) -> None:
+        self.state = FAILED
+        self.pending = None
+        self.waiting_since = None
+        self.errors = (
+            *self.errors,
+            messages.LatchedError(kind=kind, message=message, step=self.step),
+        )
+
+
+def refuse(reason: str) -> messages.Acknowledgement:
+    return messages.Acknowledgement(accepted=False, reason=reason)
+
+
+class FakeCluster:
+    """`ports.Backend` over FakeAgents in simulated time (module docstring).
+
+    `peer_snapshots`: a lost layer can be rebuilt from the snapshot stores (redundancy) when
+    some worker snapshotted it at the resume step; False models redundancy NONE.
+    """
+
+    def __init__(
+        self,
+        clock: ManualClock,
+        *,
+        step_s: float = 0.1,
+        profile: profile.Profile | None = None,
+        peer_snapshots: bool = True,
+    ) -> None:
+        self.clock = clock
+        self.step_s = step_s
+        self.profile = profile
+        self.peer_snapshots = peer_snapshots
+        self.agents: dict[plans.WorkerId, FakeAgent] = {}
+        self.shm: dict[plans.WorkerId, tuple[int, frozenset[int]]] = {}
+        self.checkpoints: set[int] = set()
+        self.sent: dict[int, list[messages.WorkerConfig]] = {}
+        self.violations: list[str] = []
+        self.shut = False
+        self.on_step: Callable[[int], None] | None = None
+        self._events: asyncio.Queue[ports.WorkerEvent | None] = asyncio.Queue()
+        self._ticker: asyncio.Task[None] | None = None
+
+    # -- the Backend port ------------------------------------------------------------------
+
+    @property
+    def store(self) -> ports.StoreAddress:
+        return ports.StoreAddress(host="127.0.0.1", port=29500)
+
+    async def start(self, workers: Sequence[plans.WorkerId]) -> None:
+        for worker in workers:
+            self.agents.setdefault(worker, FakeAgent(cluster=self, id=worker))
+        if self._ticker is None:
+            self._ticker = asyncio.ensure_future(self._tick())
+
+    async def connect(self, worker: plans.WorkerId, timeout_s: float) -> ports.Agent:
+        agent = self.agents.get(worker)
+        if agent is None or not agent.alive:
+            raise ports.AgentUnreachable(worker, "not started")
+        return agent
+
+    async def events(self) -> AsyncIterator[ports.WorkerEvent]:  # type: ignore[override]
+        while (event := await self._events.get()) is not None:
+            yield event
+
+    async def shutdown(self) -> None:
+        self.shut = True
+        self._events.put_nowait(None)
+        if self._ticker is not None:
+            self._ticker.cancel()
+        for agent in self.agents.values():
+            agent.state = messages.AgentState.STOPPED
+
+    # -- what tests inject -----------------------------------------------------------------
+
+    def kill(self, worker: plans.WorkerId, *, report: bool = True) -> None:
+        """The worker's process dies; the backend reports it unless `report` is False."""
+        self.agents[worker].alive = False
+        if report:
+            self._events.put_nowait(ports.WorkerEvent(kind=ports.EventKind.DIED, worker=worker))
+
+    def hang(self, worker: plans.WorkerId) -> None:
+        """The worker stops stepping and heartbeating; its stream stays open."""
+        self.agents[worker].hung = True
+
+    def notice(self, worker: plans.WorkerId) -> None:
+        self._events.put_nowait(
+            ports.WorkerEvent(kind=ports.EventKind.PREEMPTION_NOTICE, worker=worker)
+        )
+
+    def join(self, worker: plans.WorkerId) -> None:
+        """A fresh agent process for `worker` (its host-memory store survives) is up."""
+        self.agents[worker] = FakeAgent(cluster=self, id=worker)
+        self._events.put_nowait(ports.WorkerEvent(kind=ports.EventKind.JOINED, worker=worker))
+
+    # -- the simulation --------------------------------------------------------------------
+
+    def set_up(self, agent: FakeAgent, config: messages.WorkerConfig) -> None:
+        """Set `agent` up for `config`: find each layer's state, cheapest tier first."""
+        agent.pending, agent.errors, agent.waiting_since = None, (), None
+        agent.epoch, agent.config = config.epoch, config
+        roles = transfers.roles(config.plan).get(agent.id, frozenset())
+        tiers = []
+        for layer in sorted(roles):
+            tier = self._tier(agent, config, layer)
+            if tier is None:
+                agent.step = config.resume_step
+                agent.latch(messages.ErrorKind.SNAPSHOT_UNAVAILABLE, f"layer {layer}: no tier")
+                return
+            tiers.append(tier)
+        received = sum(t.destination == agent.id for t in config.transfers)
+        agent.setup = messages.EpochSetup(
+            epoch=config.epoch,
+            tier=max(tiers, key=messages.TIER_ORDER.index, default=messages.RecoveryTier.KEPT),
+            regroup_s=0.01,
+            transfer_s=0.002 * received,
+            received_bytes=1000 * received,
+        )
+        agent.held, agent.step, agent.state = roles, config.resume_step, CONFIGURING
+
+    def _tier(
+        self, agent: FakeAgent, config: messages.WorkerConfig, layer: int
+    ) -> messages.RecoveryTier | None:
+        step = config.resume_step
+        copies = [t for t in config.transfers if t.destination == agent.id and t.layer == layer]
+        own = self.shm.get(agent.id)
+        if step == 0:
+            return messages.RecoveryTier.INITIAL
+        if (
+            layer in agent.held
+            and agent.step == step
+            and agent.state is not messages.AgentState.IDLE
+        ):
+            return messages.RecoveryTier.KEPT
+        if copies and all(self.agents[s].alive for s in copies[0].sources):
+            return messages.RecoveryTier.LIVE_REPLICA
+        if own is not None and own[0] == step and layer in own[1]:
+            return messages.RecoveryTier.LOCAL_SNAPSHOT
+        if self.peer_snapshots and any(s == step and layer in ls for s, ls in self.shm.values()):
+            return messages.RecoveryTier.PEER_SNAPSHOT
+        if step in self.checkpoints:
+            return messages.RecoveryTier.CHECKPOINT
+        return None
+
+    async def _tick(self) -> None:
+        while True:
+            await self.clock.sleep(self.step_s)
+            epochs = {a.epoch for a in self.agents.values() if a.alive and a.config is not None}
+            for epoch in sorted(epochs):
+                self._advance(epoch)
+
+    def _members(self, epoch: int) -> tuple[FakeAgent, list[plans.WorkerId]] | None:
+        here = [a for a in self.agents.values() if a.alive and a.epoch == epoch and a.config]
+        if not here:
+            return None
+        config = here[0].config
+        assert config is not None
+        return here[0], sorted(config.plan.workers)
+
+    def _advance(self, epoch: int) -> None:
+        """One step time of epoch `epoch`'s group: form it, break it, or commit a step."""
+        found = self._members(epoch)
+        if found is None:
+            return
+        members = [self.agents[w] for w in found[1]]
+        active = [
+            a
+            for a in members
+            if a.alive and a.epoch == epoch and a.state in (RUNNING, CONFIGURING) and not a.hung
+        ]
+        if len(active) < len(members):
+            self._short(epoch, members, active)
+            return
+        for agent in active:
+            agent.state, agent.waiting_since = RUNNING, None
+        if len({a.step for a in active}) > 1:
+            self.violations.append(f"epoch {epoch}: steps {[a.step for a in active]}")
+        self._commit(active)
+
+    def _short(self, epoch: int, members: list[FakeAgent], active: list[FakeAgent]) -> None:
+        """Some member is not there: gone for good (the others lose a peer) or not yet (they
+        wait, up to the epoch's timeout)."""
+        gone = [
+            a
+            for a in members
+            if not a.alive
+            or a.epoch > epoch
+            or (a.epoch == epoch and a.state not in (RUNNING, CONFIGURING))
+        ]
+        for agent in active:
+            config = agent.config
+            assert config is not None
+            if gone:
+                agent.latch(messages.ErrorKind.PEER_LOST, f"peer {gone[0].id} lost")
+                continue
+            agent.waiting_since = (
+                agent.waiting_since if agent.waiting_since is not None else self.clock.now
+            )
+            if self.clock.now - agent.waiting_since > config.rendezvous.timeout_s:
+                agent.latch(messages.ErrorKind.TIMEOUT, "a peer did not answer in time")
+
+    def _commit(self, group: list[FakeAgent]) -> None:
+        for agent in group:
+            config = agent.config
+            assert config is not None
+            if config.stop_step is not None and agent.step >= config.stop_step:
+                agent.state = messages.AgentState.FINISHED
+                continue
+            agent.step += 1
+            settings = config.settings
+            if (
+                settings.snapshot_interval_steps
+                and agent.step % settings.snapshot_interval_steps == 0
+            ):
+                self.shm[agent.id] = (agent.step, agent.held)
+            every = settings.checkpoint_interval_steps
+            if settings.checkpoint_dir and every and agent.step % every == 0:
+                self.checkpoints.add(agent.step)
+                agent.checkpoint_step = agent.step
+            if agent.pending is not None and agent.step == agent.pending.resume_step:
+                self.set_up(agent, agent.pending)
+        if self.on_step is not None and group:
+            self.on_step(max(a.step for a in group))

@@ -1,0 +1,115 @@
+"""Jobs and drivers shared by the controller tests: a synthetic profile whose memory limit
+forces pipelines of several stages, job settings around it, and `Run`, which drives a
+controller against a FakeCluster in simulated time (no real sleeps)."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Callable
+
+from planaria.control import controller, settings, status
+from planaria.planner import accelerators, profile, shapes, synthetic
+from planaria.wire import messages
+from tests.control import fakes
+
+MIB = 2**20
+
+
+def small_profile(memory_mib: int = 30) -> profile.Profile:
+    """The `small` model (10 planner layers), b = 2, one GPU per node, `memory_mib` per GPU:
+    30 MiB gives 8 workers [2,2,2,2] and needs 4; 20 MiB gives [4,4] and needs 6."""
+    source = synthetic.synthesize(shapes.named("small"), accelerators.named("a100-80gb"), 2, 1)
+    return dataclasses.replace(source, memory_bytes=memory_mib * MIB)
+
+
+def training(**changes: object) -> messages.TrainingSettings:
+    base = messages.TrainingSettings(
+        model="small",
+        seed=7,
+        optimizer=messages.OptimizerSettings(lr=1e-3),
+        global_batch_size=16,
+        data=messages.DataSettings(corpus_paths=("corpus.txt",)),
+        device=messages.Device.CPU,
+        snapshot_interval_steps=1,
+        redundancy=messages.RedundancyMode.XOR,
+    )
+    return dataclasses.replace(base, **changes)  # type: ignore[arg-type]
+
+
+def job(**changes: object) -> settings.JobSettings:
+    base = settings.JobSettings(
+        name="test",
+        workers=8,
+        steps=60,
+        micro_batch_size=2,
+        training=training(),
+        profile=small_profile(),
+        heartbeat_interval_s=0.1,
+        heartbeat_timeout_s=1.0,
+        step_timeout_s=2.0,
+        configure_timeout_s=3.0,
+    )
+    return dataclasses.replace(base, **changes)  # type: ignore[arg-type]
+
+
+class Sink:
+    """A StatusSink keeping every status published."""
+
+    def __init__(self) -> None:
+        self.published: list[status.JobStatus] = []
+
+    async def publish(self, value: object) -> None:
+        assert isinstance(value, status.JobStatus)
+        self.published.append(value)
+
+
+class Run:
+    """A controller and its fake cluster on one manual clock."""
+
+    def __init__(self, job_settings: settings.JobSettings, **cluster: object) -> None:
+        self.clock = fakes.ManualClock()
+        self.cluster = fakes.FakeCluster(self.clock, **cluster)  # type: ignore[arg-type]
+        self.sink = Sink()
+        self.controller = controller.Controller(
+            job_settings, self.cluster, clock=self.clock, sink=self.sink
+        )
+        self.task: asyncio.Task[status.JobStatus] | None = None
+
+    async def until(
+        self, condition: Callable[[], bool], *, limit_s: float = 60.0, tick_s: float = 0.05
+    ) -> None:
+        """Advance simulated time until `condition` holds (fails past `limit_s` from now)."""
+        if self.task is None:
+            self.task = asyncio.ensure_future(self.controller.run())
+        deadline = self.clock.now + limit_s
+        while not condition():
+            assert self.clock.now < deadline, (
+                f"not reached in {limit_s} s: {self.controller.status}"
+            )
+            if self.task.done():
+                self.task.result()  # raise what ended it
+                assert condition(), f"the controller ended first: {self.controller.status}"
+            await self.clock.advance(tick_s)
+
+    async def finish(self, *, limit_s: float = 120.0) -> status.JobStatus:
+        """Run until the controller returns (it must within `limit_s` simulated seconds)."""
+        await self.until(lambda: self.task is not None and self.task.done(), limit_s=limit_s)
+        assert self.task is not None
+        return self.task.result()
+
+    def step(self) -> int:
+        return self.controller.status.step
+
+    def ranks_ok(self) -> list[str]:
+        """Problems with the ranks of every epoch's Configures (empty when none)."""
+        problems = []
+        for epoch, configs in self.cluster.sent.items():
+            ranks = sorted(c.rendezvous.rank for c in configs)
+            workers = sorted(c.worker for c in configs)
+            plan_workers = sorted(configs[0].plan.workers)
+            if ranks != list(range(len(configs))) or workers != plan_workers:
+                problems.append(f"epoch {epoch}: ranks {ranks} workers {workers}")
+            if any(c.rendezvous.rank != plan_workers.index(c.worker) for c in configs):
+                problems.append(f"epoch {epoch}: a rank is not the worker's sorted position")
+        return problems
