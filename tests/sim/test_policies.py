@@ -4,10 +4,10 @@ Covers: Planaria's recovery is `policy.decide`'s choice with its transition as t
 dynamic-only never reroutes; rerouting-only reroutes, and when a stage lost both replicas it
 falls back to a re-plan; Bamboo merges a failed stage into its predecessor's worker (the first
 stage into its successor's) with a regroup pause and the step of the merged plan times 1 +
-RC_OVERHEAD, restarts from a checkpoint when the backup is dead or already covering, and does
-not train when its redundant copy does not fit; Varuna restarts on every failure in its plan
-(pause = regroup + restart + checkpoint load) and ignores failures outside it; the ideal moves
-at no cost; a failure of every worker leaves nothing to train.
+RC_OVERHEAD, restarts from a checkpoint when the backup is dead or already covering, trains on
+the fastest grid whose redundant copies fit, and does not train when none does; Varuna restarts
+on every failure in its plan (pause = regroup + restart + checkpoint load) and ignores failures
+outside it; the ideal moves at no cost; a failure of every worker leaves nothing to train.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import pytest
 
 from planaria.planner import candidates, distribution, plan, policy, transfers
 from planaria.sim import planning, policies
+from tests import strategies
 from tests.sim import conftest
 
 W = plan.WorkerId
@@ -111,14 +112,25 @@ def test_bamboo_restarts_when_adjacent_nodes_fail(planner: planning.Planner) -> 
 
 
 def test_bamboo_does_not_train_when_its_redundant_copy_does_not_fit() -> None:
-    job = conftest.tiny_job()
-    roomy = planning.Planner(job)
-    plan_ = roomy.fresh(live(), symmetric=True)
-    assert plan_ is not None
-    tight = dataclasses.replace(job.profile, memory_bytes=roomy.peak_bytes(plan_) + 1)
-    planner = planning.Planner(dataclasses.replace(job, profile=tight))
+    # a one-layer stage fits (1 MB of state in 1.5 MB) but not with its successor's copy
+    tight = strategies.uniform_profile(6, state_bytes=1_000_000, memory_bytes=1_500_000)
+    planner = planning.Planner(planning.Job(profile=tight, global_batch=8))
+    assert planner.fresh(live(), symmetric=True) is not None  # Varuna's grid fits
     running = policies.Bamboo(planner, ttf).start(live())
     assert running.plan is None and running.note.startswith("out of memory")
+
+
+def test_bamboo_picks_a_grid_its_redundant_copies_fit(planner: planning.Planner) -> None:
+    job = conftest.tiny_job()
+    fastest = planner.fresh(live(), symmetric=True)
+    assert fastest is not None
+    # memory for the fastest grid alone: Bamboo must take another grid or none
+    tight = dataclasses.replace(job.profile, memory_bytes=planner.peak_bytes(fastest) + 1)
+    squeezed = planning.Planner(dataclasses.replace(job, profile=tight))
+    bamboo = policies.Bamboo(squeezed, ttf)
+    running = bamboo.start(live())
+    if running.plan is not None:
+        assert bamboo._redundant_peak(running.plan) <= tight.memory_bytes
 
 
 def test_varuna_restarts_on_failures_in_its_plan_only(planner: planning.Planner) -> None:

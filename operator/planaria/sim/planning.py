@@ -21,7 +21,7 @@ an estimate, `screening.canonical`), decisions by their full input, estimates in
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Collection, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 
 from planaria.planner import (
@@ -64,6 +64,14 @@ class Job:
     def state_bytes(self) -> int:
         """Bytes a checkpoint holds: every layer's parameters and optimizer state."""
         return sum(transfers.moved_bytes(layer) for layer in self.profile.layers)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Constraint:
+    """A test every fresh plan must pass besides fitting memory; `name` keys the cache."""
+
+    name: str
+    test: Callable[[plan.Plan], bool]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -114,25 +122,29 @@ class Planner:
     # --- fresh plans -------------------------------------------------------------------------
 
     def fresh(
-        self, workers: Collection[plan.WorkerId], symmetric: bool = False
+        self,
+        workers: Collection[plan.WorkerId],
+        symmetric: bool = False,
+        constraint: Constraint | None = None,
     ) -> plan.Plan | None:
         """The fastest plan over `workers` planned from scratch (None: nothing fits); it may
         leave workers idle when fewer train faster (its pipelines use a prefix of the sorted
-        workers). `symmetric` keeps DP x PP grids only (Varuna's grid topology, Oobleck §2)."""
+        workers). `symmetric` keeps DP x PP grids only (Varuna's grid topology, Oobleck §2);
+        `constraint` drops plans that fail its test (e.g. Bamboo's redundant memory)."""
         ordered = sorted(workers)
         best: tuple[float, tuple[tuple[int, ...], ...]] | None = None
         for count in range(1, len(ordered) + 1):
-            found = self._best_of(ordered[:count], symmetric)
+            found = self._best_of(ordered[:count], symmetric, constraint)
             if found is not None and (best is None or found[0] < best[0]):
                 best = found
         return None if best is None else self._laid_out(best[1], ordered)
 
     def _best_of(
-        self, workers: list[plan.WorkerId], symmetric: bool
+        self, workers: list[plan.WorkerId], symmetric: bool, constraint: Constraint | None
     ) -> tuple[float, tuple[tuple[int, ...], ...]] | None:
-        key = (self._shape(workers), symmetric)
+        key = (self._shape(workers), symmetric, None if constraint is None else constraint.name)
         if key not in self._fresh:
-            self._fresh[key] = self._best_layout(len(workers), symmetric)
+            self._fresh[key] = self._best_layout(len(workers), symmetric, constraint)
         return self._fresh[key]
 
     def _shape(self, workers: list[plan.WorkerId]) -> tuple[int, ...]:
@@ -140,7 +152,7 @@ class Planner:
         return tuple(sorted(per_node.values(), reverse=True))
 
     def _best_layout(
-        self, num_workers: int, symmetric: bool
+        self, num_workers: int, symmetric: bool, constraint: Constraint | None
     ) -> tuple[float, tuple[tuple[int, ...], ...]] | None:
         """Step and layout (per pipeline: layer counts..., micro-batches) of the fastest
         layout using all `num_workers` (exact branch and bound on the screens)."""
@@ -156,7 +168,9 @@ class Planner:
             if best is not None and screen_s >= best[0]:
                 break  # a screen is a lower bound: nothing later can beat the best
             whole = self.estimates.whole(built)
-            if self.estimates.fits(whole) and (best is None or whole.step_s < best[0]):
+            if not self.estimates.fits(whole) or (constraint and not constraint.test(built)):
+                continue
+            if best is None or whole.step_s < best[0]:
                 best = (whole.step_s, layout)
         return best
 

@@ -215,7 +215,7 @@ class Bamboo:
         self.covering: set[plan.WorkerId] = set()  # workers running a failed neighbour's stage
 
     def start(self, workers: Collection[plan.WorkerId]) -> Running:
-        return self._running(self.planner.fresh(workers, symmetric=True), workers)
+        return self._running(self._grid(workers), workers)
 
     def on_failure(
         self, running: Running, failed: frozenset[plan.WorkerId], live: frozenset[plan.WorkerId]
@@ -280,7 +280,7 @@ class Bamboo:
 
     def _restart(self, live: frozenset[plan.WorkerId]) -> Recovery:
         self.covering.clear()
-        new = self._running(self.planner.fresh(live, symmetric=True), live)
+        new = self._running(self._grid(live), live)
         return Recovery(running=new, pause_s=restart_s(self.planner), restart=True)
 
     def _running(self, target: plan.Plan | None, workers: Collection[plan.WorkerId]) -> Running:
@@ -291,6 +291,16 @@ class Bamboo:
             return Running(plan=None, note=f"out of memory by {over / 2**30:.2f} GiB")
         mtbf = _mtbf(self.planner, self.time_to_failure, workers)
         return _checkpointed(self.planner, target, mtbf, rc=RC_OVERHEAD)
+
+    def _grid(self, workers: Collection[plan.WorkerId]) -> plan.Plan | None:
+        """The fastest DP x PP grid whose redundant copies fit (the fastest grid if none
+        does, so that `_running` reports by how much it is out of memory)."""
+        fits = planning.Constraint(
+            name="bamboo-redundant-memory",
+            test=lambda p: self._redundant_peak(p) <= self.planner.estimates.memory_bytes,
+        )
+        found = self.planner.fresh(workers, symmetric=True, constraint=fits)
+        return found or self.planner.fresh(workers, symmetric=True)
 
     def _redundant_peak(self, target: plan.Plan) -> int:
         """The plan's peak memory plus the largest state of a stage's backup copy."""
