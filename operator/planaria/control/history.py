@@ -1,0 +1,126 @@
+"""What the job did, for the status and the report: committed steps and finished recoveries.
+
+`History` records a `StepRecord` whenever the current epoch commits a newer step, and turns a
+pending recovery into a `Recovery` at its epoch's first committed step, with the workers'
+setup reports (costliest tier, slowest regroup and transfer, bytes received) and the seconds
+from the Configure (`resume_s`) and from the death (`total_s`). A failure before a pending
+recovery finished extends it (`begin` merges): one recovery from the first death to the
+first step that followed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from planaria.control import epochs
+from planaria.control import status as statuses
+from planaria.wire import messages
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Pending:
+    """A recovery waiting for its epoch's first committed step."""
+
+    record: statuses.Recovery
+    death_at: float
+    configured_at: float
+    resume_step: int
+
+
+@dataclass(slots=True, kw_only=True)
+class History:
+    """Steps and recoveries of one job (module docstring)."""
+
+    global_batch: int
+    steps: list[statuses.StepRecord] = field(default_factory=list)
+    recoveries: list[statuses.Recovery] = field(default_factory=list)
+    pending: Pending | None = None
+
+    def begin(self, record: statuses.Recovery, now: float, resume_step: int) -> None:
+        """A recovery's epoch was configured at `now`; `record.started_s` is the death."""
+        death_at, previous = record.started_s, self.pending
+        if previous is not None:
+            death_at = min(death_at, previous.death_at)
+            record = dataclasses.replace(
+                record,
+                started_s=death_at,
+                failed=tuple(sorted({*previous.record.failed, *record.failed})),
+                detect_s=previous.record.detect_s,
+                plan_s=previous.record.plan_s + record.plan_s,
+                lost_steps=max(previous.record.lost_steps, record.lost_steps),
+            )
+        self.pending = Pending(
+            record=record, death_at=death_at, configured_at=now, resume_step=resume_step
+        )
+
+    def observe(
+        self,
+        beats: Sequence[messages.Heartbeat],
+        *,
+        epoch: int,
+        resume_step: int,
+        live_workers: int,
+        now: float,
+    ) -> None:
+        """Take the heartbeats of `epoch`: record its newest committed step after
+        `resume_step`, and finish the pending recovery of this epoch at its first."""
+        step = max((b.last_committed_step for b in beats), default=0)
+        last = self.steps[-1] if self.steps else None
+        if step <= resume_step or (last is not None and (last.epoch, last.step) == (epoch, step)):
+            return
+        loss = next(
+            (b.loss for b in beats if b.last_committed_step == step and b.loss is not None), None
+        )
+        self.steps.append(
+            statuses.StepRecord(
+                at_s=now,
+                step=step,
+                loss=loss,
+                samples_per_s=self._rate(last, step, epoch, now, beats),
+                live_workers=live_workers,
+                epoch=epoch,
+            )
+        )
+        self._finish(beats, epoch, now)
+
+    def step_s(self, epoch: int, beats: Sequence[messages.Heartbeat]) -> float:
+        """Seconds per step: between the epoch's last two records, else the agents' timings
+        (0.0 when unknown)."""
+        recent = [r for r in self.steps[-2:] if r.epoch == epoch]
+        if len(recent) == 2 and recent[1].step > recent[0].step:
+            return (recent[1].at_s - recent[0].at_s) / (recent[1].step - recent[0].step)
+        return max((b.timings.step_s for b in beats), default=0.0)
+
+    def _rate(
+        self,
+        last: statuses.StepRecord | None,
+        step: int,
+        epoch: int,
+        now: float,
+        beats: Sequence[messages.Heartbeat],
+    ) -> float:
+        if last is not None and last.epoch == epoch and step > last.step and now > last.at_s:
+            return self.global_batch * (step - last.step) / (now - last.at_s)
+        step_s = max((b.timings.step_s for b in beats), default=0.0)
+        return self.global_batch / step_s if step_s > 0 else 0.0
+
+    def _finish(self, beats: Sequence[messages.Heartbeat], epoch: int, now: float) -> None:
+        pending = self.pending
+        if pending is None or pending.record.epoch != epoch:
+            return
+        setups = {b.worker: b.setup for b in beats if b.setup and b.setup.epoch == epoch}
+        combined = epochs.combine(setups)
+        self.recoveries.append(
+            dataclasses.replace(
+                pending.record,
+                tier=combined.tier if setups else pending.record.tier,
+                regroup_s=combined.regroup_s,
+                transfer_s=combined.transfer_s,
+                resume_s=now - pending.configured_at,
+                total_s=now - pending.death_at,
+                transferred_bytes=combined.received_bytes,
+            )
+        )
+        self.pending = None
