@@ -1,0 +1,378 @@
+"""The job spec: what a user asks for, as the `spec` of a ResilientJob and as a local job file.
+
+One schema for both ways of running (issue #8 item 4): a file `planaria run` accepts is a valid
+custom resource, and the Kubernetes adapter validates a ResilientJob's `spec` with the same
+models. Field names are camelCase as in a CRD; snake_case names are accepted too
+(populate_by_name); unknown fields are refused (a typo must not silently become a default).
+Every field carries a description, which the CRD's OpenAPI schema reuses.
+
+A job file is either a bare spec or a whole document:
+
+    apiVersion: planaria.dev/v1alpha1
+    kind: ResilientJob
+    metadata: {name: tiny-job}
+    spec: {workers: 8, steps: 120, failures: [{step: 40, worker: 3}]}
+
+`to_settings` turns a spec into the controller core's `JobSettings`; the corpus default (the
+standard library's sources, found by the agent's data module) is passed in by the caller, so
+this module imports no agent code. `failures` is local-mode failure injection: the operator
+ignores it.
+
+Errors:
+
+    ValueError
+    └── JobSpecError   one line: `<source>: <field path>: <problem>; <what to change>`
+
+Per-field rules are pydantic's; the cross-field rules a CRD would state in CEL (global batch a
+multiple of the micro-batch, whole nodes, fault tolerance below the node count, failures naming
+existing workers and steps, checkpoints on snapshot boundaries) are checked by `check` with the
+same message form, so a spec that passes converts without error.
+"""
+
+from __future__ import annotations
+
+import re
+from enum import StrEnum
+from typing import Annotated, Any, Literal
+
+import pydantic
+from pydantic import alias_generators
+
+from planaria.control import settings as job_settings
+from planaria.planner import shapes
+from planaria.wire import messages
+
+API_VERSION = "planaria.dev/v1alpha1"
+KIND = "ResilientJob"
+# A Kubernetes object name (RFC 1123 label): it also names the job's snapshot directories.
+NAME_PATTERN = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+DURATION_PATTERN = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|m|h)?\s*$")
+_UNIT_S = {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
+
+
+class JobSpecError(ValueError):
+    """A job file or spec that cannot run; one line naming the field and what to change."""
+
+
+# Counts fit the contract's uint32 fields, byte counts its uint64 ones.
+PositiveInt = Annotated[int, pydantic.Field(ge=1, le=messages.MAX_UINT32)]
+Count = Annotated[int, pydantic.Field(ge=0, le=messages.MAX_UINT32)]
+Seconds = Annotated[float, pydantic.Field(gt=0, allow_inf_nan=False)]
+
+
+def _field(default: Any, description: str, **rules: Any) -> Any:
+    return pydantic.Field(default=default, description=description, **rules)
+
+
+class _Model(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(
+        extra="forbid",
+        frozen=True,
+        alias_generator=alias_generators.to_camel,
+        populate_by_name=True,
+    )
+
+
+class OptimizerSpec(_Model):
+    """AdamW's hyper-parameters (constant learning rate)."""
+
+    lr: float = _field(2e-3, "Learning rate.", gt=0, allow_inf_nan=False)
+    beta1: float = _field(0.9, "First-moment decay, in [0, 1).", ge=0, lt=1)
+    beta2: float = _field(0.95, "Second-moment decay, in [0, 1).", ge=0, lt=1)
+    eps: float = _field(1e-8, "Denominator term, > 0.", gt=0, allow_inf_nan=False)
+    weight_decay: float = _field(
+        0.0, "Decoupled weight decay of matrices and embeddings, >= 0.", ge=0, allow_inf_nan=False
+    )
+
+
+class DataSpec(_Model):
+    """The training text."""
+
+    corpus_paths: list[Annotated[str, pydantic.Field(min_length=1)]] | None = _field(
+        None,
+        "Files or directories of text, read in order (directories recursively). Default: the "
+        "Python standard library's *.py sources on each worker.",
+        min_length=1,
+    )
+    max_bytes: Annotated[int, pydantic.Field(ge=1, le=messages.MAX_UINT64)] | None = _field(
+        None, "Read at most this many bytes of the corpus."
+    )
+
+
+class Redundancy(StrEnum):
+    """How host-memory snapshot shards survive a lost worker (REFT §4.2)."""
+
+    NONE = "none"
+    COPY = "copy"
+    XOR = "xor"
+    RECOMPUTE = "recompute"
+
+
+class SnapshotSpec(_Model):
+    """Host-memory snapshots (REFT), the cheap recovery tier behind live replicas."""
+
+    interval_steps: Count = _field(1, "Snapshot every N steps; 0 takes none.")
+    redundancy: Redundancy = _field(
+        Redundancy.COPY, "Protection of the shards: none, copy, xor (parity) or recompute."
+    )
+
+
+class CheckpointSpec(_Model):
+    """Persistent checkpoints, copied from complete snapshots in the background."""
+
+    dir: str = _field("", "Directory for checkpoints (shared by all workers); empty: none.")
+    interval_steps: Count = _field(
+        0, "Checkpoint every N steps, a multiple of snapshots.intervalSteps; 0: none."
+    )
+
+
+class TimeoutSpec(_Model):
+    """How long the controller waits before it calls something failed."""
+
+    heartbeat_interval_seconds: Seconds = _field(0.1, "Seconds between an agent's heartbeats.")
+    heartbeat_seconds: Seconds = _field(
+        3.0, "An agent silent this long counts as failed; above heartbeatIntervalSeconds."
+    )
+    step_seconds: Seconds = _field(
+        10.0, "Bound on every collective of an epoch: a hung peer fails the step after this."
+    )
+    configure_seconds: Seconds = _field(60.0, "Bound on a worker's setup of a new epoch.")
+
+
+class FailureSpec(_Model):
+    """One injected failure (local mode only): kill `worker` at a step or after a time."""
+
+    step: PositiveInt | None = _field(None, "Kill the worker once the job reaches this step.")
+    time: str | float | None = _field(
+        None, 'Kill it this long after training starts: seconds or "90s", "2m", "500ms".'
+    )
+    worker: int | str = _field(
+        "random", 'The worker id to kill, or "random" for a live one chosen at random.'
+    )
+
+    @pydantic.field_validator("worker")
+    @classmethod
+    def _worker_id(cls, value: int | str) -> int | str:
+        if value == "random" or (isinstance(value, int) and value >= 0):
+            return value
+        raise ValueError(f"must be a worker id >= 0 or 'random' (got {value!r})")
+
+    @pydantic.field_validator("time")
+    @classmethod
+    def _duration(cls, value: str | float | None) -> str | float | None:
+        if value is not None:
+            parse_duration(value)
+        return value
+
+    @pydantic.model_validator(mode="after")
+    def _one_trigger(self) -> FailureSpec:
+        if (self.step is None) == (self.time is None):
+            raise ValueError("give exactly one of step or time")
+        return self
+
+    @property
+    def time_s(self) -> float | None:
+        """`time` in seconds (None for a step trigger)."""
+        return None if self.time is None else parse_duration(self.time)
+
+
+class JobSpec(_Model):
+    """The spec of a ResilientJob (docs/running.md lists every field)."""
+
+    model: str = _field("tiny", "Named model shape: tiny, small, gpt2, gpt3-medium, ...")
+    workers: PositiveInt = _field(8, "Worker processes (pods) at full strength.")
+    gpus_per_node: PositiveInt = _field(1, "Workers per node; workers is whole nodes.")
+    steps: PositiveInt = _field(100, "Train steps 1..steps, then the job has Succeeded.")
+    micro_batch_size: PositiveInt = _field(4, "Samples per micro-batch.")
+    global_batch_size: PositiveInt = _field(
+        32, "Samples per step, a multiple of microBatchSize; never changes with the plan."
+    )
+    seed: int = _field(0, "Seed of the parameters and of the sample order.", ge=0, lt=2**64)
+    optimizer: OptimizerSpec = _field(OptimizerSpec(), "AdamW hyper-parameters.")
+    data: DataSpec = _field(DataSpec(), "Training text.")
+    device: Literal["cpu", "cuda"] = _field("cpu", "Where workers compute (cuda uses NCCL).")
+    snapshots: SnapshotSpec = _field(SnapshotSpec(), "Host-memory snapshots.")
+    checkpoints: CheckpointSpec = _field(CheckpointSpec(), "Persistent checkpoints.")
+    fault_tolerance: Count = _field(
+        1, "Node failures the pipeline templates must cover; below the node count."
+    )
+    policy: job_settings.Policy = _field(
+        job_settings.Policy.ADAPTIVE,
+        "Recoveries allowed: adaptive (Odyssey eq. 8), dynamic or reroute.",
+    )
+    mtbf_seconds: Seconds | None = _field(
+        None, "Expected seconds to the next failure for eq. 8; default: learnt from failures."
+    )
+    timeouts: TimeoutSpec = _field(TimeoutSpec(), "Failure detection bounds.")
+    failures: list[FailureSpec] = _field(
+        [], "Failures to inject when run locally (`planaria run`); the operator ignores them."
+    )
+
+
+class Metadata(pydantic.BaseModel):
+    """A custom resource's metadata: only the name matters here, the rest is Kubernetes'."""
+
+    model_config = pydantic.ConfigDict(extra="allow", frozen=True)
+    name: str = pydantic.Field(description="The job's name (an RFC 1123 label).")
+
+
+class ResilientJob(pydantic.BaseModel):
+    """A whole ResilientJob document."""
+
+    model_config = pydantic.ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    api_version: Literal["planaria.dev/v1alpha1"] = pydantic.Field(alias="apiVersion")
+    kind: Literal["ResilientJob"]
+    metadata: Metadata
+    spec: JobSpec = JobSpec()
+
+
+def parse_duration(value: str | float) -> float:
+    """Seconds in `value`: a number of seconds, or text such as "90s", "2m", "1h", "500ms"."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        seconds = float(value)
+    else:
+        match = DURATION_PATTERN.match(str(value))
+        if match is None:
+            raise ValueError(f"{value!r} is not a duration; write seconds or e.g. 90s, 2m, 1h")
+        seconds = float(match.group(1)) * _UNIT_S[match.group(2)]
+    if not 0 <= seconds < float("inf"):
+        raise ValueError(f"{value!r} is not a duration >= 0")
+    return seconds
+
+
+def check(spec: JobSpec) -> list[tuple[str, str]]:
+    """Cross-field problems of `spec` as (field path, problem and fix); empty when it is sound."""
+    problems: list[tuple[str, str]] = []
+    if spec.model not in shapes.NAMED_SHAPES:
+        known = ", ".join(sorted(shapes.NAMED_SHAPES))
+        problems.append(("model", f"unknown model {spec.model!r}; give one of {known}"))
+    if spec.global_batch_size % spec.micro_batch_size:
+        problems.append(
+            (
+                "globalBatchSize",
+                f"{spec.global_batch_size} is not a multiple of microBatchSize "
+                f"{spec.micro_batch_size}; make it one",
+            )
+        )
+    problems += _check_nodes(spec) + _check_recovery(spec) + _check_failures(spec)
+    return problems
+
+
+def _check_nodes(spec: JobSpec) -> list[tuple[str, str]]:
+    if spec.workers % spec.gpus_per_node:
+        return [
+            (
+                "workers",
+                f"{spec.workers} is not a multiple of gpusPerNode {spec.gpus_per_node}; "
+                "give whole nodes",
+            )
+        ]
+    nodes = spec.workers // spec.gpus_per_node
+    if spec.fault_tolerance >= nodes:
+        return [
+            (
+                "faultTolerance",
+                f"{spec.fault_tolerance} leaves no node to train on ({nodes} nodes); "
+                f"give at most {nodes - 1}",
+            )
+        ]
+    return []
+
+
+def _check_recovery(spec: JobSpec) -> list[tuple[str, str]]:
+    problems: list[tuple[str, str]] = []
+    timeouts = spec.timeouts
+    if timeouts.heartbeat_seconds <= timeouts.heartbeat_interval_seconds:
+        problems.append(
+            (
+                "timeouts.heartbeatSeconds",
+                f"{timeouts.heartbeat_seconds:g} is not above heartbeatIntervalSeconds "
+                f"{timeouts.heartbeat_interval_seconds:g}; make it longer",
+            )
+        )
+    every, snap = spec.checkpoints.interval_steps, spec.snapshots.interval_steps
+    if spec.checkpoints.dir and every and (snap == 0 or every % snap):
+        problems.append(
+            (
+                "checkpoints.intervalSteps",
+                f"{every} is not a multiple of snapshots.intervalSteps {snap}; checkpoints are "
+                "copied from snapshots, so make it a multiple (and snapshots periodic)",
+            )
+        )
+    return problems
+
+
+def _check_failures(spec: JobSpec) -> list[tuple[str, str]]:
+    problems: list[tuple[str, str]] = []
+    for i, failure in enumerate(spec.failures):
+        if isinstance(failure.worker, int) and failure.worker >= spec.workers:
+            problems.append(
+                (
+                    f"failures.{i}.worker",
+                    f"worker {failure.worker} does not exist (workers 0..{spec.workers - 1}); "
+                    "give one of them or 'random'",
+                )
+            )
+        if failure.step is not None and failure.step >= spec.steps:
+            problems.append(
+                (
+                    f"failures.{i}.step",
+                    f"step {failure.step} is not before the last step {spec.steps}; "
+                    "give a step the job will reach",
+                )
+            )
+    return problems
+
+
+def to_settings(spec: JobSpec, name: str, corpus_default: str) -> job_settings.JobSettings:
+    """The controller core's settings for `spec` run as job `name`; `corpus_default` is the
+    corpus when the spec names none. Raises JobSpecError when `spec` breaks a `check` rule."""
+    problems = check(spec)
+    if problems:
+        raise JobSpecError(f"spec.{problems[0][0]}: {problems[0][1]}")
+    if NAME_PATTERN.match(name) is None:
+        raise JobSpecError(f"metadata.name: {name!r} is not a lowercase RFC 1123 label; {NAMING}")
+    return job_settings.JobSettings(
+        name=name,
+        workers=spec.workers,
+        gpus_per_node=spec.gpus_per_node,
+        steps=spec.steps,
+        micro_batch_size=spec.micro_batch_size,
+        training=_training(spec, corpus_default),
+        fault_tolerance=spec.fault_tolerance,
+        policy=spec.policy.value,
+        mtbf_s=spec.mtbf_seconds,
+        backend=messages.Backend.NCCL if spec.device == "cuda" else messages.Backend.GLOO,
+        heartbeat_interval_s=spec.timeouts.heartbeat_interval_seconds,
+        heartbeat_timeout_s=spec.timeouts.heartbeat_seconds,
+        step_timeout_s=spec.timeouts.step_seconds,
+        configure_timeout_s=spec.timeouts.configure_seconds,
+    )
+
+
+NAMING = "use lowercase letters, digits and '-', at most 63 characters (e.g. tiny-job)"
+
+
+def _training(spec: JobSpec, corpus_default: str) -> messages.TrainingSettings:
+    optimizer = spec.optimizer
+    return messages.TrainingSettings(
+        model=spec.model,
+        seed=spec.seed,
+        optimizer=messages.OptimizerSettings(
+            lr=optimizer.lr,
+            beta1=optimizer.beta1,
+            beta2=optimizer.beta2,
+            eps=optimizer.eps,
+            weight_decay=optimizer.weight_decay,
+        ),
+        global_batch_size=spec.global_batch_size,
+        data=messages.DataSettings(
+            corpus_paths=tuple(spec.data.corpus_paths or (corpus_default,)),
+            max_bytes=spec.data.max_bytes,
+        ),
+        device=messages.Device(spec.device),
+        snapshot_interval_steps=spec.snapshots.interval_steps,
+        redundancy=messages.RedundancyMode(spec.snapshots.redundancy.value),
+        checkpoint_dir=spec.checkpoints.dir if spec.checkpoints.interval_steps else "",
+        checkpoint_interval_steps=spec.checkpoints.interval_steps if spec.checkpoints.dir else 0,
+    )

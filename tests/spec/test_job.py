@@ -1,0 +1,274 @@
+"""The job spec and job files (planaria.spec.job, planaria.spec.job_file).
+
+Covers: defaults; camelCase aliases and snake_case names; a bare spec named after its file and a
+whole ResilientJob document named by metadata.name; overrides checked like the file's own
+values; every kind of invalid field (type, range, enum, unknown field, cross-field rules,
+failures, names, not YAML, not a mapping, missing file) reported as one line with the field
+path as written in the file and a fix; durations; conversion to the controller's JobSettings
+(corpus default, NCCL on cuda, checkpoints only when both dir and interval are given); a fuzz of
+random documents: parsing raises nothing but JobSpecError with a path, and any spec that parses
+converts to settings; every spec field has a description and is documented in docs/running.md.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pydantic
+import pytest
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from planaria.control import settings as job_settings
+from planaria.spec import job, job_file
+from planaria.wire import messages
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCUMENT = """
+apiVersion: planaria.dev/v1alpha1
+kind: ResilientJob
+metadata: {name: tiny-job, namespace: ml}
+spec:
+  workers: 4
+  steps: 50
+  microBatchSize: 2
+  globalBatchSize: 16
+  timeouts: {stepSeconds: 5}
+  failures: [{step: 10, worker: 3}, {time: 30s}]
+"""
+
+
+def _parse(text: str, **kwargs: Any) -> job_file.JobFile:
+    return job_file.parse_job(text, source="job.yaml", **kwargs)
+
+
+def _error(text: str) -> str:
+    with pytest.raises(job.JobSpecError) as caught:
+        _parse(text)
+    message = str(caught.value)
+    assert "\n" not in message
+    return message
+
+
+def test_an_empty_file_is_the_default_spec() -> None:
+    parsed = _parse("", default_name="demo")
+    assert parsed.name == "demo" and not parsed.document
+    spec = parsed.spec
+    assert (spec.model, spec.workers, spec.gpus_per_node, spec.device) == ("tiny", 8, 1, "cpu")
+    assert spec.global_batch_size % spec.micro_batch_size == 0
+    assert spec.snapshots.interval_steps == 1 and spec.snapshots.redundancy == "copy"
+    assert spec.policy is job_settings.Policy.ADAPTIVE and spec.failures == []
+
+
+def test_camel_case_and_snake_case_names_are_both_accepted() -> None:
+    camel = _parse("microBatchSize: 2\ntimeouts: {stepSeconds: 4}").spec
+    snake = _parse("micro_batch_size: 2\ntimeouts: {step_seconds: 4}").spec
+    assert camel == snake
+    assert camel.micro_batch_size == 2 and camel.timeouts.step_seconds == 4
+
+
+def test_a_whole_document_is_named_by_its_metadata() -> None:
+    parsed = _parse(DOCUMENT, default_name="ignored")
+    assert parsed.document and parsed.name == "tiny-job"
+    assert parsed.spec.workers == 4 and parsed.spec.steps == 50
+    assert [f.step for f in parsed.spec.failures] == [10, None]
+    assert parsed.spec.failures[1].time_s == 30.0
+
+
+def test_a_bare_spec_is_named_after_its_file(tmp_path: Path) -> None:
+    path = tmp_path / "My_Tiny Job.yaml"
+    path.write_text("workers: 2\n", encoding="utf-8")
+    assert job_file.load_job(path).name == "my-tiny-job"
+
+
+def test_overrides_replace_the_files_values_and_are_checked_the_same_way() -> None:
+    assert _parse(DOCUMENT, overrides={"workers": 6}).spec.workers == 6
+    with pytest.raises(job.JobSpecError, match=r"^job.yaml: spec.workers: must be >= 1"):
+        _parse(DOCUMENT, overrides={"workers": 0})
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("workers: 0", r"^job.yaml: workers: must be >= 1 \(got 0\)$"),
+        ("workers: many", r"^job.yaml: workers: must be a whole number"),
+        ("wrkers: 3", r"^job.yaml: wrkers: unknown field; remove it or fix its spelling"),
+        ("optimizer: {lr: -1}", r"^job.yaml: optimizer.lr: must be > 0"),
+        ("optimizer: {beta1: 1}", r"^job.yaml: optimizer.beta1: must be < 1"),
+        ("device: gpu", r"^job.yaml: device: must be one of 'cpu' or 'cuda'"),
+        ("policy: random", r"^job.yaml: policy: must be one of 'adaptive'"),
+        ("snapshots: {redundancy: raid}", r"^job.yaml: snapshots.redundancy: must be one of"),
+        ("data: {corpusPaths: []}", r"^job.yaml: data.corpusPaths: must not be empty"),
+        ("seed: 1.5", r"^job.yaml: seed: must be a whole number"),
+        ("mtbfSeconds: 0", r"^job.yaml: mtbfSeconds: must be > 0"),
+        ("globalBatchSize: 30", r"^job.yaml: globalBatchSize: 30 is not a multiple of micro"),
+        ("workers: 6\ngpusPerNode: 4", r"^job.yaml: workers: 6 is not a multiple of gpusPerNode"),
+        ("workers: 2\nfaultTolerance: 2", r"^job.yaml: faultTolerance: 2 leaves no node"),
+        ("model: gpt5", r"^job.yaml: model: unknown model 'gpt5'; give one of"),
+        ("timeouts: {heartbeatSeconds: 0.05}", r"^job.yaml: timeouts.heartbeatSeconds: 0.05 is"),
+        (
+            "checkpoints: {dir: /tmp/c, intervalSteps: 3}\nsnapshots: {intervalSteps: 2}",
+            r"^job.yaml: checkpoints.intervalSteps: 3 is not a multiple of snapshots",
+        ),
+        ("failures: [{step: 4, time: 3}]", r"^job.yaml: failures.0: give exactly one of step or"),
+        ("failures: [{worker: 1}]", r"^job.yaml: failures.0: give exactly one of step or time"),
+        ("failures: [{step: 4, worker: 8}]", r"^job.yaml: failures.0.worker: worker 8 does not"),
+        ("failures: [{step: 4, worker: -1}]", r"^job.yaml: failures.0.worker: must be a worker"),
+        ("failures: [{step: 4, worker: any}]", r"^job.yaml: failures.0.worker: must be a worker"),
+        ("failures: [{step: 100}]", r"^job.yaml: failures.0.step: step 100 is not before the"),
+        ("failures: [{time: soon}]", r"^job.yaml: failures.0.time: 'soon' is not a duration"),
+        ("[1, 2]", r"^job.yaml: must be a mapping of spec fields or a ResilientJob document"),
+        ("workers: [", r"^job.yaml: not valid YAML at line 1"),
+        ("kind: ResilientJob\nmetadata: {name: x}", r"^job.yaml: apiVersion: missing; add it"),
+        (
+            "apiVersion: planaria.dev/v1\nkind: ResilientJob\nmetadata: {name: x}",
+            r"^job.yaml: apiVersion: must be one of 'planaria.dev/v1alpha1'",
+        ),
+        (
+            "apiVersion: planaria.dev/v1alpha1\nkind: ResilientJob\nmetadata: {name: Tiny}",
+            r"^job.yaml: metadata.name: 'Tiny' is not a valid job name; use lowercase",
+        ),
+        (
+            "apiVersion: planaria.dev/v1alpha1\nkind: ResilientJob\nmetadata: {name: x}\n"
+            "spec: {steps: 0}",
+            r"^job.yaml: spec.steps: must be >= 1",
+        ),
+        (
+            "apiVersion: planaria.dev/v1alpha1\nkind: ResilientJob\nmetadata: {name: x}\n"
+            "spec: {workers: 2, failures: [{step: 1, worker: 2}]}",
+            r"^job.yaml: spec.failures.0.worker: worker 2 does not exist",
+        ),
+    ],
+    ids=lambda value: value if len(value) < 40 else value[:37] + "...",
+)
+def test_an_invalid_field_is_named_with_its_path_and_a_fix(text: str, expected: str) -> None:
+    assert re.search(expected, _error(text)), _error(text)
+
+
+def test_a_missing_file_says_which_and_where_to_look(tmp_path: Path) -> None:
+    with pytest.raises(job.JobSpecError, match=r"no such file; give the path of a job file"):
+        job_file.load_job(tmp_path / "absent.yaml")
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [("90s", 90.0), ("2m", 120.0), ("1h", 3600.0), ("500ms", 0.5), ("1.5", 1.5), (7, 7.0)],
+)
+def test_durations_read_as_seconds(text: str | float, seconds: float) -> None:
+    assert job.parse_duration(text) == pytest.approx(seconds)
+
+
+def test_settings_take_every_field_and_the_corpus_default() -> None:
+    spec = _parse(DOCUMENT).spec
+    out = job.to_settings(spec, "tiny-job", "/stdlib")
+    assert (out.name, out.workers, out.steps, out.micro_batch_size) == ("tiny-job", 4, 50, 2)
+    assert out.training.global_batch_size == 16 and out.step_timeout_s == 5.0
+    assert out.training.data.corpus_paths == ("/stdlib",)
+    assert out.backend is messages.Backend.GLOO and out.policy == "adaptive"
+    assert out.training.redundancy is messages.RedundancyMode.COPY
+    assert out.training.checkpoint_dir == "" and out.training.checkpoint_interval_steps == 0
+
+
+def test_settings_of_a_cuda_job_with_corpus_and_checkpoints() -> None:
+    spec = _parse(
+        "device: cuda\ndata: {corpusPaths: [a.txt, b], maxBytes: 1000}\n"
+        "checkpoints: {dir: /ckpt, intervalSteps: 10}\npolicy: reroute\nmtbfSeconds: 60"
+    ).spec
+    out = job.to_settings(spec, "gpu-job", "/stdlib")
+    assert out.backend is messages.Backend.NCCL and out.training.device is messages.Device.CUDA
+    assert out.training.data.corpus_paths == ("a.txt", "b")
+    assert out.training.data.max_bytes == 1000
+    assert (out.training.checkpoint_dir, out.training.checkpoint_interval_steps) == ("/ckpt", 10)
+    assert out.policy == "reroute" and out.mtbf_s == 60.0
+
+
+def test_settings_refuse_a_bad_name() -> None:
+    with pytest.raises(job.JobSpecError, match=r"^metadata.name: 'Bad_Name' is not"):
+        job.to_settings(job.JobSpec(), "Bad_Name", "/stdlib")
+
+
+_KEYS = st.sampled_from(
+    [
+        "model",
+        "workers",
+        "gpusPerNode",
+        "steps",
+        "microBatchSize",
+        "globalBatchSize",
+        "seed",
+        "device",
+        "policy",
+        "mtbfSeconds",
+        "faultTolerance",
+        "bogus",
+    ]
+)
+_LEAVES = (
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-3, max_value=2**66)
+    | st.floats(allow_nan=True)
+    | st.sampled_from(["tiny", "cpu", "cuda", "reroute", "90s", "", "x"])
+)
+_NESTED = {
+    "optimizer": st.dictionaries(st.sampled_from(["lr", "beta1", "eps", "weightDecay"]), _LEAVES),
+    "snapshots": st.dictionaries(st.sampled_from(["intervalSteps", "redundancy"]), _LEAVES),
+    "checkpoints": st.dictionaries(st.sampled_from(["dir", "intervalSteps"]), _LEAVES),
+    "timeouts": st.dictionaries(st.sampled_from(["heartbeatSeconds", "stepSeconds"]), _LEAVES),
+    "data": st.dictionaries(st.sampled_from(["corpusPaths", "maxBytes"]), _LEAVES),
+    "failures": st.lists(
+        st.dictionaries(st.sampled_from(["step", "time", "worker"]), _LEAVES), max_size=3
+    ),
+}
+
+
+@st.composite
+def _documents(draw: st.DrawFn) -> dict[str, Any]:
+    spec: dict[str, Any] = draw(st.dictionaries(_KEYS, _LEAVES, max_size=6))
+    for key in draw(st.lists(st.sampled_from(sorted(_NESTED)), unique=True, max_size=3)):
+        spec[key] = draw(_NESTED[key] | _LEAVES)
+    if draw(st.booleans()):
+        return {
+            "apiVersion": job.API_VERSION,
+            "kind": job.KIND,
+            "metadata": {"name": "j"},
+            "spec": spec,
+        }
+    return spec
+
+
+@settings(max_examples=150, deadline=None)
+@given(_documents())
+def test_random_documents_fail_only_with_a_path_and_what_parses_converts(
+    document: dict[str, Any],
+) -> None:
+    text = yaml.safe_dump(document)
+    try:
+        parsed = _parse(text)
+    except job.JobSpecError as exc:
+        assert re.match(r"^job.yaml: [A-Za-z0-9_.]+: \S", str(exc)), str(exc)
+        return
+    settings_ = job.to_settings(parsed.spec, parsed.name, "/stdlib")
+    assert settings_.workers == parsed.spec.workers
+
+
+def _fields(model: type[Any], prefix: str = "") -> list[tuple[str, Any]]:
+    out: list[tuple[str, Any]] = []
+    for name, field in model.model_fields.items():
+        path = f"{prefix}{field.alias or name}"
+        out.append((path, field))
+        annotation = field.annotation
+        if isinstance(annotation, type) and issubclass(annotation, pydantic.BaseModel):
+            out += _fields(annotation, f"{path}.")
+    return out
+
+
+def test_every_spec_field_has_a_description_and_is_documented() -> None:
+    docs = (ROOT / "docs" / "running.md").read_text(encoding="utf-8")
+    fields = _fields(job.JobSpec) + _fields(job.FailureSpec, "failures[].")
+    for path, field in fields:
+        assert field.description, path
+        assert f"`{path.rsplit('.', 1)[-1]}`" in docs, f"docs/running.md lacks `{path}`"
