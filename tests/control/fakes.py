@@ -229,7 +229,7 @@ class FakeCluster:
             raise ports.AgentUnreachable(worker, "not started")
         return agent
 
-    async def events(self) -> AsyncIterator[ports.WorkerEvent]:  # type: ignore[override]
+    async def events(self) -> AsyncIterator[ports.WorkerEvent]:
         while (event := await self._events.get()) is not None:
             yield event
 
@@ -243,25 +243,30 @@ class FakeCluster:
 
     # -- what tests inject -----------------------------------------------------------------
 
-    def kill(self, worker: plans.WorkerId, *, report: bool = True) -> None:
+    def kill(self, worker: int, *, report: bool = True) -> None:
         """The worker's process dies; the backend reports it unless `report` is False."""
-        self.agents[worker].alive = False
+        self.agent(worker).alive = False
         if report:
-            self._events.put_nowait(ports.WorkerEvent(kind=ports.EventKind.DIED, worker=worker))
+            event = ports.WorkerEvent(kind=ports.EventKind.DIED, worker=plans.WorkerId(worker))
+            self._events.put_nowait(event)
 
-    def hang(self, worker: plans.WorkerId) -> None:
+    def hang(self, worker: int) -> None:
         """The worker stops stepping and heartbeating; its stream stays open."""
-        self.agents[worker].hung = True
+        self.agent(worker).hung = True
 
-    def notice(self, worker: plans.WorkerId) -> None:
+    def notice(self, worker: int) -> None:
         self._events.put_nowait(
-            ports.WorkerEvent(kind=ports.EventKind.PREEMPTION_NOTICE, worker=worker)
+            ports.WorkerEvent(kind=ports.EventKind.PREEMPTION_NOTICE, worker=plans.WorkerId(worker))
         )
 
-    def join(self, worker: plans.WorkerId) -> None:
+    def join(self, worker: int) -> None:
         """A fresh agent process for `worker` (its host-memory store survives) is up."""
-        self.agents[worker] = FakeAgent(cluster=self, id=worker)
-        self._events.put_nowait(ports.WorkerEvent(kind=ports.EventKind.JOINED, worker=worker))
+        worker_id = plans.WorkerId(worker)
+        self.agents[worker_id] = FakeAgent(cluster=self, id=worker_id)
+        self._events.put_nowait(ports.WorkerEvent(kind=ports.EventKind.JOINED, worker=worker_id))
+
+    def agent(self, worker: int) -> FakeAgent:
+        return self.agents[plans.WorkerId(worker)]
 
     # -- the simulation --------------------------------------------------------------------
 

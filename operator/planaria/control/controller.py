@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import math
 from collections.abc import Awaitable
@@ -261,13 +262,19 @@ class Controller:
         if not found.failed:  # all alive, yet the group broke: the same plan regroups
             reason = "every worker is alive but the epoch's group broke; the same plan regroups"
             return planning.Move(plan=running, transfers=(), kind="restart", reason=reason)
-        spare = self._roster.live(now) - set(running.workers)
+        live = self._roster.live(now)
+        spare = live - set(running.workers)
         try:
             return self._planner.recover(running, found.failed, spare, self._time_to_failure())
         except errors.InfeasibleError as exc:
+            refused = f"the {self._job.policy} policy has no plan ({exc})"
+        try:  # Oobleck's last resort: instantiate the templates anew over the survivors
+            move = self._planner.grow(running, live & (found.survivors | spare))
+        except errors.PlannerError as exc:
             what = f"no plan for the {len(found.survivors)} surviving workers: {exc}"
             self._suspend(running, what, retry=False)
             return None
+        return dataclasses.replace(move, kind="restart", reason=f"{refused}; {move.reason}")
 
     def _resume_for(
         self, running: plans.Plan, move: planning.Move | None, found: failures.Assessment

@@ -1,0 +1,204 @@
+"""The controller against in-memory agents in simulated time (tests/control/fakes.py).
+
+Covers: a job without failures (phases, ranks, stop and shutdown), profiling through an agent,
+a first plan that cannot fit (Failed), a death recovered per policy (adaptive = the planner's
+eq. 8 choice, dynamic = Oobleck's reinstantiation, reroute = ReCycle), deaths seen only as a
+broken Watch or only as silence, a latched error of the worker's own, two deaths in quick
+succession, a death during the reconfiguration (a new epoch), transfer sources inside the new
+plan, and the ports used only through their Protocols.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from planaria.control import controller, planning, ports, settings, status
+from planaria.planner import candidates, policy, screening
+from planaria.planner import plan as plans
+from planaria.wire import messages
+from tests.control import fakes, scenarios
+
+pytestmark = pytest.mark.asyncio
+
+
+def _sources_inside(run: scenarios.Run) -> bool:
+    """Every transfer of every Configure has its sources and destination in that plan."""
+    for configs in run.cluster.sent.values():
+        for config in configs:
+            members = set(config.plan.workers)
+            for copy in config.transfers:
+                if not {copy.destination, *copy.sources} <= members:
+                    return False
+    return True
+
+
+async def test_a_job_without_failures_succeeds_in_one_epoch() -> None:
+    run = scenarios.Run(scenarios.job(steps=30))
+    final = await run.finish()
+    assert final.phase is status.Phase.SUCCEEDED
+    assert (final.step, final.epoch, final.recoveries) == (30, 1, 0)
+    assert final.plan == "[2,2,2,2] initial"
+    assert run.ranks_ok() == [] and run.cluster.violations == []
+    assert run.cluster.shut
+    assert all(a.state is messages.AgentState.STOPPED for a in run.cluster.agents.values())
+    phases = [s.phase for s in run.sink.published]
+    assert phases[0] is status.Phase.PENDING and status.Phase.RUNNING in phases
+    assert [r.step for r in run.controller.steps] == sorted({r.step for r in run.controller.steps})
+    assert final.samples_per_s == pytest.approx(16 / 0.1)
+    config = run.cluster.sent[1][0]
+    assert (config.resume_step, config.stop_step) == (0, 30)
+    assert config.rendezvous.key_prefix == "epoch-1" and config.rendezvous.timeout_s == 2.0
+
+
+async def test_without_a_profile_the_controller_asks_an_agent() -> None:
+    run = scenarios.Run(scenarios.job(steps=10, profile=None), profile=scenarios.small_profile())
+    final = await run.finish()
+    assert final.phase is status.Phase.SUCCEEDED
+    assert status.Phase.PROFILING in [s.phase for s in run.sink.published]
+
+
+async def test_a_first_plan_that_cannot_fit_fails_the_job_with_the_planners_reason() -> None:
+    run = scenarios.Run(scenarios.job(workers=3))
+    final = await run.finish()
+    assert final.phase is status.Phase.FAILED
+    assert "use 4 nodes" in final.message
+    assert run.cluster.shut
+
+
+def _expected_adaptive(job: settings.JobSettings, running: plans.Plan) -> str:
+    """The planner's own eq. 8 choice for worker 3 failing (what the controller must adopt)."""
+    assert job.profile is not None
+    planner = planning.Planner(job.profile, job)
+    given = planner._oobleck_layouts(running, frozenset({plans.WorkerId(3)}))
+    decision, _ = policy.decide(
+        candidates.Failure(running=running, failed=frozenset({plans.WorkerId(3)})),
+        screening.Estimates(job.profile),
+        controller.DEFAULT_TIME_TO_FAILURE_S,
+        policy.PolicySettings(),
+        given=given,
+    )
+    return str(decision.choice.kind)
+
+
+@pytest.mark.parametrize(
+    "policy_name, expected_kind",
+    [("adaptive", None), ("dynamic", "dynamic"), ("reroute", "reroute")],
+    ids=["adaptive takes the eq. 8 choice", "dynamic re-instantiates", "reroute reroutes"],
+)
+async def test_a_death_is_recovered_with_the_policys_choice(
+    policy_name: str, expected_kind: str | None
+) -> None:
+    job = scenarios.job(policy=policy_name)
+    run = scenarios.Run(job)
+    await run.until(lambda: run.step() >= 10)
+    first_plan = run.controller.plan
+    assert first_plan is not None
+    run.cluster.kill(3)
+    final = await run.finish()
+    assert final.phase is status.Phase.SUCCEEDED and final.step == 60
+    [recovery] = run.controller.recoveries
+    if expected_kind is None:
+        expected_kind = _expected_adaptive(job, first_plan)
+        expected_kind = "dynamic" if expected_kind == "given" else expected_kind
+    assert recovery.kind == expected_kind
+    assert recovery.failed == (3,) and recovery.epoch == 2
+    assert recovery.total_s >= recovery.resume_s > 0
+    assert recovery.lost_steps <= 1
+    assert 3 not in (run.controller.plan.workers if run.controller.plan else ())
+    assert run.ranks_ok() == [] and run.cluster.violations == [] and _sources_inside(run)
+    if expected_kind == "reroute":
+        assert recovery.tier is messages.RecoveryTier.KEPT and recovery.transferred_bytes == 0
+
+
+async def test_a_death_seen_only_as_a_broken_watch_stream_is_recovered() -> None:
+    run = scenarios.Run(scenarios.job())
+    await run.until(lambda: run.step() >= 10)
+    run.cluster.kill(5, report=False)
+    final = await run.finish()
+    assert final.phase is status.Phase.SUCCEEDED
+    assert run.controller.recoveries[0].failed == (5,)
+
+
+async def test_a_silent_agent_is_treated_as_failed_after_the_heartbeat_timeout() -> None:
+    job = scenarios.job()
+    run = scenarios.Run(job)
+    await run.until(lambda: run.step() >= 10)
+    hung_at = run.clock.now
+    run.cluster.hang(6)
+    bound = job.step_timeout_s + job.heartbeat_timeout_s + 1  # the settle wait's bound
+    await run.until(lambda: run.controller.epoch == 2, limit_s=bound)
+    assert run.clock.now - hung_at >= job.heartbeat_timeout_s
+    final = await run.finish()
+    assert final.phase is status.Phase.SUCCEEDED
+    assert run.controller.recoveries[0].failed == (6,)
+
+
+async def test_a_worker_latching_its_own_error_is_replaced() -> None:
+    run = scenarios.Run(scenarios.job())
+    await run.until(lambda: run.step() >= 10)
+    run.cluster.agent(2).latch(messages.ErrorKind.OUT_OF_MEMORY, "CUDA out of memory")
+    final = await run.finish()
+    assert final.phase is status.Phase.SUCCEEDED
+    assert run.controller.recoveries[0].failed == (2,)
+    assert 2 not in (run.controller.plan.workers if run.controller.plan else ())
+
+
+async def test_two_deaths_in_quick_succession_end_in_a_plan_without_both() -> None:
+    run = scenarios.Run(scenarios.job())
+    await run.until(lambda: run.step() >= 10)
+    run.cluster.kill(1)
+    await run.clock.advance(0.15)
+    run.cluster.kill(4)
+    final = await run.finish()
+    assert final.phase is status.Phase.SUCCEEDED and final.step == 60
+    plan = run.controller.plan
+    assert plan is not None and not {1, 4} & set(plan.workers)
+    assert {1, 4} <= {w for r in run.controller.recoveries for w in r.failed}
+    assert run.ranks_ok() == [] and run.cluster.violations == [] and _sources_inside(run)
+
+
+async def test_a_death_during_the_reconfiguration_opens_another_epoch() -> None:
+    run = scenarios.Run(scenarios.job())
+    await run.until(lambda: run.step() >= 10)
+    run.cluster.kill(3)
+    await run.until(lambda: run.controller.epoch == 2)
+    plan = run.controller.plan
+    assert plan is not None
+    victim = max(plan.workers)
+    run.cluster.kill(victim)  # before the new epoch's group has stepped
+    final = await run.finish()
+    assert final.phase is status.Phase.SUCCEEDED
+    assert run.controller.epoch >= 3
+    last = run.controller.plan
+    assert last is not None and not {3, victim} & set(last.workers)
+    failed = {w for r in run.controller.recoveries for w in r.failed}
+    assert {3, victim} <= failed
+    assert run.ranks_ok() == [] and run.cluster.violations == []
+
+
+async def test_status_reports_recovering_and_degraded_while_short_of_workers() -> None:
+    run = scenarios.Run(scenarios.job())
+    await run.until(lambda: run.step() >= 10)
+    run.cluster.kill(3)
+    await run.until(lambda: run.controller.recoveries != ())
+    published = [s.phase for s in run.sink.published]
+    assert status.Phase.RECOVERING in published
+    now = run.controller.status
+    degraded = {c.type: c for c in now.conditions}["Degraded"]
+    assert degraded.status == "True" and now.live_workers < now.total_workers
+    assert now.last_recovery is not None and now.recoveries == 1
+    await run.finish()
+
+
+async def test_the_fakes_implement_the_ports() -> None:
+    """The controller is driven only through the Protocols: the fakes satisfy them."""
+    clock = fakes.ManualClock()
+    cluster = fakes.FakeCluster(clock)
+    agent = fakes.FakeAgent(cluster=cluster, id=plans.WorkerId(0))
+    backend: ports.Backend = cluster
+    port: ports.Agent = agent
+    ticking: ports.Clock = clock
+    assert backend.store.port > 0 and port.worker == 0 and ticking.monotonic() == 0.0
+    assert dataclasses.is_dataclass(agent)

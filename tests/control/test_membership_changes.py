@@ -1,0 +1,125 @@
+"""The controller when membership changes beyond a single failure, in simulated time.
+
+Covers: a JOINED worker scaled up at a future step boundary (live-replica copies, no lost
+steps); a preemption notice answered ahead of the death (planned switch, no lost steps, the
+later death needs no recovery); losing more workers than any plan needs -> Suspended with the
+checkpoint step, then a resume from that checkpoint when workers return; a layer whose every
+replica is lost, rebuilt from peers' snapshots (PEER_SNAPSHOT) or, without redundancy, found
+in no tier -> Suspended and resumed from the persistent checkpoint at once.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from planaria.control import settings, status
+from planaria.wire import messages
+from tests.control import scenarios
+
+pytestmark = pytest.mark.asyncio
+# Where a resume from a checkpoint step may find a layer: the agents take the cheapest tier, and
+# host-memory snapshots of that step may still be there.
+SNAPSHOT_TIERS = {
+    messages.RecoveryTier.LOCAL_SNAPSHOT,
+    messages.RecoveryTier.PEER_SNAPSHOT,
+    messages.RecoveryTier.CHECKPOINT,
+}
+
+
+async def test_a_joined_worker_is_added_back_at_a_future_step_boundary() -> None:
+    run = scenarios.Run(scenarios.job(steps=80))
+    await run.until(lambda: run.step() >= 10)
+    run.cluster.kill(3)
+    await run.until(lambda: len(run.controller.recoveries) == 1)
+    shrunk = run.controller.plan
+    assert shrunk is not None and len(shrunk.workers) < 8
+    joined_at = run.step()
+    run.cluster.join(3)
+    await run.until(lambda: len(run.controller.recoveries) == 2)
+    grown = run.controller.recoveries[1]
+    assert grown.kind == "scale-up" and grown.failed == () and grown.lost_steps == 0
+    plan = run.controller.plan
+    assert plan is not None and len(plan.workers) == 8 and 3 in plan.workers
+    switch = run.cluster.sent[grown.epoch][0].resume_step
+    assert switch > joined_at
+    assert grown.tier in (messages.RecoveryTier.KEPT, messages.RecoveryTier.LIVE_REPLICA)
+    final = await run.finish()
+    assert final.phase is status.Phase.SUCCEEDED and final.plan.startswith("[2,2,2,2]")
+    assert run.ranks_ok() == [] and run.cluster.violations == []
+
+
+async def test_a_preemption_notice_moves_the_job_before_the_worker_goes() -> None:
+    run = scenarios.Run(scenarios.job(steps=80))
+    await run.until(lambda: run.step() >= 10)
+    noticed_at = run.step()
+    run.cluster.notice(5)
+    await run.until(lambda: len(run.controller.recoveries) == 1)
+    [moved] = run.controller.recoveries
+    assert moved.failed == (5,) and moved.lost_steps == 0
+    assert run.cluster.sent[moved.epoch][0].resume_step > noticed_at
+    plan = run.controller.plan
+    assert plan is not None and 5 not in plan.workers
+    run.cluster.kill(5)  # the preemption itself: nothing left to recover
+    final = await run.finish()
+    assert final.phase is status.Phase.SUCCEEDED
+    assert len(run.controller.recoveries) == 1
+    assert run.ranks_ok() == [] and run.cluster.violations == []
+
+
+def _checkpointed_job(**changes: object) -> settings.JobSettings:
+    training = scenarios.training(
+        snapshot_interval_steps=5, checkpoint_dir="/ckpt", checkpoint_interval_steps=10
+    )
+    return scenarios.job(training=training, **changes)
+
+
+async def test_too_few_workers_suspend_the_job_until_workers_return() -> None:
+    # 20 MiB per GPU: [4,4] on 8 workers, and no template plan on fewer than 6 (adaptive
+    # would still find one pipeline of 5: Oobleck's dynamic policy keeps f + 1 pipelines)
+    run = scenarios.Run(_checkpointed_job(profile=scenarios.small_profile(20), policy="dynamic"))
+    await run.until(lambda: run.step() >= 23)
+    for worker in (0, 1, 2):
+        run.cluster.kill(worker)
+    await run.until(lambda: run.controller.status.phase is status.Phase.SUSPENDED)
+    suspended = run.controller.status
+    assert suspended.checkpoint_step == 20
+    assert "checkpoint is step 20" in suspended.message and "6 workers" in suspended.message
+    assert {c.type: c.status for c in suspended.conditions}["Suspended"] == "True"
+    await run.clock.advance(5.0)  # waiting is not a hang: still suspended, still publishing
+    assert run.controller.status.phase is status.Phase.SUSPENDED
+    run.cluster.join(0)
+    run.cluster.join(1)
+    await run.until(lambda: run.controller.status.phase is status.Phase.RUNNING)
+    resumed = run.controller.recoveries[-1]
+    assert resumed.kind == "resume" and resumed.tier in SNAPSHOT_TIERS
+    assert run.cluster.sent[resumed.epoch][0].resume_step == 20
+    final = await run.finish()
+    assert final.phase is status.Phase.SUCCEEDED and final.step == 60
+
+
+async def test_a_layer_lost_with_every_replica_is_rebuilt_from_peer_snapshots() -> None:
+    run = scenarios.Run(scenarios.job())
+    await run.until(lambda: run.step() >= 10)
+    for worker in (0, 2, 4, 6):  # the first stage of every pipeline
+        run.cluster.kill(worker)
+    final = await run.finish()
+    assert final.phase is status.Phase.SUCCEEDED
+    tiers = {r.tier for r in run.controller.recoveries}
+    assert messages.RecoveryTier.PEER_SNAPSHOT in tiers
+
+
+async def test_a_layer_in_no_tier_suspends_and_resumes_from_the_checkpoint() -> None:
+    # snapshots every 5 steps, checkpoints every 10: at step 26 the snapshot of step 25 is the
+    # resume step, which no tier holds without redundancy; the checkpoint of step 20 is older
+    run = scenarios.Run(_checkpointed_job(), peer_snapshots=False)
+    await run.until(lambda: run.step() >= 26)
+    assert run.step() < 30
+    for worker in (0, 2, 4, 6):
+        run.cluster.kill(worker)
+    await run.until(lambda: run.controller.status.phase is status.Phase.SUSPENDED)
+    assert "no recovery tier" in run.controller.status.message
+    final = await run.finish()
+    assert final.phase is status.Phase.SUCCEEDED and final.step == 60
+    resumed = run.controller.recoveries[-1]
+    assert resumed.kind == "resume" and resumed.tier is messages.RecoveryTier.CHECKPOINT
+    assert run.cluster.sent[resumed.epoch][0].resume_step == 20
