@@ -18,6 +18,15 @@ instruction set is `planaria.planner.instructions`):
     OptimizerStep(layers)   each layer's own AdamW steps, then its gradients are cleared
     Snapshot(layers)        a marker, reported in the StepResult for the snapshot writer
 
+The commit barrier: right before the first OptimizerStep of a step (after the hook's call for
+it), every worker all-reduces one element over the epoch's world group: its share of the step's
+loss. No worker updates a parameter of step t before every worker has finished step t's
+forward, backward and all-reduce work, so when a worker dies, every survivor's step fails (a
+peer lost, or a timeout for a hung peer) with all of them at the same last committed step. Only
+a death inside the barrier itself can leave some survivors one step ahead (they passed it, the
+others did not); the runtime's roll-back covers that. The barrier's sum is the step's loss (the
+global batch's mean token loss), reported as `StepResult.step_loss` on every worker.
+
 No division happens at the optimizer step: `model.micro_batch_loss` already divides by
 B_global * T, so gradients summed over whoever computed them are the gradient of the global
 batch's mean loss, exactly as in the reference trainer (`planaria.agent.reference`). A rerouted
@@ -149,6 +158,8 @@ class StepResult:
     batch's mean token loss, is the sum of every worker's share. `seconds` is the wall time spent
     per kind of instruction (receives and collectives include their waiting), `send_wait_s` the
     time spent awaiting posted sends. `snapshot_layers` are the layers the Snapshot marker named.
+    `step_loss` is the step's loss summed over every worker by the commit barrier (None for a
+    stream without an optimizer step, which has no barrier).
     """
 
     step: int
@@ -158,6 +169,7 @@ class StepResult:
     seconds: Mapping[instructions.Op, float]
     send_wait_s: float
     snapshot_layers: tuple[int, ...]
+    step_loss: float | None = None
 
 
 @dataclass(slots=True, kw_only=True)
@@ -172,6 +184,7 @@ class _StepState:
     losses: list[torch.Tensor] = field(default_factory=list)  # in the order computed
     send_wait_s: float = 0.0
     snapshot: tuple[int, ...] = ()
+    step_loss: float | None = None  # set by the commit barrier
 
 
 class _CommFailure(Exception):
@@ -224,6 +237,8 @@ class Executor:
                 before(step, index, op)
             t0 = time.perf_counter()
             with self._latching(step, index, op):
+                if isinstance(op, instructions.OptimizerStep) and state.step_loss is None:
+                    self._commit_barrier(state)
                 self._execute(state, op)
             seconds[op.op] += time.perf_counter() - t0
             if state.sends and index == len(self.stream.instructions) - 1:
@@ -237,6 +252,7 @@ class Executor:
             seconds=seconds,
             send_wait_s=state.send_wait_s,
             snapshot_layers=state.snapshot,
+            step_loss=state.step_loss,
         )
 
     @contextlib.contextmanager
@@ -336,6 +352,20 @@ class Executor:
         self._wait(work, None)
         for p, chunk in zip(params, torch.split(flat, [p.numel() for p in params]), strict=True):
             p.grad = chunk.view_as(p)
+
+    def _commit_barrier(self, state: _StepState) -> None:
+        """Every worker of the epoch reaches this step's first optimizer step, or none passes
+        (see the module docstring); the sum of the loss shares is the step's loss. Posted
+        sends are awaited first, so nothing after the barrier can fail on a peer."""
+        self._await(state)
+        share = sum((loss.item() for loss in state.losses), 0.0)
+        total = torch.tensor([share], dtype=torch.float64, device=self.layers.device)
+        reduce = dist.ReduceOp.SUM
+        work = self._call(
+            None, lambda: dist.all_reduce(total, reduce, self.epoch.world, async_op=True)
+        )
+        self._wait(work, None)
+        state.step_loss = float(total.item())
 
     def _await(self, state: _StepState) -> None:
         """Wait for every posted send of the step to complete."""

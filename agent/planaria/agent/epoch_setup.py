@@ -1,0 +1,308 @@
+"""Setting up one epoch on one worker: regroup, then find every layer's state at resume_step.
+
+The order (interfaces: "Setup of an epoch"): leave the old epoch's groups (the caller does, with
+its snapshot writers closed so their last snapshot is complete), form the new epoch's groups
+(`groups.form_epoch`, rank = position in the plan's sorted workers), then for every layer of
+this worker's stage find its state AT STEP resume_step, cheapest tier first:
+
+    KEPT            held, at resume_step: the module and its AdamW are reused as they are
+    LIVE_REPLICA    a transfer names this worker as its destination: receive the bytes from
+                    the listed sources (`layer_transfer`)
+    LOCAL_SNAPSHOT  this worker's own store alone rebuilds the layer at resume_step (a
+                    restarted agent process, or a roll-back from resume_step + 1)
+    PEER_SNAPSHOT   the sharding group's stores (every store of the job under the snapshot
+                    base, which are readable here) rebuild it with copies or parity
+                    (`snapshots.load_layer`)
+    CHECKPOINT      the persistent checkpoint of resume_step (`checkpoints.load_checkpoint`)
+    INITIAL         resume_step == 0: built from the seed
+
+A layer this worker sends (it is a source of a transfer) is found the same way, without the
+LIVE_REPLICA tier: a source that was one step ahead rolls back before it sends. A checksum
+failure makes a snapshot tier unusable (the store's reader verifies every file) and the next
+tier is tried. When none works, SnapshotUnavailableError names what each tier said.
+
+The result is a new `HeldLayers` of exactly the stage's layers and an `messages.EpochSetup`
+with the costliest tier used, seconds per part and bytes copied. Nothing the worker held is
+changed on failure, so a later epoch can still use it.
+
+Errors (the runtime latches them, state FAILED):
+
+    SetupError                kind says how the controller should read it
+    ├── RegroupError          the new epoch's rendezvous failed (TIMEOUT)
+    ├── TransferFailedError   a peer died or stalled during the copies (PEER_LOST)
+    └── SnapshotUnavailableError  no tier holds a layer at resume_step (SNAPSHOT_UNAVAILABLE)
+"""
+
+from __future__ import annotations
+
+import datetime
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch._C import _distributed_c10d as c10d  # the store classes (see groups.py)
+
+from planaria.agent import (
+    checkpoints,
+    executor,
+    groups,
+    held_layers,
+    layer_transfer,
+    model,
+    snapshot_store,
+    snapshots,
+)
+from planaria.planner import plan, schedule
+from planaria.wire import messages
+
+Tier = messages.RecoveryTier
+STORE_TIMEOUT_S = 60.0  # the store client's own timeout; epochs use the rendezvous's timeout_s
+
+
+class SetupError(Exception):
+    """An epoch could not be set up; `kind` is what the heartbeat reports."""
+
+    kind = messages.ErrorKind.INTERNAL
+
+
+class RegroupError(SetupError):
+    kind = messages.ErrorKind.TIMEOUT
+
+
+class TransferFailedError(SetupError):
+    kind = messages.ErrorKind.PEER_LOST
+
+    def __init__(self, message: str, *, peer: plan.WorkerId | None) -> None:
+        super().__init__(message)
+        self.peer = peer
+
+
+class SnapshotUnavailableError(SetupError):
+    kind = messages.ErrorKind.SNAPSHOT_UNAVAILABLE
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Holding:
+    """What a worker holds between epochs: its layers (None: nothing) at committed `step`."""
+
+    layers: held_layers.HeldLayers | None
+    step: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Stores:
+    """Where the snapshot tiers look: this worker's store and the job's stores' base."""
+
+    own: snapshot_store.SnapshotStore
+    job: str
+    base: Path
+    checkpoint_dir: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
+class Ready:
+    """A set-up epoch: its groups, schedule, layers at resume_step and the setup report."""
+
+    epoch: groups.Epoch
+    sched: schedule.Schedule
+    layers: held_layers.HeldLayers
+    tiers: dict[int, messages.RecoveryTier]
+    report: messages.EpochSetup
+
+
+def connect_store(rendezvous: messages.Rendezvous) -> c10d.Store:
+    """A client of the controller's rendezvous store, under the rendezvous's key prefix."""
+    timeout = datetime.timedelta(seconds=STORE_TIMEOUT_S)
+    store = c10d.TCPStore(rendezvous.store_host, rendezvous.store_port, None, False, timeout)
+    return store
+
+
+def form(
+    config: messages.WorkerConfig, store: c10d.Store, sched: schedule.Schedule
+) -> groups.Epoch:
+    """Join the config's epoch (groups.form_epoch adds the `epoch-N` prefix itself; any other
+    prefix the controller chose is put in front of it)."""
+    rendezvous = config.rendezvous
+    if rendezvous.key_prefix != f"epoch-{config.epoch}":
+        store = c10d.PrefixStore(rendezvous.key_prefix, store)
+    try:
+        return groups.form_epoch(
+            store,
+            config.epoch,
+            rendezvous.rank,
+            rendezvous.world_size,
+            rendezvous.backend,
+            rendezvous.timeout_s,
+            subgroups=groups.subgroup_ranks(sched),
+        )
+    except groups.EpochFormationError as exc:
+        raise RegroupError(str(exc)) from exc
+
+
+def set_up(
+    *,
+    config: messages.WorkerConfig,
+    job: executor.Job,
+    holding: Holding,
+    stores: Stores,
+    store: c10d.Store,
+    device: str,
+) -> Ready:
+    """Form the epoch and acquire its layers (see the module docstring); SetupError on failure,
+    after leaving the epoch it formed."""
+    sched = schedule.compile_schedule(config.plan)
+    started = time.perf_counter()
+    epoch = form(config, store, sched)
+    regroup_s = time.perf_counter() - started
+    try:
+        return _acquire(config, job, holding, stores, device, epoch, sched, regroup_s)
+    except BaseException:
+        groups.leave_epoch(epoch)
+        raise
+
+
+def _acquire(
+    config: messages.WorkerConfig,
+    job: executor.Job,
+    holding: Holding,
+    stores: Stores,
+    device: str,
+    epoch: groups.Epoch,
+    sched: schedule.Schedule,
+    regroup_s: float,
+) -> Ready:
+    me, step = config.worker, config.resume_step
+    mine = sched.stream(me).layers
+    incoming = [t for t in config.transfers if t.destination == me]
+    outgoing = [t for t in config.transfers if t.destination != me]
+    received = {t.layer for t in incoming}
+    locator = Locator(job=job, holding=holding, stores=stores, step=step)
+    started = time.perf_counter()
+    local = {i: locator.find(i) for i in mine if i not in received}
+    sent = {t.layer: locator.state(t.layer) for t in outgoing}
+    load_s = time.perf_counter() - started
+    templates = {t.layer: layer_transfer.template_state(job.config, t.layer) for t in incoming}
+    try:
+        moved = layer_transfer.run_transfers(
+            worker=me,
+            transfers=config.transfers,
+            sources=sent,
+            templates=templates,
+            epoch=epoch,
+            ranks=groups.worker_ranks(sched),
+        )
+    except layer_transfer.TransferError as exc:
+        raise TransferFailedError(str(exc), peer=exc.peer) from exc
+    tiers = {i: found[0] for i, found in local.items()} | dict.fromkeys(received, Tier.LIVE_REPLICA)
+    states = {i: found[1] for i, found in local.items()} | moved.received
+    layers = _assemble(job, holding, device, mine, tiers, states)
+    report = messages.EpochSetup(
+        epoch=config.epoch,
+        tier=costliest(tiers.values()),
+        regroup_s=regroup_s,
+        transfer_s=moved.seconds,
+        load_s=load_s,
+        received_bytes=moved.received_bytes,
+        sent_bytes=moved.sent_bytes,
+    )
+    return Ready(epoch=epoch, sched=sched, layers=layers, tiers=tiers, report=report)
+
+
+def costliest(tiers: Iterable[messages.RecoveryTier]) -> messages.RecoveryTier:
+    """The costliest of `tiers` by `messages.TIER_ORDER` (KEPT when there are none)."""
+    return max(tiers, key=messages.TIER_ORDER.index, default=Tier.KEPT)
+
+
+def _assemble(
+    job: executor.Job,
+    holding: Holding,
+    device: str,
+    mine: Iterable[int],
+    tiers: dict[int, messages.RecoveryTier],
+    states: dict[int, model.LayerState | None],
+) -> held_layers.HeldLayers:
+    """The new HeldLayers: kept modules reused, others built and loaded with their state."""
+    config, target = job.config, torch.device(device)
+    modules, optimizers = {}, {}
+    for i in mine:
+        if tiers[i] is Tier.KEPT:
+            assert holding.layers is not None
+            modules[i], optimizers[i] = holding.layers.modules[i], holding.layers.optimizers[i]
+            continue
+        module = model.build_layer(config.shape, config.seed, i, target)
+        optimizer = model.make_optimizer(module, config.optimizer)
+        state = states[i]
+        if state is not None:
+            model.load_layer_state(i, module, optimizer, state)
+        modules[i], optimizers[i] = module, optimizer
+    return held_layers.HeldLayers(modules, optimizers, target)
+
+
+class Locator:
+    """Finds layers at `step` through the local tiers (every tier but LIVE_REPLICA)."""
+
+    def __init__(self, *, job: executor.Job, holding: Holding, stores: Stores, step: int) -> None:
+        self.job, self.holding, self.stores, self.step = job, holding, stores, step
+        self._checkpoint: dict[int, model.LayerState] | None = None
+
+    def find(self, layer: int) -> tuple[messages.RecoveryTier, model.LayerState | None]:
+        """The cheapest tier holding `layer` at the step, and its state (None: KEPT or
+        INITIAL, which need no state); SnapshotUnavailableError when none does."""
+        held = self.holding.layers
+        if held is not None and layer in held.modules and self.holding.step == self.step:
+            return Tier.KEPT, None
+        problems = []
+        for tier, read in self._snapshot_tiers():
+            try:
+                return tier, read(layer)
+            except (snapshot_store.SnapshotError, KeyError) as exc:
+                problems.append(f"{tier.value}: {exc}")
+        if self.step == 0:
+            return Tier.INITIAL, None
+        raise SnapshotUnavailableError(
+            f"no tier holds layer {layer} at step {self.step} (held: step {self.holding.step}); "
+            + "; ".join(problems)
+        )
+
+    def state(self, layer: int) -> model.LayerState:
+        """`layer`'s state at the step, to send it to a peer."""
+        tier, state = self.find(layer)
+        if state is not None:
+            return state
+        if tier is Tier.KEPT:
+            return _state_of(self.holding, layer)
+        return layer_transfer.template_state(self.job.config, layer)  # INITIAL: as built
+
+    def _snapshot_tiers(
+        self,
+    ) -> Iterator[tuple[messages.RecoveryTier, Callable[[int], model.LayerState]]]:
+        if self.step == 0:
+            return
+        yield Tier.LOCAL_SNAPSHOT, lambda i: snapshots.load_layer([self.stores.own], self.step, i)
+        yield Tier.PEER_SNAPSHOT, lambda i: snapshots.load_layer(self._peers(), self.step, i)
+        if self.stores.checkpoint_dir:
+            yield Tier.CHECKPOINT, self._from_checkpoint
+
+    def _peers(self) -> list[snapshot_store.SnapshotStore]:
+        """Every store of the job under the snapshot base (this worker's included)."""
+        root = self.stores.base / self.stores.job
+        found = sorted(p for p in root.iterdir() if p.is_dir() and p.name.isdigit())
+        return [snapshot_store.SnapshotStore(path) for path in found]
+
+    def _from_checkpoint(self, layer: int) -> model.LayerState:
+        if self._checkpoint is None:
+            root = Path(self.stores.checkpoint_dir)
+            self._checkpoint = checkpoints.load_checkpoint(root, self.step)
+        if layer not in self._checkpoint:
+            raise snapshot_store.SnapshotMissing(
+                f"the checkpoint of step {self.step} has no layer {layer}"
+            )
+        return self._checkpoint[layer]
+
+
+def _state_of(holding: Holding, layer: int) -> model.LayerState:
+    assert holding.layers is not None
+    layers = holding.layers
+    return model.extract_layer_state(layer, layers.modules[layer], layers.optimizers[layer])

@@ -1,0 +1,408 @@
+"""The agent runtime: one worker's training thread, driven by the controller's commands.
+
+The gRPC servicer (`planaria.agent.service`) calls a `Runtime` from its threads; every method
+is thread-safe and returns at once, except `profile`. Commands only record a request under one
+condition variable; the training thread (the only one touching torch state, through
+`training.Training`) takes them at step boundaries:
+
+    IDLE --configure--> CONFIGURING (TRANSFERRING while layers are copied) --> RUNNING
+    RUNNING --> FINISHED (committed stop_step; its snapshot complete)
+            --> FAILED   (a latched error: the layers stay at the last committed step c)
+            --> PAUSED   (pause; resume goes back to RUNNING)
+    any     --stop--> STOPPED (the loop ends at the next boundary, the epoch is left)
+
+Configure acceptance (interfaces.md): the epoch must be newer than the agent's current (and
+pending) one and the worker must be this agent's. A RUNNING agent accepts only a planned switch,
+`resume_step > c`: it trains up to resume_step, then sets the new epoch up; any other state
+sets it up at once. A configuration that arrives while another is being set up waits for that
+setup to end (it fails within the epoch's timeout when a peer is gone), then replaces it.
+
+The heartbeat is the agent's state as last published by the training thread: epoch, committed
+step c and its loss (the whole step's loss: the commit barrier sums every worker's share),
+samples processed (c x global batch), the last step's timings, the snapshot store's state, the
+errors latched in this epoch, how the epoch was set up and the latest persistent checkpoint.
+
+Not here: epoch setup and tiers (`epoch_setup`), layer copies (`layer_transfer`), steps,
+snapshots and checkpoints (`training`), gRPC (`service`).
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import threading
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+
+from planaria.agent import epoch_setup, executor, profiler, training
+from planaria.planner import plan, profile, shapes
+from planaria.wire import messages
+
+LOG = logging.getLogger(__name__)
+State = messages.AgentState
+PROFILE_WARMUP = 2
+
+
+class RuntimeBusyError(ValueError):
+    """A command that needs an idle agent came while it trains or sets up an epoch."""
+
+
+class _Order(enum.Enum):
+    STOP = "stop"
+    CONFIGURE = "configure"
+    STEP = "step"
+    FINISH = "finish"
+    SNAPSHOT = "snapshot"
+    LOAD = "load"
+
+
+@dataclass(slots=True, kw_only=True)
+class _Published:
+    """What the heartbeat shows; written by the training thread under the runtime's lock."""
+
+    state: messages.AgentState = State.IDLE
+    epoch: int = 0
+    step: int = 0
+    loss: float | None = None
+    global_batch: int = 0
+    timings: messages.Timings = messages.Timings()
+    errors: tuple[messages.LatchedError, ...] = ()
+    setup: messages.EpochSetup | None = None
+    checkpoint_step: int | None = None
+
+
+class Runtime:
+    """One worker's agent runtime (see the module docstring). `hook` runs before every
+    instruction of every step on the training thread (failure injection in tests)."""
+
+    def __init__(
+        self,
+        *,
+        worker: plan.WorkerId,
+        job: str,
+        snapshot_base: Path,
+        device: str = "cpu",
+        hook: executor.Hook | None = None,
+    ) -> None:
+        self.worker, self.job, self.device = worker, job, device
+        self._training = training.Training(
+            worker=worker, job=job, snapshot_base=snapshot_base, device=device, hook=hook
+        )
+        self._cond = threading.Condition()
+        self._shown = _Published()
+        self._pending: messages.WorkerConfig | None = None
+        self._stop_step: int | None = None
+        self._pause = self._stop = self._snapshot = self._profiling = False
+        self._load: messages.SnapshotLoad | None = None
+        self._thread: threading.Thread | None = None
+        self._stopped = threading.Event()
+
+    # --- commands (any thread) ------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the training thread (state IDLE until configured)."""
+        with self._cond:
+            if self._thread is not None:
+                return
+            self._thread = threading.Thread(
+                target=self._loop, name=f"planaria-worker-{self.worker}", daemon=True
+            )
+            self._thread.start()
+
+    def configure(self, config: messages.WorkerConfig) -> messages.Acknowledgement:
+        """Accept `config` per the acceptance rules, or refuse it with the reason."""
+        with self._cond:
+            reason = self._refusal(config)
+            if reason:
+                return messages.Acknowledgement(accepted=False, reason=reason)
+            self._pending = config
+            self._cond.notify_all()
+        return messages.Acknowledgement(accepted=True)
+
+    def _refusal(self, config: messages.WorkerConfig) -> str:
+        shown = self._shown
+        newest = max(shown.epoch, self._pending.epoch if self._pending else 0)
+        if config.worker != self.worker:
+            return (
+                f"this agent is worker {self.worker}, not {config.worker}; send it to its own agent"
+            )
+        if config.epoch <= newest:
+            return f"epoch {config.epoch} is stale: this agent is at epoch {newest}"
+        if shown.state in (State.STOPPED,) or self._stop:
+            return "the agent is stopping; start a new agent"
+        if self._profiling:
+            return "the agent is profiling; configure it when the profile is done"
+        if str(config.settings.device) != self.device:
+            return (
+                f"settings ask for device {config.settings.device} but this agent runs on "
+                f"{self.device}; start the agent with --device {config.settings.device}"
+            )
+        if shown.state is State.RUNNING and config.resume_step <= shown.step:
+            return (
+                f"running at step {shown.step}; a running agent switches only at a later "
+                f"step (resume_step {config.resume_step} <= {shown.step})"
+            )
+        return ""
+
+    def heartbeat(self) -> messages.Heartbeat:
+        """The agent's state now."""
+        snapshot = self.snapshot_state()
+        with self._cond:
+            shown = self._shown
+            return messages.Heartbeat(
+                worker=self.worker,
+                epoch=shown.epoch,
+                state=shown.state,
+                last_committed_step=shown.step,
+                loss=shown.loss if shown.step else None,
+                samples_processed=shown.step * shown.global_batch,
+                timings=shown.timings,
+                snapshot=snapshot,
+                errors=shown.errors,
+                setup=shown.setup,
+                checkpoint_step=shown.checkpoint_step,
+            )
+
+    def pause(self, epoch: int) -> messages.Acknowledgement:
+        """Hold at the next step boundary (state PAUSED)."""
+        with self._cond:
+            reason = self._epoch_refusal(epoch, (State.RUNNING, State.PAUSED))
+            if reason:
+                return messages.Acknowledgement(accepted=False, reason=reason)
+            self._pause = True
+            self._cond.notify_all()
+        return messages.Acknowledgement(accepted=True)
+
+    def resume(self, epoch: int) -> messages.Acknowledgement:
+        """Go on training after a pause."""
+        with self._cond:
+            reason = self._epoch_refusal(epoch, (State.RUNNING, State.PAUSED))
+            if reason:
+                return messages.Acknowledgement(accepted=False, reason=reason)
+            self._pause = False
+            if self._shown.state is State.PAUSED:
+                self._shown.state = State.RUNNING
+            self._cond.notify_all()
+        return messages.Acknowledgement(accepted=True)
+
+    def stop(self, grace_s: float) -> messages.Acknowledgement:
+        """End the loop at the next step boundary (a step in flight ends within the epoch's
+        timeout), leave the epoch and close the writers; then state STOPPED. `grace_s` bounds
+        how long `wait_stopped` callers are expected to wait; it is not enforced here."""
+        del grace_s  # the step boundary and the epoch's timeout bound the stop
+        with self._cond:
+            self._stop = True
+            if self._thread is None:
+                self._shown.state = State.STOPPED
+                self._stopped.set()
+            self._cond.notify_all()
+        return messages.Acknowledgement(accepted=True)
+
+    def take_snapshot(self, epoch: int) -> messages.Acknowledgement:
+        """Snapshot the committed step at the next boundary, whatever the interval."""
+        with self._cond:
+            allowed = (State.RUNNING, State.PAUSED, State.FINISHED, State.FAILED)
+            reason = self._epoch_refusal(epoch, allowed)
+            if not reason and self._shown.step == 0:
+                reason = "no step is committed yet; snapshots hold steps >= 1"
+            if reason:
+                return messages.Acknowledgement(accepted=False, reason=reason)
+            self._snapshot = True
+            self._cond.notify_all()
+        return messages.Acknowledgement(accepted=True)
+
+    def snapshot_state(self) -> messages.SnapshotState:
+        """The host-memory snapshots this worker holds (the store is safe to read any time)."""
+        return self._training.store.state(in_progress=self._snapshot)
+
+    def load_snapshot(self, load: messages.SnapshotLoad) -> messages.Acknowledgement:
+        """Load every held layer from the snapshots of `load.step` (PAUSED or FINISHED only)."""
+        with self._cond:
+            reason = self._epoch_refusal(load.epoch, (State.PAUSED, State.FINISHED))
+            if reason:
+                return messages.Acknowledgement(accepted=False, reason=reason)
+            self._load = load
+            self._cond.notify_all()
+        return messages.Acknowledgement(accepted=True)
+
+    def profile(self, order: messages.ProfileOrder) -> profile.Profile:
+        """Measure a profile (blocking); RuntimeBusyError unless the agent is idle."""
+        with self._cond:
+            if self._shown.state in (State.RUNNING, State.CONFIGURING, State.TRANSFERRING):
+                raise RuntimeBusyError(
+                    f"the agent is {self._shown.state.value}; profile it before configuring "
+                    "or while it is paused"
+                )
+            if self._profiling or self._pending is not None:
+                raise RuntimeBusyError("the agent is busy; profile it when it is idle")
+            self._profiling = True
+        try:
+            shape = shapes.named(order.model)
+            return profiler.measure_profile(
+                shape,
+                order.micro_batch_size,
+                warmup=PROFILE_WARMUP,
+                repeats=order.repeats,
+                device=self.device,
+            )
+        finally:
+            with self._cond:
+                self._profiling = False
+
+    def wait_stopped(self, timeout_s: float | None = None) -> bool:
+        """Whether the runtime reached STOPPED within `timeout_s`."""
+        return self._stopped.wait(timeout_s)
+
+    def close(self) -> None:
+        """Stop, join the training thread, leave the epoch and close the writers."""
+        self.stop(0.0)
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
+
+    def _epoch_refusal(self, epoch: int, states: tuple[messages.AgentState, ...]) -> str:
+        shown = self._shown
+        if epoch != shown.epoch:
+            return f"epoch {epoch} is not the agent's epoch {shown.epoch}"
+        if shown.state not in states:
+            wanted = ", ".join(s.value for s in states)
+            return f"the agent is {shown.state.value}; this needs it {wanted}"
+        return ""
+
+    # --- the training thread --------------------------------------------------------------
+
+    def _loop(self) -> None:
+        try:
+            while (order := self._next()) is not _Order.STOP:
+                self._serve(order)
+        except BaseException:  # a bug: report it, then stop like a Stop would
+            LOG.exception("worker %d: the training thread failed", self.worker)
+        finally:
+            self._training.close()
+            with self._cond:
+                self._shown.state = State.STOPPED
+                self._stopped.set()
+
+    def _next(self) -> _Order:
+        with self._cond:
+            while True:
+                shown, pending = self._shown, self._pending
+                running = shown.state is State.RUNNING
+                if self._stop:
+                    return _Order.STOP
+                if pending is not None and (not running or shown.step >= pending.resume_step):
+                    return _Order.CONFIGURE
+                if self._snapshot:
+                    return _Order.SNAPSHOT
+                if self._load is not None:
+                    return _Order.LOAD
+                if running and self._stop_step is not None and shown.step >= self._stop_step:
+                    return _Order.FINISH
+                if running and self._pause:
+                    shown.state = State.PAUSED
+                elif running:
+                    return _Order.STEP
+                self._cond.wait()
+
+    def _serve(self, order: _Order) -> None:
+        match order:
+            case _Order.CONFIGURE:
+                self._configure()
+            case _Order.STEP:
+                self._step()
+            case _Order.FINISH:
+                self._training.finish_snapshot()
+                self._training.poll_checkpoint(wait=True)
+                self._publish(state=State.FINISHED)
+            case _Order.SNAPSHOT:
+                self._training.snapshot_now()
+                with self._cond:
+                    self._snapshot = False
+            case _Order.LOAD:
+                self._load_snapshot()
+
+    def _configure(self) -> None:
+        with self._cond:
+            config, self._pending = self._pending, None
+            assert config is not None
+            self._stop_step, self._pause = config.stop_step, False
+            involved = any(
+                t.destination == self.worker or self.worker in t.sources for t in config.transfers
+            )
+            state = State.TRANSFERRING if involved else State.CONFIGURING
+            self._set(
+                state=state,
+                epoch=config.epoch,
+                errors=(),
+                setup=None,
+                global_batch=config.settings.global_batch_size,
+            )
+        try:
+            report = self._training.set_up(config)
+        except epoch_setup.SetupError as exc:
+            self._fail(exc.kind, str(exc), config.resume_step)
+            return
+        except ValueError as exc:  # our input errors: a plan this executor cannot run
+            self._fail(messages.ErrorKind.INVALID_CONFIG, _described(exc), config.resume_step)
+            return
+        except Exception as exc:  # keep serving: the controller reads the latched error
+            self._fail(messages.ErrorKind.INTERNAL, _described(exc), config.resume_step)
+            return
+        self._publish(state=State.RUNNING, step=config.resume_step, setup=report, loss=None)
+
+    def _step(self) -> None:
+        attempted = self._training.step + 1
+        try:
+            done = self._training.run_step()
+        except executor.StepError as exc:
+            self._fail(exc.kind, str(exc), attempted, peer=exc.peer)
+            return
+        except Exception as exc:
+            self._fail(messages.ErrorKind.INTERNAL, _described(exc), attempted)
+            return
+        self._training.poll_checkpoint()
+        self._publish(step=done.step, loss=done.loss, timings=done.timings)
+
+    def _load_snapshot(self) -> None:
+        with self._cond:
+            load, self._load = self._load, None
+        assert load is not None
+        try:
+            self._training.load_snapshot(load.step)
+        except epoch_setup.SetupError as exc:
+            self._fail(exc.kind, str(exc), load.step)
+            return
+        self._publish(step=load.step, loss=None)
+
+    def _fail(
+        self,
+        kind: messages.ErrorKind,
+        message: str,
+        step: int,
+        *,
+        peer: plan.WorkerId | None = None,
+    ) -> None:
+        LOG.warning("worker %d: %s at step %d: %s", self.worker, kind.value, step, message)
+        error = messages.LatchedError(kind=kind, message=message, step=step, peer_worker=peer)
+        with self._cond:
+            self._set(
+                state=State.FAILED, errors=(*self._shown.errors, error), step=self._training.step
+            )
+
+    def _publish(self, **changes: object) -> None:
+        with self._cond:
+            self._set(checkpoint_step=self._training.checkpoint_step, **changes)
+
+    def _set(self, **changes: object) -> None:
+        """Change published fields (the caller holds the lock)."""
+        for name, value in changes.items():
+            setattr(self._shown, name, value)
+        self._cond.notify_all()
+
+
+def _described(exc: BaseException) -> str:
+    """An unexpected error with where it was raised (internal errors are bugs)."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = f" (at {Path(frames[-1].filename).name}:{frames[-1].lineno})" if frames else ""
+    return f"{type(exc).__name__}: {exc}{where}"

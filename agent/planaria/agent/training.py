@@ -1,0 +1,334 @@
+"""The runtime's training-thread state: epochs, layers, steps, snapshots and checkpoints.
+
+`Training` owns everything torch touches and is used from one thread only (the runtime's
+training thread); `planaria.agent.runtime` wraps it with commands, states and heartbeats.
+
+Steps: committed step t (t = 1, 2, ...) trains the sampler's global batch t - 1, exactly as the
+reference trainer's `step(t - 1)` does (`snapshot_writer`: "after the reference trainer's
+step(i) it is i + 1"), so the executor's own step numbers, which are sampler indices, are one
+less than the contract's.
+
+Snapshots follow `snapshot_writer`'s contract: after committed step t that is due (every
+`snapshot_interval_steps`, or asked for by TakeSnapshot), `writer.begin`; the executor hook
+waits for it right before the next step's first OptimizerStep (before the commit barrier), and
+(RECOMPUTE) replays that step's moment update on the writer's host replicas. Once a snapshot is
+complete, a due persistent checkpoint is copied from it in the background (`checkpoints`).
+Writers are rebuilt for every epoch (the sharding groups come from the plan); closing the old
+writer first makes its pending snapshot complete, which the roll-back tiers rely on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from torch._C import _distributed_c10d as c10d  # the store classes (see groups.py)
+
+from planaria.agent import (
+    checkpoints,
+    data,
+    epoch_setup,
+    executor,
+    groups,
+    model,
+    reference,
+    snapshot_store,
+    snapshot_writer,
+    snapshots,
+)
+from planaria.planner import instructions, plan, shapes
+from planaria.wire import messages
+
+LOG = logging.getLogger(__name__)
+Op = instructions.Op
+COMMUNICATION = (Op.SEND_ACTIVATION, Op.RECV_ACTIVATION, Op.SEND_GRAD, Op.RECV_GRAD)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Committed:
+    """One committed step: its number, the step's loss (every worker's share summed by the
+    commit barrier) and where the time went."""
+
+    step: int
+    loss: float | None
+    timings: messages.Timings
+
+
+def training_config(
+    settings: messages.TrainingSettings, micro_batch: int
+) -> reference.TrainingConfig:
+    """The reference's configuration of a job's settings and a plan's micro-batch size."""
+    opt = settings.optimizer
+    return reference.TrainingConfig(
+        shape=shapes.named(settings.model),
+        seed=settings.seed,
+        global_batch_size=settings.global_batch_size,
+        micro_batch_size=micro_batch,
+        optimizer=model.OptimizerConfig(
+            lr=opt.lr, beta1=opt.beta1, beta2=opt.beta2, eps=opt.eps, weight_decay=opt.weight_decay
+        ),
+    )
+
+
+class Training:
+    """One worker's training state across epochs (single-threaded; see the module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        worker: plan.WorkerId,
+        job: str,
+        snapshot_base: Path,
+        device: str,
+        hook: executor.Hook | None = None,
+    ) -> None:
+        self.worker, self.job_name, self.base, self.device = worker, job, snapshot_base, device
+        self.store = snapshot_store.SnapshotStore(
+            snapshot_store.store_root(job, worker, snapshot_base)
+        )
+        self.holding = epoch_setup.Holding(layers=None, step=0)
+        self.config: messages.WorkerConfig | None = None
+        self.epoch: groups.Epoch | None = None
+        self.checkpoint_step: int | None = None
+        self._extra_hook = hook
+        self._executor: executor.Executor | None = None
+        self._writer: snapshot_writer.SnapshotWriter | None = None
+        self._checkpoints: checkpoints.CheckpointWriter | None = None
+        self._checkpoint_pending: int | None = None
+        self._groups: dict[int, tuple[plan.WorkerId, ...]] = {}
+        self._tokens: dict[messages.DataSettings, data.Tokens] = {}
+        self._stores: dict[tuple[str, int], c10d.Store] = {}
+        self._snapshot_s = 0.0
+        self._hooked = -1
+
+    @property
+    def step(self) -> int:
+        return self.holding.step
+
+    # --- epochs ---------------------------------------------------------------------------
+
+    def set_up(self, config: messages.WorkerConfig) -> messages.EpochSetup:
+        """Leave the current epoch and set up `config`'s (epoch_setup.SetupError, ValueError)."""
+        self.end_epoch()
+        job = self._job(config)
+        stores = epoch_setup.Stores(
+            own=self.store,
+            job=self.job_name,
+            base=self.base,
+            checkpoint_dir=config.settings.checkpoint_dir,
+        )
+        ready = epoch_setup.set_up(
+            config=config,
+            job=job,
+            holding=self.holding,
+            stores=stores,
+            store=self._store_client(config.rendezvous),
+            device=self.device,
+        )
+        self.epoch, self.config = ready.epoch, config
+        self.holding = epoch_setup.Holding(layers=ready.layers, step=config.resume_step)
+        try:
+            self._executor = executor.Executor(
+                job=job,
+                sched=ready.sched,
+                worker=self.worker,
+                epoch=ready.epoch,
+                layers=ready.layers,
+            )
+        except BaseException:
+            self.end_epoch()
+            raise
+        self._open_writers(config)
+        return ready.report
+
+    def end_epoch(self) -> None:
+        """Finish pending snapshots, close the writers and leave the epoch's groups."""
+        self._close_writers()
+        self._executor = None
+        if self.epoch is not None:
+            groups.leave_epoch(self.epoch)
+            self.epoch = None
+
+    # --- steps ----------------------------------------------------------------------------
+
+    def run_step(self) -> Committed:
+        """Train and commit the next step (executor.StepError when it aborts)."""
+        assert self._executor is not None and self.holding.layers is not None
+        t = self.holding.step + 1
+        self._snapshot_s = 0.0
+        result = self._executor.run_step(t - 1, before=self._hook)
+        self.holding = epoch_setup.Holding(layers=self.holding.layers, step=t)
+        self._after_commit(t, forced=False)
+        seconds = result.seconds
+        timings = messages.Timings(
+            forward_s=seconds[Op.FORWARD],
+            backward_s=seconds[Op.BACKWARD],
+            communication_s=sum(seconds[op] for op in COMMUNICATION) + result.send_wait_s,
+            allreduce_s=seconds[Op.ALL_REDUCE],
+            optimizer_s=seconds[Op.OPTIMIZER_STEP],
+            snapshot_s=self._snapshot_s,
+            step_s=result.step_s,
+        )
+        return Committed(step=t, loss=result.step_loss, timings=timings)
+
+    def _hook(self, step: int, index: int, op: instructions.Instruction) -> None:
+        if isinstance(op, instructions.OptimizerStep) and self._hooked != step:
+            self._hooked = step
+            with self._timed():
+                self.finish_snapshot()
+                self._recompute(step + 1)
+        if self._extra_hook is not None:
+            self._extra_hook(step, index, op)
+
+    def _recompute(self, t: int) -> None:
+        writer, layers = self._writer, self.holding.layers
+        if writer is None or layers is None:
+            return
+        if writer.config.redundancy is not messages.RedundancyMode.RECOMPUTE:
+            return
+        states = self._live_states()
+        grads = [[p.grad for p in layers.modules[s.index].parameters()] for s in states]
+        writer.recompute_step(t, states, grads, self._groups)
+
+    # --- snapshots and checkpoints --------------------------------------------------------
+
+    def snapshot_now(self) -> bool:
+        """Snapshot the committed step now (TakeSnapshot) and wait for it; False at step 0."""
+        if self.holding.step == 0 or self._writer is None:
+            return False
+        self.finish_snapshot()
+        self._after_commit(self.holding.step, forced=True)
+        self.finish_snapshot()
+        return True
+
+    def finish_snapshot(self) -> None:
+        """Wait for the pending snapshot; start a due checkpoint from it once complete."""
+        if self._writer is None:
+            return
+        try:
+            manifest = self._writer.wait()
+        except snapshot_store.SnapshotError as exc:  # training goes on; the tier is stale
+            LOG.warning("worker %d: snapshot failed: %s", self.worker, exc)
+            return
+        ckpt = self._checkpoints
+        if manifest is not None and ckpt is not None and ckpt.due(manifest.step):
+            self.poll_checkpoint(wait=True)
+            if ckpt.begin(self.store, manifest.step):
+                self._checkpoint_pending = manifest.step
+
+    def poll_checkpoint(self, *, wait: bool = False) -> None:
+        """Record a finished background checkpoint (wait for it when `wait`)."""
+        ckpt, pending = self._checkpoints, self._checkpoint_pending
+        if ckpt is None or pending is None:
+            return
+        try:
+            ckpt.wait(None if wait else 0.0)
+        except snapshot_store.SnapshotTimeout:
+            return
+        except snapshot_store.SnapshotError as exc:
+            LOG.warning("worker %d: checkpoint of step %d failed: %s", self.worker, pending, exc)
+        else:
+            self.checkpoint_step = pending
+        self._checkpoint_pending = None
+
+    def _after_commit(self, t: int, *, forced: bool) -> None:
+        writer, config = self._writer, self.config
+        if writer is None or config is None:
+            return
+        interval = config.settings.snapshot_interval_steps
+        if forced or (interval and t % interval == 0):
+            with self._timed():
+                writer.begin(
+                    step=t, epoch=config.epoch, states=self._live_states(), groups=self._groups
+                )
+
+    def _live_states(self) -> list[model.LayerState]:
+        layers = self.holding.layers
+        assert layers is not None
+        return [
+            snapshots.live_layer_state(i, layers.modules[i], layers.optimizers[i])
+            for i in layers.indices
+        ]
+
+    def load_snapshot(self, step: int) -> None:
+        """Replace every held layer with its state at `step` from the snapshot tiers."""
+        layers, config = self.holding.layers, self.config
+        assert layers is not None and config is not None
+        self.finish_snapshot()
+        stores = epoch_setup.Stores(
+            own=self.store, job=self.job_name, base=self.base, checkpoint_dir=""
+        )
+        locator = epoch_setup.Locator(
+            job=self._job(config),
+            holding=epoch_setup.Holding(layers=None, step=-1),
+            stores=stores,
+            step=step,
+        )
+        states = {i: locator.state(i) for i in layers.indices}
+        for i, state in states.items():
+            model.load_layer_state(i, layers.modules[i], layers.optimizers[i], state)
+        self.holding = epoch_setup.Holding(layers=layers, step=step)
+
+    def _open_writers(self, config: messages.WorkerConfig) -> None:
+        settings = config.settings
+        self._groups = snapshots.sharding_groups(config.plan)
+        opt = training_config(settings, config.plan.micro_batch_size).optimizer
+        self._writer = snapshot_writer.SnapshotWriter(
+            self.store,
+            snapshot_writer.WriterConfig(
+                job=self.job_name,
+                worker=self.worker,
+                redundancy=settings.redundancy,
+                interval_steps=1,
+                optimizer=opt,
+            ),
+        )
+        if settings.checkpoint_dir and settings.checkpoint_interval_steps:
+            self._checkpoints = checkpoints.CheckpointWriter(
+                checkpoints.CheckpointConfig(
+                    root=Path(settings.checkpoint_dir),
+                    worker=self.worker,
+                    interval_steps=settings.checkpoint_interval_steps,
+                )
+            )
+
+    def _close_writers(self) -> None:
+        self.finish_snapshot()
+        self.poll_checkpoint(wait=True)
+        for closing in (self._writer, self._checkpoints):
+            if closing is not None:
+                closing.close()
+        self._writer, self._checkpoints = None, None
+
+    @contextlib.contextmanager
+    def _timed(self) -> Iterator[None]:
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._snapshot_s += time.perf_counter() - started
+
+    # --- job and store --------------------------------------------------------------------
+
+    def _job(self, config: messages.WorkerConfig) -> executor.Job:
+        settings = config.settings
+        tokens = self._tokens.get(settings.data)
+        if tokens is None:
+            tokens = data.load_corpus(settings.data.corpus_paths, max_bytes=settings.data.max_bytes)
+            self._tokens = {settings.data: tokens}
+        return executor.Job.from_tokens(
+            training_config(settings, config.plan.micro_batch_size), tokens
+        )
+
+    def _store_client(self, rendezvous: messages.Rendezvous) -> c10d.Store:
+        key = (rendezvous.store_host, rendezvous.store_port)
+        if key not in self._stores:
+            self._stores[key] = epoch_setup.connect_store(rendezvous)
+        return self._stores[key]
+
+    def close(self) -> None:
+        self.end_epoch()
