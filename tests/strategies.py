@@ -677,3 +677,29 @@ def sim_traces(draw: st.DrawFn, max_nodes: int = 8) -> traces.Trace:
     return traces.spot(
         num_nodes, draw(st.floats(60.0, 1800.0)), draw(st.floats(600.0, 20_000.0)), seed
     )
+
+
+# --- membership changes (planaria.control) ----------------------------------------------------
+
+MEMBERSHIP_ACTIONS = ("kill", "kill-silently", "hang", "notice", "join", "latch")
+
+
+@st.composite
+def membership_changes(
+    draw: st.DrawFn, num_workers: int = 8, max_changes: int = 4, max_step: int = 40
+) -> list[tuple[int, str, int]]:
+    """(step, action, worker) triples sorted by step: what happens to which worker once the job
+    has committed that step. Actions are MEMBERSHIP_ACTIONS (the controller tests' fakes
+    apply them); several may hit one step, which makes quick successive failures."""
+    changes = draw(
+        st.lists(
+            st.tuples(
+                st.integers(min_value=1, max_value=max_step),
+                st.sampled_from(MEMBERSHIP_ACTIONS),
+                st.integers(min_value=0, max_value=num_workers - 1),
+            ),
+            min_size=1,
+            max_size=max_changes,
+        )
+    )
+    return sorted(changes)
