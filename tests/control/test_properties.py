@@ -10,6 +10,7 @@ plan; the workers of a group never commit different steps.
 from __future__ import annotations
 
 import asyncio
+import functools
 
 from hypothesis import given, settings
 
@@ -23,12 +24,9 @@ LIMIT_S = 400.0  # simulated seconds: many bounded recoveries, far below any han
 
 async def _play(changes: list[tuple[int, str, int]]) -> scenarios.Run:
     run = scenarios.Run(scenarios.job(steps=50))
-    done = lambda: run.task is not None and run.task.done()  # noqa: E731
     for at_step, action, worker in changes:
-        await run.until(
-            lambda s=at_step: run.step() >= s or done() or _suspended(run), limit_s=LIMIT_S
-        )
-        if done():
+        await run.until(functools.partial(_reached, run, at_step), limit_s=LIMIT_S)
+        if run.task is not None and run.task.done():
             break
         _apply(run, action, worker)
     await run.clock.advance(5.0)
@@ -37,6 +35,11 @@ async def _play(changes: list[tuple[int, str, int]]) -> scenarios.Run:
             run.cluster.join(worker)
     await run.finish(limit_s=LIMIT_S)
     return run
+
+
+def _reached(run: scenarios.Run, step: int) -> bool:
+    ended = run.task is not None and run.task.done()
+    return run.step() >= step or ended or _suspended(run)
 
 
 def _suspended(run: scenarios.Run) -> bool:
