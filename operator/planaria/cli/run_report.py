@@ -1,0 +1,210 @@
+"""The report of a `planaria run`: metrics, recoveries, a summary table and a timeline figure.
+
+    DIR/metrics.csv, metrics.json   one row per committed step (time since start, step, loss,
+                                    samples/s, live workers, epoch)
+    DIR/recoveries.json             one object per recovery (`control.status.Recovery`)
+    DIR/summary.md                  outcome, recoveries table, goodput vs the fault-free estimate
+    DIR/timeline.png                throughput, loss and live workers over time, failures marked
+
+Everything is drawn from the controller's history (`Controller.steps`, `.recoveries`, the final
+status): a pure function of a `History`, so the report of any run, real or synthetic, is tested
+without workers. Times in the files are seconds since the run started (`History.started_s` on
+the controller's clock). matplotlib (Agg) is imported inside `write_timeline`, so importing
+this module stays cheap.
+
+Goodput (the report's one number): useful samples, the final step times the global batch, per
+second of wall time; the fault-free estimate is the median throughput of the steps trained at
+full strength, so their ratio is the share of ideal throughput the failures left.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from planaria.control import status as statuses
+
+COLUMNS = ("time_s", "step", "loss", "samples_per_s", "live_workers", "epoch")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class History:
+    """What a run leaves behind: the job, its final status, the controller's step and recovery
+    records, and the run's start and end on the controller's clock."""
+
+    job: str
+    global_batch_size: int
+    final: statuses.JobStatus
+    steps: tuple[statuses.StepRecord, ...]
+    recoveries: tuple[statuses.Recovery, ...]
+    started_s: float
+    finished_s: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Goodput:
+    """Useful samples per wall-clock second, and the fault-free estimate it is measured against
+    (None when no step ran at full strength)."""
+
+    wall_s: float
+    useful_samples: int
+    samples_per_s: float
+    fault_free_samples_per_s: float | None
+
+    @property
+    def ratio(self) -> float | None:
+        """Goodput as a share of the fault-free estimate."""
+        if not self.fault_free_samples_per_s:
+            return None
+        return self.samples_per_s / self.fault_free_samples_per_s
+
+
+def goodput(history: History) -> Goodput:
+    """The run's goodput (module docstring)."""
+    wall_s = max(history.finished_s - history.started_s, 1e-9)
+    useful = history.final.step * history.global_batch_size
+    full = [
+        r.samples_per_s
+        for r in history.steps
+        if r.live_workers >= history.final.total_workers and r.samples_per_s > 0
+    ]
+    return Goodput(
+        wall_s=wall_s,
+        useful_samples=useful,
+        samples_per_s=useful / wall_s,
+        fault_free_samples_per_s=statistics.median(full) if full else None,
+    )
+
+
+def write_report(history: History, out: Path) -> tuple[Path, ...]:
+    """Write the report files into `out` (created if needed); returns their paths."""
+    out.mkdir(parents=True, exist_ok=True)
+    rows = metric_rows(history)
+    paths = (
+        _write_csv(out / "metrics.csv", rows),
+        _write_json(out / "metrics.json", rows),
+        _write_json(out / "recoveries.json", recovery_rows(history)),
+        _write_text(out / "summary.md", summary(history)),
+        write_timeline(history, out / "timeline.png"),
+    )
+    return paths
+
+
+def metric_rows(history: History) -> list[dict[str, Any]]:
+    """One dict per step record, times relative to the start."""
+    return [
+        {
+            "time_s": round(r.at_s - history.started_s, 4),
+            "step": r.step,
+            "loss": r.loss,
+            "samples_per_s": round(r.samples_per_s, 4),
+            "live_workers": r.live_workers,
+            "epoch": r.epoch,
+        }
+        for r in history.steps
+    ]
+
+
+def recovery_rows(history: History) -> list[dict[str, Any]]:
+    """One dict per recovery, its start relative to the run's start."""
+    rows = []
+    for recovery in history.recoveries:
+        row = dataclasses.asdict(recovery)
+        row["started_s"] = round(recovery.started_s - history.started_s, 4)
+        row["failed"] = list(recovery.failed)
+        row["tier"] = recovery.tier.value
+        rows.append(row)
+    return rows
+
+
+def summary(history: History) -> str:
+    """summary.md: outcome, recoveries, goodput."""
+    final, good = history.final, goodput(history)
+    lines = [
+        f"# Run of job `{history.job}`",
+        "",
+        f"**{final.phase.value}** at step {final.step} after {good.wall_s:.1f} s "
+        f"(epoch {final.epoch}, plan `{final.plan or '-'}`, "
+        f"{final.live_workers} of {final.total_workers} workers at the end).",
+    ]
+    if final.message:
+        lines.append(f"Last message: {final.message}")
+    lines += ["", "## Recoveries", "", *_recovery_table(history), "", "## Goodput", ""]
+    lines += _goodput_lines(good, history)
+    return "\n".join(lines) + "\n"
+
+
+_HEADER = (
+    "| # | at s | failed | kind | tier | detect s | plan s | regroup s | transfer s | resume s "
+    "| total s | lost steps | moved MB | reason |"
+)
+
+
+def _recovery_table(history: History) -> list[str]:
+    if not history.recoveries:
+        return ["No failures: the job ran in one epoch."]
+    rows = [_HEADER, "|" + "---|" * 14]
+    for i, r in enumerate(history.recoveries, start=1):
+        failed = ",".join(str(w) for w in r.failed) or "-"
+        seconds = (r.detect_s, r.plan_s, r.regroup_s, r.transfer_s, r.resume_s, r.total_s)
+        cells = [str(i), f"{r.started_s - history.started_s:.1f}", failed, r.kind, r.tier.value]
+        cells += [f"{s:.2f}" for s in seconds]
+        cells += [str(r.lost_steps), f"{r.transferred_bytes / 1e6:.2f}", _cell(r.reason)]
+        rows.append("| " + " | ".join(cells) + " |")
+    return rows
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "/").replace("\n", " ") or "-"
+
+
+def _goodput_lines(good: Goodput, history: History) -> list[str]:
+    lines = [
+        f"- useful samples: {good.useful_samples} ({history.final.step} steps x "
+        f"{history.global_batch_size})",
+        f"- wall time: {good.wall_s:.1f} s, goodput {good.samples_per_s:.1f} samples/s",
+    ]
+    if good.fault_free_samples_per_s is None or good.ratio is None:
+        lines.append("- fault-free estimate: none (no step ran at full strength)")
+        return lines
+    lost = sum(r.lost_steps for r in history.recoveries)
+    lines += [
+        f"- fault-free estimate: {good.fault_free_samples_per_s:.1f} samples/s (median of the "
+        "steps at full strength)",
+        f"- goodput / fault-free: **{good.ratio:.0%}**; {lost} committed steps trained again",
+        "- the gap includes start-up (process launch, profiling, first rendezvous) as well as "
+        "recoveries and degraded throughput",
+    ]
+    return lines
+
+
+def _write_csv(path: Path, rows: Sequence[dict[str, Any]]) -> Path:
+    with path.open("w", newline="", encoding="utf-8") as handle:
+        writer = csv.DictWriter(handle, fieldnames=COLUMNS)
+        writer.writeheader()
+        writer.writerows({k: ("" if v is None else v) for k, v in row.items()} for row in rows)
+    return path
+
+
+def _write_json(path: Path, rows: Sequence[dict[str, Any]]) -> Path:
+    path.write_text(json.dumps(list(rows), indent=1) + "\n", encoding="utf-8")
+    return path
+
+
+def _write_text(path: Path, text: str) -> Path:
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def write_timeline(history: History, path: Path) -> Path:
+    """timeline.png (see planaria.cli.run_timeline)."""
+    from planaria.cli import run_timeline  # matplotlib is heavy: only when a report is written
+
+    run_timeline.draw(history, path)
+    return path

@@ -1,0 +1,127 @@
+"""timeline.png of a `planaria run`: throughput, loss and live workers over time, recoveries marked.
+
+Three panels share the time axis (seconds since the run started). Every recovery is a shaded
+band from the death (or the planned switch) to the first step of its new epoch, red for
+failures and green for planned moves (scale-up, preemption), labelled with the failed workers,
+the tier the costliest worker needed, and the seconds it took. Uses matplotlib's Agg backend
+(no display needed); imported only when a report is written.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
+
+from planaria.cli import run_report  # noqa: E402
+from planaria.control import status as statuses  # noqa: E402
+
+FAILURE = "#d62728"
+PLANNED = "#2ca02c"
+LINE = "#1f77b4"
+SMOOTHING = 5  # steps in the throughput's trailing mean
+
+
+def draw(history: run_report.History, path: Path) -> None:
+    """Render the timeline of `history` to `path` (PNG)."""
+    figure, axes = plt.subplots(
+        3, 1, figsize=(11, 7.5), sharex=True, gridspec_kw={"height_ratios": [3, 3, 2]}
+    )
+    try:
+        _plot_series(history, axes)
+        for recovery in history.recoveries:
+            _mark(history, recovery, axes)
+        _decorate(history, figure, axes)
+        figure.savefig(path, dpi=110)
+    finally:
+        plt.close(figure)
+
+
+def _times(history: run_report.History) -> list[float]:
+    return [r.at_s - history.started_s for r in history.steps]
+
+
+def _plot_series(history: run_report.History, axes: Any) -> None:
+    times = _times(history)
+    # One segment per epoch: a line drawn across a recovery would invent steps that never ran.
+    for epoch in sorted({r.epoch for r in history.steps}):
+        points = [(t, r) for t, r in zip(times, history.steps, strict=True) if r.epoch == epoch]
+        xs = [t for t, _ in points]
+        rates = [r.samples_per_s for _, r in points]
+        axes[0].plot(xs, rates, color=LINE, alpha=0.35, linewidth=0.8)
+        axes[0].plot(xs, _rolling_mean(rates, SMOOTHING), color=LINE, linewidth=1.8)
+        losses = [(t, r.loss) for t, r in points if r.loss is not None]
+        if losses:
+            axes[1].plot(*zip(*losses, strict=True), color="#9467bd", linewidth=1.4)
+    good = run_report.goodput(history)
+    if good.fault_free_samples_per_s:
+        axes[0].axhline(
+            good.fault_free_samples_per_s,
+            color="grey",
+            linestyle=":",
+            label=f"fault-free estimate {good.fault_free_samples_per_s:.0f} samples/s",
+        )
+        axes[0].legend(loc="lower left", fontsize=8)
+    axes[0].set_ylim(bottom=0)
+    live = [r.live_workers for r in history.steps]
+    if times:
+        axes[2].step(times, live, where="post", color="#ff7f0e", linewidth=1.8)
+    axes[2].set_ylim(0, history.final.total_workers + 1)
+
+
+def _rolling_mean(values: list[float], window: int) -> list[float]:
+    """Trailing mean over up to `window` values: per-step rates are noisy on a shared machine."""
+    out = []
+    for i in range(len(values)):
+        chunk = values[max(0, i - window + 1) : i + 1]
+        out.append(sum(chunk) / len(chunk))
+    return out
+
+
+def _mark(history: run_report.History, recovery: statuses.Recovery, axes: Any) -> None:
+    start = recovery.started_s - history.started_s
+    end = start + max(recovery.total_s, 0.05)
+    color = FAILURE if recovery.failed else PLANNED
+    for axis in axes:
+        axis.axvspan(start, end, color=color, alpha=0.15, linewidth=0)
+        axis.axvline(start, color=color, linestyle="--", linewidth=1.0)
+    who = "w" + ",".join(str(w) for w in recovery.failed) if recovery.failed else recovery.kind
+    label = f"{who} lost\n{recovery.kind}, {recovery.tier.value}\n{recovery.total_s:.1f} s"
+    if not recovery.failed:
+        label = f"{recovery.kind}\n{recovery.tier.value}\n{recovery.total_s:.1f} s"
+    axes[0].annotate(
+        label,
+        xy=(start, 1.0),
+        xycoords=("data", "axes fraction"),
+        xytext=(4, -4),
+        textcoords="offset points",
+        va="top",
+        fontsize=8,
+        color=color,
+        bbox={"boxstyle": "round,pad=0.2", "facecolor": "white", "alpha": 0.85, "linewidth": 0},
+    )
+
+
+def _decorate(history: run_report.History, figure: Any, axes: Any) -> None:
+    final, good = history.final, run_report.goodput(history)
+    ratio = f", {good.ratio:.0%} of fault-free" if good.ratio is not None else ""
+    figure.suptitle(
+        f"{history.job}: {final.phase.value} at step {final.step} in {good.wall_s:.0f} s, "
+        f"{len(history.recoveries)} recoveries, goodput {good.samples_per_s:.0f} samples/s{ratio}",
+        fontsize=11,
+    )
+    axes[0].set_ylabel("samples / s\n(thin: per step)")
+    axes[1].set_ylabel("loss (nats/byte)")
+    axes[2].set_ylabel("live workers")
+    axes[2].set_xlabel(
+        "seconds since start  (red: failure to first step of the new epoch; green: planned move)"
+    )
+    for axis in axes:
+        axis.grid(True, alpha=0.3)
+        axis.set_xlim(left=0, right=max(good.wall_s, 1e-3))
+    figure.tight_layout()
