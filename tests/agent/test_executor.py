@@ -14,7 +14,8 @@ two epochs in the same processes, the second with fewer ranks (a worker leaves, 
 micro-batches rerouted), continue the run losslessly; a worker asked to keep layers it does not
 hold reports an invalid configuration; a worker killed mid-step makes every survivor report a
 latched PeerLostError within 10 s, and the survivors then regroup with fewer ranks and continue
-losslessly.
+losslessly; a worker killed right before its optimizer step (before the commit barrier)
+leaves every survivor at the same committed step.
 """
 
 from __future__ import annotations
@@ -378,3 +379,23 @@ def test_a_killed_worker_is_reported_by_every_survivor_who_then_regroup(
         recovered = four.run(config, REROUTED, range(2, 5), fresh=False)
     trainer, losses = _reference(config, tokens, 5)
     _assert_lossless(recovered, trainer, losses)
+
+
+def test_a_death_before_the_commit_barrier_leaves_every_survivor_at_the_same_step(
+    tokens: data.Tokens,
+) -> None:
+    # One pipeline of three stages: the first stages finish their work of a step long before
+    # the last one's optimizer step. Without the commit barrier they would commit step 2 while
+    # the last stage dies right before its update; with it, nobody commits step 2.
+    p = NAMED_PLANS["one pipeline of three stages"]
+    stream = schedule.compile_schedule(p).stream(plan.WorkerId(2))
+    update = next(
+        i for i, op in enumerate(stream.instructions) if isinstance(op, instructions.OptimizerStep)
+    )
+    crash = harness.Fault(step=2, index=update, signal=signal.SIGKILL)
+    with harness.LocalCluster(workers=range(3), tokens=tokens, timeout_s=30.0) as three:
+        failed = three.run(_config(p), p, range(5), faults={2: crash})
+    assert failed.lost == (2,)
+    assert sorted(failed.errors) == [0, 1]
+    assert all(e.step == 2 for e in failed.errors.values())
+    assert set(failed.committed.values()) == {2}  # steps 0 and 1, on both survivors
