@@ -67,7 +67,9 @@ def _plot_series(history: run_report.History, axes: Any) -> None:
             label=f"fault-free estimate {good.fault_free_samples_per_s:.0f} samples/s",
         )
         axes[0].legend(loc="lower left", fontsize=8)
-    axes[0].set_ylim(bottom=0)
+    # Headroom above the curve for the recovery labels.
+    top = max((r.samples_per_s for r in history.steps), default=1.0)
+    axes[0].set_ylim(0, max(top, good.fault_free_samples_per_s or 0.0, 1e-3) * 1.4)
     live = [r.live_workers for r in history.steps]
     if times:
         axes[2].step(times, live, where="post", color="#ff7f0e", linewidth=1.8)
