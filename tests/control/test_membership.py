@@ -1,0 +1,136 @@
+"""The controller's view of its workers (planaria.control.membership) and the reading of a
+broken epoch (planaria.control.failures).
+
+Covers: deaths from events and broken streams until a join; a stale connection's reports
+ignored; silence past the heartbeat timeout; which heartbeat counts for an epoch (an older
+one only while switching); the model's checkpoint and snapshot steps as the oldest of the
+workers'; the assessment of a broken epoch (failed, survivors, resume step, own faults, a
+layer in no tier) and the workers not yet settled.
+"""
+
+from __future__ import annotations
+
+from planaria.control import failures, membership, ports
+from planaria.planner import plan as plans
+from planaria.wire import messages
+
+W = plans.WorkerId
+RUNNING, FAILED = messages.AgentState.RUNNING, messages.AgentState.FAILED
+
+
+def _beat(
+    worker: int,
+    epoch: int,
+    state: messages.AgentState = RUNNING,
+    step: int = 5,
+    *,
+    error: messages.ErrorKind | None = None,
+    checkpoint: int | None = None,
+    snapshot: int | None = None,
+) -> messages.Heartbeat:
+    errors = () if error is None else (messages.LatchedError(kind=error, message="x", step=step),)
+    return messages.Heartbeat(
+        worker=W(worker),
+        epoch=epoch,
+        state=state,
+        last_committed_step=step,
+        loss=None,
+        samples_processed=0,
+        timings=messages.Timings(),
+        snapshot=messages.SnapshotState(latest_step=snapshot, held_bytes=0),
+        errors=errors,
+        checkpoint_step=checkpoint,
+    )
+
+
+def _roster(*workers: int) -> membership.Roster:
+    roster = membership.Roster(heartbeat_timeout_s=1.0)
+    for worker in workers:
+        roster.connected(W(worker), 0.0)
+    return roster
+
+
+def _plan(*workers: int) -> plans.Plan:
+    stages = tuple(plans.Stage(layer_start=0, layer_stop=2, workers=(W(w),)) for w in workers)
+    pipelines = tuple(plans.Pipeline(stages=(s,), num_micro_batches=1) for s in stages)
+    return plans.Plan(pipelines=pipelines, micro_batch_size=1)
+
+
+def test_a_death_lasts_until_the_worker_joins_and_reconnects() -> None:
+    roster = _roster(0, 1)
+    roster.absorb(
+        membership.Event(event=ports.WorkerEvent(kind=ports.EventKind.DIED, worker=W(1))), 0.5
+    )
+    assert roster.live(0.5) == {0} and roster.dead == {1: 0.5}
+    roster.absorb(
+        membership.Event(event=ports.WorkerEvent(kind=ports.EventKind.JOINED, worker=W(1))), 0.6
+    )
+    assert roster.joined == [1]
+    roster.connected(W(1), 0.7)
+    assert roster.live(0.7) == {0, 1}
+
+
+def test_a_stale_connections_reports_are_ignored() -> None:
+    roster = _roster(0)
+    old = roster.generation[W(0)]
+    roster.connected(W(0), 0.1)  # reconnected: a new generation
+    roster.absorb(membership.Lost(worker=W(0), generation=old, detail="old stream"), 0.2)
+    roster.absorb(membership.Beat(worker=W(0), generation=old, heartbeat=_beat(0, 1)), 0.2)
+    assert W(0) not in roster.dead and W(0) not in roster.beats
+    roster.absorb(membership.Lost(worker=W(0), generation=old + 1, detail="broke"), 0.3)
+    assert roster.dead == {0: 0.3}
+
+
+def test_silence_past_the_heartbeat_timeout_makes_a_worker_gone() -> None:
+    roster = _roster(0, 1)
+    roster.absorb(membership.Beat(worker=W(0), generation=1, heartbeat=_beat(0, 1)), 0.9)
+    assert roster.gone([W(0), W(1)], 1.5) == {1}
+    assert roster.live(1.5) == {0}
+
+
+def test_an_older_epochs_heartbeat_counts_only_while_switching() -> None:
+    roster = _roster(0)
+    roster.absorb(
+        membership.Beat(
+            worker=W(0),
+            generation=1,
+            heartbeat=_beat(0, 1, FAILED, error=messages.ErrorKind.PEER_LOST),
+        ),
+        0.1,
+    )
+    assert roster.beat(W(0), 2) is None and roster.failed_in([W(0)], 2) == set()
+    roster.switching = {W(0)}
+    assert roster.failed_in([W(0)], 2) == {0}
+    assert roster.beat(W(0), 1) is not None
+
+
+def test_the_models_checkpoint_and_snapshot_are_the_oldest_of_the_workers() -> None:
+    roster = _roster(0, 1)
+    roster.beats[W(0)] = _beat(0, 1, checkpoint=20, snapshot=25)
+    roster.beats[W(1)] = _beat(1, 1, checkpoint=10, snapshot=30)
+    assert roster.checkpoint_step([W(0), W(1)]) == 10 and roster.snapshot_step([W(0), W(1)]) == 25
+    roster.beats[W(1)] = _beat(1, 1)
+    assert roster.checkpoint_step([W(0), W(1)]) is None and roster.snapshot_step([W(0)]) == 25
+
+
+def test_a_broken_epoch_is_split_into_failed_and_survivors() -> None:
+    roster = _roster(0, 1, 2, 3)
+    peer_lost = messages.ErrorKind.PEER_LOST
+    roster.beats[W(0)] = _beat(0, 1, FAILED, 7, error=peer_lost)
+    roster.beats[W(1)] = _beat(1, 1, FAILED, 8, error=peer_lost)  # the death hit the barrier
+    roster.beats[W(2)] = _beat(2, 1, FAILED, 7, error=messages.ErrorKind.OUT_OF_MEMORY)
+    roster.beat_at[W(3)] = 0.4
+    roster.dead[W(3)] = 0.6
+    found = failures.assess(roster, _plan(0, 1, 2, 3), 1, set(), 0.7)
+    assert found.failed == {2, 3} and found.survivors == {0, 1}
+    assert (found.resume_step, found.newest_step, found.death_at) == (7, 8, 0.0)
+    assert not found.state_lost
+
+
+def test_a_layer_in_no_tier_is_reported_and_unsettled_workers_are_listed() -> None:
+    roster = _roster(0, 1)
+    roster.beats[W(0)] = _beat(0, 2, FAILED, 7, error=messages.ErrorKind.SNAPSHOT_UNAVAILABLE)
+    roster.beats[W(1)] = _beat(1, 2, RUNNING, 7)
+    assert failures.unsettled(roster, _plan(0, 1), 2, 0.5) == {1}
+    found = failures.assess(roster, _plan(0, 1), 2, {W(1)}, 0.5)
+    assert found.state_lost and found.failed == {1}
