@@ -138,7 +138,17 @@ def timeline_png(
     for name, run in runs.items():
         hours = [t / 3600 for t, _, _ in run.timeline] + [run.horizon_s / 3600]
         rates = [r for _, r, _ in run.timeline]
-        axis.step(hours, [*rates, rates[-1]], where="post", label=name, linewidth=1.2)
+        # Planaria drawn thicker and on top: a policy with the same run would hide it
+        wide = name == "planaria"
+        axis.step(
+            hours,
+            [*rates, rates[-1]],
+            where="post",
+            label=name,
+            linewidth=2.6 if wide else 1.2,
+            zorder=3 if wide else 2,
+            alpha=0.6 if wide else 1.0,
+        )
     axis.set_xlabel("hours")
     axis.set_ylabel("samples/s")
     axis.plot([t / 3600 for t in failures], [0.0] * len(failures), "rx", label="failure")
