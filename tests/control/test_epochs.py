@@ -3,7 +3,7 @@
 Covers: one Configure per plan worker with ranks in worker-id order, the world size, the key
 prefix "epoch-E", the job's backend and step timeout, the resume and stop steps, and each
 worker given only the transfers it takes part in (hypothesis over plans); the costliest tier
-of a set and the combined setup report (slowest regroup and transfer, bytes summed).
+of a set and the combined setup report (slowest regroup and transfer, bytes summed: history).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from planaria.control import epochs, ports
+from planaria.control import epochs, history, ports
 from planaria.planner import plan as plans
 from planaria.wire import messages
 from tests import strategies
@@ -57,11 +57,11 @@ def test_configs_rank_the_plans_workers_by_id(data: st.DataObject, plan: plans.P
 def test_the_costliest_tier_follows_tier_order() -> None:
     tiers = messages.RecoveryTier
     assert (
-        epochs.costliest([tiers.KEPT, tiers.PEER_SNAPSHOT, tiers.LIVE_REPLICA])
+        history.costliest([tiers.KEPT, tiers.PEER_SNAPSHOT, tiers.LIVE_REPLICA])
         is tiers.PEER_SNAPSHOT
     )
-    assert epochs.costliest([tiers.CHECKPOINT, tiers.LOCAL_SNAPSHOT]) is tiers.CHECKPOINT
-    assert epochs.costliest([]) is tiers.KEPT
+    assert history.costliest([tiers.CHECKPOINT, tiers.LOCAL_SNAPSHOT]) is tiers.CHECKPOINT
+    assert history.costliest([]) is tiers.KEPT
 
 
 def test_combined_setups_take_the_slowest_parts_and_sum_the_bytes() -> None:
@@ -77,13 +77,13 @@ def test_combined_setups_take_the_slowest_parts_and_sum_the_bytes() -> None:
             received_bytes=got,
         )
 
-    combined = epochs.combine(
+    combined = history.combine(
         {
             plans.WorkerId(0): setup(messages.RecoveryTier.KEPT, 0.5, 0.0, 0.0, 0),
             plans.WorkerId(1): setup(messages.RecoveryTier.LIVE_REPLICA, 0.2, 1.5, 0.0, 100),
             plans.WorkerId(2): setup(messages.RecoveryTier.LOCAL_SNAPSHOT, 0.1, 0.0, 0.7, 30),
         }
     )
-    assert combined == epochs.Setups(
+    assert combined == history.Setups(
         tier=messages.RecoveryTier.LOCAL_SNAPSHOT, regroup_s=0.5, transfer_s=1.5, received_bytes=130
     )

@@ -25,13 +25,10 @@ not fit the job) ends in phase Failed with its message.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import dataclasses
 import logging
 import math
-from collections.abc import Awaitable
-from typing import TypeVar
 
 from planaria.control import connections, epochs, failures, history, membership, planning, ports
 from planaria.control import settings as job_settings
@@ -48,7 +45,6 @@ MIN_LEAD_STEPS = 2
 DEFAULT_TIME_TO_FAILURE_S = 3600.0  # eq. 8's T_next before any failure is seen, without mtbf_s
 PROFILE_REPEATS = 3
 Unbounded = connections.Unbounded
-T = TypeVar("T")
 
 
 class Controller:
@@ -75,11 +71,15 @@ class Controller:
             timeout_s=settings.configure_timeout_s,
         )
         self._history = history.History(global_batch=settings.training.global_batch_size)
+        self._epochs = epochs.Driver(
+            settings,
+            store=backend.store,
+            clock=clock,
+            roster=self._roster,
+            lines=self._lines,
+            record=self._history,
+        )
         self._planner: planning.Planner | None = None
-        self._plan: plans.Plan | None = None
-        self._kind = ""
-        self._epoch = 0
-        self._resume_step = 0
         self._phase = statuses.Phase.PENDING
         self._message = "starting workers"
         self._started_at = clock.monotonic()
@@ -106,12 +106,12 @@ class Controller:
     @property
     def epoch(self) -> int:
         """The latest epoch opened (0 before the first)."""
-        return self._epoch
+        return self._epochs.epoch
 
     @property
     def plan(self) -> plans.Plan | None:
         """The plan of the latest epoch."""
-        return self._plan
+        return self._epochs.plan
 
     async def run(self) -> statuses.JobStatus:
         """Run the job until Succeeded or Failed and return the final status."""
@@ -144,13 +144,14 @@ class Controller:
         for worker in sorted(self._roster.live(self._clock.monotonic())):
             agent = self._lines.agents[worker]
             with contextlib.suppress(ports.AgentUnreachable, Unbounded):
-                return await self._bounded(agent.profile(order))
+                timeout_s = self._job.configure_timeout_s
+                return await connections.bounded(self._clock, agent.profile(order), timeout_s)
         raise Unbounded("no agent could profile the model; check that the workers start")
 
     # -- one pass ---------------------------------------------------------------------------
 
     async def _pass(self) -> None:
-        await self._next(self._job.heartbeat_interval_s)
+        await self._epochs.next(self._job.heartbeat_interval_s)
         for worker in self._roster.joined[:]:
             self._roster.joined.remove(worker)
             if await self._lines.connect(worker):
@@ -158,57 +159,21 @@ class Controller:
         now = self._clock.monotonic()
         if self._phase is statuses.Phase.SUSPENDED:
             await self._try_resume()
-        elif self._finished():
+        elif self._epochs.finished():
             self._set(statuses.Phase.SUCCEEDED, f"trained {self._job.steps} steps")
-        elif self._broken(now):
+        elif self._epochs.broken(now):
             await self._recover()
-        elif self._plan is not None and self._roster.notices & set(self._plan.workers):
+        elif self._roster.notices & set(self._running().workers):
             await self._evacuate()
         elif self._arrivals:
             await self._scale_up()
         await self._publish()
 
-    async def _next(self, timeout_s: float) -> None:
-        """Wait (bounded) for news, take it in, and record the epoch's progress."""
-        await self._lines.next(timeout_s)
-        if self._plan is None:
-            return
-        self._history.observe(
-            self._beats(),
-            epoch=self._epoch,
-            resume_step=self._resume_step,
-            live_workers=len(self._plan.workers),
-            now=self._clock.monotonic(),
-        )
-
-    def _beats(self) -> list[messages.Heartbeat]:
-        """The current epoch's heartbeats of the plan's workers."""
-        assert self._plan is not None, "heartbeats of an epoch need its plan"
-        beats = (self._roster.beat(w, self._epoch) for w in self._plan.workers)
-        return [b for b in beats if b is not None and b.epoch == self._epoch]
-
-    def _finished(self) -> bool:
-        if self._plan is None:
-            return False
-        done = [
-            b
-            for b in self._beats()
-            if b.state is messages.AgentState.FINISHED and b.last_committed_step >= self._job.steps
-        ]
-        return len(done) == len(self._plan.workers)
-
-    def _broken(self, now: float) -> bool:
-        if self._plan is None:
-            return False
-        workers = self._plan.workers
-        return bool(self._roster.gone(workers, now) or self._roster.failed_in(workers, self._epoch))
-
     # -- failures -----------------------------------------------------------------------------
 
     async def _recover(self) -> None:
         """A failure in the running epoch: settle, assess, decide, open the next epoch."""
-        assert self._plan is not None, "recovering needs a plan"
-        running, epoch, noticed = self._plan, self._epoch, self._clock.monotonic()
+        running, epoch, noticed = self._running(), self._epochs.epoch, self._clock.monotonic()
         self._set(statuses.Phase.RECOVERING, "a worker failed; waiting for the others to stop")
         await self._publish()
         late = await self._settle(running, epoch)
@@ -249,7 +214,7 @@ class Controller:
             waiting = failures.unsettled(self._roster, running, epoch, now)
             if not waiting or now >= deadline:
                 return waiting
-            await self._next(min(self._job.heartbeat_interval_s, deadline - now))
+            await self._epochs.next(min(self._job.heartbeat_interval_s, deadline - now))
 
     def _decide(
         self, running: plans.Plan, found: failures.Assessment, now: float
@@ -303,15 +268,16 @@ class Controller:
 
     async def _evacuate(self) -> None:
         """Preemption notices: move away from those workers at a future step boundary."""
-        assert self._plan is not None and self._planner is not None, "evacuating needs a plan"
-        noticed = self._roster.notices & set(self._plan.workers)
+        assert self._planner is not None, "evacuating needs the planner"
+        running = self._running()
+        noticed = self._roster.notices & set(running.workers)
         self._roster.notices -= noticed
         switch, now = self._switch_step(), self._clock.monotonic()
         if switch is None:
             return  # the job ends first; if the worker goes before, it is a plain failure
-        spare = self._roster.live(now) - set(self._plan.workers)
+        spare = self._roster.live(now) - set(running.workers)
         try:
-            move = self._planner.recover(self._plan, noticed, spare, self._time_to_failure())
+            move = self._planner.recover(running, noticed, spare, self._time_to_failure())
         except errors.InfeasibleError as exc:
             LOG.warning("no plan without workers %s ahead of preemption: %s", sorted(noticed), exc)
             return
@@ -323,18 +289,19 @@ class Controller:
     async def _scale_up(self) -> None:
         """Workers joined: at a future step boundary, move to the templates' best plan over
         every live worker, the new ones receiving copies from the holders."""
-        assert self._plan is not None and self._planner is not None, "scaling needs a plan"
+        assert self._planner is not None, "scaling needs the planner"
+        running = self._running()
         arrivals, self._arrivals = self._arrivals, set()
         live = self._roster.live(self._clock.monotonic())
         switch = self._switch_step()
         if switch is None or not arrivals & live:
             return
         try:
-            move = self._planner.grow(self._plan, live)
+            move = self._planner.grow(running, live)
         except errors.PlannerError as exc:
             LOG.info("no larger plan with workers %s: %s", sorted(arrivals), exc)
             return
-        if set(move.plan.workers) == set(self._plan.workers):
+        if set(move.plan.workers) == set(running.workers):
             return  # the templates' best plan is the running one: they stay spares
         reason = f"workers {sorted(arrivals)} joined: {move.reason}"
         await self._open(move, switch, record=self._planned(move, reason, ()), planned=True)
@@ -345,7 +312,7 @@ class Controller:
         return statuses.Recovery(
             started_s=self._clock.monotonic(),
             failed=tuple(sorted(leaving)),
-            epoch=self._epoch + 1,
+            epoch=self._epochs.epoch + 1,
             tier=messages.RecoveryTier.KEPT,
             kind=move.kind,
             reason=reason,
@@ -355,9 +322,7 @@ class Controller:
         """The step a planned switch follows: far enough ahead that every agent is still
         before it when the Configure arrives, near enough that the new workers' rendezvous
         does not time out; None when the job ends first."""
-        assert self._plan is not None, "a switch needs a plan"
-        current = max(self._roster.committed(self._plan.workers, self._epoch), default=0)
-        step_s = self._history.step_s(self._epoch, self._beats())
+        current, step_s = self._epochs.current_step(), self._epochs.step_s()
         lead_s = min(PLANNED_LEAD_S, self._job.step_timeout_s / 2)
         lead = MIN_LEAD_STEPS if step_s <= 0 else max(MIN_LEAD_STEPS, math.ceil(lead_s / step_s))
         return current + lead if current + lead < self._job.steps else None
@@ -372,88 +337,19 @@ class Controller:
         record: statuses.Recovery | None = None,
         planned: bool = False,
     ) -> None:
-        """Configure epoch E+1 of `move` resuming after `resume_step`, then wait (bounded)
-        until every worker runs in it. Trouble on the way is left to the next pass."""
+        """Open the next epoch with `move`, resuming after `resume_step`; RUNNING once every
+        worker runs in it. Trouble on the way is left to the next pass."""
         assert self._planner is not None, "opening an epoch needs the planner"
-        running = set(self._plan.workers) if planned and self._plan is not None else set()
-        self._epoch += 1
-        configs = epochs.configs(
-            epoch=self._epoch,
-            plan=move.plan,
-            transfers=move.transfers,
-            resume_step=resume_step,
-            job=self._job,
-            store=self._backend.store,
-        )
-        self._roster.switching = running & set(configs)
         if record is not None:
             self._history.begin(record, self._clock.monotonic(), resume_step)
-        self._plan, self._kind, self._resume_step = move.plan, move.kind, resume_step
         phase = statuses.Phase.RECOVERING if record else self._phase
-        self._set(phase, f"opening epoch {self._epoch}: {self._summary()}")
-        # running agents must accept before they pass the switch step: they go first
-        first = {w: c for w, c in configs.items() if w in running}
-        then = {w: c for w, c in configs.items() if w not in running}
-        refused = await self._configure_all(first) | await self._configure_all(then)
-        self._roster.faulty |= refused
-        if not refused:
-            self._planner.prepare(move.plan)  # Odyssey §IV-C: search ahead of the next failure
-            await self._commit(resume_step)
-
-    async def _configure_all(
-        self, configs: dict[plans.WorkerId, messages.WorkerConfig]
-    ) -> set[plans.WorkerId]:
-        """Send the Configures at once (each bounded); the workers that refused or were
-        unreachable."""
-        answers = await asyncio.gather(*(self._configure(c) for c in configs.values()))
-        return {w for w, accepted in zip(configs, answers, strict=True) if not accepted}
-
-    async def _configure(self, config: messages.WorkerConfig) -> bool:
-        agent = self._lines.agents.get(config.worker)
-        if agent is None:
-            return False
-        try:
-            ack = await self._bounded(agent.configure(config))
-        except (ports.AgentUnreachable, Unbounded) as exc:
-            LOG.warning("worker %d: Configure of epoch %d: %s", config.worker, config.epoch, exc)
-            self._roster.dead.setdefault(config.worker, self._clock.monotonic())
-            return False
-        if not ack.accepted:
-            LOG.warning("worker %d refused epoch %d: %s", config.worker, config.epoch, ack.reason)
-        return ack.accepted
-
-    async def _commit(self, resume_step: int) -> None:
-        """Wait until every worker of the epoch runs in it, bounded by the time to reach the
-        switch step plus the Configure and step timeouts; workers not running by then are
-        faulty. A death or failure on the way ends the wait early."""
-        assert self._plan is not None, "committing needs a plan"
-        workers, epoch = self._plan.workers, self._epoch
-        current = max(self._roster.committed(workers, epoch), default=resume_step)
-        ahead_s = max(0, resume_step - current) * self._history.step_s(epoch, self._beats())
-        deadline = self._clock.monotonic() + ahead_s + self._job.configure_timeout_s
-        deadline += self._job.step_timeout_s
-        while True:
-            now = self._clock.monotonic()
-            if self._roster.gone(workers, now) or self._roster.failed_in(workers, epoch):
-                return
-            late = {w for w in workers if not self._running_in(w, epoch)}
-            if not late:
-                self._roster.switching = set()
-                self._set(statuses.Phase.RUNNING, f"epoch {epoch} running: {self._summary()}")
-                return
-            if now >= deadline:
-                LOG.warning("workers %s never ran in epoch %d", sorted(late), epoch)
-                self._roster.faulty |= late
-                return
-            await self._next(min(self._job.heartbeat_interval_s, deadline - now))
-
-    def _running_in(self, worker: plans.WorkerId, epoch: int) -> bool:
-        beat = self._roster.beat(worker, epoch)
-        running = (messages.AgentState.RUNNING, messages.AgentState.FINISHED)
-        return beat is not None and beat.epoch == epoch and beat.state in running
-
-    async def _bounded(self, awaitable: Awaitable[T]) -> T:
-        return await connections.bounded(self._clock, awaitable, self._job.configure_timeout_s)
+        summary = statuses.plan_summary(move.plan, move.kind)
+        self._set(phase, f"opening epoch {self._epochs.epoch + 1}: {summary}")
+        if not await self._epochs.configure(move, resume_step, planned=planned):
+            return
+        self._planner.prepare(move.plan)  # Odyssey §IV-C: search ahead of the next failure
+        if await self._epochs.commit():
+            self._set(statuses.Phase.RUNNING, f"epoch {self._epochs.epoch} running: {summary}")
 
     # -- suspended ------------------------------------------------------------------------------
 
@@ -494,7 +390,7 @@ class Controller:
         record = statuses.Recovery(
             started_s=self._suspended_at,
             failed=(),
-            epoch=self._epoch + 1,
+            epoch=self._epochs.epoch + 1,
             tier=messages.RecoveryTier.CHECKPOINT,
             kind="resume",
             reason=f"resumed from checkpoint step {step}: {move.reason}",
@@ -508,23 +404,24 @@ class Controller:
             LOG.info("%s: %s", phase, message)
         self._phase, self._message = phase, message
 
-    def _summary(self) -> str:
-        return statuses.plan_summary(self._plan, self._kind)
+    def _running(self) -> plans.Plan:
+        assert self._epochs.plan is not None, "the job runs a plan once the first epoch opened"
+        return self._epochs.plan
 
     def _view(self) -> statuses.View:
         live = self._roster.live(self._clock.monotonic())
         last = self._history.steps[-1] if self._history.steps else None
-        in_plan = live & set(self._plan.workers) if self._plan is not None else live
+        in_plan = live & set(self._epochs.plan.workers) if self._epochs.plan is not None else live
         return statuses.View(
             phase=self._phase,
-            epoch=self._epoch,
+            epoch=self._epochs.epoch,
             step=last.step if last else 0,
             loss=last.loss if last else None,
             samples_per_s=last.samples_per_s if last else 0.0,
             live_workers=len(in_plan),
             total_workers=self._job.workers,
-            plan=self._plan,
-            plan_kind=self._kind,
+            plan=self._epochs.plan,
+            plan_kind=self._epochs.kind,
             recoveries=tuple(self._history.recoveries),
             message=self._message,
             checkpoint_step=self._checkpoint,

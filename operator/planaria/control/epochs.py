@@ -1,21 +1,30 @@
-"""What the controller sends to open an epoch: one `WorkerConfig` per worker of the plan.
+"""Epochs: what opens one, and the mechanics of opening it and watching it run.
 
-The epoch's process group is exactly the plan's workers, ranked by worker id (the same order
-as `planaria.agent.groups.worker_ranks`), under the key prefix "epoch-E" of the backend's store;
-the group's collectives time out after the job's `step_timeout_s`. Each worker receives only
-the transfers it takes part in. Also here: the costliest recovery tier of a set, and the
-combined report of an epoch's setups (`Setups`).
+`configs`: one `WorkerConfig` per worker of the plan. The epoch's process group is exactly the
+plan's workers, ranked by worker id (the same order as `planaria.agent.groups.worker_ranks`),
+under the key prefix "epoch-E" of the backend's store; the group's collectives time out after
+the job's `step_timeout_s`. Each worker receives only the transfers it takes part in.
+
+`Driver`: the current epoch (plan, number, resume step) and the two halves of opening the
+next: `configure` (every Configure at once, each bounded; running agents of a planned switch
+first, since they must accept before they pass the switch step) and `commit` (wait, bounded,
+until every worker runs in the epoch). Workers that refuse, or never run in time, are marked
+faulty in the roster; a death on the way ends the wait early. Deciding what to open is the
+controller's; this is only how.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+import asyncio
+import logging
+from collections.abc import Iterable
 
-from planaria.control import ports
+from planaria.control import connections, history, membership, planning, ports
 from planaria.control import settings as job_settings
 from planaria.planner import plan as plans
 from planaria.wire import messages
+
+LOG = logging.getLogger(__name__)
 
 
 def ranks(plan: plans.Plan) -> dict[plans.WorkerId, int]:
@@ -58,28 +67,144 @@ def configs(
     }
 
 
-def costliest(tiers: Iterable[messages.RecoveryTier]) -> messages.RecoveryTier:
-    """The costliest of `tiers` in `messages.TIER_ORDER` (KEPT when there are none)."""
-    return max(tiers, key=messages.TIER_ORDER.index, default=messages.RecoveryTier.KEPT)
+class Driver:
+    """The current epoch and how the next one is opened (module docstring)."""
 
+    def __init__(
+        self,
+        job: job_settings.JobSettings,
+        *,
+        store: ports.StoreAddress,
+        clock: ports.Clock,
+        roster: membership.Roster,
+        lines: connections.Connections,
+        record: history.History,
+    ) -> None:
+        self._job = job
+        self._store = store
+        self._clock = clock
+        self._roster = roster
+        self._lines = lines
+        self._history = record
+        self.plan: plans.Plan | None = None
+        self.kind = ""
+        self.epoch = 0
+        self.resume_step = 0
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Setups:
-    """An epoch's setups over its workers: the costliest tier, the slowest regroup and
-    transfer (workers set up in parallel), and the bytes received in all."""
+    def beats(self) -> list[messages.Heartbeat]:
+        """The current epoch's heartbeats of the plan's workers."""
+        if self.plan is None:
+            return []
+        beats = (self._roster.beat(w, self.epoch) for w in self.plan.workers)
+        return [b for b in beats if b is not None and b.epoch == self.epoch]
 
-    tier: messages.RecoveryTier
-    regroup_s: float
-    transfer_s: float
-    received_bytes: int
+    async def next(self, timeout_s: float) -> None:
+        """Wait (bounded) for news, take it in, and record the epoch's progress."""
+        await self._lines.next(timeout_s)
+        if self.plan is not None:
+            self._history.observe(
+                self.beats(),
+                epoch=self.epoch,
+                resume_step=self.resume_step,
+                live_workers=len(self.plan.workers),
+                now=self._clock.monotonic(),
+            )
 
+    def current_step(self) -> int:
+        """The newest step committed in the current epoch (0 before any)."""
+        if self.plan is None:
+            return 0
+        return max(self._roster.committed(self.plan.workers, self.epoch), default=0)
 
-def combine(setups: Mapping[plans.WorkerId, messages.EpochSetup]) -> Setups:
-    """`Setups` of the workers' reports of one epoch."""
-    values = list(setups.values())
-    return Setups(
-        tier=costliest(s.tier for s in values),
-        regroup_s=max((s.regroup_s for s in values), default=0.0),
-        transfer_s=max((s.transfer_s + s.load_s for s in values), default=0.0),
-        received_bytes=sum(s.received_bytes for s in values),
-    )
+    def step_s(self) -> float:
+        return self._history.step_s(self.epoch, self.beats())
+
+    def finished(self) -> bool:
+        """Every worker of the plan finished the job's last step in this epoch."""
+        if self.plan is None:
+            return False
+        done = [
+            b
+            for b in self.beats()
+            if b.state is messages.AgentState.FINISHED and b.last_committed_step >= self._job.steps
+        ]
+        return len(done) == len(self.plan.workers)
+
+    def broken(self, now: float) -> bool:
+        """Some worker of the plan is gone or failed in this epoch."""
+        if self.plan is None:
+            return False
+        workers = self.plan.workers
+        return bool(self._roster.gone(workers, now) or self._roster.failed_in(workers, self.epoch))
+
+    async def configure(self, move: planning.Move, resume_step: int, *, planned: bool) -> bool:
+        """Make `move` epoch E+1 resuming after `resume_step` and send its Configures; False
+        when some worker refused or was unreachable (it is faulty or dead in the roster)."""
+        running = set(self.plan.workers) if planned and self.plan is not None else set()
+        self.epoch += 1
+        sent = configs(
+            epoch=self.epoch,
+            plan=move.plan,
+            transfers=move.transfers,
+            resume_step=resume_step,
+            job=self._job,
+            store=self._store,
+        )
+        self._roster.switching = running & set(sent)
+        self.plan, self.kind, self.resume_step = move.plan, move.kind, resume_step
+        first = {w: c for w, c in sent.items() if w in running}
+        then = {w: c for w, c in sent.items() if w not in running}
+        refused = await self._configure_all(first) | await self._configure_all(then)
+        self._roster.faulty |= refused
+        return not refused
+
+    async def commit(self) -> bool:
+        """Wait until every worker of the epoch runs in it, bounded by the time to reach the
+        resume step plus the Configure and step timeouts; True when they all do. Workers not
+        running by the bound are faulty; a death or failure on the way ends the wait."""
+        assert self.plan is not None, "committing needs a plan"
+        workers, epoch = self.plan.workers, self.epoch
+        current = max(self._roster.committed(workers, epoch), default=self.resume_step)
+        ahead_s = max(0, self.resume_step - current) * self.step_s()
+        deadline = self._clock.monotonic() + ahead_s + self._job.configure_timeout_s
+        deadline += self._job.step_timeout_s
+        while True:
+            now = self._clock.monotonic()
+            if self._roster.gone(workers, now) or self._roster.failed_in(workers, epoch):
+                return False
+            late = {w for w in workers if not self._running_in(w, epoch)}
+            if not late:
+                self._roster.switching = set()
+                return True
+            if now >= deadline:
+                LOG.warning("workers %s never ran in epoch %d", sorted(late), epoch)
+                self._roster.faulty |= late
+                return False
+            await self.next(min(self._job.heartbeat_interval_s, deadline - now))
+
+    async def _configure_all(
+        self, sent: dict[plans.WorkerId, messages.WorkerConfig]
+    ) -> set[plans.WorkerId]:
+        answers = await asyncio.gather(*(self._configure(c) for c in sent.values()))
+        return {w for w, accepted in zip(sent, answers, strict=True) if not accepted}
+
+    async def _configure(self, config: messages.WorkerConfig) -> bool:
+        agent = self._lines.agents.get(config.worker)
+        if agent is None:
+            return False
+        try:
+            ack = await connections.bounded(
+                self._clock, agent.configure(config), self._job.configure_timeout_s
+            )
+        except (ports.AgentUnreachable, connections.Unbounded) as exc:
+            LOG.warning("worker %d: Configure of epoch %d: %s", config.worker, config.epoch, exc)
+            self._roster.dead.setdefault(config.worker, self._clock.monotonic())
+            return False
+        if not ack.accepted:
+            LOG.warning("worker %d refused epoch %d: %s", config.worker, config.epoch, ack.reason)
+        return ack.accepted
+
+    def _running_in(self, worker: plans.WorkerId, epoch: int) -> bool:
+        beat = self._roster.beat(worker, epoch)
+        running = (messages.AgentState.RUNNING, messages.AgentState.FINISHED)
+        return beat is not None and beat.epoch == epoch and beat.state in running

@@ -5,17 +5,18 @@ pending recovery into a `Recovery` at its epoch's first committed step, with the
 setup reports (costliest tier, slowest regroup and transfer, bytes received) and the seconds
 from the Configure (`resume_s`) and from the death (`total_s`). A failure before a pending
 recovery finished extends it (`begin` merges): one recovery from the first death to the
-first step that followed.
+first step that followed. `combine` reads an epoch's setups: the costliest tier any worker
+needed, the slowest regroup and transfer (workers set up in parallel), the bytes received.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from planaria.control import epochs
 from planaria.control import status as statuses
+from planaria.planner import plan as plans
 from planaria.wire import messages
 
 
@@ -111,7 +112,7 @@ class History:
         if pending is None or pending.record.epoch != epoch:
             return
         setups = {b.worker: b.setup for b in beats if b.setup and b.setup.epoch == epoch}
-        combined = epochs.combine(setups)
+        combined = combine(setups)
         self.recoveries.append(
             dataclasses.replace(
                 pending.record,
@@ -124,3 +125,30 @@ class History:
             )
         )
         self.pending = None
+
+
+def costliest(tiers: Iterable[messages.RecoveryTier]) -> messages.RecoveryTier:
+    """The costliest of `tiers` in `messages.TIER_ORDER` (KEPT when there are none)."""
+    return max(tiers, key=messages.TIER_ORDER.index, default=messages.RecoveryTier.KEPT)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Setups:
+    """An epoch's setups over its workers: the costliest tier, the slowest regroup and
+    transfer (workers set up in parallel), and the bytes received in all."""
+
+    tier: messages.RecoveryTier
+    regroup_s: float
+    transfer_s: float
+    received_bytes: int
+
+
+def combine(setups: Mapping[plans.WorkerId, messages.EpochSetup]) -> Setups:
+    """`Setups` of the workers' reports of one epoch."""
+    values = list(setups.values())
+    return Setups(
+        tier=costliest(s.tier for s in values),
+        regroup_s=max((s.regroup_s for s in values), default=0.0),
+        transfer_s=max((s.transfer_s + s.load_s for s in values), default=0.0),
+        received_bytes=sum(s.received_bytes for s in values),
+    )
