@@ -127,8 +127,14 @@ class Connections:
             detail = "the Watch stream ended"
         except ports.AgentUnreachable as exc:
             detail = exc.detail
+        except Exception as exc:  # a task boundary: an adapter's bug must still read as a loss
+            LOG.exception("worker %d: the Watch task failed", worker)
+            detail = f"the Watch task failed: {exc!r}"
         self._queue.put_nowait(membership.Lost(worker=worker, generation=generation, detail=detail))
 
     async def _forward_events(self) -> None:
-        async for event in self._backend.events():
-            self._queue.put_nowait(membership.Event(event=event))
+        try:
+            async for event in self._backend.events():
+                self._queue.put_nowait(membership.Event(event=event))
+        except Exception:  # a task boundary: deaths are still seen on the Watch streams
+            LOG.exception("the backend's event stream failed; relying on the Watch streams")
