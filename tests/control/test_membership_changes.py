@@ -2,7 +2,8 @@
 
 Covers: a JOINED worker scaled up at a future step boundary (live-replica copies, no lost
 steps); a preemption notice answered ahead of the death (planned switch, no lost steps, the
-later death needs no recovery); losing more workers than any plan needs -> Suspended with the
+later death needs no recovery), and the death coming before the switch (recovered from the
+plan the workers still hold); losing more workers than any plan needs -> Suspended with the
 checkpoint step, then a resume from that checkpoint when workers return; a layer whose every
 replica is lost, rebuilt from peers' snapshots (PEER_SNAPSHOT) or, without redundancy, found
 in no tier -> Suspended and resumed from the persistent checkpoint at once.
@@ -63,6 +64,20 @@ async def test_a_preemption_notice_moves_the_job_before_the_worker_goes() -> Non
     final = await run.finish()
     assert final.phase is status.Phase.SUCCEEDED
     assert len(run.controller.recoveries) == 1
+    assert run.ranks_ok() == [] and run.cluster.violations == []
+
+
+async def test_a_worker_dying_before_the_planned_switch_is_recovered_from_the_old_plan() -> None:
+    run = scenarios.Run(scenarios.job(steps=80))
+    await run.until(lambda: run.step() >= 10)
+    run.cluster.notice(5)
+    await run.until(lambda: run.controller.epoch == 2)  # the switch is configured, not made
+    run.cluster.kill(5)
+    final = await run.finish()
+    assert final.phase is status.Phase.SUCCEEDED and final.step == 80
+    [recovered] = run.controller.recoveries
+    assert recovered.failed == (5,)
+    assert recovered.tier is not messages.RecoveryTier.CHECKPOINT
     assert run.ranks_ok() == [] and run.cluster.violations == []
 
 

@@ -194,7 +194,7 @@ class Controller:
         record = statuses.Recovery(
             started_s=found.death_at,
             failed=tuple(sorted(found.failed)),
-            epoch=epoch + 1,
+            epoch=self._epochs.next_epoch,
             tier=messages.RecoveryTier.KEPT,
             kind=move.kind,
             reason=move.reason,
@@ -312,7 +312,7 @@ class Controller:
         return statuses.Recovery(
             started_s=self._clock.monotonic(),
             failed=tuple(sorted(leaving)),
-            epoch=self._epochs.epoch + 1,
+            epoch=self._epochs.next_epoch,
             tier=messages.RecoveryTier.KEPT,
             kind=move.kind,
             reason=reason,
@@ -341,15 +341,21 @@ class Controller:
         worker runs in it. Trouble on the way is left to the next pass."""
         assert self._planner is not None, "opening an epoch needs the planner"
         if record is not None:
+            record = dataclasses.replace(record, epoch=self._epochs.next_epoch)
             self._history.begin(record, self._clock.monotonic(), resume_step)
         phase = statuses.Phase.RECOVERING if record else self._phase
         summary = statuses.plan_summary(move.plan, move.kind)
-        self._set(phase, f"opening epoch {self._epochs.epoch + 1}: {summary}")
+        self._set(phase, f"opening epoch {self._epochs.next_epoch}: {summary}")
         if not await self._epochs.configure(move, resume_step, planned=planned):
             return
         self._planner.prepare(move.plan)  # Odyssey §IV-C: search ahead of the next failure
         if await self._epochs.commit():
             self._set(statuses.Phase.RUNNING, f"epoch {self._epochs.epoch} running: {summary}")
+        elif planned and self._epochs.abandon_switch():
+            self._history.pending = None
+            LOG.warning(
+                "a planned switch broke before it happened; epoch %d goes on", self._epochs.epoch
+            )
 
     # -- suspended ------------------------------------------------------------------------------
 
@@ -390,7 +396,7 @@ class Controller:
         record = statuses.Recovery(
             started_s=self._suspended_at,
             failed=(),
-            epoch=self._epochs.epoch + 1,
+            epoch=self._epochs.next_epoch,
             tier=messages.RecoveryTier.CHECKPOINT,
             kind="resume",
             reason=f"resumed from checkpoint step {step}: {move.reason}",

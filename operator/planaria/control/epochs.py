@@ -88,8 +88,15 @@ class Driver:
         self._history = record
         self.plan: plans.Plan | None = None
         self.kind = ""
-        self.epoch = 0
+        self.epoch = 0  # the epoch of `plan`: its heartbeats are the ones that count
         self.resume_step = 0
+        self._opened = 0  # the latest epoch number given out (epochs only ever grow)
+        self._previous: tuple[plans.Plan | None, str, int, int] = (None, "", 0, 0)
+
+    @property
+    def next_epoch(self) -> int:
+        """The number the next epoch opened will have."""
+        return self._opened + 1
 
     def beats(self) -> list[messages.Heartbeat]:
         """The current epoch's heartbeats of the plan's workers."""
@@ -141,7 +148,9 @@ class Driver:
         """Make `move` epoch E+1 resuming after `resume_step` and send its Configures; False
         when some worker refused or was unreachable (it is faulty or dead in the roster)."""
         running = set(self.plan.workers) if planned and self.plan is not None else set()
-        self.epoch += 1
+        self._previous = (self.plan, self.kind, self.epoch, self.resume_step)
+        self._opened += 1
+        self.epoch = self._opened
         sent = configs(
             epoch=self.epoch,
             plan=move.plan,
@@ -181,6 +190,21 @@ class Driver:
                 self._roster.faulty |= late
                 return False
             await self.next(min(self._job.heartbeat_interval_s, deadline - now))
+
+    def abandon_switch(self) -> bool:
+        """A planned switch broke before any worker of the previous plan made it (their
+        heartbeats are all of older epochs): the previous plan is the one they hold, so it is
+        current again (new workers that set up the abandoned epoch are spares). True when it
+        was abandoned."""
+        previous = self._previous[0]
+        if previous is None:
+            return False
+        latest = (self._roster.beats.get(w) for w in previous.workers)
+        if any(b is not None and b.epoch >= self.epoch for b in latest):
+            return False
+        self.plan, self.kind, self.epoch, self.resume_step = self._previous
+        self._roster.switching = set()
+        return True
 
     async def _configure_all(
         self, sent: dict[plans.WorkerId, messages.WorkerConfig]
