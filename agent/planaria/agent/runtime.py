@@ -356,9 +356,11 @@ class Runtime:
         try:
             done = self._training.run_step()
         except executor.StepError as exc:
+            self._training.end_epoch(failed=True)  # closes our connections: peers fail fast
             self._fail(exc.kind, str(exc), attempted, peer=exc.peer)
             return
         except Exception as exc:
+            self._training.end_epoch(failed=True)
             self._fail(messages.ErrorKind.INTERNAL, _described(exc), attempted)
             return
         self._training.poll_checkpoint()

@@ -145,13 +145,19 @@ class Training:
         self._open_writers(config)
         return ready.report
 
-    def end_epoch(self) -> None:
-        """Finish pending snapshots, close the writers and leave the epoch's groups."""
+    def end_epoch(self, *, failed: bool = False) -> None:
+        """Finish pending snapshots, close the writers and leave the epoch's groups; after a
+        failed step, abort them first: a destroyed gloo group whose objects are still
+        referenced keeps its connections open, and a peer waiting on this worker would only
+        learn of the failure at its timeout instead of at once."""
+        epoch, self.epoch, self._executor = self.epoch, None, None
+        if epoch is not None and failed:
+            for group in {id(g): g for g in (epoch.world, *epoch.subgroups.values())}.values():
+                with contextlib.suppress(RuntimeError):
+                    group.abort()
         self._close_writers()
-        self._executor = None
-        if self.epoch is not None:
-            groups.leave_epoch(self.epoch)
-            self.epoch = None
+        if epoch is not None:
+            groups.leave_epoch(epoch)
 
     # --- steps ----------------------------------------------------------------------------
 

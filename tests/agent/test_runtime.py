@@ -1,0 +1,381 @@
+"""The agent runtime (planaria.agent.runtime) against the reference trainer, its oracle.
+
+Covers, across worker processes (gloo on loopback, tests/agent/runtime_cluster.py): a first
+epoch from the seed (INITIAL) trains exactly like the reference; a data-parallel worker killed
+(SIGKILL) before its update leaves both survivors FAILED with PEER_LOST at the same committed
+step, and they go on over the survivors with their layers KEPT, losslessly; a re-split of 2x2
+stages into 1x3 copies exactly the missing layers' bytes from live replicas (LIVE_REPLICA, one
+layer from two sources) and goes on losslessly; a killed pipeline stage restarted as a fresh
+process reloads its own snapshot (LOCAL_SNAPSHOT) while the survivor rolls back a step from
+its own, losslessly. In this process (a one-rank epoch): a corrupted snapshot shard is caught
+by its checksum and the persistent checkpoint is used instead (CHECKPOINT), losslessly; with
+no tier left the agent latches SNAPSHOT_UNAVAILABLE and is FAILED; configure refusals (wrong
+worker, stale epoch, a running agent asked to resume at or before its step), pause/resume and
+stop. Final states are read from the snapshot stores (runtime_states.read_final_states).
+"""
+
+from __future__ import annotations
+
+import datetime
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from torch._C import _distributed_c10d as c10d
+
+from planaria.agent import (
+    data,
+    layer_transfer,
+    model,
+    runtime,
+    runtime_states,
+    snapshot_store,
+    training,
+)
+from planaria.planner import plan
+from planaria.wire import messages
+from tests.agent import runtime_cluster
+
+State = messages.AgentState
+Tier = messages.RecoveryTier
+W = plan.WorkerId
+RTOL, ATOL = 1e-5, 1e-6
+Stages = list[tuple[int, int, int]]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("corpus") / "corpus.txt"
+    path.write_bytes(data.load_default_corpus(max_bytes=100_000).tobytes())
+    return path
+
+
+def _settings(corpus: Path, **changes: object) -> messages.TrainingSettings:
+    values: dict[str, object] = {
+        "model": "tiny",
+        "seed": 5,
+        "optimizer": messages.OptimizerSettings(lr=3e-3, eps=1e-6),  # eps: see test_executor
+        "global_batch_size": 4,
+        "data": messages.DataSettings(corpus_paths=(str(corpus),)),
+        "device": messages.Device.CPU,
+        "snapshot_interval_steps": 1,
+        "redundancy": messages.RedundancyMode.XOR,
+    }
+    values.update(changes)
+    return messages.TrainingSettings(**values)  # type: ignore[arg-type]
+
+
+def _plan(*pipelines: tuple[Stages, int]) -> plan.Plan:
+    return plan.Plan(
+        pipelines=tuple(
+            plan.Pipeline(
+                stages=tuple(
+                    plan.Stage(layer_start=a, layer_stop=b, workers=(W(w),)) for a, b, w in stages
+                ),
+                num_micro_batches=n,
+            )
+            for stages, n in pipelines
+        ),
+        micro_batch_size=1,
+    )
+
+
+def _config(
+    rendezvous: messages.Rendezvous,
+    p: plan.Plan,
+    worker: int,
+    settings: messages.TrainingSettings,
+    *,
+    epoch: int,
+    resume: int,
+    stop: int | None,
+    transfers: tuple[plan.LayerTransfer, ...] = (),
+) -> messages.WorkerConfig:
+    mine = tuple(t for t in transfers if worker == t.destination or worker in t.sources)
+    return messages.WorkerConfig(
+        epoch=epoch,
+        worker=W(worker),
+        plan=p,
+        resume_step=resume,
+        rendezvous=rendezvous,
+        transfers=mine,
+        settings=settings,
+        stop_step=stop,
+    )
+
+
+def _assert_like_reference(
+    job: str, base: Path, p: plan.Plan, settings: messages.TrainingSettings, step: int
+) -> None:
+    got = runtime_states.read_final_states(job, base, p, step)
+    want, _ = runtime_states.reference_states(settings, p.micro_batch_size, step)
+    assert sorted(got) == sorted(want)
+    for index, state in got.items():
+        for kind in ("parameters", "exp_avg", "exp_avg_sq"):
+            for a, b in zip(getattr(state, kind), getattr(want[index], kind), strict=True):
+                torch.testing.assert_close(a, b, rtol=RTOL, atol=ATOL)
+        assert [s.item() for s in state.steps] == [step] * len(state.steps)
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[runtime_cluster.RuntimeCluster]:
+    pool = runtime_cluster.RuntimeCluster(job="job", base=tmp_path / "shm")
+    yield pool
+    pool.close()
+
+
+def _start_epoch(
+    cluster: runtime_cluster.RuntimeCluster,
+    p: plan.Plan,
+    settings: messages.TrainingSettings,
+    **kwargs: object,
+) -> None:
+    epoch = kwargs["epoch"]
+    assert isinstance(epoch, int)
+    for w in p.workers:
+        rendezvous = cluster.rendezvous(p, w, epoch)
+        ack = cluster.configure(w, _config(rendezvous, p, w, settings, **kwargs))  # type: ignore[arg-type]
+        assert ack.accepted, ack.reason
+
+
+def _finished(beat: messages.Heartbeat) -> bool:
+    assert beat.state is not State.FAILED, beat.errors
+    return beat.state is State.FINISHED
+
+
+def _failed(beat: messages.Heartbeat) -> bool:
+    return beat.state is State.FAILED
+
+
+# --- across processes ---------------------------------------------------------------------
+
+
+def test_a_first_epoch_from_the_seed_trains_like_the_reference(
+    cluster: runtime_cluster.RuntimeCluster, corpus: Path
+) -> None:
+    settings = _settings(corpus)
+    p = _plan(([(0, 3, 0), (3, 6, 1)], 4))
+    cluster.start([0, 1])
+    _start_epoch(cluster, p, settings, epoch=1, resume=0, stop=4)
+    beats = cluster.wait([0, 1], _finished)
+    _, losses = runtime_states.reference_states(settings, 1, 4)
+    for beat in beats.values():
+        assert beat.last_committed_step == 4 and beat.samples_processed == 16
+        assert beat.loss == pytest.approx(losses[-1], rel=1e-5)
+        assert beat.setup is not None and beat.setup.tier is Tier.INITIAL
+        assert beat.snapshot.latest_step == 4
+    _assert_like_reference("job", cluster.base, p, settings, 4)
+
+
+def test_survivors_of_a_killed_data_parallel_worker_keep_their_layers_and_go_on(
+    cluster: runtime_cluster.RuntimeCluster, corpus: Path
+) -> None:
+    settings = _settings(corpus)
+    three = _plan(([(0, 6, 0)], 2), ([(0, 6, 1)], 1), ([(0, 6, 2)], 1))
+    cluster.start([0, 1, 2], kills={2: runtime_cluster.Kill(step=3)})
+    _start_epoch(cluster, three, settings, epoch=1, resume=0, stop=6)
+    beats = cluster.wait([0, 1], _failed)
+    cluster.wait_dead(2)
+    assert {b.last_committed_step for b in beats.values()} == {2}
+    # A survivor reading from the dead peer sees its connection close (PEER_LOST); gloo lets
+    # one waiting on another survivor find out only at the epoch's timeout (TIMEOUT).
+    lost = (messages.ErrorKind.PEER_LOST, messages.ErrorKind.TIMEOUT)
+    assert all(b.errors[-1].kind in lost for b in beats.values())
+    assert any(b.errors[-1].kind is messages.ErrorKind.PEER_LOST for b in beats.values())
+    two = _plan(([(0, 6, 0)], 2), ([(0, 6, 1)], 2))
+    _start_epoch(cluster, two, settings, epoch=2, resume=2, stop=5)
+    beats = cluster.wait([0, 1], _finished)
+    assert all(b.setup is not None and b.setup.tier is Tier.KEPT for b in beats.values())
+    assert all(b.setup is not None and b.setup.received_bytes == 0 for b in beats.values())
+    _assert_like_reference("job", cluster.base, two, settings, 5)
+
+
+def test_a_re_split_copies_exactly_the_missing_layers_from_live_replicas(
+    cluster: runtime_cluster.RuntimeCluster, corpus: Path
+) -> None:
+    settings = _settings(corpus)
+    before = _plan(([(0, 3, 0), (3, 6, 1)], 2), ([(0, 3, 2), (3, 6, 3)], 2))
+    cluster.start([0, 1, 2, 3])
+    _start_epoch(cluster, before, settings, epoch=1, resume=0, stop=2)
+    cluster.wait([0, 1, 2, 3], _finished)
+    after = _plan(([(0, 2, 0), (2, 4, 1), (4, 6, 2)], 4))
+    transfers = (
+        plan.LayerTransfer(layer=2, destination=W(1), sources=(W(0), W(2))),
+        plan.LayerTransfer(layer=4, destination=W(2), sources=(W(1),)),
+        plan.LayerTransfer(layer=5, destination=W(2), sources=(W(1),)),
+    )
+    _start_epoch(cluster, after, settings, epoch=2, resume=2, stop=4, transfers=transfers)
+    beats = cluster.wait([0, 1, 2], _finished)
+    config = training.training_config(settings, 1)
+    size = {i: layer_transfer.template_state(config, i).nbytes for i in (2, 4, 5)}
+    setups = {w: b.setup for w, b in beats.items()}
+    assert all(s is not None for s in setups.values())
+    tiers = {w: s.tier for w, s in setups.items() if s is not None}
+    assert tiers == {0: Tier.KEPT, 1: Tier.LIVE_REPLICA, 2: Tier.LIVE_REPLICA}
+    received = {w: s.received_bytes for w, s in setups.items() if s is not None}
+    sent = {w: s.sent_bytes for w, s in setups.items() if s is not None}
+    assert received == {0: 0, 1: size[2], 2: size[4] + size[5]}
+    assert sent == {0: size[2] // 2, 1: size[4] + size[5], 2: size[2] - size[2] // 2}
+    _assert_like_reference("job", cluster.base, after, settings, 4)
+
+
+def test_a_restarted_stage_reloads_its_snapshot_and_the_survivor_rolls_back(
+    cluster: runtime_cluster.RuntimeCluster, corpus: Path
+) -> None:
+    settings = _settings(corpus)
+    p = _plan(([(0, 3, 0), (3, 6, 1)], 4))
+    cluster.start([0, 1], kills={1: runtime_cluster.Kill(step=4)})
+    _start_epoch(cluster, p, settings, epoch=1, resume=0, stop=6)
+    (beat,) = cluster.wait([0], _failed).values()
+    assert beat.last_committed_step == 3
+    cluster.wait_dead(1)
+    cluster.start([1])  # a fresh agent process: it holds nothing but its store
+    _start_epoch(cluster, p, settings, epoch=2, resume=2, stop=5)
+    beats = cluster.wait([0, 1], _finished)
+    assert all(b.setup is not None and b.setup.tier is Tier.LOCAL_SNAPSHOT for b in beats.values())
+    _assert_like_reference("job", cluster.base, p, settings, 5)
+
+
+# --- in this process: one rank ------------------------------------------------------------
+
+
+@pytest.fixture
+def store() -> c10d.TCPStore:
+    return c10d.TCPStore("127.0.0.1", 0, None, True, datetime.timedelta(seconds=10))
+
+
+def _solo_config(
+    store: c10d.TCPStore,
+    settings: messages.TrainingSettings,
+    *,
+    epoch: int,
+    resume: int,
+    stop: int | None,
+    worker: int = 0,
+) -> messages.WorkerConfig:
+    p = _plan(([(0, 6, 0)], 4))
+    rendezvous = messages.Rendezvous(
+        store_host="127.0.0.1",
+        store_port=store.port,
+        key_prefix=f"epoch-{epoch}",
+        rank=0,
+        world_size=1,
+        backend=messages.Backend.GLOO,
+        timeout_s=5.0,
+    )
+    return _config(rendezvous, p, worker, settings, epoch=epoch, resume=resume, stop=stop)
+
+
+def _wait(
+    agent: runtime.Runtime,
+    done: Callable[[messages.Heartbeat], bool],
+    timeout_s: float = 30.0,
+) -> messages.Heartbeat:
+    deadline = time.monotonic() + timeout_s
+    while not done(beat := agent.heartbeat()):
+        assert time.monotonic() < deadline, beat
+        time.sleep(0.02)
+    return beat
+
+
+def _run_solo(
+    base: Path,
+    store: c10d.TCPStore,
+    settings: messages.TrainingSettings,
+    *,
+    epoch: int,
+    resume: int,
+    stop: int,
+) -> messages.Heartbeat:
+    agent = runtime.Runtime(worker=W(0), job="solo", snapshot_base=base)
+    agent.start()
+    try:
+        assert agent.configure(
+            _solo_config(store, settings, epoch=epoch, resume=resume, stop=stop)
+        ).accepted
+        return _wait(agent, lambda b: b.state in (State.FINISHED, State.FAILED))
+    finally:
+        agent.close()
+
+
+def _flip_a_byte(base: Path, step: int, name: str) -> None:
+    root = snapshot_store.store_root("solo", 0, base)
+    for slot in root.glob("slot-*"):
+        with_manifest = (slot / "manifest.json").exists()
+        if with_manifest and snapshot_store.read_manifest(slot).step == step:
+            path = slot / name
+            raw = bytearray(path.read_bytes())
+            raw[len(raw) // 2] ^= 0xFF
+            path.write_bytes(bytes(raw))
+            return
+    raise AssertionError(f"no snapshot of step {step}")
+
+
+def test_a_corrupted_shard_falls_back_to_the_checkpoint_and_then_to_nothing(
+    tmp_path: Path, store: c10d.TCPStore, corpus: Path
+) -> None:
+    base, ckpt = tmp_path / "shm", tmp_path / "ckpt"
+    settings = _settings(corpus, checkpoint_dir=str(ckpt), checkpoint_interval_steps=2)
+    beat = _run_solo(base, store, settings, epoch=1, resume=0, stop=4)
+    assert beat.state is State.FINISHED and beat.checkpoint_step == 4
+    _flip_a_byte(base, 4, "layer-0.shard")
+    beat = _run_solo(base, store, settings, epoch=2, resume=4, stop=6)  # a fresh agent
+    assert beat.state is State.FINISHED, beat.errors
+    assert beat.setup is not None and beat.setup.tier is Tier.CHECKPOINT
+    _assert_like_reference("solo", base, _plan(([(0, 6, 0)], 4)), settings, 6)
+    _flip_a_byte(base, 6, "layer-3.shard")
+    no_checkpoint = _settings(corpus)
+    beat = _run_solo(base, store, no_checkpoint, epoch=3, resume=6, stop=8)
+    assert beat.state is State.FAILED
+    (error,) = beat.errors
+    assert error.kind is messages.ErrorKind.SNAPSHOT_UNAVAILABLE
+    assert "layer 3" in error.message and "step 6" in error.message
+
+
+def test_configure_refusals_pause_resume_and_stop(
+    tmp_path: Path, store: c10d.TCPStore, corpus: Path
+) -> None:
+    settings = _settings(corpus, snapshot_interval_steps=0)
+    agent = runtime.Runtime(worker=W(0), job="solo", snapshot_base=tmp_path)
+    agent.start()
+    try:
+        wrong = agent.configure(
+            _solo_config(store, settings, epoch=1, resume=0, stop=None, worker=1)
+        )
+        assert not wrong.accepted and "not 1" in wrong.reason
+        assert agent.configure(_solo_config(store, settings, epoch=1, resume=0, stop=None)).accepted
+        stale = agent.configure(_solo_config(store, settings, epoch=1, resume=0, stop=None))
+        assert not stale.accepted and "stale" in stale.reason
+        _wait(agent, lambda b: b.state is State.RUNNING and b.last_committed_step >= 1)
+        early = agent.configure(_solo_config(store, settings, epoch=2, resume=0, stop=None))
+        assert not early.accepted and "running at step" in early.reason
+        assert not agent.pause(2).accepted
+        assert agent.pause(1).accepted
+        paused = _wait(agent, lambda b: b.state is State.PAUSED)
+        time.sleep(0.2)
+        assert agent.heartbeat().last_committed_step == paused.last_committed_step
+        assert agent.resume(1).accepted
+        _wait(agent, lambda b: b.last_committed_step > paused.last_committed_step)
+        with pytest.raises(ValueError, match="running"):
+            agent.profile(messages.ProfileOrder(model="tiny", micro_batch_size=1, repeats=1))
+        assert agent.stop(1.0).accepted
+        assert agent.wait_stopped(30.0)
+        assert agent.heartbeat().state is State.STOPPED
+        assert not agent.configure(
+            _solo_config(store, settings, epoch=3, resume=0, stop=None)
+        ).accepted
+    finally:
+        agent.close()
+
+
+def test_state_layout_is_model_state_layout() -> None:
+    # the helper that sizes transfers agrees with LayerState's own count of bytes
+    config = training.training_config(_settings(Path("unused")), 1)
+    for index in range(config.shape.num_planner_layers):
+        built = model.build_layer(config.shape, config.seed, index)
+        state = model.extract_layer_state(
+            index, built, model.make_optimizer(built, config.optimizer)
+        )
+        assert layer_transfer.template_state(config, index).nbytes == state.nbytes
