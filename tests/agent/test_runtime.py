@@ -379,3 +379,45 @@ def test_state_layout_is_model_state_layout() -> None:
             index, built, model.make_optimizer(built, config.optimizer)
         )
         assert layer_transfer.template_state(config, index).nbytes == state.nbytes
+
+
+def test_a_running_agent_switches_epochs_at_the_planned_step(
+    tmp_path: Path, store: c10d.TCPStore, corpus: Path
+) -> None:
+    settings = _settings(corpus)
+    agent = runtime.Runtime(worker=W(0), job="solo", snapshot_base=tmp_path)
+    agent.start()
+    try:
+        assert agent.configure(_solo_config(store, settings, epoch=1, resume=0, stop=None)).accepted
+        at = _wait(agent, lambda b: b.state is State.RUNNING and b.last_committed_step >= 1)
+        switch = at.last_committed_step + 8  # a planned switch, as for a preemption notice
+        later = _solo_config(store, settings, epoch=2, resume=switch, stop=switch + 2)
+        assert agent.configure(later).accepted
+        beat = _wait(agent, lambda b: b.state is State.FINISHED)
+        assert beat.epoch == 2 and beat.last_committed_step == switch + 2
+        assert beat.setup is not None and beat.setup.tier is Tier.KEPT
+    finally:
+        agent.close()
+    _assert_like_reference("solo", tmp_path, _plan(([(0, 6, 0)], 4)), settings, switch + 2)
+
+
+def test_load_snapshot_rolls_the_layers_back_to_a_snapshot(
+    tmp_path: Path, store: c10d.TCPStore, corpus: Path
+) -> None:
+    settings = _settings(corpus)
+    agent = runtime.Runtime(worker=W(0), job="solo", snapshot_base=tmp_path)
+    agent.start()
+    try:
+        idle = agent.profile(messages.ProfileOrder(model="tiny", micro_batch_size=1, repeats=1))
+        assert len(idle.layers) == 6
+        assert agent.configure(_solo_config(store, settings, epoch=1, resume=0, stop=4)).accepted
+        _wait(agent, lambda b: b.state is State.FINISHED)
+        assert not agent.load_snapshot(messages.SnapshotLoad(epoch=2, step=3)).accepted
+        assert agent.load_snapshot(messages.SnapshotLoad(epoch=1, step=3)).accepted
+        _wait(agent, lambda b: b.last_committed_step == 3)
+        assert agent.configure(_solo_config(store, settings, epoch=2, resume=3, stop=5)).accepted
+        beat = _wait(agent, lambda b: b.state is State.FINISHED and b.epoch == 2)
+        assert beat.setup is not None and beat.setup.tier is Tier.KEPT
+    finally:
+        agent.close()
+    _assert_like_reference("solo", tmp_path, _plan(([(0, 6, 0)], 4)), settings, 5)

@@ -214,7 +214,8 @@ class Runtime:
 
     def snapshot_state(self) -> messages.SnapshotState:
         """The host-memory snapshots this worker holds (the store is safe to read any time)."""
-        return self._training.store.state(in_progress=self._snapshot)
+        busy = self._snapshot or self._training.snapshot_in_progress
+        return self._training.store.state(in_progress=busy)
 
     def load_snapshot(self, load: messages.SnapshotLoad) -> messages.Acknowledgement:
         """Load every held layer from the snapshots of `load.step` (PAUSED or FINISHED only)."""

@@ -109,6 +109,12 @@ class Training:
     def step(self) -> int:
         return self.holding.step
 
+    @property
+    def snapshot_in_progress(self) -> bool:
+        """Whether a snapshot is being written (safe to read from any thread)."""
+        writer = self._writer
+        return writer is not None and writer.in_progress
+
     # --- epochs ---------------------------------------------------------------------------
 
     def set_up(self, config: messages.WorkerConfig) -> messages.EpochSetup:

@@ -1,0 +1,133 @@
+"""Finding a layer's state at a step through the local recovery tiers (planaria.agent
+.epoch_setup.Locator), without processes.
+
+Covers, for a layer whose sharding group is workers 0 and 1 with COPY redundancy: held at the
+step -> KEPT (no copy); held at another step -> this worker's own store rebuilds it
+(LOCAL_SNAPSHOT: its shard plus its copy of the peer's), bit-exactly; its own shard corrupted
+(one flipped byte, caught by the checksum) -> the peer's store rebuilds it (PEER_SNAPSHOT),
+bit-exactly; both corrupted and no checkpoint -> SnapshotUnavailableError naming the layer,
+the step and what each tier said; step 0 with nothing held -> INITIAL; the setup report's tier
+is the costliest tier used.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from planaria.agent import (
+    data,
+    epoch_setup,
+    executor,
+    held_layers,
+    manifests,
+    model,
+    reference,
+    snapshot_store,
+    snapshot_writer,
+)
+from planaria.planner import plan, shapes
+from planaria.wire import messages
+
+Tier = messages.RecoveryTier
+LAYER, STEP = 2, 3
+CONFIG = reference.TrainingConfig(
+    shape=shapes.named("tiny"), seed=4, global_batch_size=2, micro_batch_size=1
+)
+
+
+@pytest.fixture(scope="module")
+def job() -> executor.Job:
+    return executor.Job.from_tokens(CONFIG, data.load_default_corpus(max_bytes=20_000))
+
+
+def _state() -> model.LayerState:
+    module = model.build_layer(CONFIG.shape, CONFIG.seed, LAYER)
+    optimizer = model.make_optimizer(module, CONFIG.optimizer)
+    for p in module.parameters():
+        p.grad = torch.full_like(p, 0.5)
+    optimizer.step()
+    return model.extract_layer_state(LAYER, module, optimizer)
+
+
+def _stores(base: Path, state: model.LayerState) -> dict[int, snapshot_store.SnapshotStore]:
+    """Workers 0 and 1 both snapshot `state` at STEP (each holds the whole layer)."""
+    stores = {}
+    for worker in (0, 1):
+        store = snapshot_store.SnapshotStore(snapshot_store.store_root("job", worker, base))
+        config = snapshot_writer.WriterConfig(
+            job="job", worker=plan.WorkerId(worker), redundancy=messages.RedundancyMode.COPY
+        )
+        writer = snapshot_writer.SnapshotWriter(store, config)
+        group = (plan.WorkerId(0), plan.WorkerId(1))
+        writer.begin(step=STEP, epoch=1, states=[state], groups={LAYER: group})
+        writer.wait()
+        writer.close()
+        stores[worker] = store
+    return stores
+
+
+def _locator(
+    job: executor.Job, base: Path, own: snapshot_store.SnapshotStore, holding: epoch_setup.Holding
+) -> epoch_setup.Locator:
+    stores = epoch_setup.Stores(own=own, job="job", base=base, checkpoint_dir="")
+    return epoch_setup.Locator(job=job, holding=holding, stores=stores, step=STEP)
+
+
+def _corrupt(store: snapshot_store.SnapshotStore) -> None:
+    entry = store.manifest(STEP).layer(LAYER)
+    stored = entry.file(manifests.FileKind.SHARD)
+    assert stored is not None
+    for slot in store.root.glob("slot-*"):
+        path = slot / stored.file
+        if path.exists() and snapshot_store.read_manifest(slot).step == STEP:
+            raw = bytearray(path.read_bytes())
+            raw[0] ^= 0x01
+            path.write_bytes(bytes(raw))
+
+
+def _same(a: model.LayerState | None, b: model.LayerState) -> bool:
+    assert a is not None
+    return a.names == b.names and all(map(torch.equal, a.tensors(), b.tensors()))
+
+
+def test_each_tier_is_used_when_the_cheaper_ones_cannot_serve(
+    job: executor.Job, tmp_path: Path
+) -> None:
+    state = _state()
+    stores = _stores(tmp_path, state)
+    held = held_layers.HeldLayers.build(CONFIG, [LAYER])
+    at_step = epoch_setup.Holding(layers=held, step=STEP)
+    assert _locator(job, tmp_path, stores[0], at_step).find(LAYER) == (Tier.KEPT, None)
+    later = epoch_setup.Holding(layers=held, step=STEP + 1)  # a roll-back
+    tier, found = _locator(job, tmp_path, stores[0], later).find(LAYER)
+    assert tier is Tier.LOCAL_SNAPSHOT and _same(found, state)
+    _corrupt(stores[0])
+    tier, found = _locator(job, tmp_path, stores[0], later).find(LAYER)
+    assert tier is Tier.PEER_SNAPSHOT and _same(found, state)
+    _corrupt(stores[1])
+    with pytest.raises(epoch_setup.SnapshotUnavailableError) as caught:
+        _locator(job, tmp_path, stores[0], later).find(LAYER)
+    message = str(caught.value)
+    assert f"layer {LAYER} at step {STEP}" in message
+    assert "local_snapshot:" in message and "peer_snapshot:" in message
+
+
+def test_nothing_held_at_step_zero_is_built_from_the_seed(
+    job: executor.Job, tmp_path: Path
+) -> None:
+    own = snapshot_store.SnapshotStore(snapshot_store.store_root("job", 0, tmp_path))
+    stores = epoch_setup.Stores(own=own, job="job", base=tmp_path, checkpoint_dir="")
+    nothing = epoch_setup.Holding(layers=None, step=0)
+    locator = epoch_setup.Locator(job=job, holding=nothing, stores=stores, step=0)
+    assert locator.find(LAYER) == (Tier.INITIAL, None)
+
+
+def test_the_report_names_the_costliest_tier() -> None:
+    assert epoch_setup.costliest([Tier.KEPT, Tier.PEER_SNAPSHOT, Tier.LIVE_REPLICA]) is (
+        Tier.PEER_SNAPSHOT
+    )
+    assert epoch_setup.costliest([]) is Tier.KEPT
+    assert epoch_setup.costliest([Tier.INITIAL, Tier.CHECKPOINT]) is Tier.INITIAL
