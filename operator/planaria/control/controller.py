@@ -190,6 +190,8 @@ class Controller:
         resume = self._resume_for(running, move, found)
         if move is None or resume is None:
             return
+        if resume < found.resume_step:  # rolled back to a snapshot: live copies are too new
+            move = dataclasses.replace(move, transfers=())
         self._failures += 1 if found.failed else 0
         record = statuses.Recovery(
             started_s=found.death_at,
@@ -353,8 +355,10 @@ class Controller:
             self._set(statuses.Phase.RUNNING, f"epoch {self._epochs.epoch} running: {summary}")
         elif planned and self._epochs.abandon_switch():
             self._history.pending = None
-            LOG.warning(
-                "a planned switch broke before it happened; epoch %d goes on", self._epochs.epoch
+            kept = statuses.plan_summary(self._running(), self._epochs.kind)
+            epoch = self._epochs.epoch
+            self._set(
+                statuses.Phase.RUNNING, f"a planned switch broke; epoch {epoch} goes on: {kept}"
             )
 
     # -- suspended ------------------------------------------------------------------------------
