@@ -1,10 +1,10 @@
 """Hypothesis: random membership changes never hang the controller nor break an epoch's ranks.
 
-Covers: for any sequence of deaths (reported or silent), hangs, preemption notices, joins and
-latched errors at random steps, once every lost worker is back the job reaches Succeeded
-within a bounded simulated time; every epoch's Configures give ranks 0..n-1 to the plan's
-workers in id order (no two workers claim one rank); transfer sources are workers of the new
-plan; the workers of a group never commit different steps.
+Covers: under every policy, for any sequence of deaths (reported or silent), hangs, preemption
+notices, joins and latched errors at random steps, once every lost worker is back the job
+reaches Succeeded within a bounded simulated time; every epoch's Configures give each worker
+its position among the plan's sorted workers as rank (no two workers claim one rank); transfer
+sources are workers of the new plan; the workers of a group never commit different steps.
 """
 
 from __future__ import annotations
@@ -13,7 +13,9 @@ import asyncio
 import functools
 
 from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from planaria.control import settings as settings_
 from planaria.control import status
 from planaria.wire import messages
 from tests import strategies
@@ -22,8 +24,8 @@ from tests.control import scenarios
 LIMIT_S = 400.0  # simulated seconds: many bounded recoveries, far below any hang
 
 
-async def _play(changes: list[tuple[int, str, int]]) -> scenarios.Run:
-    run = scenarios.Run(scenarios.job(steps=50))
+async def _play(changes: list[tuple[int, str, int]], policy: str) -> scenarios.Run:
+    run = scenarios.Run(scenarios.job(steps=50, policy=policy))
     for at_step, action, worker in changes:
         await run.until(functools.partial(_reached, run, at_step), limit_s=LIMIT_S)
         if run.task is not None and run.task.done():
@@ -64,11 +66,14 @@ def _apply(run: scenarios.Run, action: str, worker: int) -> None:
 
 
 @settings(max_examples=40, deadline=None)
-@given(changes=strategies.membership_changes())
+@given(
+    changes=strategies.membership_changes(),
+    policy=st.sampled_from([p.value for p in settings_.Policy]),
+)
 def test_membership_changes_never_hang_nor_double_a_rank(
-    changes: list[tuple[int, str, int]],
+    changes: list[tuple[int, str, int]], policy: str
 ) -> None:
-    run = asyncio.run(_play(changes))
+    run = asyncio.run(_play(changes, policy))
     final = run.controller.status
     assert final.phase is status.Phase.SUCCEEDED, final.message
     assert final.step == 50
