@@ -76,6 +76,7 @@ class FakeAgent:
     id: plans.WorkerId
     alive: bool = True
     hung: bool = False
+    stalls: bool = False  # Configure never answers (a wedged RPC)
     epoch: int = 0
     state: messages.AgentState = messages.AgentState.IDLE
     step: int = 0
@@ -96,6 +97,8 @@ class FakeAgent:
 
     async def configure(self, config: messages.WorkerConfig) -> messages.Acknowledgement:
         self._reachable()
+        if self.stalls:
+            await asyncio.Event().wait()  # forever: only the caller's bound ends it
         self.received.append(config)
         self.cluster.sent.setdefault(config.epoch, []).append(config)
         newest = max(self.epoch, self.pending.epoch if self.pending else 0)

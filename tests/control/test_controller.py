@@ -4,8 +4,9 @@ Covers: a job without failures (phases, ranks, stop and shutdown), profiling thr
 a first plan that cannot fit (Failed), a death recovered per policy (adaptive = the planner's
 eq. 8 choice, dynamic = Oobleck's reinstantiation, reroute = ReCycle), deaths seen only as a
 broken Watch or only as silence, a latched error of the worker's own, two deaths in quick
-succession, a death during the reconfiguration (a new epoch), transfer sources inside the new
-plan, and the ports used only through their Protocols.
+succession, a death during the reconfiguration (a new epoch), a Configure that never answers
+(bounded, the worker left out), transfer sources inside the new plan, and the ports used only
+through their Protocols.
 """
 
 from __future__ import annotations
@@ -143,6 +144,20 @@ async def test_a_worker_latching_its_own_error_is_replaced() -> None:
     assert final.phase is status.Phase.SUCCEEDED
     assert run.controller.recoveries[0].failed == (2,)
     assert 2 not in (run.controller.plan.workers if run.controller.plan else ())
+
+
+async def test_a_configure_that_never_answers_is_bounded_and_that_worker_left_out() -> None:
+    job = scenarios.job()
+    run = scenarios.Run(job)
+    await run.until(lambda: run.step() >= 10)
+    run.cluster.agent(5).stalls = True
+    run.cluster.kill(3)
+    await run.until(lambda: run.controller.epoch >= 3, limit_s=job.configure_timeout_s + 5)
+    final = await run.finish()
+    assert final.phase is status.Phase.SUCCEEDED
+    plan = run.controller.plan
+    assert plan is not None and not {3, 5} & set(plan.workers)
+    assert run.ranks_ok() == [] and run.cluster.violations == []
 
 
 async def test_two_deaths_in_quick_succession_end_in_a_plan_without_both() -> None:
