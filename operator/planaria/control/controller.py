@@ -105,12 +105,13 @@ class Controller:
 
     @property
     def epoch(self) -> int:
-        """The latest epoch opened (0 before the first)."""
+        """The epoch of the current plan (0 before the first; an abandoned planned switch
+        leaves the one before it)."""
         return self._epochs.epoch
 
     @property
     def plan(self) -> plans.Plan | None:
-        """The plan of the latest epoch."""
+        """The current plan (None before the first epoch)."""
         return self._epochs.plan
 
     async def run(self) -> statuses.JobStatus:

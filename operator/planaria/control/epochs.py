@@ -106,16 +106,24 @@ class Driver:
         return [b for b in beats if b is not None and b.epoch == self.epoch]
 
     async def next(self, timeout_s: float) -> None:
-        """Wait (bounded) for news, take it in, and record the epoch's progress."""
+        """Wait (bounded) for news, take it in, and record the progress: of the previous
+        epoch too while its workers train on towards a planned switch."""
         await self._lines.next(timeout_s)
+        previous, _, epoch, resume_step = self._previous
+        if self._roster.switching and previous is not None:
+            self._observe(previous, epoch, resume_step)
         if self.plan is not None:
-            self._history.observe(
-                self.beats(),
-                epoch=self.epoch,
-                resume_step=self.resume_step,
-                live_workers=len(self.plan.workers),
-                now=self._clock.monotonic(),
-            )
+            self._observe(self.plan, self.epoch, self.resume_step)
+
+    def _observe(self, plan: plans.Plan, epoch: int, resume_step: int) -> None:
+        beats = (self._roster.beats.get(w) for w in plan.workers)
+        self._history.observe(
+            [b for b in beats if b is not None and b.epoch == epoch],
+            epoch=epoch,
+            resume_step=resume_step,
+            live_workers=len(plan.workers),
+            now=self._clock.monotonic(),
+        )
 
     def current_step(self) -> int:
         """The newest step committed in the current epoch (0 before any)."""
