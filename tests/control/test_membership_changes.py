@@ -6,14 +6,19 @@ later death needs no recovery), and the death coming before the switch (recovere
 plan the workers still hold); losing more workers than any plan needs -> Suspended with the
 checkpoint step, then a resume from that checkpoint when workers return; a layer whose every
 replica is lost, rebuilt from peers' snapshots (PEER_SNAPSHOT) or, without redundancy, found
-in no tier -> Suspended and resumed from the persistent checkpoint at once.
+in no tier -> Suspended and resumed from the persistent checkpoint at once; two GPUs per
+node under every policy (a death, then the worker's return).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
+
 import pytest
 
 from planaria.control import settings, status
+from planaria.planner import accelerators, shapes, synthetic
 from planaria.wire import messages
 from tests.control import scenarios
 
@@ -49,7 +54,7 @@ async def test_a_joined_worker_is_added_back_at_a_future_step_boundary() -> None
     # the old epoch's steps up to the switch are recorded too: no gap in the history (records
     # sample the steps once a pass, so one may fall between two passes)
     after = [r.step for r in run.controller.steps if r.step > joined_at]
-    assert after[-1] == 80 and max(b - a for a, b in zip(after, after[1:])) <= 2
+    assert after[-1] == 80 and max(b - a for a, b in itertools.pairwise(after)) <= 2
     assert run.ranks_ok() == [] and run.cluster.violations == []
 
 
@@ -142,3 +147,22 @@ async def test_a_layer_in_no_tier_suspends_and_resumes_from_the_checkpoint() -> 
     resumed = run.controller.recoveries[-1]
     assert resumed.kind == "resume" and resumed.tier is messages.RecoveryTier.CHECKPOINT
     assert run.cluster.sent[resumed.epoch][0].resume_step == 20
+
+
+@pytest.mark.parametrize("policy_name", ["adaptive", "dynamic", "reroute"])
+async def test_with_two_gpus_per_node_a_death_and_the_return_are_handled(policy_name: str) -> None:
+    source = synthetic.synthesize(shapes.named("small"), accelerators.named("a100-80gb"), 2, 2)
+    two_gpus = dataclasses.replace(source, memory_bytes=30 * scenarios.MIB)
+    run = scenarios.Run(scenarios.job(gpus_per_node=2, profile=two_gpus, policy=policy_name))
+    await run.until(lambda: run.step() >= 10)
+    run.cluster.kill(3)
+    await run.until(lambda: run.step() >= 30)
+    run.cluster.join(3)
+    final = await run.finish()
+    assert final.phase is status.Phase.SUCCEEDED
+    kinds = [r.kind for r in run.controller.recoveries]
+    assert kinds[-1] == "scale-up" and len(kinds) == 2
+    plan = run.controller.plan
+    assert plan is not None and sorted(plan.workers) == list(range(8))
+    assert all(len({w // 2 for w in s.workers}) == 1 for p in plan.pipelines for s in p.stages)
+    assert run.ranks_ok() == [] and run.cluster.violations == []
