@@ -176,14 +176,14 @@ def test_survivors_of_a_killed_data_parallel_worker_keep_their_layers_and_go_on(
     three = _plan(([(0, 6, 0)], 2), ([(0, 6, 1)], 1), ([(0, 6, 2)], 1))
     cluster.start([0, 1, 2], kills={2: runtime_cluster.Kill(step=3)})
     _start_epoch(cluster, three, settings, epoch=1, resume=0, stop=6)
+    started = time.monotonic()
     beats = cluster.wait([0, 1], _failed)
+    assert time.monotonic() - started < 5.0  # the epoch's timeout is 6 s
     cluster.wait_dead(2)
     assert {b.last_committed_step for b in beats.values()} == {2}
-    # A survivor reading from the dead peer sees its connection close (PEER_LOST); gloo lets
-    # one waiting on another survivor find out only at the epoch's timeout (TIMEOUT).
-    lost = (messages.ErrorKind.PEER_LOST, messages.ErrorKind.TIMEOUT)
-    assert all(b.errors[-1].kind in lost for b in beats.values())
-    assert any(b.errors[-1].kind is messages.ErrorKind.PEER_LOST for b in beats.values())
+    # One survivor sees the dead peer's connection close; gloo may never fail the other's wait
+    # on the dead peer, which gives up when the first flags the epoch's failure: both at once.
+    assert all(b.errors[-1].kind is messages.ErrorKind.PEER_LOST for b in beats.values())
     two = _plan(([(0, 6, 0)], 2), ([(0, 6, 1)], 2))
     _start_epoch(cluster, two, settings, epoch=2, resume=2, stop=5)
     beats = cluster.wait([0, 1], _finished)

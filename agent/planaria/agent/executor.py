@@ -41,8 +41,13 @@ does, and by order, as NCCL does, agree). On device cuda the tensors live on the
 epoch must use NCCL; gloo is the CPU backend.
 
 Failures: every blocking wait (receive, collective, send completion) waits at most the epoch's
-timeout. A torch.distributed failure aborts the step with a `StepError` naming the step, the
-instruction and the peer when one is known, and the error is latched: every later `run_step`
+timeout. An executor given `abandoned` (the runtime's: "has another worker of this epoch
+flagged a failed step?") polls its collectives (all-reduces and the commit barrier; gloo's
+point-to-point works complete only inside a blocking wait) instead of blocking, and gives one up
+(PeerLostError) once the flag is set, so a survivor stuck on a peer whose death gloo does not
+report learns of it from the first survivor that does. A torch.distributed failure aborts the
+step with a `StepError` naming the step, the instruction and the peer when one is known, and
+the error is latched: every later `run_step`
 raises it again; the worker waits for its next epoch (a new Executor). An aborted step never
 reaches the optimizer step, so the layers keep the last committed step's parameters and AdamW
 state; the next executor clears the aborted step's gradients.
@@ -78,6 +83,11 @@ Op = instructions.Op
 # injection and tracing hook in here.
 Hook = Callable[[int, int, instructions.Instruction], None]
 DETAIL_CHARS = 300  # how much of torch's error text an error message keeps
+# Polled waits (an executor given `abandoned`): first and longest sleep between polls, and how
+# often the epoch's failure flag is read.
+POLL_START_S = 20e-6
+POLL_MAX_S = 200e-6
+CHECK_S = 0.02
 
 
 class ExecutorError(Exception):
@@ -212,9 +222,11 @@ class Executor:
         worker: plan.WorkerId,
         epoch: groups.Epoch,
         layers: held_layers.HeldLayers,
+        abandoned: Callable[[], bool] | None = None,
     ) -> None:
         schedule.require_one_worker_per_stage(sched)
         self.job, self.epoch, self.layers = job, epoch, layers
+        self.abandoned = abandoned
         self.stream = _stream_of(sched, worker)
         self.ranks = groups.worker_ranks(sched)
         self.num_layers = sched.num_layers
@@ -349,7 +361,7 @@ class Executor:
         group = self.epoch.group(groups.ranks_of(op.group, self.ranks))
         reduce = dist.ReduceOp.SUM  # summed, never averaged: see the module docstring
         work = self._call(None, lambda: dist.all_reduce(flat, reduce, group, async_op=True))
-        self._wait(work, None)
+        self._wait(work, None, collective=True)
         for p, chunk in zip(params, torch.split(flat, [p.numel() for p in params]), strict=True):
             p.grad = chunk.view_as(p)
 
@@ -364,7 +376,7 @@ class Executor:
         work = self._call(
             None, lambda: dist.all_reduce(total, reduce, self.epoch.world, async_op=True)
         )
-        self._wait(work, None)
+        self._wait(work, None, collective=True)
         state.step_loss = float(total.item())
 
     def _await(self, state: _StepState) -> None:
@@ -384,12 +396,41 @@ class Executor:
         assert work is not None, "every rank of the epoch is a member of the world group"
         return work
 
-    def _wait(self, work: dist.Work, peer: plan.WorkerId | None) -> None:
+    def _wait(
+        self, work: dist.Work, peer: plan.WorkerId | None, *, collective: bool = False
+    ) -> None:
+        """Wait for `work`; collectives are polled when the executor has `abandoned` (gloo's
+        point-to-point works complete only inside wait(), so those always block)."""
         started = time.monotonic()
         try:
-            work.wait(self.epoch.timeout)
+            if self.abandoned is None or not collective:
+                work.wait(self.epoch.timeout)
+            else:
+                self._poll(work, started)
         except RuntimeError as exc:
             raise _CommFailure(exc, peer, time.monotonic() - started) from exc
+
+    def _poll(self, work: dist.Work, started: float) -> None:
+        """Wait for `work` by polling, so a wait can be abandoned when `abandoned()` says the
+        epoch failed elsewhere: gloo may never fail a wait on a peer whose connection closed
+        while idle, and an abort from another thread does not end a blocked wait. The poll
+        backs off from POLL_START_S to POLL_MAX_S; `abandoned` is asked every CHECK_S."""
+        delay, next_check = POLL_START_S, started + CHECK_S
+        while not work.is_completed():
+            now = time.monotonic()
+            if now - started >= self.epoch.timeout_s:
+                raise RuntimeError(f"timed out after {self.epoch.timeout_s} s")
+            if now >= next_check:
+                assert self.abandoned is not None
+                if self.abandoned():
+                    raise RuntimeError(
+                        f"another worker of epoch {self.epoch.number} failed its step; "
+                        "this wait was abandoned"
+                    )
+                next_check = now + CHECK_S
+            time.sleep(delay)
+            delay = min(2 * delay, POLL_MAX_S)
+        work.wait()  # completed: returns at once, or raises the operation's own error
 
 
 def _get(

@@ -11,7 +11,12 @@ less than the contract's.
 Snapshots follow `snapshot_writer`'s contract: after committed step t that is due (every
 `snapshot_interval_steps`, or asked for by TakeSnapshot), `writer.begin`; the executor hook
 waits for it right before the next step's first OptimizerStep (before the commit barrier), and
-(RECOMPUTE) replays that step's moment update on the writer's host replicas. Once a snapshot is
+(RECOMPUTE) replays that step's moment update on the writer's host replicas.
+
+A failed step sets FAILED_KEY under the epoch's key prefix in the controller's store and aborts
+the epoch's groups; the executors of the epoch poll that flag while they wait
+(`executor.Executor(abandoned=...)`), so every survivor fails its step within milliseconds of
+the first one that noticed the death, instead of at the epoch's timeout. Once a snapshot is
 complete, a due persistent checkpoint is copied from it in the background (`checkpoints`).
 Writers are rebuilt for every epoch (the sharding groups come from the plan); closing the old
 writer first makes its pending snapshot complete, which the roll-back tiers rely on.
@@ -45,6 +50,9 @@ from planaria.wire import messages
 
 LOG = logging.getLogger(__name__)
 Op = instructions.Op
+# Set under the epoch's key prefix in the controller's store by a worker whose step failed (the
+# controller may set it too): every other worker of the epoch then abandons its waits at once.
+FAILED_KEY = "planaria-step-failed"
 COMMUNICATION = (Op.SEND_ACTIVATION, Op.RECV_ACTIVATION, Op.SEND_GRAD, Op.RECV_GRAD)
 
 
@@ -104,6 +112,7 @@ class Training:
         self._stores: dict[tuple[str, int], c10d.Store] = {}
         self._snapshot_s = 0.0
         self._hooked = -1
+        self._flag: c10d.Store | None = None
 
     @property
     def step(self) -> int:
@@ -137,6 +146,8 @@ class Training:
         )
         self.epoch, self.config = ready.epoch, config
         self.holding = epoch_setup.Holding(layers=ready.layers, step=config.resume_step)
+        flag = c10d.PrefixStore(config.rendezvous.key_prefix, self._store_client(config.rendezvous))
+        self._flag = flag
         try:
             self._executor = executor.Executor(
                 job=job,
@@ -144,6 +155,7 @@ class Training:
                 worker=self.worker,
                 epoch=ready.epoch,
                 layers=ready.layers,
+                abandoned=lambda: flag.check([FAILED_KEY]),
             )
         except BaseException:
             self.end_epoch()
@@ -157,6 +169,10 @@ class Training:
         referenced keeps its connections open, and a peer waiting on this worker would only
         learn of the failure at its timeout instead of at once."""
         epoch, self.epoch, self._executor = self.epoch, None, None
+        flag, self._flag = self._flag, None
+        if flag is not None and failed:
+            with contextlib.suppress(RuntimeError):  # the controller's store may be gone
+                flag.set(FAILED_KEY, str(self.worker))
         if epoch is not None and failed:
             for group in {id(g): g for g in (epoch.world, *epoch.subgroups.values())}.values():
                 with contextlib.suppress(RuntimeError):
