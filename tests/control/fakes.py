@@ -173,7 +173,8 @@ class FakeAgent:
 
     def latch(self, kind: messages.ErrorKind, message: str) -> None:
         self.state = FAILED
-        self.pending = None
+        if self.cluster.drop_pending_on_failure:
+            self.pending = None
         self.waiting_since = None
         self.errors = (
             *self.errors,
@@ -190,6 +191,9 @@ class FakeCluster:
 
     `peer_snapshots`: a lost layer can be rebuilt from the snapshot stores (redundancy) when
     some worker snapshotted it at the resume step; False models redundancy NONE.
+    `drop_pending_on_failure`: an agent whose step fails forgets a planned switch it accepted;
+    False keeps it, so the agent then sets the switch's epoch up short of its step and latches
+    SNAPSHOT_UNAVAILABLE (what the agent runtime does at the time of writing).
     """
 
     def __init__(
@@ -199,11 +203,13 @@ class FakeCluster:
         step_s: float = 0.1,
         profile: profile.Profile | None = None,
         peer_snapshots: bool = True,
+        drop_pending_on_failure: bool = True,
     ) -> None:
         self.clock = clock
         self.step_s = step_s
         self.profile = profile
         self.peer_snapshots = peer_snapshots
+        self.drop_pending_on_failure = drop_pending_on_failure
         self.agents: dict[plans.WorkerId, FakeAgent] = {}
         self.shm: dict[plans.WorkerId, tuple[int, frozenset[int]]] = {}
         self.checkpoints: set[int] = set()
@@ -281,8 +287,7 @@ class FakeCluster:
         tiers = []
         for layer in sorted(roles):
             tier = self._tier(agent, config, layer)
-            if tier is None:
-                agent.step = config.resume_step
+            if tier is None:  # the layers stay at the last committed step
                 agent.latch(messages.ErrorKind.SNAPSHOT_UNAVAILABLE, f"layer {layer}: no tier")
                 return
             tiers.append(tier)
@@ -323,6 +328,9 @@ class FakeCluster:
     async def _tick(self) -> None:
         while True:
             await self.clock.sleep(self.step_s)
+            for agent in self.agents.values():  # a kept planned switch is taken at once
+                if agent.alive and agent.pending is not None and agent.state is FAILED:
+                    self.set_up(agent, agent.pending)
             epochs = {a.epoch for a in self.agents.values() if a.alive and a.config is not None}
             for epoch in sorted(epochs):
                 self._advance(epoch)

@@ -3,7 +3,8 @@
 Covers: a JOINED worker scaled up at a future step boundary (live-replica copies, no lost
 steps); a preemption notice answered ahead of the death (planned switch, no lost steps, the
 later death needs no recovery), and the death coming before the switch (recovered from the
-plan the workers still hold); losing more workers than any plan needs -> Suspended with the
+plan the workers still hold, also when the agents set the switch up short of its
+step); losing more workers than any plan needs -> Suspended with the
 checkpoint step, then a resume from that checkpoint when workers return; a layer whose every
 replica is lost, rebuilt from peers' snapshots (PEER_SNAPSHOT) or, without redundancy, found
 in no tier -> Suspended and resumed from the persistent checkpoint at once; two GPUs per
@@ -87,6 +88,21 @@ async def test_a_worker_dying_before_the_planned_switch_is_recovered_from_the_ol
     [recovered] = run.controller.recoveries
     assert recovered.failed == (5,)
     assert recovered.tier is not messages.RecoveryTier.CHECKPOINT
+    assert run.ranks_ok() == [] and run.cluster.violations == []
+
+
+async def test_a_switch_set_up_short_of_its_step_is_recovered_from_the_previous_plan() -> None:
+    # agents that keep an accepted switch after their step fails set it up anyway, at a step
+    # they never reached: SNAPSHOT_UNAVAILABLE; the controller falls back to what they hold
+    run = scenarios.Run(scenarios.job(steps=80), drop_pending_on_failure=False)
+    await run.until(lambda: run.step() >= 10)
+    run.cluster.notice(5)
+    await run.until(lambda: run.controller.epoch == 2)
+    run.cluster.kill(5)
+    final = await run.finish()
+    assert final.phase is status.Phase.SUCCEEDED and final.step == 80
+    [recovered] = run.controller.recoveries
+    assert recovered.failed == (5,) and recovered.kind != "resume"
     assert run.ranks_ok() == [] and run.cluster.violations == []
 
 

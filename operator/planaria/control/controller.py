@@ -175,12 +175,16 @@ class Controller:
     async def _recover(self) -> None:
         """A failure in the running epoch: settle, assess, decide, open the next epoch."""
         running, epoch, noticed = self._running(), self._epochs.epoch, self._clock.monotonic()
+        missed = self._epochs.switch_missed()
+        if missed:  # recover from the plan the workers still hold
+            running = self._epochs.fall_back()
+            self._history.pending = None
         self._set(statuses.Phase.RECOVERING, "a worker failed; waiting for the others to stop")
         await self._publish()
         late = await self._settle(running, epoch)
         now = self._clock.monotonic()
         found = failures.assess(self._roster, running, epoch, late, now)
-        if found.state_lost:
+        if found.state_lost and not missed:  # (a missed switch's setups latch it, short of it)
             lost = "a layer's state is in no recovery tier (replica, snapshot or checkpoint)"
             self._suspend(running, lost, retry=True)
             return
@@ -354,13 +358,6 @@ class Controller:
         self._planner.prepare(move.plan)  # Odyssey §IV-C: search ahead of the next failure
         if await self._epochs.commit():
             self._set(statuses.Phase.RUNNING, f"epoch {self._epochs.epoch} running: {summary}")
-        elif planned and self._epochs.abandon_switch():
-            self._history.pending = None
-            kept = statuses.plan_summary(self._running(), self._epochs.kind)
-            epoch = self._epochs.epoch
-            self._set(
-                statuses.Phase.RUNNING, f"a planned switch broke; epoch {epoch} goes on: {kept}"
-            )
 
     # -- suspended ------------------------------------------------------------------------------
 

@@ -25,6 +25,7 @@ from planaria.planner import plan as plans
 from planaria.wire import messages
 
 LOG = logging.getLogger(__name__)
+_RAN = (messages.AgentState.RUNNING, messages.AgentState.FINISHED)
 
 
 def ranks(plan: plans.Plan) -> dict[plans.WorkerId, int]:
@@ -92,6 +93,7 @@ class Driver:
         self.resume_step = 0
         self._opened = 0  # the latest epoch number given out (epochs only ever grow)
         self._previous: tuple[plans.Plan | None, str, int, int] = (None, "", 0, 0)
+        self.planned = False  # the current epoch is a planned switch
 
     @property
     def next_epoch(self) -> int:
@@ -157,6 +159,7 @@ class Driver:
         when some worker refused or was unreachable (it is faulty or dead in the roster)."""
         running = set(self.plan.workers) if planned and self.plan is not None else set()
         self._previous = (self.plan, self.kind, self.epoch, self.resume_step)
+        self.planned = planned
         self._opened += 1
         self.epoch = self._opened
         sent = configs(
@@ -199,20 +202,30 @@ class Driver:
                 return False
             await self.next(min(self._job.heartbeat_interval_s, deadline - now))
 
-    def abandon_switch(self) -> bool:
-        """A planned switch broke before any worker of the previous plan made it (their
-        heartbeats are all of older epochs): the previous plan is the one they hold, so it is
-        current again (new workers that set up the abandoned epoch are spares). True when it
-        was abandoned."""
-        previous = self._previous[0]
-        if previous is None:
+    def switch_missed(self) -> bool:
+        """The current epoch is a planned switch that no worker made: none ran in it, none
+        committed the switch step in the old one (their old group broke first). A worker
+        that set the switch up but still waits for its group does not count."""
+        if not self.planned or self.plan is None or self._previous[0] is None:
             return False
-        latest = (self._roster.beats.get(w) for w in previous.workers)
-        if any(b is not None and b.epoch >= self.epoch for b in latest):
-            return False
-        self.plan, self.kind, self.epoch, self.resume_step = self._previous
-        self._roster.switching = set()
-        return True
+        workers = {*self.plan.workers, *self._previous[0].workers}
+        beats = [b for w in workers if (b := self._roster.beats.get(w)) is not None]
+        ran = any(b.epoch == self.epoch and b.state in _RAN for b in beats)
+        reached = any(
+            b.epoch < self.epoch and b.last_committed_step >= self.resume_step for b in beats
+        )
+        return not (ran or reached)
+
+    def fall_back(self) -> plans.Plan:
+        """Make the plan before a missed switch current again: it is what the workers hold.
+        The epoch number stays; the previous plan's workers' heartbeats count whether they
+        are of the old epoch or of the switch's (an agent may set up the switch it accepted
+        after its old group broke, short of the switch step)."""
+        previous, kind, _, resume_step = self._previous
+        assert self.planned and previous is not None, "only a planned switch falls back"
+        self.plan, self.kind, self.resume_step, self.planned = previous, kind, resume_step, False
+        self._roster.switching = set(previous.workers)
+        return previous
 
     async def _configure_all(
         self, sent: dict[plans.WorkerId, messages.WorkerConfig]
@@ -238,5 +251,4 @@ class Driver:
 
     def _running_in(self, worker: plans.WorkerId, epoch: int) -> bool:
         beat = self._roster.beat(worker, epoch)
-        running = (messages.AgentState.RUNNING, messages.AgentState.FINISHED)
-        return beat is not None and beat.epoch == epoch and beat.state in running
+        return beat is not None and beat.epoch == epoch and beat.state in _RAN
