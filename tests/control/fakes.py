@@ -335,20 +335,18 @@ class FakeCluster:
             for epoch in sorted(epochs):
                 self._advance(epoch)
 
-    def _members(self, epoch: int) -> tuple[FakeAgent, list[plans.WorkerId]] | None:
+    def _members(self, epoch: int) -> list[FakeAgent]:
+        """The agents of `epoch`'s plan (whatever state they are in), or none."""
         here = [a for a in self.agents.values() if a.alive and a.epoch == epoch and a.config]
-        if not here:
-            return None
-        config = here[0].config
-        assert config is not None
-        return here[0], sorted(config.plan.workers)
+        if not here or here[0].config is None:
+            return []
+        return [self.agents[w] for w in sorted(here[0].config.plan.workers)]
 
     def _advance(self, epoch: int) -> None:
         """One step time of epoch `epoch`'s group: form it, break it, or commit a step."""
-        found = self._members(epoch)
-        if found is None:
+        members = self._members(epoch)
+        if not members:
             return
-        members = [self.agents[w] for w in found[1]]
         active = [
             a
             for a in members
