@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 
 import pydantic
 
-from planaria.cli import plan, profile, reference, simulate, version
+from planaria.cli import plan, profile, reference, run, simulate, version
 
 # The command modules, in the order `planaria --help` lists them.
 COMMANDS: tuple[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None], ...] = (
@@ -23,6 +23,7 @@ COMMANDS: tuple[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], 
     reference.register,
     plan.register,
     simulate.register,
+    run.register,
 )
 
 EXIT_USAGE = 2

@@ -1,0 +1,348 @@
+"""`planaria run`'s composition, report, progress rendering and bad input (planaria.cli.run,
+run_report, run_timeline, progress).
+
+Covers: the report written from a synthetic history with two failures (metrics CSV/JSON rows
+and times relative to the start, recoveries.json, summary.md's table and goodput against the
+fault-free estimate, a timeline PNG that is a real, non-trivial image); a history without
+recoveries or full-strength steps; the report of a real controller run through two failures
+(the controller's in-memory cluster, simulated time); `execute` running a job with an injector
+beside it, then stopping the backend and writing the report; plain progress lines (step lines
+throttled, a line per phase change and per recovery) and the live panel rendered to text; bad
+job files and options exit 2 with one line naming the field path, before any worker starts;
+the demo job file is valid; every `planaria run` option is documented in docs/running.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import csv
+import io
+import json
+import re
+import struct
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from planaria.cli import main, progress, run, run_report
+from planaria.control import status as statuses
+from planaria.planner import plan as plans
+from planaria.spec import job_file
+from planaria.wire import messages
+from tests.control import fakes, scenarios
+
+ROOT = Path(__file__).resolve().parents[2]
+START = 1000.0  # the controller's clock at the start of the run
+
+
+def _status(
+    phase: statuses.Phase, step: int, live: int, recoveries: tuple[statuses.Recovery, ...] = ()
+) -> statuses.JobStatus:
+    return statuses.JobStatus(
+        phase=phase,
+        conditions=(),
+        epoch=1 + len(recoveries),
+        step=step,
+        loss=None if step == 0 else 5.0 / (1 + step / 20),
+        samples_per_s=40.0 * live / 8,
+        live_workers=live,
+        total_workers=8,
+        plan="[2,2,2,2] initial" if live == 8 else "[2,2,2,1] dynamic",
+        last_recovery=recoveries[-1] if recoveries else None,
+        recoveries=len(recoveries),
+        message="",
+    )
+
+
+def _recovery(at_s: float, worker: int, epoch: int, lost: int) -> statuses.Recovery:
+    return statuses.Recovery(
+        started_s=START + at_s,
+        failed=(plans.WorkerId(worker),),
+        epoch=epoch,
+        tier=messages.RecoveryTier.LIVE_REPLICA,
+        kind="dynamic",
+        reason="re-planning beats rerouting | by 3 s over the next hour",
+        detect_s=0.3,
+        plan_s=0.05,
+        regroup_s=0.6,
+        transfer_s=0.2,
+        resume_s=1.1,
+        total_s=2.25,
+        lost_steps=lost,
+        transferred_bytes=1_500_000,
+    )
+
+
+def _history(recoveries: bool = True, full_strength: bool = True) -> run_report.History:
+    records, t = [], 5.0
+    failures = {40: 7, 80: 6} if recoveries else {}
+    live = 8 if full_strength else 7
+    for step in range(1, 121):
+        if step in failures:
+            live -= 1
+            t += 2.5
+        t += 0.8 * 8 / live
+        loss = 5.0 / (1 + step / 20)
+        records.append(
+            statuses.StepRecord(
+                at_s=START + t,
+                step=step,
+                loss=loss,
+                samples_per_s=32 / (0.8 * 8 / live),
+                live_workers=live,
+                epoch=1 + sum(1 for s in failures if s <= step),
+            )
+        )
+    made = (_recovery(38.0, 3, 2, 1), _recovery(75.0, 5, 3, 0)) if recoveries else ()
+    return run_report.History(
+        job="tiny-job",
+        global_batch_size=32,
+        final=_status(statuses.Phase.SUCCEEDED, 120, live, made),
+        steps=tuple(records),
+        recoveries=made,
+        started_s=START,
+        finished_s=START + t + 1.0,
+    )
+
+
+def _png_size(path: Path) -> tuple[int, int]:
+    header = path.read_bytes()[:24]
+    assert header[:8] == b"\x89PNG\r\n\x1a\n"
+    width, height = struct.unpack(">II", header[16:24])
+    return width, height
+
+
+def test_the_report_holds_metrics_recoveries_summary_and_a_timeline(tmp_path: Path) -> None:
+    history = _history()
+    paths = run_report.write_report(history, tmp_path / "report")
+    names = sorted(p.name for p in paths)
+    assert names == ["metrics.csv", "metrics.json", "recoveries.json", "summary.md", "timeline.png"]
+    out = tmp_path / "report"
+    with (out / "metrics.csv").open(encoding="utf-8") as handle:
+        rows = list(csv.DictReader(handle))
+    assert len(rows) == 120 and tuple(rows[0]) == run_report.COLUMNS
+    assert float(rows[0]["time_s"]) == pytest.approx(5.8)
+    as_json = json.loads((out / "metrics.json").read_text(encoding="utf-8"))
+    assert [r["step"] for r in as_json] == list(range(1, 121))
+    assert {r["live_workers"] for r in as_json} == {8, 7, 6}
+    recoveries = json.loads((out / "recoveries.json").read_text(encoding="utf-8"))
+    assert [r["failed"] for r in recoveries] == [[3], [5]]
+    assert recoveries[0]["started_s"] == pytest.approx(38.0)
+    assert recoveries[0]["tier"] == "live_replica" and recoveries[0]["total_s"] == 2.25
+
+
+def test_the_summary_tabulates_recoveries_and_goodput(tmp_path: Path) -> None:
+    history = _history()
+    text = run_report.summary(history)
+    assert "**Succeeded** at step 120" in text
+    table = [
+        line for line in text.splitlines() if line.startswith("| 1 ") or line.startswith("| 2 ")
+    ]
+    assert len(table) == 2
+    assert (
+        "| 38.0 | 3 | dynamic | live_replica | 0.30 | 0.05 | 0.60 | 0.20 | 1.10 | 2.25 | 1 | 1.50 |"
+        in table[0]
+    )
+    assert (
+        "re-planning beats rerouting / by 3 s" in table[0]
+    )  # a | in a reason would split the cell
+    good = run_report.goodput(history)
+    assert good.fault_free_samples_per_s == pytest.approx(40.0)
+    assert good.useful_samples == 120 * 32
+    assert good.ratio is not None and 0.5 < good.ratio < 1.0
+    assert f"**{good.ratio:.0%}**" in text
+
+
+def test_a_run_without_failures_or_full_strength_says_so() -> None:
+    history = _history(recoveries=False, full_strength=False)
+    text = run_report.summary(history)
+    assert "No failures: the job ran in one epoch." in text
+    assert "fault-free estimate: none" in text
+    assert run_report.goodput(history).ratio is None
+
+
+def test_the_timeline_is_a_real_picture(tmp_path: Path) -> None:
+    path = run_report.write_timeline(_history(), tmp_path / "timeline.png")
+    width, height = _png_size(path)
+    assert width >= 1000 and height >= 700
+    assert path.stat().st_size > 40_000  # three panels of lines and bands, not a blank canvas
+    empty = run_report.write_timeline(_history(recoveries=False), tmp_path / "plain.png")
+    assert path.stat().st_size != empty.stat().st_size
+
+
+def test_plain_progress_prints_phase_changes_recoveries_and_throttled_steps() -> None:
+    stream = io.StringIO()
+    sink = progress.Progress(steps=120, live=False, stream=stream, every_s=3600.0)
+    first = _recovery(38.0, 3, 2, 1)
+    statuses_seen = [
+        _status(statuses.Phase.PENDING, 0, 8),
+        _status(statuses.Phase.RUNNING, 1, 8),
+        _status(statuses.Phase.RUNNING, 2, 8),  # throttled: same phase, too soon
+        _status(statuses.Phase.RUNNING, 41, 7, (first,)),
+        _status(statuses.Phase.SUCCEEDED, 120, 7, (first,)),
+    ]
+    for status in statuses_seen:
+        asyncio.run(sink.publish(status))
+    sink.close()
+    lines = stream.getvalue().splitlines()
+    assert len(lines) == 5, lines
+    assert "Pending" in lines[0] and "step 0/120" in lines[0]
+    assert "step 1/120" in lines[1] and "workers 8/8" in lines[1] and "loss 4.762" in lines[1]
+    assert lines[2].startswith("recovery 1: worker 3 lost -> dynamic, tier live_replica, 2.25 s")
+    assert "1 steps lost" in lines[2] and "re-planning beats" in lines[2]
+    assert "step 41/120" in lines[3] and "plan [2,2,2,1] dynamic" in lines[3]
+    assert "Succeeded" in lines[4]
+
+
+def test_the_live_panel_shows_step_plan_and_last_recovery() -> None:
+    status = _status(statuses.Phase.RUNNING, 41, 7, (_recovery(38.0, 3, 2, 1),))
+    console = Console(file=io.StringIO(), width=160, color_system=None)
+    console.print(progress.panel(status, 120, 61.0))
+    text = console.file.getvalue()  # type: ignore[attr-defined]
+    assert "planaria run: Running" in text and "41 / 120" in text
+    assert "[2,2,2,1] dynamic" in text and "7 / 8" in text
+    assert "recovery 1: worker 3 lost" in text
+
+
+def _run_cli(tmp_path: Path, text: str, *extra: str) -> tuple[int, str]:
+    job = tmp_path / "job.yaml"
+    job.write_text(text, encoding="utf-8")
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        code = main.main(["run", str(job), "--out", str(tmp_path / "out"), *extra])
+    return code, err.getvalue()
+
+
+@pytest.mark.parametrize(
+    ("text", "extra", "expected"),
+    [
+        ("workers: 0\n", (), r"job.yaml: workers: must be >= 1"),
+        (
+            "apiVersion: planaria.dev/v1alpha1\nkind: ResilientJob\nmetadata: {name: t}\n"
+            "spec: {globalBatchSize: 30}\n",
+            (),
+            r"job.yaml: spec.globalBatchSize: 30 is not a multiple of microBatchSize 4",
+        ),
+        ("failures: [{step: 5, worker: 12}]\n", (), r"job.yaml: failures.0.worker: worker 12"),
+        ("steps: 10\n", ("--workers", "0"), r"job.yaml: workers: must be >= 1"),
+        ("steps: 10\n", ("--metrics-port", "70000"), r"--metrics-port 70000: give a port"),
+    ],
+    ids=[
+        "bad field",
+        "cross-field rule in a document",
+        "failure of a missing worker",
+        "bad override",
+        "bad metrics port",
+    ],
+)
+def test_bad_job_files_and_options_exit_2_with_the_field_path(
+    tmp_path: Path, text: str, extra: tuple[str, ...], expected: str
+) -> None:
+    code, err = _run_cli(tmp_path, text, *extra)
+    assert code == 2
+    assert err.startswith("planaria: error: ") and expected in err, err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_missing_job_file_exits_2(tmp_path: Path) -> None:
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        code = main.main(["run", str(tmp_path / "absent.yaml")])
+    assert code == 2 and "absent.yaml: no such file" in err.getvalue()
+
+
+def test_the_demo_job_is_a_valid_resilient_job_with_two_failures() -> None:
+    parsed = job_file.load_job(ROOT / "examples" / "tiny-job.yaml")
+    assert parsed.document and parsed.name == "tiny-job"
+    assert parsed.spec.model == "tiny" and parsed.spec.workers == 8
+    assert len(parsed.spec.failures) == 2
+    assert (ROOT / "scripts" / "demo.sh").stat().st_mode & 0o111
+
+
+@pytest.mark.asyncio
+async def test_a_report_from_a_controller_run_through_two_failures(tmp_path: Path) -> None:
+    run = scenarios.Run(scenarios.job(steps=40))
+    await run.until(lambda: run.step() >= 10)
+    run.cluster.kill(3)
+    await run.until(lambda: run.step() >= 25)
+    run.cluster.kill(6)
+    final = await run.finish()
+    history = run_report.History(
+        job="test",
+        global_batch_size=16,
+        final=final,
+        steps=run.controller.steps,
+        recoveries=run.controller.recoveries,
+        started_s=0.0,
+        finished_s=run.clock.now,
+    )
+    run_report.write_report(history, tmp_path)
+    recoveries = json.loads((tmp_path / "recoveries.json").read_text(encoding="utf-8"))
+    assert [r["failed"] for r in recoveries] == [[3], [6]]
+    assert all(r["total_s"] > 0 for r in recoveries)
+    rows = json.loads((tmp_path / "metrics.json").read_text(encoding="utf-8"))
+    assert rows[-1]["step"] == 40 and {r["live_workers"] for r in rows} >= {8, 6}
+    summary = (tmp_path / "summary.md").read_text(encoding="utf-8")
+    rows_md = [line for line in summary.splitlines() if re.match(r"^\| \d+ \|", line)]
+    assert "**Succeeded** at step 40" in summary and len(rows_md) == 2
+    assert rows_md[0].startswith("| 1 | 1.0 | 3 | ")
+    assert (tmp_path / "timeline.png").stat().st_size > 30_000
+
+
+def test_every_run_option_is_documented() -> None:
+    docs = (ROOT / "docs" / "running.md").read_text(encoding="utf-8")
+    parser = main.build_parser()
+    subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    options = [o for a in subparsers.choices["run"]._actions for o in a.option_strings]
+    assert "--fail" in options
+    for option in options:
+        if option not in ("-h", "--help"):
+            assert f"`{option}" in docs or f"{option} " in docs, option
+
+
+@pytest.mark.asyncio
+async def test_execute_runs_the_job_with_the_injector_and_writes_the_report(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    clock = fakes.ManualClock()
+    cluster = fakes.FakeCluster(clock)
+    stream = io.StringIO()
+    sink = progress.Progress(steps=30, live=False, stream=stream, every_s=0.0)
+
+    async def inject(status_of: Callable[[], statuses.JobStatus]) -> None:
+        while status_of().step < 10:
+            await clock.sleep(0.05)
+        cluster.kill(3)
+        await asyncio.Event().wait()  # an injector runs until cancelled
+
+    task = asyncio.ensure_future(
+        run.execute(
+            scenarios.job(steps=30),
+            cluster,
+            clock=clock,
+            sink=sink,
+            out=tmp_path / "out",
+            inject=inject,
+        )
+    )
+    while not task.done():
+        assert clock.now < 120.0, "the job did not end"
+        await clock.advance(0.05)
+    assert task.result() == 0 and cluster.shut
+    recoveries = json.loads((tmp_path / "out" / "recoveries.json").read_text(encoding="utf-8"))
+    assert [r["failed"] for r in recoveries] == [[3]]
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
+        "metrics.csv",
+        "metrics.json",
+        "recoveries.json",
+        "summary.md",
+        "timeline.png",
+    ]
+    assert "recovery 1: worker 3 lost" in stream.getvalue()
+    assert "Succeeded" in stream.getvalue().splitlines()[-1]
+    assert "planaria run: Succeeded at step 30; report in" in capsys.readouterr().out
