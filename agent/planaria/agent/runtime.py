@@ -187,17 +187,24 @@ class Runtime:
         return messages.Acknowledgement(accepted=True)
 
     def stop(self, grace_s: float) -> messages.Acknowledgement:
-        """End the loop at the next step boundary (a step in flight ends within the epoch's
-        timeout), leave the epoch and close the writers; then state STOPPED. `grace_s` bounds
-        how long `wait_stopped` callers are expected to wait; it is not enforced here."""
-        del grace_s  # the step boundary and the epoch's timeout bound the stop
+        """End the loop at the next step boundary, leave the epoch and close the writers; then
+        state STOPPED. A step still in flight after `grace_s` gives up its collectives (its
+        point-to-point waits end within the epoch's timeout)."""
         with self._cond:
             self._stop = True
             if self._thread is None:
                 self._shown.state = State.STOPPED
                 self._stopped.set()
+            else:
+                timer = threading.Timer(grace_s, self._abandon)
+                timer.daemon = True
+                timer.start()
             self._cond.notify_all()
         return messages.Acknowledgement(accepted=True)
+
+    def _abandon(self) -> None:
+        if not self._stopped.is_set():
+            self._training.abandon_requested = True
 
     def take_snapshot(self, epoch: int) -> messages.Acknowledgement:
         """Snapshot the committed step at the next boundary, whatever the interval."""

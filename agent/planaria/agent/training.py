@@ -113,6 +113,8 @@ class Training:
         self._snapshot_s = 0.0
         self._hooked = -1
         self._flag: c10d.Store | None = None
+        # Set from another thread (a Stop's grace ran out): the step's collectives give up.
+        self.abandon_requested = False
 
     @property
     def step(self) -> int:
@@ -155,7 +157,7 @@ class Training:
                 worker=self.worker,
                 epoch=ready.epoch,
                 layers=ready.layers,
-                abandoned=lambda: flag.check([FAILED_KEY]),
+                abandoned=lambda: self.abandon_requested or flag.check([FAILED_KEY]),
             )
         except BaseException:
             self.end_epoch()
