@@ -246,6 +246,7 @@ class Locator:
     def __init__(self, *, job: executor.Job, holding: Holding, stores: Stores, step: int) -> None:
         self.job, self.holding, self.stores, self.step = job, holding, stores, step
         self._checkpoint: dict[int, model.LayerState] | None = None
+        self._stores: list[snapshot_store.SnapshotStore] | None = None
 
     def find(self, layer: int) -> tuple[messages.RecoveryTier, model.LayerState | None]:
         """The cheapest tier holding `layer` at the step, and its state (None: KEPT or
@@ -286,10 +287,13 @@ class Locator:
             yield Tier.CHECKPOINT, self._from_checkpoint
 
     def _peers(self) -> list[snapshot_store.SnapshotStore]:
-        """Every store of the job under the snapshot base (this worker's included)."""
-        root = self.stores.base / self.stores.job
-        found = sorted(p for p in root.iterdir() if p.is_dir() and p.name.isdigit())
-        return [snapshot_store.SnapshotStore(path) for path in found]
+        """Every store of the job under the snapshot base (this worker's included), opened
+        once per setup."""
+        if self._stores is None:
+            root = self.stores.base / self.stores.job
+            found = sorted(p for p in root.iterdir() if p.is_dir() and p.name.isdigit())
+            self._stores = [snapshot_store.SnapshotStore(path) for path in found]
+        return self._stores
 
     def _from_checkpoint(self, layer: int) -> model.LayerState:
         if self._checkpoint is None:

@@ -1,0 +1,183 @@
+"""What each recovery tier costs one worker to find a whole model's layers, on this machine.
+
+    .venv/bin/python bench/recovery_tiers.py [--shapes tiny,small] [--repeats 5]
+                                             [--out bench/results/recovery_tiers.json]
+
+One process plays a worker that must find every planner layer of a shape at step 1 through
+`epoch_setup.Locator` (the runtime's tier order), with its cheaper tiers made to fail so the
+measured tier serves:
+
+    LOCAL_SNAPSHOT   its own store holds the layers (member 0 of groups of 2, COPY: its shard
+                     plus its copy of the peer's rebuild each layer)
+    PEER_SNAPSHOT    its own store is empty; the two members' stores (COPY) rebuild each layer
+    CHECKPOINT       no snapshot anywhere; the persistent checkpoint (on this machine's disk)
+    INITIAL          every layer built from the seed with its AdamW (what step 0 needs)
+    copy (local)     LIVE_REPLICA's in-process part: flatten on the source, pour into the
+                     destination's template (no network; layer_transfer.flatten / fill)
+
+Stores live under /dev/shm when it exists (as the agents' do), the checkpoint under a temporary
+directory. Reported: the median seconds over `repeats`, the bytes of layer state found and the
+throughput. Network copies between processes are not measured here (the runtime tests run
+them; bench/recovery.py is the end-to-end figure).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import shutil
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from planaria.agent import (
+    checkpoints,
+    data,
+    epoch_setup,
+    executor,
+    held_layers,
+    layer_transfer,
+    model,
+    reference,
+    snapshot_store,
+    snapshot_writer,
+)
+from planaria.planner import plan, shapes
+from planaria.wire import messages
+
+Tier = messages.RecoveryTier
+STEP = 1
+
+
+def _trained(config: reference.TrainingConfig) -> dict[int, model.LayerState]:
+    """Every layer after one AdamW step on a constant gradient (moments are non-zero)."""
+    states = {}
+    for i in range(config.shape.num_planner_layers):
+        module = model.build_layer(config.shape, config.seed, i)
+        optimizer = model.make_optimizer(module, config.optimizer)
+        for p in module.parameters():
+            p.grad = torch.full_like(p, 1e-3)
+        optimizer.step()
+        states[i] = model.extract_layer_state(i, module, optimizer)
+    return states
+
+
+def _write(base: Path, states: dict[int, model.LayerState], ckpt: Path) -> None:
+    """Workers 0 and 1 snapshot every layer at STEP (groups of 2, COPY) and checkpoint it."""
+    group = (plan.WorkerId(0), plan.WorkerId(1))
+    for worker in group:
+        store = snapshot_store.SnapshotStore(snapshot_store.store_root("bench", worker, base))
+        config = snapshot_writer.WriterConfig(
+            job="bench", worker=worker, redundancy=messages.RedundancyMode.COPY
+        )
+        writer = snapshot_writer.SnapshotWriter(store, config)
+        writer.begin(
+            step=STEP, epoch=1, states=list(states.values()), groups=dict.fromkeys(states, group)
+        )
+        writer.wait()
+        writer.close()
+        saver = checkpoints.CheckpointWriter(
+            checkpoints.CheckpointConfig(root=ckpt, worker=worker, interval_steps=1)
+        )
+        saver.begin(store, STEP)
+        saver.wait()
+        saver.close()
+
+
+def _finder(
+    job: executor.Job, base: Path, own: int, checkpoint: str, step: int
+) -> Callable[[], dict[int, Tier]]:
+    store = snapshot_store.SnapshotStore(snapshot_store.store_root("bench", own, base))
+    stores = epoch_setup.Stores(own=store, job="bench", base=base, checkpoint_dir=checkpoint)
+    layers = range(job.config.shape.num_planner_layers)
+
+    def find() -> dict[int, Tier]:
+        nothing = epoch_setup.Holding(layers=None, step=-1)
+        locator = epoch_setup.Locator(job=job, holding=nothing, stores=stores, step=step)
+        return {i: locator.find(i)[0] for i in layers}
+
+    return find
+
+
+def _median_s(run: Callable[[], object], repeats: int) -> tuple[float, object]:
+    times, result = [], None
+    for _ in range(repeats):
+        started = time.perf_counter()
+        result = run()
+        times.append(time.perf_counter() - started)
+    return statistics.median(times), result
+
+
+def _copy(config: reference.TrainingConfig, states: dict[int, model.LayerState]) -> None:
+    for i, state in states.items():
+        layer_transfer.fill(layer_transfer.template_state(config, i), layer_transfer.flatten(state))
+
+
+def measure(shape: str, repeats: int, root: Path) -> list[dict[str, object]]:
+    config = reference.TrainingConfig(
+        shape=shapes.named(shape), seed=1, global_batch_size=2, micro_batch_size=1
+    )
+    job = executor.Job.from_tokens(config, data.load_default_corpus(max_bytes=50_000))
+    states = _trained(config)
+    total = sum(s.nbytes for s in states.values())
+    base, empty, ckpt = root / "shm", root / "empty", root / "ckpt"
+    _write(base, states, ckpt)
+    (empty / "bench").mkdir(parents=True)
+    arms: list[tuple[str, Callable[[], object]]] = [
+        ("local_snapshot", _finder(job, base, 0, "", STEP)),
+        ("peer_snapshot", _finder(job, base, 7, "", STEP)),  # worker 7 holds nothing
+        ("checkpoint", _finder(job, empty, 0, str(ckpt), STEP)),
+        ("initial", lambda: held_layers.HeldLayers.build(config, states)),
+        ("copy (local)", lambda: _copy(config, states)),
+    ]
+    rows = []
+    for name, run in arms:
+        seconds, tiers = _median_s(run, repeats)
+        if isinstance(tiers, dict):  # the arm was served by the tier it measures
+            assert set(tiers.values()) == {Tier(name)}, (name, tiers)
+        rows.append(
+            {
+                "shape": shape,
+                "tier": name,
+                "seconds": seconds,
+                "bytes": total,
+                "mb_per_s": total / seconds / 1e6,
+            }
+        )
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shapes", default="tiny,small")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--out", default="bench/results/recovery_tiers.json")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    logging.basicConfig(level=logging.ERROR)  # the tiers below the measured one log their misses
+    shm = Path("/dev/shm") if Path("/dev/shm").is_dir() else None
+    rows = []
+    for shape in args.shapes.split(","):
+        root = Path(tempfile.mkdtemp(prefix="planaria-tiers-", dir=shm))
+        try:
+            rows += measure(shape, args.repeats, root)
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
+    print(f"{'shape':<8}{'tier':<16}{'seconds':>10}{'MB':>9}{'MB/s':>9}")
+    for row in rows:
+        print(
+            f"{row['shape']:<8}{row['tier']:<16}{row['seconds']:>10.4f}"
+            f"{row['bytes'] / 1e6:>9.2f}{row['mb_per_s']:>9.0f}"  # type: ignore[operator]
+        )
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"repeats": args.repeats, "rows": rows}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
