@@ -7,7 +7,9 @@ step, and they go on over the survivors with their layers KEPT, losslessly; a re
 stages into 1x3 copies exactly the missing layers' bytes from live replicas (LIVE_REPLICA, one
 layer from two sources) and goes on losslessly; a killed pipeline stage restarted as a fresh
 process reloads its own snapshot (LOCAL_SNAPSHOT) while the survivor rolls back a step from
-its own, losslessly. In this process (a one-rank epoch): a corrupted snapshot shard is caught
+its own, losslessly; with RECOMPUTE redundancy a restarted data-parallel replica rebuilds
+its layers from its own shard plus its host-recomputed copy of the peer's (LOCAL_SNAPSHOT),
+losslessly. In this process (a one-rank epoch): a corrupted snapshot shard is caught
 by its checksum and the persistent checkpoint is used instead (CHECKPOINT), losslessly; with
 no tier left the agent latches SNAPSHOT_UNAVAILABLE and is FAILED; configure refusals (wrong
 worker, stale epoch, a running agent asked to resume at or before its step), pause/resume and
@@ -421,3 +423,23 @@ def test_load_snapshot_rolls_the_layers_back_to_a_snapshot(
     finally:
         agent.close()
     _assert_like_reference("solo", tmp_path, _plan(([(0, 6, 0)], 4)), settings, 5)
+
+
+def test_a_restarted_replica_rebuilds_from_its_shard_and_its_recomputed_copy(
+    cluster: runtime_cluster.RuntimeCluster, corpus: Path
+) -> None:
+    # RECOMPUTE (REFT AOR): each member keeps its peer's shard with optimizer moments replayed
+    # from the gradients on the host, so a restarted member's own store holds the whole layer.
+    settings = _settings(corpus, redundancy=messages.RedundancyMode.RECOMPUTE)
+    p = _plan(([(0, 6, 0)], 2), ([(0, 6, 1)], 2))
+    cluster.start([0, 1], kills={1: runtime_cluster.Kill(step=4)})
+    _start_epoch(cluster, p, settings, epoch=1, resume=0, stop=6)
+    (beat,) = cluster.wait([0], _failed).values()
+    assert beat.last_committed_step == 3
+    cluster.wait_dead(1)
+    cluster.start([1])
+    _start_epoch(cluster, p, settings, epoch=2, resume=3, stop=5)
+    beats = cluster.wait([0, 1], _finished)
+    tiers = {w: b.setup.tier for w, b in beats.items() if b.setup is not None}
+    assert tiers == {0: Tier.KEPT, 1: Tier.LOCAL_SNAPSHOT}
+    _assert_like_reference("job", cluster.base, p, settings, 5)

@@ -111,7 +111,7 @@ class Training:
         self._tokens: dict[messages.DataSettings, data.Tokens] = {}
         self._stores: dict[tuple[str, int], c10d.Store] = {}
         self._snapshot_s = 0.0
-        self._hooked = -1
+        self._hooked = False  # the step's first OptimizerStep has been seen
         self._flag: c10d.Store | None = None
         # Set from another thread (a Stop's grace ran out): the step's collectives give up.
         self.abandon_requested = False
@@ -189,7 +189,7 @@ class Training:
         """Train and commit the next step (executor.StepError when it aborts)."""
         assert self._executor is not None and self.holding.layers is not None
         t = self.holding.step + 1
-        self._snapshot_s = 0.0
+        self._snapshot_s, self._hooked = 0.0, False
         result = self._executor.run_step(t - 1, before=self._hook)
         self.holding = epoch_setup.Holding(layers=self.holding.layers, step=t)
         self._after_commit(t, forced=False)
@@ -206,8 +206,8 @@ class Training:
         return Committed(step=t, loss=result.step_loss, timings=timings)
 
     def _hook(self, step: int, index: int, op: instructions.Instruction) -> None:
-        if isinstance(op, instructions.OptimizerStep) and self._hooked != step:
-            self._hooked = step
+        if isinstance(op, instructions.OptimizerStep) and not self._hooked:
+            self._hooked = True
             with self._timed():
                 self.finish_snapshot()
                 self._recompute(step + 1)
