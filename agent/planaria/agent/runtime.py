@@ -396,6 +396,11 @@ class Runtime:
         LOG.warning("worker %d: %s at step %d: %s", self.worker, kind.value, step, message)
         error = messages.LatchedError(kind=kind, message=message, step=step, peer_worker=peer)
         with self._cond:
+            pending = self._pending
+            if pending is not None and pending.resume_step > self._training.step:
+                # A planned switch at a step this worker will now never reach: drop it, the
+                # controller reconfigures from the failure (and would read a stale epoch).
+                self._pending = None
             self._set(
                 state=State.FAILED, errors=(*self._shown.errors, error), step=self._training.step
             )
