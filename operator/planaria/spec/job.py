@@ -143,10 +143,11 @@ class FailureSpec(_Model):
     """One injected failure (local mode only): kill `worker` at a step or after a time."""
 
     step: PositiveInt | None = _field(None, "Kill the worker once the job reaches this step.")
-    time: str | float | None = _field(
-        None, 'Kill it this long after training starts: seconds or "90s", "2m", "500ms".'
+    # int-or-string, as a CRD schema can state it (x-kubernetes-int-or-string).
+    time: int | str | None = _field(
+        None, 'Kill it this long after training starts: whole seconds or "90s", "1.5m", "500ms".'
     )
-    worker: int | str = _field(
+    worker: int | str = _field(  # int-or-string too
         "random", 'The worker id to kill, or "random" for a live one chosen at random.'
     )
 
@@ -159,7 +160,7 @@ class FailureSpec(_Model):
 
     @pydantic.field_validator("time")
     @classmethod
-    def _duration(cls, value: str | float | None) -> str | float | None:
+    def _duration(cls, value: int | str | None) -> int | str | None:
         if value is not None:
             parse_duration(value)
         return value
