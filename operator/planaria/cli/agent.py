@@ -1,0 +1,82 @@
+"""`planaria agent`: run one worker's agent, serving planaria.v1 AgentService over gRPC.
+
+    planaria agent --worker W --job NAME [--listen 127.0.0.1:0] [--snapshot-base DIR]
+                   [--ready-file PATH] [--device cpu|cuda] [--threads N] [--grace S]
+
+The controller starts one per worker (a process locally, the container of a pod on Kubernetes)
+and drives it over gRPC (`planaria.agent.service`). With port 0 the agent binds a free port and
+writes the address it bound, "HOST:PORT", to --ready-file once it serves. It exits 0 after a
+Stop RPC or SIGTERM/SIGINT (graceful: health NOT_SERVING, the step in flight gets --grace
+seconds, then the server stops). torch is imported only inside the handler.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from planaria.planner import plan
+
+DEFAULT_LISTEN = "127.0.0.1:0"
+DEFAULT_SNAPSHOT_BASE = Path("/dev/shm/planaria")
+
+
+class AgentCommandError(ValueError):
+    """A flag out of range; names the flag and the fix."""
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "agent",
+        help="run one worker's training agent (gRPC server)",
+        description="Run one worker's training agent: the gRPC service the controller drives.",
+    )
+    parser.add_argument("--worker", type=int, required=True, help="this agent's worker id")
+    parser.add_argument("--job", required=True, help="the job's name (names snapshot stores)")
+    parser.add_argument(
+        "--listen", default=DEFAULT_LISTEN, help="HOST:PORT to serve on; port 0 picks a free one"
+    )
+    parser.add_argument(
+        "--snapshot-base",
+        type=Path,
+        default=DEFAULT_SNAPSHOT_BASE,
+        help="directory of host-memory snapshot stores (a tmpfs: /dev/shm, or an emptyDir "
+        "with medium Memory)",
+    )
+    parser.add_argument(
+        "--ready-file", type=Path, help="write the bound HOST:PORT here once serving"
+    )
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where to compute")
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    parser.add_argument(
+        "--grace", type=float, default=5.0, help="seconds the step in flight gets on SIGTERM"
+    )
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.worker < 0:
+        raise AgentCommandError(f"--worker is {args.worker}; give a worker id >= 0")
+    if not args.job or "/" in args.job:
+        raise AgentCommandError(f"--job is {args.job!r}; give a name without '/'")
+    if args.threads < 1:
+        raise AgentCommandError(f"--threads is {args.threads}; give 1 or more")
+    if not args.grace >= 0:
+        raise AgentCommandError(f"--grace is {args.grace}; give seconds >= 0")
+    if ":" not in args.listen:
+        raise AgentCommandError(f"--listen is {args.listen!r}; give HOST:PORT")
+    import torch
+
+    from planaria.agent import service
+
+    torch.set_num_threads(args.threads)
+    options = service.Options(
+        worker=plan.WorkerId(args.worker),
+        job=args.job,
+        listen=args.listen,
+        snapshot_base=args.snapshot_base,
+        ready_file=args.ready_file,
+        device=args.device,
+        grace_s=args.grace,
+    )
+    return service.serve(options)
