@@ -1,0 +1,279 @@
+"""`LocalBackend`: a job's workers as agent processes on this machine (`ports.Backend`).
+
+    backend = LocalBackend(job="tiny", run_dir=Path("runs/tiny"))
+    await backend.start([0, 1, 2])          # `python -m planaria agent ...` per worker
+    agent = await backend.connect(0, timeout_s=10)
+    backend.kill(1)                         # SIGKILL: a DIED event follows
+    await backend.restart(1)                # a JOINED event once it serves again
+    await backend.shutdown()                # Stop RPC, SIGTERM, SIGKILL; stores removed
+
+The rendezvous store of every epoch (a torch c10d TCPStore on 127.0.0.1, a free port) lives in
+this process, as the harness of the executor hosts it: never in a worker, so a worker's death
+never takes the store with it. Each agent is started with `--listen 127.0.0.1:0` and a ready
+file it writes once it serves; its stderr and stdout go to `<run_dir>/workers/worker-W.log`
+(appended across restarts). A task per process waits for its exit and reports DIED with the
+exit code or signal; a restarted worker is reported JOINED once it answers. Agents are started
+in their own session (a Ctrl-C of the terminal reaches the controller only, which stops them in
+order) and with a parent-death signal, so they never outlive this process.
+
+Shutdown stops every agent (Stop RPC, then SIGTERM, then SIGKILL after the grace), reaps them,
+releases the store and removes the job's host-memory snapshot stores
+(`<snapshot_base>/<job>/`) unless `keep_snapshots`.
+
+Errors: `LocalBackendError` (a worker that exits or stays silent before it serves, a restart of
+a live worker); `ports.AgentUnreachable` from `connect` when the worker does not run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import datetime
+import logging
+import os
+import shutil
+import signal
+import sys
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from torch._C import _distributed_c10d as c10d  # the store classes, as planaria.agent.groups
+
+from planaria.control import ports
+from planaria.planner import plan
+from planaria.rpc import client
+
+LOG = logging.getLogger(__name__)
+LOOPBACK = "127.0.0.1"
+DEFAULT_SNAPSHOT_BASE = Path("/dev/shm/planaria")
+READY_TIMEOUT_S = 60.0  # an agent imports torch and grpc before it serves: seconds on 2 cores
+STOP_GRACE_S = 5.0
+STORE_TIMEOUT_S = 300.0
+_POLL_S = 0.02
+_PR_SET_PDEATHSIG = 1  # prctl(2)
+
+
+class LocalBackendError(RuntimeError):
+    """A local worker could not be started or restarted; the message says why and where the
+    worker's log is."""
+
+
+@dataclass(slots=True, kw_only=True)
+class _Worker:
+    """One worker's current process (replaced on restart)."""
+
+    process: asyncio.subprocess.Process
+    address: str | None = None
+    generation: int = 0
+    watcher: asyncio.Task[None] | None = None
+    ended: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class LocalBackend:
+    """Agents as local processes, the store in this process (module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        job: str,
+        run_dir: Path,
+        snapshot_base: Path = DEFAULT_SNAPSHOT_BASE,
+        keep_snapshots: bool = False,
+        ready_timeout_s: float = READY_TIMEOUT_S,
+        stop_grace_s: float = STOP_GRACE_S,
+        agent_args: Sequence[str] = (),
+    ) -> None:
+        if not job or "/" in job:
+            raise ValueError(f"local backend: job name {job!r} is not usable; give one without '/'")
+        self.job = job
+        self.run_dir = run_dir
+        self.snapshot_base = snapshot_base
+        self._keep_snapshots = keep_snapshots
+        self._ready_timeout_s = ready_timeout_s
+        self._stop_grace_s = stop_grace_s
+        self._agent_args = tuple(agent_args)
+        self._workers: dict[plan.WorkerId, _Worker] = {}
+        self._events: asyncio.Queue[ports.WorkerEvent | None] = asyncio.Queue()
+        self._closed = False
+        self._store: c10d.TCPStore | None = c10d.TCPStore(
+            LOOPBACK, 0, None, True, datetime.timedelta(seconds=STORE_TIMEOUT_S), False
+        )
+        self._address = ports.StoreAddress(host=LOOPBACK, port=self._store.port)
+
+    # -- ports.Backend -----------------------------------------------------------------------
+
+    @property
+    def store(self) -> ports.StoreAddress:
+        return self._address
+
+    async def start(self, workers: Sequence[plan.WorkerId]) -> None:
+        """Launch an agent per worker not already running; returns once all of them serve."""
+        fresh = [w for w in dict.fromkeys(workers) if not self.running(w)]
+        await asyncio.gather(*(self._launch(w) for w in fresh))
+
+    async def connect(self, worker: plan.WorkerId, timeout_s: float) -> ports.Agent:
+        record = self._workers.get(worker)
+        if record is None or record.ended.is_set() or record.address is None:
+            raise ports.AgentUnreachable(worker, "no running local agent process")
+        return await client.AgentClient.connect(worker, record.address, timeout_s=timeout_s)
+
+    async def events(self) -> AsyncIterator[ports.WorkerEvent]:
+        while True:
+            event = await self._events.get()
+            if event is None:
+                self._events.put_nowait(None)  # every later reader ends too
+                return
+            yield event
+
+    async def shutdown(self) -> None:
+        """Stop and reap every agent, release the store, remove the job's stores; idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        await asyncio.gather(*(self._stop(w, r) for w, r in self._workers.items()))
+        self._events.put_nowait(None)
+        self._store = None  # the TCPStore's server ends with its last reference
+        if not self._keep_snapshots:
+            shutil.rmtree(self.snapshot_base / self.job, ignore_errors=True)
+
+    # -- failure injection and returning workers --------------------------------------------
+
+    def running(self, worker: plan.WorkerId) -> bool:
+        """Whether `worker`'s current process has not exited."""
+        record = self._workers.get(worker)
+        return record is not None and not record.ended.is_set()
+
+    def alive(self) -> tuple[plan.WorkerId, ...]:
+        """The workers whose process runs, sorted."""
+        return tuple(sorted(w for w in self._workers if self.running(w)))
+
+    @property
+    def pids(self) -> dict[plan.WorkerId, int]:
+        """The process id of every worker's current (or last) process."""
+        return {w: r.process.pid for w, r in self._workers.items()}
+
+    def kill(self, worker: plan.WorkerId, signum: int = signal.SIGKILL) -> None:
+        """Send `signum` to `worker`'s process (a DIED event follows when it exits)."""
+        if not self.running(worker):
+            raise LocalBackendError(f"worker {worker} does not run; kill a running worker")
+        self._workers[worker].process.send_signal(signum)
+
+    async def restart(self, worker: plan.WorkerId) -> None:
+        """Start `worker` again (same id, same snapshot store); JOINED once it serves."""
+        if self._closed:
+            raise LocalBackendError("the backend is shut down; restart before shutdown")
+        if self.running(worker):
+            raise LocalBackendError(f"worker {worker} still runs; kill it before a restart")
+        await self._launch(worker)
+        self._events.put_nowait(ports.WorkerEvent(kind=ports.EventKind.JOINED, worker=worker))
+
+    async def wait_exited(self, worker: plan.WorkerId, timeout_s: float) -> None:
+        """Wait until `worker`'s process has exited and its DIED event is queued."""
+        await asyncio.wait_for(self._workers[worker].ended.wait(), timeout_s)
+
+    # -- processes -----------------------------------------------------------------------------
+
+    def _paths(self, worker: plan.WorkerId) -> tuple[Path, Path]:
+        folder = self.run_dir / "workers"
+        folder.mkdir(parents=True, exist_ok=True)
+        return folder / f"worker-{worker}.ready", folder / f"worker-{worker}.log"
+
+    def _command(self, worker: plan.WorkerId, ready: Path) -> list[str]:
+        return [
+            *(sys.executable, "-m", "planaria", "agent"),
+            *("--worker", str(worker), "--job", self.job),
+            *("--listen", f"{LOOPBACK}:0", "--ready-file", str(ready)),
+            *("--snapshot-base", str(self.snapshot_base)),
+            *self._agent_args,
+        ]
+
+    async def _launch(self, worker: plan.WorkerId) -> None:
+        ready, log_path = self._paths(worker)
+        ready.unlink(missing_ok=True)
+        with open(log_path, "ab") as log:
+            process = await asyncio.create_subprocess_exec(
+                *self._command(worker, ready),
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                start_new_session=True,
+                preexec_fn=_die_with_parent,
+            )
+        old = self._workers.get(worker)
+        record = _Worker(process=process, generation=old.generation + 1 if old else 0)
+        self._workers[worker] = record
+        record.watcher = asyncio.ensure_future(self._watch(worker, record))
+        record.address = await self._await_ready(worker, record, ready, log_path)
+
+    async def _await_ready(
+        self, worker: plan.WorkerId, record: _Worker, ready: Path, log_path: Path
+    ) -> str:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._ready_timeout_s
+        while not ready.exists():
+            if record.ended.is_set():
+                raise LocalBackendError(
+                    f"worker {worker} exited with {_describe(record.process.returncode)} "
+                    f"before serving; see {log_path}"
+                )
+            if loop.time() > deadline:
+                record.process.kill()
+                raise LocalBackendError(
+                    f"worker {worker} did not serve within {self._ready_timeout_s:g} s "
+                    f"(killed); see {log_path}"
+                )
+            await asyncio.sleep(_POLL_S)
+        return ready.read_text().strip()
+
+    async def _watch(self, worker: plan.WorkerId, record: _Worker) -> None:
+        code = await record.process.wait()
+        record.ended.set()
+        if not self._closed:
+            detail = f"process {record.process.pid} exited with {_describe(code)}"
+            LOG.info("worker %d: %s", worker, detail)
+            self._events.put_nowait(
+                ports.WorkerEvent(kind=ports.EventKind.DIED, worker=worker, detail=detail)
+            )
+
+    async def _stop(self, worker: plan.WorkerId, record: _Worker) -> None:
+        """Stop RPC, then SIGTERM, then SIGKILL, each after the grace; always reaped."""
+        if not record.ended.is_set() and record.address is not None:
+            with contextlib.suppress(Exception):  # a process boundary: signals follow anyway
+                await asyncio.wait_for(self._stop_rpc(worker, record.address), self._stop_grace_s)
+        for signum in (signal.SIGTERM, signal.SIGKILL):
+            if record.ended.is_set():
+                break
+            with contextlib.suppress(ProcessLookupError):
+                record.process.send_signal(signum)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(record.ended.wait(), self._stop_grace_s)
+        if record.watcher is not None:
+            await record.watcher
+
+    async def _stop_rpc(self, worker: plan.WorkerId, address: str) -> None:
+        agent = await client.AgentClient.connect(worker, address, timeout_s=self._stop_grace_s)
+        try:
+            await agent.stop(self._stop_grace_s)
+            await asyncio.wait_for(self._workers[worker].ended.wait(), self._stop_grace_s)
+        finally:
+            await agent.close()
+
+
+def _describe(code: int | None) -> str:
+    """An exit status in words: 'exit code 3' or 'signal SIGKILL'."""
+    if code is None:
+        return "no exit status yet"
+    if code < 0:
+        return f"signal {signal.Signals(-code).name}"
+    return f"exit code {code}"
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
+    """Ask the kernel to SIGKILL the agent when this process ends (Linux prctl)."""
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() == 1:  # the parent already ended between fork and prctl
+            os._exit(1)
