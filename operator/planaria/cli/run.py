@@ -100,7 +100,8 @@ def _corpus_default() -> str:
 def _failure_text(failure: job.FailureSpec) -> str:
     """A spec failure in the --fail syntax, so both go through one parser."""
     trigger = f"step={failure.step}" if failure.step is not None else f"time={failure.time_s}s"
-    return f"{trigger}:worker={failure.worker}"
+    rejoin = "" if failure.rejoin_seconds is None else f":rejoin={failure.rejoin_seconds}s"
+    return f"{trigger}:worker={failure.worker}{rejoin}"
 
 
 class _Options:
@@ -178,8 +179,9 @@ async def execute(
     try:
         await _drive(controller, inject)
     finally:
+        ended = clock.monotonic()  # the workers' shutdown is not part of the run
         await backend.shutdown()
-        _report(settings, controller, out, started, clock.monotonic())
+        _report(settings, controller, out, started, ended)
     return 0 if controller.status.phase is statuses.Phase.SUCCEEDED else EXIT_FAILED
 
 

@@ -13,8 +13,9 @@ the controller's clock). matplotlib (Agg) is imported inside `write_timeline`, s
 this module stays cheap.
 
 Goodput (the report's one number): useful samples, the final step times the global batch, per
-second of wall time; the fault-free estimate is the median throughput of the steps trained at
-full strength, so their ratio is the share of ideal throughput the failures left.
+second of wall time, and the same from the first committed step on (start-up excluded); the
+fault-free estimate is the median throughput of the steps trained at full strength, so the
+ratio of the training goodput to it is the share of ideal throughput the failures left.
 """
 
 from __future__ import annotations
@@ -49,26 +50,32 @@ class History:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Goodput:
-    """Useful samples per wall-clock second, and the fault-free estimate it is measured against
-    (None when no step ran at full strength)."""
+    """Useful samples per wall-clock second, over the whole run and over its training part
+    (from the first committed step on: start-up excluded), and the fault-free estimate they are
+    measured against (None when no step ran at full strength)."""
 
     wall_s: float
     useful_samples: int
     samples_per_s: float
+    training_s: float
+    training_samples_per_s: float
     fault_free_samples_per_s: float | None
 
     @property
     def ratio(self) -> float | None:
-        """Goodput as a share of the fault-free estimate."""
+        """Training goodput as a share of the fault-free estimate."""
         if not self.fault_free_samples_per_s:
             return None
-        return self.samples_per_s / self.fault_free_samples_per_s
+        return self.training_samples_per_s / self.fault_free_samples_per_s
 
 
 def goodput(history: History) -> Goodput:
     """The run's goodput (module docstring)."""
     wall_s = max(history.finished_s - history.started_s, 1e-9)
     useful = history.final.step * history.global_batch_size
+    first = history.steps[0] if history.steps else None
+    training_s = max(history.finished_s - first.at_s, 1e-9) if first else 0.0
+    trained = (history.final.step - first.step) * history.global_batch_size if first else 0
     full = [
         r.samples_per_s
         for r in history.steps
@@ -78,8 +85,16 @@ def goodput(history: History) -> Goodput:
         wall_s=wall_s,
         useful_samples=useful,
         samples_per_s=useful / wall_s,
+        training_s=training_s,
+        training_samples_per_s=trained / training_s if first else 0.0,
         fault_free_samples_per_s=statistics.median(full) if full else None,
     )
+
+
+def final_workers(history: History) -> int:
+    """Workers training at the last committed step (the final status, written after the
+    workers are stopped, says 0)."""
+    return history.steps[-1].live_workers if history.steps else history.final.live_workers
 
 
 def write_report(history: History, out: Path) -> tuple[Path, ...]:
@@ -131,7 +146,7 @@ def summary(history: History) -> str:
         "",
         f"**{final.phase.value}** at step {final.step} after {good.wall_s:.1f} s "
         f"(epoch {final.epoch}, plan `{final.plan or '-'}`, "
-        f"{final.live_workers} of {final.total_workers} workers at the end).",
+        f"{final_workers(history)} of {final.total_workers} workers training at the end).",
     ]
     if final.message:
         lines.append(f"Last message: {final.message}")
@@ -175,11 +190,14 @@ def _goodput_lines(good: Goodput, history: History) -> list[str]:
         return lines
     lost = sum(r.lost_steps for r in history.recoveries)
     lines += [
+        f"- while training (from step {history.steps[0].step}, {good.training_s:.1f} s; start-up "
+        f"excluded): {good.training_samples_per_s:.1f} samples/s",
         f"- fault-free estimate: {good.fault_free_samples_per_s:.1f} samples/s (median of the "
         "steps at full strength)",
-        f"- goodput / fault-free: **{good.ratio:.0%}**; {lost} committed steps trained again",
-        "- the gap includes start-up (process launch, profiling, first rendezvous) as well as "
-        "recoveries and degraded throughput",
+        f"- goodput while training / fault-free: **{good.ratio:.0%}**; {lost} committed steps "
+        "trained again",
+        f"- start-up (launching the agents, profiling, the first rendezvous) took "
+        f"{good.wall_s - good.training_s:.1f} s of the {good.wall_s:.1f} s",
     ]
     return lines
 

@@ -9,6 +9,7 @@ the tier the costliest worker needed, and the seconds it took. Uses matplotlib's
 
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,7 @@ from planaria.control import status as statuses  # noqa: E402
 FAILURE = "#d62728"
 PLANNED = "#2ca02c"
 LINE = "#1f77b4"
-SMOOTHING = 5  # steps in the throughput's trailing mean
+SMOOTHING = 5  # steps in the throughput's trailing median
 
 
 def draw(history: run_report.History, path: Path) -> None:
@@ -54,7 +55,7 @@ def _plot_series(history: run_report.History, axes: Any) -> None:
         xs = [t for t, _ in points]
         rates = [r.samples_per_s for _, r in points]
         axes[0].plot(xs, rates, color=LINE, alpha=0.35, linewidth=0.8)
-        axes[0].plot(xs, _rolling_mean(rates, SMOOTHING), color=LINE, linewidth=1.8)
+        axes[0].plot(xs, _rolling_median(rates, SMOOTHING), color=LINE, linewidth=1.8)
         losses = [(t, r.loss) for t, r in points if r.loss is not None]
         if losses:
             axes[1].plot(*zip(*losses, strict=True), color="#9467bd", linewidth=1.4)
@@ -67,22 +68,21 @@ def _plot_series(history: run_report.History, axes: Any) -> None:
             label=f"fault-free estimate {good.fault_free_samples_per_s:.0f} samples/s",
         )
         axes[0].legend(loc="lower left", fontsize=8)
-    # Headroom above the curve for the recovery labels.
-    top = max((r.samples_per_s for r in history.steps), default=1.0)
-    axes[0].set_ylim(0, max(top, good.fault_free_samples_per_s or 0.0, 1e-3) * 1.4)
+    # Headroom for the recovery labels; a one-step spike (a step timed across a gap in the
+    # heartbeats) may leave the panel rather than flatten the rest.
+    rates = sorted(r.samples_per_s for r in history.steps) or [1.0]
+    typical = rates[int(0.95 * (len(rates) - 1))]
+    axes[0].set_ylim(0, max(typical, good.fault_free_samples_per_s or 0.0, 1e-3) * 1.5)
     live = [r.live_workers for r in history.steps]
     if times:
         axes[2].step(times, live, where="post", color="#ff7f0e", linewidth=1.8)
     axes[2].set_ylim(0, history.final.total_workers + 1)
 
 
-def _rolling_mean(values: list[float], window: int) -> list[float]:
-    """Trailing mean over up to `window` values: per-step rates are noisy on a shared machine."""
-    out = []
-    for i in range(len(values)):
-        chunk = values[max(0, i - window + 1) : i + 1]
-        out.append(sum(chunk) / len(chunk))
-    return out
+def _rolling_median(values: list[float], window: int) -> list[float]:
+    """Trailing median over up to `window` values: per-step rates are noisy on a shared machine
+    and a median ignores single-step spikes."""
+    return [statistics.median(values[max(0, i - window + 1) : i + 1]) for i in range(len(values))]
 
 
 def _mark(history: run_report.History, recovery: statuses.Recovery, axes: Any) -> None:
@@ -111,13 +111,27 @@ def _mark(history: run_report.History, recovery: statuses.Recovery, axes: Any) -
 
 def _decorate(history: run_report.History, figure: Any, axes: Any) -> None:
     final, good = history.final, run_report.goodput(history)
-    ratio = f", {good.ratio:.0%} of fault-free" if good.ratio is not None else ""
+    ratio = f" ({good.ratio:.0%} of fault-free)" if good.ratio is not None else ""
     figure.suptitle(
         f"{history.job}: {final.phase.value} at step {final.step} in {good.wall_s:.0f} s, "
-        f"{len(history.recoveries)} recoveries, goodput {good.samples_per_s:.0f} samples/s{ratio}",
+        f"{len(history.recoveries)} recoveries; while training "
+        f"{good.training_samples_per_s:.0f} samples/s{ratio}",
         fontsize=11,
     )
-    axes[0].set_ylabel("samples / s\n(thin: per step)")
+    startup_s = good.wall_s - good.training_s
+    if history.steps and startup_s > 0:
+        for axis in axes:
+            axis.axvspan(0, startup_s, color="grey", alpha=0.08, linewidth=0)
+        axes[2].annotate(
+            "start-up: agents launch,\nprofile, first rendezvous",
+            xy=(startup_s / 2, 0.5),
+            xycoords=("data", "axes fraction"),
+            ha="center",
+            va="center",
+            fontsize=8,
+            color="dimgrey",
+        )
+    axes[0].set_ylabel("samples / s\n(thin: per step, bold: median of 5)")
     axes[1].set_ylabel("loss (nats/byte)")
     axes[2].set_ylabel("live workers")
     axes[2].set_xlabel(

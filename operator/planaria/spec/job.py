@@ -145,7 +145,10 @@ class FailureSpec(_Model):
     step: PositiveInt | None = _field(None, "Kill the worker once the job reaches this step.")
     # int-or-string, as a CRD schema can state it (x-kubernetes-int-or-string).
     time: int | str | None = _field(
-        None, 'Kill it this long after training starts: whole seconds or "90s", "1.5m", "500ms".'
+        None, 'Kill it this long after the run starts: whole seconds or "90s", "1.5m".'
+    )
+    rejoin_seconds: Seconds | None = _field(
+        None, "Start the killed worker again after this many seconds (a returning worker)."
     )
     worker: int | str = _field(  # int-or-string too
         "random", 'The worker id to kill, or "random" for a live one chosen at random.'
