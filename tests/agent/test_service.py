@@ -4,14 +4,18 @@ Covers: every command reaches the runtime decoded and its Acknowledgement comes 
 keeps its reason); malformed requests (missing sub-messages, epoch 0, negative grace, a zero
 interval, a load of step 0) fail with INVALID_ARGUMENT naming the field and never reach the
 runtime; a busy agent's Profile is FAILED_PRECONDITION; Watch sends heartbeats at the interval
-and ends once the agent stops; Stop sets the stopping event the process waits on.
+and ends once the agent stops; Stop sets the stopping event the process waits on; `serve`
+writes its ready file, answers health SERVING, and on Stop turns NOT_SERVING while the runtime
+stops, then stops the server and returns 0.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from concurrent import futures
+from pathlib import Path
 
 import grpc
 import pytest
@@ -75,13 +79,19 @@ class _FakeRuntime:
         return True
 
 
+class _Stub(agent_pb2_grpc.AgentServiceStub):
+    """The generated stub, keeping its channel for raw calls."""
+
+    def __init__(self, channel: grpc.Channel) -> None:
+        super().__init__(channel)  # type: ignore[call-arg]  # the generated .pyi omits it
+        self.channel = channel
+
+
 @pytest.fixture
-def served() -> Iterator[tuple[_FakeRuntime, agent_pb2_grpc.AgentServiceStub, threading.Event]]:
+def served() -> Iterator[tuple[_FakeRuntime, _Stub, threading.Event]]:
     runtime, stopping = _FakeRuntime(), threading.Event()
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
-    agent_pb2_grpc.add_AgentServiceServicer_to_server(
-        service.AgentServicer(runtime, stopping), server
-    )
+    service.add_to_server(service.AgentServicer(runtime, stopping), server)
     checker = health.HealthServicer()
     checker.set("", health_pb2.HealthCheckResponse.SERVING)
     health_pb2_grpc.add_HealthServicer_to_server(checker, server)
@@ -89,13 +99,13 @@ def served() -> Iterator[tuple[_FakeRuntime, agent_pb2_grpc.AgentServiceStub, th
     server.start()
     channel = grpc.insecure_channel(f"127.0.0.1:{port}")
     try:
-        yield runtime, agent_pb2_grpc.AgentServiceStub(channel), stopping
+        yield runtime, _Stub(channel), stopping
     finally:
         channel.close()
         server.stop(1).wait()
 
 
-Served = tuple[_FakeRuntime, agent_pb2_grpc.AgentServiceStub, threading.Event]
+Served = tuple[_FakeRuntime, "_Stub", threading.Event]
 
 
 def test_commands_reach_the_runtime_and_answers_come_back(served: Served) -> None:
@@ -144,6 +154,28 @@ def test_malformed_requests_are_invalid_argument_and_never_reach_the_runtime(
     assert runtime.calls == []
 
 
+@pytest.mark.parametrize("method", ["Configure", "Pause", "Watch"])
+def test_truncated_requests_are_invalid_argument(served: Served, method: str) -> None:
+    runtime, stub, _ = served
+    whole = {
+        "Configure": pb.ConfigureRequest(epoch=300, plan=pb.Plan(micro_batch_size=2)),
+        "Pause": pb.PauseRequest(epoch=300),
+        "Watch": pb.WatchRequest(interval_s=0.5),
+    }[method].SerializeToString()
+    channel = stub.channel
+    path = f"/{service.SERVICE}/{method}"
+    make = channel.unary_stream if method == "Watch" else channel.unary_unary
+    call = make(path, request_serializer=None, response_deserializer=None)
+    with pytest.raises(grpc.RpcError) as raised:
+        answer = call(whole[:-1], timeout=5)
+        if method == "Watch":
+            next(iter(answer))
+    error: grpc.Call = raised.value  # type: ignore[assignment]
+    assert error.code() is grpc.StatusCode.INVALID_ARGUMENT, error.details()
+    assert "do not parse" in (error.details() or "")
+    assert runtime.calls == []
+
+
 def test_a_busy_agent_refuses_to_profile(served: Served) -> None:
     _, stub, _ = served
     order = codec.encode_profile_request(
@@ -157,8 +189,56 @@ def test_a_busy_agent_refuses_to_profile(served: Served) -> None:
 
 def test_watch_streams_until_the_agent_stops(served: Served) -> None:
     _, stub, stopping = served
-    stream = iter(stub.Watch(pb.WatchRequest(interval_s=0.02), timeout=10))
-    beats = [codec.decode_heartbeat(next(stream)) for _ in range(3)]
+    stream = iter(stub.Watch(pb.WatchRequest(interval_s=0.05), timeout=10))
+    started = time.monotonic()
+    beats = [codec.decode_heartbeat(next(stream)) for _ in range(4)]
+    assert 0.15 <= time.monotonic() - started < 2.0  # the first at once, then one per interval
     assert {b.worker for b in beats} == {2}
     stopping.set()
     assert len(list(stream)) <= 1  # at most the heartbeat already on its way, then the end
+
+
+class _SlowStop(_FakeRuntime):
+    """wait_stopped blocks until released, so the test can look at the agent while it stops."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = threading.Event()
+
+    def wait_stopped(self, timeout_s: float | None = None) -> bool:
+        return self.release.wait(timeout_s)
+
+
+def _health(address: str) -> int:
+    with grpc.insecure_channel(address) as channel:
+        answer = health_pb2_grpc.HealthStub(channel).Check(
+            health_pb2.HealthCheckRequest(service=service.SERVICE), timeout=5
+        )
+    return int(answer.status)
+
+
+def test_stop_turns_health_not_serving_stops_the_runtime_then_the_server(tmp_path: Path) -> None:
+    runtime, ready = _SlowStop(), tmp_path / "ready"
+    options = service.Options(worker=plan.WorkerId(2), job="j", ready_file=ready, grace_s=0.5)
+    exit_codes: list[int] = []
+    thread = threading.Thread(target=lambda: exit_codes.append(service.serve(options, runtime)))
+    thread.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not ready.exists():
+            assert time.monotonic() < deadline, "no ready file"
+            time.sleep(0.02)
+        address = ready.read_text().strip()
+        assert _health(address) == health_pb2.HealthCheckResponse.SERVING
+        with grpc.insecure_channel(address) as channel:
+            stub = agent_pb2_grpc.AgentServiceStub(channel)
+            assert stub.Stop(pb.StopRequest(grace_s=0.5), timeout=5).accepted
+        while _health(address) != health_pb2.HealthCheckResponse.NOT_SERVING:
+            assert time.monotonic() < deadline, "health never turned NOT_SERVING"
+            time.sleep(0.02)
+        assert thread.is_alive()  # the server waits for the runtime to stop
+    finally:
+        runtime.release.set()
+        thread.join(10)
+    assert exit_codes == [0]
+    assert [name for name, _ in runtime.calls] == ["stop", "stop"]

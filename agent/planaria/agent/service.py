@@ -3,8 +3,9 @@
     serve(Options(worker=3, job="demo", listen="127.0.0.1:0", ready_file=path))
 
 `AgentServicer` is a thin translation: it decodes every request with the codec (a `WireError`
-becomes INVALID_ARGUMENT with the field path, so a malformed or truncated message never reaches
-the runtime), calls the runtime and encodes its answer. Well-formed commands the runtime cannot
+becomes INVALID_ARGUMENT with the field path, and `add_to_server` parses the request bytes itself
+so that a truncated message is INVALID_ARGUMENT too, not grpc's INTERNAL; neither reaches the
+runtime), calls the runtime and encodes its answer. Well-formed commands the runtime cannot
 carry out come back as `accepted = false` with its reason; a Profile asked of a busy agent is
 FAILED_PRECONDITION.
 
@@ -34,9 +35,10 @@ from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import grpc
+from google.protobuf import message
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from planaria.planner import plan, profile
@@ -138,6 +140,43 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         return codec.encode_acknowledgement(ack, pb.LoadSnapshotResponse)
 
 
+def add_to_server(servicer: AgentServicer, server: grpc.Server) -> None:
+    """Register `servicer` like the generated `add_AgentServiceServicer_to_server`, except that
+    requests arrive as bytes and are parsed here: grpc answers bytes that do not parse (a
+    truncated message) with INTERNAL, the contract says INVALID_ARGUMENT."""
+    handlers = {}
+    for method in pb.DESCRIPTOR.services_by_name["AgentService"].methods:
+        behaviour = _parsing(getattr(servicer, method.name), getattr(pb, method.input_type.name))
+        make = (
+            grpc.unary_stream_rpc_method_handler
+            if method.server_streaming
+            else grpc.unary_unary_rpc_method_handler
+        )
+        handlers[method.name] = make(behaviour, response_serializer=_serialized)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
+
+
+def _parsing(
+    call: Callable[[Any, grpc.ServicerContext], _T], request_type: Any
+) -> Callable[[bytes, grpc.ServicerContext], _T]:
+    def behaviour(raw: bytes, context: grpc.ServicerContext) -> _T:
+        try:
+            request = request_type.FromString(raw)
+        except message.DecodeError as exc:
+            name = request_type.DESCRIPTOR.name
+            context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"{name}: {len(raw)} bytes do not parse ({exc}); send a whole {name}",
+            )
+        return call(request, context)
+
+    return behaviour
+
+
+def _serialized(answer: Any) -> bytes:
+    return bytes(answer.SerializeToString())
+
+
 def _decoded(context: grpc.ServicerContext, decode: Callable[[_M], _T], request: _M) -> _T:
     """`decode(request)`, or abort the RPC with INVALID_ARGUMENT naming the bad field."""
     try:
@@ -196,7 +235,7 @@ def _start_server(
     options: Options, runtime: RuntimeLike, stopping: threading.Event
 ) -> tuple[grpc.Server, health.HealthServicer, str]:
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=RPC_THREADS))
-    agent_pb2_grpc.add_AgentServiceServicer_to_server(AgentServicer(runtime, stopping), server)
+    add_to_server(AgentServicer(runtime, stopping), server)
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     host = options.listen.rsplit(":", 1)[0]
