@@ -78,6 +78,9 @@ class _FakeRuntime:
     def wait_stopped(self, timeout_s: float | None = None) -> bool:
         return True
 
+    def close(self) -> None:
+        pass
+
 
 class _Stub(agent_pb2_grpc.AgentServiceStub):
     """The generated stub, keeping its channel for raw calls."""

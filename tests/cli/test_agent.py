@@ -1,8 +1,8 @@
 """`planaria agent` as a process: bad flags, the ready file, health, and a graceful SIGTERM.
 
-Covers: a negative worker id or a job name with '/' is one line on stderr with exit status 2;
-a started agent writes HOST:PORT to its ready file, answers health SERVING there, and exits 0
-on SIGTERM.
+Covers: a negative worker id, a job name with '/', a --listen without a port or --threads 0 is
+one line on stderr with exit status 2; a started agent writes HOST:PORT to its ready file,
+answers health SERVING there, and exits 0 on SIGTERM (Stop -> exit 0 is in tests/rpc).
 """
 
 from __future__ import annotations
@@ -22,7 +22,12 @@ AGENT = [sys.executable, "-m", "planaria", "agent"]
 
 @pytest.mark.parametrize(
     ("flags", "said"),
-    [(["--worker", "-1", "--job", "j"], "--worker"), (["--worker", "1", "--job", "a/b"], "--job")],
+    [
+        (["--worker", "-1", "--job", "j"], "--worker"),
+        (["--worker", "1", "--job", "a/b"], "--job"),
+        (["--worker", "1", "--job", "j", "--listen", "nohost"], "--listen"),
+        (["--worker", "1", "--job", "j", "--threads", "0"], "--threads"),
+    ],
 )
 def test_bad_flags_are_one_line_and_exit_2(flags: list[str], said: str) -> None:
     done = subprocess.run([*AGENT, *flags], capture_output=True, text=True, timeout=60)

@@ -87,6 +87,9 @@ class _FakeRuntime:
     def wait_stopped(self, timeout_s: float | None = None) -> bool:
         return True
 
+    def close(self) -> None:
+        pass
+
 
 class _Server:
     def __init__(self) -> None:

@@ -67,6 +67,7 @@ class RuntimeLike(Protocol):
     def load_snapshot(self, load: messages.SnapshotLoad) -> messages.Acknowledgement: ...
     def profile(self, order: messages.ProfileOrder) -> profile.Profile: ...
     def wait_stopped(self, timeout_s: float | None = None) -> bool: ...
+    def close(self) -> None: ...
 
 
 class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
@@ -216,7 +217,11 @@ def serve(options: Options, runtime: RuntimeLike | None = None) -> int:
         real.start()
         runtime = real
     stopping = threading.Event()
-    server, health_servicer, address = _start_server(options, runtime, stopping)
+    try:
+        server, health_servicer, address = _start_server(options, runtime, stopping)
+    except ServeError:
+        runtime.close()
+        raise
     _install_signal_handlers(stopping)
     if options.ready_file is not None:
         _write_atomically(options.ready_file, f"{address}\n")
@@ -264,6 +269,7 @@ def _shut_down(
     runtime.stop(grace_s)
     runtime.wait_stopped(grace_s + 5.0)
     server.stop(grace_s).wait()
+    runtime.close()  # joins the training thread (a no-op wait once it stopped)
 
 
 def _install_signal_handlers(stopping: threading.Event) -> None:
