@@ -145,7 +145,7 @@ async def _run_job(
         server = job_metrics.serve(metrics, metrics_port)
         sinks.append(metrics)
     try:
-        return await execute(
+        final = await execute(
             settings,
             backend,
             clock=clock.RealClock(),
@@ -154,9 +154,13 @@ async def _run_job(
             inject=injector.run,
         )
     finally:
-        terminal.close()
+        terminal.close()  # before any line of ours, or the live panel is drawn again below it
         if server is not None:
             server.shutdown()
+    names = ", ".join(run_report.REPORT_FILES)
+    where = f"report in {options.out}/ ({names})"
+    print(f"planaria run: {final.phase.value} at step {final.step}; {where}")
+    return 0 if final.phase is statuses.Phase.SUCCEEDED else EXIT_FAILED
 
 
 Inject = Callable[[Callable[[], statuses.JobStatus]], Awaitable[None]]
@@ -170,9 +174,9 @@ async def execute(
     sink: ports.StatusSink,
     out: Path,
     inject: Inject | None = None,
-) -> int:
+) -> statuses.JobStatus:
     """Run the job on `backend` to its end, with `inject` (given a way to read the job's status)
-    running alongside, then write the report to `out`; returns the exit status. The report is
+    running alongside, then write the report to `out`; returns the final status. The report is
     written also after Ctrl-C or an error, once every worker is stopped."""
     controller = controllers.Controller(settings, backend, clock=clock, sink=sink)
     started = clock.monotonic()
@@ -182,7 +186,7 @@ async def execute(
         ended = clock.monotonic()  # the workers' shutdown is not part of the run
         await backend.shutdown()
         _report(settings, controller, out, started, ended)
-    return 0 if controller.status.phase is statuses.Phase.SUCCEEDED else EXIT_FAILED
+    return controller.status
 
 
 def _report(
@@ -202,9 +206,7 @@ def _report(
         started_s=started_s,
         finished_s=finished_s,
     )
-    written = run_report.write_report(history, out)
-    names = ", ".join(p.name for p in written)
-    print(f"planaria run: {final.phase.value} at step {final.step}; report in {out}/ ({names})")
+    run_report.write_report(history, out)
 
 
 async def _drive(controller: controllers.Controller, inject: Inject | None) -> None:

@@ -32,6 +32,7 @@ from typing import Any
 from planaria.control import status as statuses
 
 COLUMNS = ("time_s", "step", "loss", "samples_per_s", "live_workers", "epoch")
+REPORT_FILES = ("summary.md", "timeline.png", "metrics.csv", "metrics.json", "recoveries.json")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
