@@ -25,6 +25,7 @@ from planaria.control import status as statuses  # noqa: E402
 FAILURE = "#d62728"
 PLANNED = "#2ca02c"
 LINE = "#1f77b4"
+LABEL_ROWS = 3  # recovery labels stack this deep before reusing the top row
 SMOOTHING = 5  # steps in the throughput's trailing median
 
 
@@ -35,8 +36,11 @@ def draw(history: run_report.History, path: Path) -> None:
     )
     try:
         _plot_series(history, axes)
-        for recovery in history.recoveries:
-            _mark(history, recovery, axes)
+        rows = _label_rows(history)
+        for recovery, row in zip(history.recoveries, rows, strict=True):
+            _mark(history, recovery, axes, row)
+        # Stacked labels need more headroom above the curve.
+        axes[0].set_ylim(0, axes[0].get_ylim()[1] * (1 + 0.3 * max(rows, default=0)))
         _decorate(history, figure, axes)
         figure.savefig(path, dpi=110)
     finally:
@@ -85,7 +89,20 @@ def _rolling_median(values: list[float], window: int) -> list[float]:
     return [statistics.median(values[max(0, i - window + 1) : i + 1]) for i in range(len(values))]
 
 
-def _mark(history: run_report.History, recovery: statuses.Recovery, axes: Any) -> None:
+def _label_rows(history: run_report.History) -> list[int]:
+    """A text row per recovery label: the next row down when it starts too close to the
+    previous label to sit beside it (labels are about 8% of the axis wide)."""
+    width_s = max(history.finished_s - history.started_s, 1e-3)
+    rows, last_s, row = [], float("-inf"), 0
+    for recovery in history.recoveries:
+        start_s = recovery.started_s - history.started_s
+        row = (row + 1) % LABEL_ROWS if start_s - last_s < 0.09 * width_s else 0
+        rows.append(row)
+        last_s = start_s
+    return rows
+
+
+def _mark(history: run_report.History, recovery: statuses.Recovery, axes: Any, row: int) -> None:
     start = recovery.started_s - history.started_s
     end = start + max(recovery.total_s, 0.05)
     color = FAILURE if recovery.failed else PLANNED
@@ -100,7 +117,7 @@ def _mark(history: run_report.History, recovery: statuses.Recovery, axes: Any) -
         label,
         xy=(start, 1.0),
         xycoords=("data", "axes fraction"),
-        xytext=(4, -4),
+        xytext=(4, -4 - 34 * row),
         textcoords="offset points",
         va="top",
         fontsize=8,
