@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import logging
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
@@ -82,6 +83,9 @@ def run(args: argparse.Namespace) -> int:
         raise RunCommandError(f"--metrics-port {args.metrics_port}: give a port in [0, 65535]")
     out = Path(args.out) if args.out else Path("runs") / name
     live = not args.no_progress and sys.stdout.isatty()
+    # The controller and the backend log what they work around (a refused Configure, a worker
+    # left out); say whose line it is.
+    logging.basicConfig(format="planaria run: %(name)s: %(message)s", level=logging.WARNING)
     options = _Options(failures=failures, mtbf=args.mtbf, out=out, live=live)
     return asyncio.run(_run_job(settings, options, args.metrics_port))
 
