@@ -1,0 +1,194 @@
+"""Failure injection (planaria.local.faults): the --fail / --mtbf syntax, with round trips and
+random garbage (hypothesis), one-line errors naming the bad part; the Injector against a fake
+target: step and time triggers fire once, a random worker is a live one chosen by the seed, a
+dead worker is skipped, the MTBF clock kills at exponential intervals (the same seed, the same
+kills), a rejoin restarts the worker, and the task ends when the job does."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import signal
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from planaria.control import status as statuses
+from planaria.local import faults
+from planaria.planner import plan
+
+W = plan.WorkerId
+
+
+@given(step=st.integers(1, 10**6), worker=st.one_of(st.none(), st.integers(0, 999)))
+def test_a_step_failure_round_trips(step: int, worker: int | None) -> None:
+    text = f"step={step}:worker={'random' if worker is None else worker}"
+    assert faults.parse_failure(text) == faults.Failure(
+        step=step, worker=None if worker is None else W(worker)
+    )
+
+
+@given(seconds=st.integers(1, 10**5), unit=st.sampled_from(["", "s", "m", "h"]))
+def test_a_time_failure_reads_its_unit(seconds: int, unit: str) -> None:
+    scale = {"": 1, "s": 1, "m": 60, "h": 3600}[unit]
+    failure = faults.parse_failure(f"time={seconds}{unit}:worker=2:rejoin=5s")
+    assert failure.time_s == pytest.approx(seconds * scale)
+    assert (failure.worker, failure.rejoin_after_s, failure.step) == (W(2), 5.0, None)
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        ("step=40", "no worker"),
+        ("worker=3", "exactly one of step"),
+        ("step=4:time=5s:worker=1", "exactly one of step"),
+        ("step=0:worker=1", "step is '0'"),
+        ("step=x:worker=1", "step is 'x'"),
+        ("step=4:worker=-1", "worker is '-1'"),
+        ("step=4:worker=any", "worker is 'any'"),
+        ("time=soon:worker=1", "time is 'soon'"),
+        ("time=0s:worker=1", "time is '0s'"),
+        ("step=4:worker=1:rejoin=-2", "rejoin is '-2'"),
+        ("step=4:worker=1:node=2", "unknown key 'node'"),
+        ("step=4:step=5:worker=1", "step is given twice"),
+        ("step4:worker=1", "part 'step4' is not key=value"),
+    ],
+)
+def test_bad_failures_name_the_part_and_the_fix(text: str, words: str) -> None:
+    with pytest.raises(faults.FaultSyntaxError) as caught:
+        faults.parse_failure(text)
+    message = str(caught.value)
+    assert words in message and "\n" not in message
+    assert isinstance(caught.value, ValueError)
+
+
+@given(st.text(max_size=30))
+def test_any_text_parses_or_says_why(text: str) -> None:
+    try:
+        failure = faults.parse_failure(text)
+    except faults.FaultSyntaxError as exc:
+        assert str(exc)
+    else:
+        assert (failure.step is None) != (failure.time_s is None)
+
+
+def test_mtbf_reads_durations_and_refuses_others() -> None:
+    assert faults.parse_mtbf("60s") == 60.0
+    assert faults.parse_mtbf("1.5m") == 90.0
+    for bad in ("", "0", "-5s", "inf", "5 days"):
+        with pytest.raises(faults.FaultSyntaxError, match="--mtbf"):
+            faults.parse_mtbf(bad)
+
+
+class FakeTarget:
+    """Workers that die when killed and come back when restarted."""
+
+    def __init__(self, workers: range) -> None:
+        self.live = set(map(W, workers))
+        self.kills: list[plan.WorkerId] = []
+        self.restarts: list[plan.WorkerId] = []
+
+    def alive(self) -> tuple[plan.WorkerId, ...]:
+        return tuple(sorted(self.live))
+
+    def kill(self, worker: plan.WorkerId, signum: int = signal.SIGKILL) -> None:
+        assert signum == signal.SIGKILL and worker in self.live
+        self.live.discard(worker)
+        self.kills.append(worker)
+
+    async def restart(self, worker: plan.WorkerId) -> None:
+        self.live.add(worker)
+        self.restarts.append(worker)
+
+
+class FakeTime:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _status(step: int, phase: statuses.Phase = statuses.Phase.RUNNING) -> statuses.JobStatus:
+    return statuses.JobStatus(
+        phase=phase,
+        conditions=(),
+        epoch=1,
+        step=step,
+        loss=None,
+        samples_per_s=0.0,
+        live_workers=4,
+        total_workers=4,
+        plan="",
+        last_recovery=None,
+        recoveries=0,
+        message="",
+    )
+
+
+async def _drive(
+    injector: faults.Injector, timeline: list[statuses.JobStatus], time: FakeTime
+) -> None:
+    """Run the injector over `timeline`: one status per poll, one second apart."""
+    index = 0
+
+    def status() -> statuses.JobStatus:
+        return timeline[min(index, len(timeline) - 1)]
+
+    task = asyncio.ensure_future(injector.run(status))
+    for index in range(len(timeline)):  # noqa: B007 - read by status()
+        time.now = float(index)
+        await asyncio.sleep(0.001)
+    await asyncio.wait_for(task, 2.0)
+
+
+@pytest.mark.asyncio
+async def test_step_and_time_failures_fire_once_and_skip_the_dead() -> None:
+    target, time = FakeTarget(range(4)), FakeTime()
+    failures = [
+        faults.parse_failure("step=3:worker=1"),
+        faults.parse_failure("time=2s:worker=2"),
+        faults.parse_failure("step=5:worker=1"),  # worker 1 is dead by then: skipped
+    ]
+    injector = faults.Injector(target, failures, poll_s=0.001, monotonic=time)
+    steps = [0, 1, 2, 3, 4, 5, 6, 7]
+    done = _status(7, statuses.Phase.SUCCEEDED)
+    await _drive(injector, [*map(_status, steps), done], time)
+    assert target.kills == [W(2), W(1)]
+    assert [i.worker for i in injector.injected] == [W(2), W(1)]
+    assert injector.injected[1].step >= 3
+
+
+@pytest.mark.asyncio
+async def test_a_random_failure_takes_a_live_worker_and_rejoins_it() -> None:
+    target, time = FakeTarget(range(3)), FakeTime()
+    target.live.discard(W(0))
+    failure = faults.parse_failure("step=1:worker=random:rejoin=0.01")
+    injector = faults.Injector(target, [failure], seed=3, poll_s=0.001, monotonic=time)
+    task = asyncio.ensure_future(injector.run(lambda: _status(2)))
+    for _ in range(200):
+        await asyncio.sleep(0.002)
+        if target.restarts:
+            break
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    assert len(target.kills) == 1 and target.kills[0] in {W(1), W(2)}
+    assert target.restarts == target.kills
+
+
+@pytest.mark.asyncio
+async def test_the_mtbf_clock_is_seeded_and_exponential() -> None:
+    async def kills(seed: int) -> list[faults.Injected]:
+        target, time = FakeTarget(range(1000)), FakeTime()
+        injector = faults.Injector(target, [], mtbf=5.0, seed=seed, poll_s=0.0, monotonic=time)
+        timeline = [_status(i) for i in range(400)] + [_status(400, statuses.Phase.FAILED)]
+        await _drive(injector, timeline, time)
+        return injector.injected
+
+    first, again, other = await kills(1), await kills(1), await kills(2)
+    assert [dataclasses.astuple(i) for i in first] == [dataclasses.astuple(i) for i in again]
+    assert first != other
+    gaps = [b.at_s - a.at_s for a, b in zip(first, first[1:], strict=False)]
+    assert 40 < len(first) < 140  # ~400 s / 5 s mean
+    assert 3.0 < sum(gaps) / len(gaps) < 7.5
