@@ -194,6 +194,25 @@ def test_survivors_of_a_killed_data_parallel_worker_keep_their_layers_and_go_on(
     _assert_like_reference("job", cluster.base, two, settings, 5)
 
 
+def test_survivors_of_a_killed_pipeline_stage_replica_re_plan_onto_one_pipeline(
+    cluster: runtime_cluster.RuntimeCluster, corpus: Path
+) -> None:
+    """Two pipelines of two stages: each rank is outside the other stage's all-reduce group
+    (torch's non-member placeholder), which a failed step's abort must skip, not crash on."""
+    settings = _settings(corpus)
+    grid = _plan(([(0, 3, 0), (3, 6, 1)], 2), ([(0, 3, 2), (3, 6, 3)], 2))
+    cluster.start([0, 1, 2, 3], kills={3: runtime_cluster.Kill(step=3)})
+    _start_epoch(cluster, grid, settings, epoch=1, resume=0, stop=6)
+    beats = cluster.wait([0, 1, 2], _failed)
+    cluster.wait_dead(3)
+    assert {b.last_committed_step for b in beats.values()} == {2}
+    assert all(b.errors[-1].kind is messages.ErrorKind.PEER_LOST for b in beats.values())
+    one = _plan(([(0, 3, 0), (3, 6, 1)], 4))
+    _start_epoch(cluster, one, settings, epoch=2, resume=2, stop=5)
+    cluster.wait([0, 1], _finished)
+    _assert_like_reference("job", cluster.base, one, settings, 5)
+
+
 def test_a_re_split_copies_exactly_the_missing_layers_from_live_replicas(
     cluster: runtime_cluster.RuntimeCluster, corpus: Path
 ) -> None:

@@ -31,6 +31,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch.distributed as dist
 from torch._C import _distributed_c10d as c10d  # the store classes (see groups.py)
 
 from planaria.agent import (
@@ -176,7 +177,10 @@ class Training:
             with contextlib.suppress(RuntimeError):  # the controller's store may be gone
                 flag.set(FAILED_KEY, str(self.worker))
         if epoch is not None and failed:
-            for group in {id(g): g for g in (epoch.world, *epoch.subgroups.values())}.values():
+            # On a rank outside a subgroup its entry is torch's non-member placeholder (not a
+            # group): only the groups this rank is in have connections to abort.
+            joined = (epoch.world, *epoch.subgroups.values())
+            for group in {id(g): g for g in joined if isinstance(g, dist.ProcessGroup)}.values():
                 with contextlib.suppress(RuntimeError):
                     group.abort()
         self._close_writers()
