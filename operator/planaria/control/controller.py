@@ -161,6 +161,7 @@ class Controller:
         if self._phase is statuses.Phase.SUSPENDED:
             await self._try_resume()
         elif self._epochs.finished():
+            self._history.settle()
             self._set(statuses.Phase.SUCCEEDED, f"trained {self._job.steps} steps")
         elif self._epochs.broken(now):
             await self._recover()

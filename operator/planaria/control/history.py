@@ -1,12 +1,13 @@
 """What the job did, for the status and the report: committed steps and finished recoveries.
 
 `History` records a `StepRecord` whenever the current epoch commits a newer step, and turns a
-pending recovery into a `Recovery` at its epoch's first committed step, with the workers'
-setup reports (costliest tier, slowest regroup and transfer, bytes received) and the seconds
-from the Configure (`resume_s`) and from the death (`total_s`). A failure before a pending
-recovery finished extends it (`begin` merges): one recovery from the first death to the
-first step that followed. `combine` reads an epoch's setups: the costliest tier any worker
-needed, the slowest regroup and transfer (workers set up in parallel), the bytes received.
+pending recovery into a `Recovery` timed at its epoch's first committed step (`resume_s` from
+the Configure, `total_s` from the death), with the workers' setup reports (costliest tier,
+slowest regroup and transfer, bytes received) taken once every worker of the epoch has reported
+its setup: heartbeats lag, and the first worker seen past the step need not be the one that
+needed the costliest tier. A failure before a pending recovery resumed extends it (`begin`
+merges): one recovery from the first death to the first step that followed. `combine` reads an
+epoch's setups.
 """
 
 from __future__ import annotations
@@ -19,6 +20,10 @@ from planaria.control import status as statuses
 from planaria.planner import plan as plans
 from planaria.wire import messages
 
+# How long after the first step a recovery waits for the setups of workers whose heartbeats
+# have not arrived before it is recorded with those it has (a worker that died meanwhile).
+SETUP_REPORTS_WAIT_S = 2.0
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Pending:
@@ -28,6 +33,8 @@ class Pending:
     death_at: float
     configured_at: float
     resume_step: int
+    first_step_at: float | None = None  # when the epoch's first step was seen committed
+    setups: Mapping[plans.WorkerId, messages.EpochSetup] = field(default_factory=dict)
 
 
 @dataclass(slots=True, kw_only=True)
@@ -42,6 +49,9 @@ class History:
     def begin(self, record: statuses.Recovery, now: float, resume_step: int) -> None:
         """A recovery's epoch was configured at `now`; `record.started_s` is the death."""
         death_at, previous = record.started_s, self.pending
+        if previous is not None and previous.first_step_at is not None:
+            self._record(previous)  # it had resumed: this is a new recovery
+            previous = None
         if previous is not None:
             death_at = min(death_at, previous.death_at)
             record = dataclasses.replace(
@@ -68,6 +78,7 @@ class History:
         """Take the heartbeats of `epoch`: record its newest committed step after
         `resume_step`, and finish the pending recovery of this epoch at its first."""
         step = max((b.last_committed_step for b in beats), default=0)
+        self._finish(beats, epoch, now, live_workers, resumed=step > resume_step)
         last = self.steps[-1] if self.steps else None
         if step <= resume_step or (last is not None and (last.epoch, last.step) == (epoch, step)):
             return
@@ -84,7 +95,6 @@ class History:
                 epoch=epoch,
             )
         )
-        self._finish(beats, epoch, now)
 
     def step_s(self, epoch: int, beats: Sequence[messages.Heartbeat]) -> float:
         """Seconds per step: between the epoch's last two records, else the agents' timings
@@ -107,11 +117,41 @@ class History:
         step_s = max((b.timings.step_s for b in beats), default=0.0)
         return self.global_batch / step_s if step_s > 0 else 0.0
 
-    def _finish(self, beats: Sequence[messages.Heartbeat], epoch: int, now: float) -> None:
+    def _finish(
+        self,
+        beats: Sequence[messages.Heartbeat],
+        epoch: int,
+        now: float,
+        workers: int,
+        *,
+        resumed: bool,
+    ) -> None:
+        """Time the pending recovery of `epoch` at its first step; record it once every
+        worker's setup report is in (or SETUP_REPORTS_WAIT_S later, with those there are)."""
         pending = self.pending
         if pending is None or pending.record.epoch != epoch:
             return
-        setups = {b.worker: b.setup for b in beats if b.setup and b.setup.epoch == epoch}
+        seen = {b.worker: b.setup for b in beats if b.setup and b.setup.epoch == epoch}
+        first = pending.first_step_at
+        if first is None and resumed:
+            first = now
+        pending = dataclasses.replace(
+            pending, first_step_at=first, setups={**pending.setups, **seen}
+        )
+        self.pending = pending
+        if first is None:
+            return
+        if len(pending.setups) >= workers or now - first >= SETUP_REPORTS_WAIT_S:
+            self._record(pending)
+
+    def settle(self) -> None:
+        """Record a recovery that resumed but still waits for setup reports (the job ended)."""
+        if self.pending is not None and self.pending.first_step_at is not None:
+            self._record(self.pending)
+
+    def _record(self, pending: Pending) -> None:
+        assert pending.first_step_at is not None
+        first, setups = pending.first_step_at, pending.setups
         combined = combine(setups)
         self.recoveries.append(
             dataclasses.replace(
@@ -119,8 +159,8 @@ class History:
                 tier=combined.tier if setups else pending.record.tier,
                 regroup_s=combined.regroup_s,
                 transfer_s=combined.transfer_s,
-                resume_s=now - pending.configured_at,
-                total_s=now - pending.death_at,
+                resume_s=first - pending.configured_at,
+                total_s=first - pending.death_at,
                 transferred_bytes=combined.received_bytes,
             )
         )
