@@ -1,0 +1,132 @@
+"""A test helper: one job driven by the real controller over a `LocalBackend` on the real clock.
+
+`LocalJob` builds small `JobSettings` (the tiny model, a small corpus, snapshots every step),
+runs `planaria.control.controller.Controller` with agent processes, lets a test act on the
+backend while the job runs (a `Script`: an async function given the job), and reads the final
+layer states from the agents' snapshot stores for the comparison with the fault-free
+`ReferenceTrainer` (`planaria.agent.runtime_states`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import torch
+
+from planaria.agent import runtime_states
+from planaria.control import clock, controller
+from planaria.control import settings as job_settings
+from planaria.control import status as statuses
+from planaria.local import backend as local_backend
+from planaria.planner import plan
+from planaria.wire import messages
+
+__all__ = ["LocalJob", "asyncio", "assert_like_reference", "job", "job_settings", "training"]
+
+RTOL = 1e-5
+RUN_TIMEOUT_S = 150.0
+POLL_S = 0.02
+
+
+def training(corpus: Path, checkpoint_dir: Path | None = None) -> messages.TrainingSettings:
+    """The tiny model on `corpus`, snapshots every step (XOR), checkpoints every 2 when given."""
+    return messages.TrainingSettings(
+        model="tiny",
+        seed=5,
+        optimizer=messages.OptimizerSettings(lr=3e-3, eps=1e-6),
+        global_batch_size=4,
+        data=messages.DataSettings(corpus_paths=(str(corpus),)),
+        device=messages.Device.CPU,
+        snapshot_interval_steps=1,
+        redundancy=messages.RedundancyMode.XOR,
+        checkpoint_dir=str(checkpoint_dir) if checkpoint_dir else "",
+        checkpoint_interval_steps=2 if checkpoint_dir else 0,
+    )
+
+
+def job(
+    name: str, training_: messages.TrainingSettings, **changes: object
+) -> job_settings.JobSettings:
+    values: dict[str, object] = {
+        "name": name,
+        "workers": 3,
+        "steps": 10,
+        "micro_batch_size": 1,
+        "training": training_,
+        "fault_tolerance": 1,
+        "policy": "dynamic",
+        "heartbeat_interval_s": 0.1,
+        "heartbeat_timeout_s": 3.0,
+        "step_timeout_s": 10.0,
+        "configure_timeout_s": 60.0,
+    }
+    values.update(changes)
+    return job_settings.JobSettings(**values)  # type: ignore[arg-type]
+
+
+class LocalJob:
+    """The controller and the backend of one job (module docstring)."""
+
+    def __init__(self, settings: job_settings.JobSettings, run_dir: Path, shm: Path) -> None:
+        self.settings = settings
+        self.backend = local_backend.LocalBackend(
+            job=settings.name, run_dir=run_dir, snapshot_base=shm, keep_snapshots=True
+        )
+        self.controller = controller.Controller(settings, self.backend, clock=clock.RealClock())
+        self.final_plan: plan.Plan | None = None
+
+    @property
+    def status(self) -> statuses.JobStatus:
+        return self.controller.status
+
+    async def until(
+        self, check: Callable[[statuses.JobStatus], bool], timeout_s: float = 90.0
+    ) -> None:
+        """Wait until `check(status)` holds (TimeoutError past `timeout_s`)."""
+
+        async def poll() -> None:
+            while not check(self.status):
+                await asyncio.sleep(POLL_S)
+
+        await asyncio.wait_for(poll(), timeout_s)
+
+    async def run(
+        self, script: Callable[[LocalJob], Awaitable[None]] | None = None
+    ) -> statuses.JobStatus:
+        """Run the job to its end with `script` acting alongside; the backend is shut down."""
+        try:
+            acting = asyncio.ensure_future(script(self)) if script else None
+            final = await asyncio.wait_for(self._run(), RUN_TIMEOUT_S)
+            if acting is not None:
+                await acting
+            return final
+        finally:
+            await self.backend.shutdown()
+
+    async def _run(self) -> statuses.JobStatus:
+        final = await self.controller.run()
+        self.final_plan = self.controller.plan
+        return final
+
+
+def assert_like_reference(job_: LocalJob, shm: Path) -> None:
+    """The final layer states (snapshot stores, last step) equal the fault-free reference's:
+    every tensor (parameters, AdamW moments) within RTOL relative in norm, ||a - b|| <= RTOL
+    ||b||. A changed data-parallel degree changes the order of the gradient sums, so single
+    elements drift by float32 rounding (a few 1e-5 relative after 20 steps); norm-wise the
+    difference stays far below RTOL, while any lost or repeated step is orders above it."""
+    settings, final = job_.settings, job_.final_plan
+    assert final is not None
+    got = runtime_states.read_final_states(settings.name, shm, final, settings.steps)
+    want, _ = runtime_states.reference_states(
+        settings.training, settings.micro_batch_size, settings.steps
+    )
+    assert sorted(got) == sorted(want)
+    for index, state in got.items():
+        for kind in ("parameters", "exp_avg", "exp_avg_sq"):
+            for a, b in zip(getattr(state, kind), getattr(want[index], kind), strict=True):
+                error = float(torch.linalg.vector_norm(a - b) / torch.linalg.vector_norm(b))
+                assert error <= RTOL, f"layer {index} {kind}: relative error {error:.2e}"
+        assert [s.item() for s in state.steps] == [settings.steps] * len(state.steps)
