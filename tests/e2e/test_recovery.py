@@ -5,13 +5,16 @@ Covered: a killed worker -> the job goes on without restarting the survivors (sa
 its final parameters and optimizer moments equal the fault-free ReferenceTrainer's; two failures
 in quick succession; a failure while the controller reconfigures after another; losing more
 workers than the fault tolerance -> a persistent checkpoint, Suspended, then resumed when the
-workers return, still equal; a single pipeline (DP=1) whose killed worker is restarted and
-reloads its own host-memory snapshot (LOCAL_SNAPSHOT tier). Final states are read from the
-agents' snapshot stores at the last step (`planaria.agent.runtime_states`).
+workers return, still equal; a single pipeline (DP=1: the device too small for one worker) that
+loses a stage goes on with fewer stages, the lost layers rebuilt from the host-memory snapshots
+(a snapshot tier), still equal; and (xfail, a controller gap) a single-worker job whose killed
+worker is restarted reloading its own snapshot (LOCAL_SNAPSHOT tier). Final states are read
+from the agents' snapshot stores at the last step (`planaria.agent.runtime_states`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import uuid
 from collections.abc import Iterator
@@ -19,9 +22,9 @@ from pathlib import Path
 
 import pytest
 
-from planaria.agent import data
+from planaria.agent import data, profiler
 from planaria.control import status as statuses
-from planaria.planner import plan
+from planaria.planner import plan, profile, shapes
 from planaria.wire import messages
 from tests.e2e import local_job
 
@@ -155,3 +158,42 @@ async def test_a_restarted_worker_of_a_single_pipeline_reloads_its_own_snapshot(
     _assert_succeeded(job, final, shm)
     tiers = {r.tier for r in job.controller.recoveries}
     assert Tier.LOCAL_SNAPSHOT in tiers or Tier.PEER_SNAPSHOT in tiers, tiers
+
+
+def _pipelined_profile(micro_batch_size: int) -> profile.Profile:
+    """The tiny model's measured profile with a device too small for the whole model on one
+    worker (85 % of its layers' memory), so every plan is a single pipeline of 2+ stages."""
+    measured = profiler.measure_profile(shapes.named("tiny"), micro_batch_size, warmup=0, repeats=1)
+    need = sum(
+        layer.parameter_bytes
+        + layer.gradient_bytes
+        + layer.optimizer_bytes
+        + layer.activation_bytes
+        for layer in measured.layers
+    )
+    return dataclasses.replace(measured, memory_bytes=int(need * 0.85))
+
+
+@pytest.mark.asyncio
+async def test_a_lost_stage_of_a_single_pipeline_is_rebuilt_from_snapshots(
+    corpus: Path, shm: Path, tmp_path: Path
+) -> None:
+    settings = local_job.job(
+        "one-pipeline",
+        local_job.training(corpus),
+        workers=3,
+        fault_tolerance=0,
+        profile=_pipelined_profile(1),
+    )
+    job = _job(tmp_path, shm, settings)
+
+    async def kill(job: local_job.LocalJob) -> None:
+        await job.until(lambda s: s.phase is Phase.RUNNING and s.step >= 3)
+        running = job.controller.plan
+        assert running is not None and len(running.pipelines) == 1, running
+        job.backend.kill(running.workers[-1])
+
+    final = await job.run(kill)
+    _assert_succeeded(job, final, shm)
+    tiers = {r.tier for r in job.controller.recoveries}
+    assert tiers & {Tier.LOCAL_SNAPSHOT, Tier.PEER_SNAPSHOT}, tiers
