@@ -95,14 +95,23 @@ class LocalJob:
     async def run(
         self, script: Callable[[LocalJob], Awaitable[None]] | None = None
     ) -> statuses.JobStatus:
-        """Run the job to its end with `script` acting alongside; the backend is shut down."""
+        """Run the job to its end with `script` acting alongside; the backend is shut down.
+        A script still waiting when the job ends fails the test at once (its failures were
+        never injected) instead of waiting out its own timeout."""
+        acting = asyncio.ensure_future(script(self)) if script else None
         try:
-            acting = asyncio.ensure_future(script(self)) if script else None
             final = await asyncio.wait_for(self._run(), RUN_TIMEOUT_S)
+            if acting is not None and not acting.done():
+                raise AssertionError(
+                    f"the job ended ({final.phase.value} at step {final.step}) before the test "
+                    "injected its failures"
+                )
             if acting is not None:
                 await acting
             return final
         finally:
+            if acting is not None and not acting.done():
+                acting.cancel()
             await self.backend.shutdown()
 
     async def _run(self) -> statuses.JobStatus:

@@ -84,7 +84,7 @@ async def test_two_failures_in_quick_succession(corpus: Path, shm: Path, tmp_pat
     job = _job(tmp_path, shm, settings)
 
     async def kill(job: local_job.LocalJob) -> None:
-        await job.until(lambda s: s.phase is Phase.RUNNING and s.step >= 3)
+        await job.until(lambda s: s.phase is Phase.RUNNING and s.step >= 2)
         job.backend.kill(W(1))
         await local_job.asyncio.sleep(0.05)  # within the first failure's detection
         job.backend.kill(W(2))
