@@ -29,6 +29,7 @@ import contextlib
 import dataclasses
 import logging
 import math
+from collections.abc import Iterable
 
 from planaria.control import connections, epochs, failures, history, membership, planning, ports
 from planaria.control import settings as job_settings
@@ -88,6 +89,9 @@ class Controller:
         self._checkpoint: int | None = None
         self._suspended_at = 0.0
         self._retry = False
+        self._from_snapshot = False  # the open epoch resumed a suspension from host memory
+        self._snapshot_failed = False  # ... and failed: the next resume uses the checkpoint
+        self._unheard_since: float | None = None  # a resume waits for returning workers' beats
 
     # -- the public face -------------------------------------------------------------------
 
@@ -369,6 +373,9 @@ class Controller:
         self._checkpoint = self._roster.checkpoint_step(running.workers)
         self._suspended_at = self._clock.monotonic()
         self._retry = retry and self._checkpoint is not None
+        if self._from_snapshot:  # host memory did not hold every layer: use the checkpoint
+            self._snapshot_failed, self._retry = True, True
+        self._from_snapshot = False
         self._history.pending = None
         live = len(self._roster.live(self._suspended_at))
         where = (
@@ -394,17 +401,52 @@ class Controller:
         except errors.PlannerError as exc:
             LOG.info("still suspended: %s", exc)
             return
-        step = self._checkpoint or 0
+        checkpoint = self._checkpoint or 0
+        now = self._clock.monotonic()
+        unheard = [w for w in live if w not in self._roster.beats]
+        if unheard and not self._snapshot_failed:
+            # A returning worker's first heartbeat says which snapshots it holds: wait for it
+            # (bounded by the heartbeat timeout) before choosing where to resume from.
+            since = self._unheard_since = self._unheard_since or now
+            if now - since < self._job.heartbeat_timeout_s:
+                return
+        self._unheard_since = None
+        held = None if self._snapshot_failed else self._held_step(live)
+        from_memory = held is not None and held > checkpoint
+        step = held if from_memory and held is not None else checkpoint
         self._arrivals, self._retry = set(), False
+        where = "host-memory snapshots and live layers" if from_memory else "checkpoint"
         record = statuses.Recovery(
             started_s=self._suspended_at,
             failed=(),
             epoch=self._epochs.next_epoch,
-            tier=messages.RecoveryTier.CHECKPOINT,
+            tier=messages.RecoveryTier.LOCAL_SNAPSHOT
+            if from_memory
+            else messages.RecoveryTier.CHECKPOINT,
             kind="resume",
-            reason=f"resumed from checkpoint step {step}: {move.reason}",
+            reason=f"resumed from {where} at step {step}: {move.reason}",
         )
+        self._from_snapshot = from_memory
         await self._open(move, step, record=record)
+
+    def _held_step(self, live: Iterable[plans.WorkerId]) -> int | None:
+        """The newest step every live worker can restore without the checkpoint: a worker
+        holding layers has its committed step and, in its snapshots, the one before; a returning
+        worker its latest complete host-memory snapshot and the one before. None when they are
+        more than one step apart or one has nothing (the agents' tiers then decide per layer
+        whether the snapshots cover every layer; if not, the next resume uses the checkpoint)."""
+        steps = []
+        for worker in live:
+            beat = self._roster.beats.get(worker)
+            if beat is None:
+                return None
+            held = beat.last_committed_step or beat.snapshot.latest_step
+            if not held:
+                return None
+            steps.append(held)
+        if not steps or max(steps) - min(steps) > 1:
+            return None
+        return min(steps)
 
     # -- status -------------------------------------------------------------------------------
 
