@@ -7,8 +7,8 @@ in quick succession; a failure while the controller reconfigures after another; 
 workers than the fault tolerance -> a persistent checkpoint, Suspended, then resumed when the
 workers return, still equal; a single pipeline (DP=1: the device too small for one worker) that
 loses a stage goes on with fewer stages, the lost layers rebuilt from the host-memory snapshots
-(a snapshot tier), still equal; and (xfail, a controller gap) a single-worker job whose killed
-worker is restarted reloading its own snapshot (LOCAL_SNAPSHOT tier). Final states are read
+(a snapshot tier), still equal; and a single-worker job whose killed worker is restarted
+and reloads its own snapshot (LOCAL_SNAPSHOT tier). Final states are read
 from the agents' snapshot stores at the last step (`planaria.agent.runtime_states`).
 """
 
@@ -134,12 +134,6 @@ async def test_losing_more_than_the_tolerance_suspends_then_resumes_exactly(
     assert any((tmp_path / "checkpoints").iterdir())
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the controller resumes a suspended job only from the persistent checkpoint (or step "
-    "0), never from a returning worker's host-memory snapshot (controller._try_resume), so the "
-    "restarted worker builds its layers from the seed (INITIAL) instead of LOCAL_SNAPSHOT",
-)
 @pytest.mark.asyncio
 async def test_a_restarted_worker_of_a_single_pipeline_reloads_its_own_snapshot(
     corpus: Path, shm: Path, tmp_path: Path
@@ -157,7 +151,7 @@ async def test_a_restarted_worker_of_a_single_pipeline_reloads_its_own_snapshot(
     final = await job.run(kill)
     _assert_succeeded(job, final, shm)
     tiers = {r.tier for r in job.controller.recoveries}
-    assert Tier.LOCAL_SNAPSHOT in tiers or Tier.PEER_SNAPSHOT in tiers, tiers
+    assert Tier.LOCAL_SNAPSHOT in tiers, tiers
 
 
 def _pipelined_profile(micro_batch_size: int) -> profile.Profile:

@@ -14,7 +14,8 @@ file it writes once it serves; its stderr and stdout go to `<run_dir>/workers/wo
 (appended across restarts). A task per process waits for its exit and reports DIED with the
 exit code or signal; a restarted worker is reported JOINED once it answers. Agents are started
 in their own session (a Ctrl-C of the terminal reaches the controller only, which stops them in
-order) and with a parent-death signal, so they never outlive this process.
+order). No code runs between fork and exec (that is unsafe in a process with gRPC threads), so
+an agent does outlive a controller killed with SIGKILL; every other exit stops them.
 
 Shutdown stops every agent (Stop RPC, then SIGTERM, then SIGKILL after the grace), reaps them,
 releases the store and removes the job's host-memory snapshot stores
@@ -28,10 +29,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import datetime
 import logging
-import os
 import shutil
 import signal
 import sys
@@ -52,7 +51,6 @@ READY_TIMEOUT_S = 60.0  # an agent imports torch and grpc before it serves: seco
 STOP_GRACE_S = 5.0
 STORE_TIMEOUT_S = 300.0
 _POLL_S = 0.02
-_PR_SET_PDEATHSIG = 1  # prctl(2)
 
 
 class LocalBackendError(RuntimeError):
@@ -199,7 +197,6 @@ class LocalBackend:
                 stdout=log,
                 stderr=log,
                 start_new_session=True,
-                preexec_fn=_die_with_parent,
             )
         old = self._workers.get(worker)
         record = _Worker(process=process, generation=old.generation + 1 if old else 0)
@@ -268,12 +265,3 @@ def _describe(code: int | None) -> str:
     if code < 0:
         return f"signal {signal.Signals(-code).name}"
     return f"exit code {code}"
-
-
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
-    """Ask the kernel to SIGKILL the agent when this process ends (Linux prctl)."""
-    if sys.platform.startswith("linux"):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        if os.getppid() == 1:  # the parent already ended between fork and prctl
-            os._exit(1)
