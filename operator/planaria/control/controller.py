@@ -261,6 +261,12 @@ class Controller:
         if move is None or not move.needs_snapshot:
             return found.resume_step
         snapshot = self._roster.snapshot_step(found.survivors)
+        # The lost layers come from the dead workers' stores: a worker killed while writing
+        # step c's snapshot holds c - 1 complete (its last heartbeat says so), not c.
+        beats = (self._roster.beats.get(w) for w in found.failed)
+        dead = [b.snapshot.latest_step for b in beats if b and b.snapshot.latest_step]
+        if snapshot is not None and dead:
+            snapshot = min(snapshot, *dead)
         if snapshot is None or snapshot > found.resume_step:
             lost = "a lost layer has no live replica and no host-memory snapshot to restore"
             self._suspend(running, lost, retry=True)
@@ -373,8 +379,9 @@ class Controller:
         self._checkpoint = self._roster.checkpoint_step(running.workers)
         self._suspended_at = self._clock.monotonic()
         self._retry = retry and self._checkpoint is not None
-        if self._from_snapshot:  # host memory did not hold every layer: use the checkpoint
-            self._snapshot_failed, self._retry = True, True
+        if self._from_snapshot or retry:  # host memory did not hold every layer: checkpoint
+            self._snapshot_failed = True
+            self._retry = self._retry or self._from_snapshot
         self._from_snapshot = False
         self._history.pending = None
         live = len(self._roster.live(self._suspended_at))
@@ -427,6 +434,8 @@ class Controller:
             reason=f"resumed from {where} at step {step}: {move.reason}",
         )
         self._from_snapshot = from_memory
+        if not from_memory:
+            self._snapshot_failed = False  # a later suspension may use host memory again
         await self._open(move, step, record=record)
 
     def _held_step(self, live: Iterable[plans.WorkerId]) -> int | None:
