@@ -212,6 +212,8 @@ class FakeCluster:
         self.drop_pending_on_failure = drop_pending_on_failure
         self.agents: dict[plans.WorkerId, FakeAgent] = {}
         self.shm: dict[plans.WorkerId, tuple[int, frozenset[int]]] = {}
+        # The store's other slot: the snapshot before the latest (REFT's double buffer).
+        self.shm_previous: dict[plans.WorkerId, tuple[int, frozenset[int]]] = {}
         self.checkpoints: set[int] = set()
         self.sent: dict[int, list[messages.WorkerConfig]] = {}
         self.violations: list[str] = []
@@ -317,9 +319,11 @@ class FakeCluster:
             return messages.RecoveryTier.KEPT
         if copies and all(self.agents[s].alive for s in copies[0].sources):
             return messages.RecoveryTier.LIVE_REPLICA
-        if own is not None and own[0] == step and layer in own[1]:
+        older = self.shm_previous.get(agent.id)
+        if any(o is not None and o[0] == step and layer in o[1] for o in (own, older)):
             return messages.RecoveryTier.LOCAL_SNAPSHOT
-        if self.peer_snapshots and any(s == step and layer in ls for s, ls in self.shm.values()):
+        slots = (*self.shm.values(), *self.shm_previous.values())
+        if self.peer_snapshots and any(s == step and layer in ls for s, ls in slots):
             return messages.RecoveryTier.PEER_SNAPSHOT
         if step in self.checkpoints:
             return messages.RecoveryTier.CHECKPOINT
@@ -396,6 +400,8 @@ class FakeCluster:
                 settings.snapshot_interval_steps
                 and agent.step % settings.snapshot_interval_steps == 0
             ):
+                if agent.id in self.shm:
+                    self.shm_previous[agent.id] = self.shm[agent.id]
                 self.shm[agent.id] = (agent.step, agent.held)
             every = settings.checkpoint_interval_steps
             if settings.checkpoint_dir and every and agent.step % every == 0:

@@ -261,12 +261,8 @@ class Controller:
         if move is None or not move.needs_snapshot:
             return found.resume_step
         snapshot = self._roster.snapshot_step(found.survivors)
-        # The lost layers come from the dead workers' stores: a worker killed while writing
-        # step c's snapshot holds c - 1 complete (its last heartbeat says so), not c.
-        beats = (self._roster.beats.get(w) for w in found.failed)
-        dead = [b.snapshot.latest_step for b in beats if b and b.snapshot.latest_step]
-        if snapshot is not None and dead:
-            snapshot = min(snapshot, *dead)
+        if snapshot is not None:
+            snapshot = _complete_everywhere(found, snapshot, self._job.training)
         if snapshot is None or snapshot > found.resume_step:
             lost = "a lost layer has no live replica and no host-memory snapshot to restore"
             self._suspend(running, lost, retry=True)
@@ -490,3 +486,18 @@ class Controller:
     async def _publish(self) -> None:
         if self._sink is not None:
             await self._sink.publish(self.status)
+
+
+def _complete_everywhere(
+    found: failures.Assessment, snapshot: int, training: messages.TrainingSettings
+) -> int:
+    """The newest snapshot step at or before `snapshot` that is complete on every worker, the
+    dead included (their stores hold the lost layers). A writer finishes step t's snapshot
+    before the commit barrier of the next step, so a snapshot older than the survivors' step c
+    is complete everywhere, and so is c when a worker died in the barrier after it (some
+    survivors committed past c). A worker killed while training step c + 1 may still have been
+    writing c's: then the one before it (the other slot of the double buffer) is the safe one."""
+    split = found.newest_step > found.resume_step
+    if snapshot < found.resume_step or split:
+        return snapshot
+    return max(0, snapshot - max(1, training.snapshot_interval_steps))
