@@ -97,7 +97,8 @@ class Planner:
         new ones receive copies from the holders."""
         nodes = set(whole_nodes(live, self._job.gpus_per_node))
         best = self.best(live, "scale-up")
-        spare = [w for w in live if w not in set(running.workers)]
+        members = set(running.workers)
+        spare = [w for w in live if w not in members]
         held = {
             w: layers
             for w, layers in transfers.holdings(running, (), spare).items()
