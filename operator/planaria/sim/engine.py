@@ -95,7 +95,7 @@ def simulate(
         policy=policy.name,
         horizon_s=trace.horizon_s,
         samples=state.samples,
-        breakdown=Breakdown(**{f"{k}_s": state.buckets.get(k, 0.0) for k in _BUCKETS}),
+        breakdown=Breakdown(**{f"{k}_s": state.buckets.get(k, 0.0) for k in BUCKETS}),
         timeline=tuple(state.timeline),
         intervals=tuple(state.intervals),
         restarts=state.restarts,
@@ -104,7 +104,7 @@ def simulate(
     )
 
 
-_BUCKETS = ("training", "checkpoint", "recovering", "lost", "idle")
+BUCKETS = ("training", "checkpoint", "recovering", "lost", "idle")
 
 
 def _workers(nodes: set[int], gpus_per_node: int) -> frozenset[plan.WorkerId]:

@@ -29,7 +29,6 @@ _T95 = (
     2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
     2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
 )  # fmt: skip
-BUCKETS = ("training", "checkpoint", "recovering", "lost", "idle")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -90,7 +89,7 @@ def summarise(
                 mean=mean,
                 half_width=half_width(means),
                 planaria_ratio=None if base is None or mean == 0 else base / mean,
-                breakdown={b: _fraction(group, b) for b in BUCKETS},
+                breakdown={b: _fraction(group, b) for b in engine.BUCKETS},
                 restarts=statistics.fmean(r.restarts for r in group),
                 post_recovery=statistics.fmean(post) if post else None,
             )
@@ -106,14 +105,14 @@ def table(summaries: Sequence[Summary]) -> str:
     """The per-policy table as text."""
     head = (
         f"{'policy':<15} {'samples/s':>10} {'95% +-':>8} {'planaria x':>10} "
-        + " ".join(f"{b[:8]:>8}" for b in BUCKETS)
+        + " ".join(f"{b[:8]:>8}" for b in engine.BUCKETS)
         + f" {'restarts':>8} {'post/ideal':>10}"
     )
     lines = [head]
     for s in summaries:
         ratio = "-" if s.planaria_ratio is None else f"{s.planaria_ratio:.3f}"
         post = "-" if s.post_recovery is None else f"{s.post_recovery:.2%}"
-        parts = " ".join(f"{s.breakdown[b]:>8.1%}" for b in BUCKETS)
+        parts = " ".join(f"{s.breakdown[b]:>8.1%}" for b in engine.BUCKETS)
         lines.append(
             f"{s.policy:<15} {s.mean:>10.4g} {s.half_width:>8.3g} {ratio:>10} {parts} "
             f"{s.restarts:>8.1f} {post:>10}"
