@@ -160,14 +160,17 @@ class Roster:
     def checkpoint_step(self, workers: Iterable[plans.WorkerId]) -> int | None:
         """The latest persistent checkpoint all of `workers` completed (None when one has
         none): each writes its own layers, so the model's is the oldest of theirs."""
-        steps = [b.checkpoint_step if (b := self.beats.get(w)) else None for w in workers]
-        if not steps or any(s is None for s in steps):
-            return None
-        return min(s for s in steps if s is not None)
+        return _oldest([b.checkpoint_step if (b := self.beats.get(w)) else None for w in workers])
 
     def snapshot_step(self, workers: Iterable[plans.WorkerId]) -> int | None:
         """The latest host-memory snapshot all of `workers` hold (None when one has none)."""
-        steps = [b.snapshot.latest_step if (b := self.beats.get(w)) else None for w in workers]
-        if not steps or any(s is None for s in steps):
-            return None
-        return min(s for s in steps if s is not None)
+        return _oldest(
+            [b.snapshot.latest_step if (b := self.beats.get(w)) else None for w in workers]
+        )
+
+
+def _oldest(steps: list[int | None]) -> int | None:
+    """The oldest of `steps`; None when there are none or one is None."""
+    if not steps or any(s is None for s in steps):
+        return None
+    return min(s for s in steps if s is not None)
