@@ -36,12 +36,15 @@ class Breakdown:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Interval:
-    """`duration_s` of training on a plan of `rate` samples/s with `num_live` nodes alive."""
+    """`duration_s` of training on a plan of `rate` samples/s with the nodes `live` alive."""
 
     duration_s: float
     rate: float
-    num_live: int
     live: frozenset[int]
+
+    @property
+    def num_live(self) -> int:
+        return len(self.live)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -147,11 +150,7 @@ def _advance(state: _State, until: float, global_batch: int) -> None:
 def _train(state: _State, seconds: float, global_batch: int) -> None:
     running = state.running
     rate = _rate(running, global_batch)
-    state.intervals.append(
-        Interval(
-            duration_s=seconds, rate=rate, num_live=len(state.live), live=frozenset(state.live)
-        )
-    )
+    state.intervals.append(Interval(duration_s=seconds, rate=rate, live=frozenset(state.live)))
     if running.fluid:
         state.samples += rate * seconds
         _add(state, "training", seconds)
