@@ -102,7 +102,7 @@ class History:
         recent = [r for r in self.steps[-2:] if r.epoch == epoch]
         if len(recent) == 2 and recent[1].step > recent[0].step:
             return (recent[1].at_s - recent[0].at_s) / (recent[1].step - recent[0].step)
-        return max((b.timings.step_s for b in beats), default=0.0)
+        return _timed_step_s(beats)
 
     def _rate(
         self,
@@ -114,7 +114,7 @@ class History:
     ) -> float:
         if last is not None and last.epoch == epoch and step > last.step and now > last.at_s:
             return self.global_batch * (step - last.step) / (now - last.at_s)
-        step_s = max((b.timings.step_s for b in beats), default=0.0)
+        step_s = _timed_step_s(beats)
         return self.global_batch / step_s if step_s > 0 else 0.0
 
     def _finish(
@@ -165,6 +165,11 @@ class History:
             )
         )
         self.pending = None
+
+
+def _timed_step_s(beats: Sequence[messages.Heartbeat]) -> float:
+    """The slowest step time the agents report (0.0 when none)."""
+    return max((b.timings.step_s for b in beats), default=0.0)
 
 
 def costliest(tiers: Iterable[messages.RecoveryTier]) -> messages.RecoveryTier:
