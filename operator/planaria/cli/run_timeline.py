@@ -109,9 +109,10 @@ def _mark(history: run_report.History, recovery: statuses.Recovery, axes: Any, r
     for axis in axes:
         axis.axvspan(start, end, color=color, alpha=0.15, linewidth=0)
         axis.axvline(start, color=color, linestyle="--", linewidth=1.0)
-    who = "w" + ",".join(str(w) for w in recovery.failed) if recovery.failed else recovery.kind
-    label = f"{who} lost\n{recovery.kind}, {recovery.tier.value}\n{recovery.total_s:.1f} s"
-    if not recovery.failed:
+    if recovery.failed:
+        who = "w" + ",".join(str(w) for w in recovery.failed)
+        label = f"{who} lost\n{recovery.kind}, {recovery.tier.value}\n{recovery.total_s:.1f} s"
+    else:
         label = f"{recovery.kind}\n{recovery.tier.value}\n{recovery.total_s:.1f} s"
     axes[0].annotate(
         label,
