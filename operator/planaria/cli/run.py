@@ -25,6 +25,7 @@ import contextlib
 import logging
 import sys
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -86,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
     # The controller and the backend log what they work around (a refused Configure, a worker
     # left out); say whose line it is.
     logging.basicConfig(format="planaria run: %(name)s: %(message)s", level=logging.WARNING)
-    options = _Options(failures=failures, mtbf=args.mtbf, out=out, live=live)
+    options = _Options(failures=tuple(failures), mtbf=args.mtbf, out=out, live=live)
     return asyncio.run(_run_job(settings, options, args.metrics_port))
 
 
@@ -108,14 +109,14 @@ def _failure_text(failure: job.FailureSpec) -> str:
     return f"{trigger}:worker={failure.worker}{rejoin}"
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
 class _Options:
     """What the run needs besides the settings."""
 
-    def __init__(self, *, failures: Sequence[str], mtbf: str | None, out: Path, live: bool):
-        self.failures = tuple(failures)
-        self.mtbf = mtbf
-        self.out = out
-        self.live = live
+    failures: tuple[str, ...]
+    mtbf: str | None
+    out: Path
+    live: bool
 
 
 class _Sinks:
