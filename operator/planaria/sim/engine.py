@@ -17,6 +17,7 @@ change, with samples/s 0 while paused or idle.
 from __future__ import annotations
 
 import math
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from planaria.planner import plan
@@ -87,7 +88,7 @@ def simulate(
 ) -> Run:
     """Run `policy` through `trace` (module docstring)."""
     live = set(range(trace.num_nodes))
-    state = _State(running=policy.start(_workers(live, gpus_per_node)), live=live)
+    state = _State(running=policy.start(workers(live, gpus_per_node)), live=live)
     _mark(state, global_batch)
     for event in trace.events:
         _advance(state, event.time_s, global_batch)
@@ -110,7 +111,8 @@ def simulate(
 BUCKETS = ("training", "checkpoint", "recovering", "lost", "idle")
 
 
-def _workers(nodes: set[int], gpus_per_node: int) -> frozenset[plan.WorkerId]:
+def workers(nodes: Collection[int], gpus_per_node: int) -> frozenset[plan.WorkerId]:
+    """The workers of `nodes` (WorkerId = node * gpus_per_node + gpu)."""
     return frozenset(
         plan.WorkerId(n * gpus_per_node + g) for n in nodes for g in range(gpus_per_node)
     )
@@ -179,13 +181,13 @@ def _apply(
         if event.node not in state.live:
             return
         state.live.discard(event.node)
-        failed = frozenset(_workers({event.node}, gpus_per_node))
-        recovery = policy.on_failure(state.running, failed, _workers(state.live, gpus_per_node))
+        failed = frozenset(workers({event.node}, gpus_per_node))
+        recovery = policy.on_failure(state.running, failed, workers(state.live, gpus_per_node))
     else:
         if event.node in state.live:
             return
         state.live.add(event.node)
-        recovery = policy.on_join(state.running, _workers(state.live, gpus_per_node))
+        recovery = policy.on_join(state.running, workers(state.live, gpus_per_node))
     if recovery is not None:
         _recover(state, recovery)
     _mark(state, global_batch)

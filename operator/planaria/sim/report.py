@@ -19,7 +19,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from planaria.planner import plan
 from planaria.sim import engine, planning
 
 # Two-sided 95% Student's t quantiles for 1..30 degrees of freedom (any statistics table);
@@ -66,9 +65,7 @@ def post_recovery(run: engine.Run, planner: planning.Planner, num_nodes: int) ->
 
 
 def _ideal_rate(planner: planning.Planner, live: frozenset[int]) -> float:
-    g = planner.job.gpus_per_node
-    workers = [plan.WorkerId(n * g + i) for n in live for i in range(g)]
-    best = planner.fresh(workers)
+    best = planner.fresh(engine.workers(live, planner.job.gpus_per_node))
     return 0.0 if best is None else planner.job.global_batch / planner.step_s(best)
 
 
