@@ -31,6 +31,7 @@ Not here: the clock and the accounting (`engine`).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
@@ -362,8 +363,7 @@ def _fresh_running(planner: planning.Planner, workers: Collection[plan.WorkerId]
 
 
 def _fluid(planner: planning.Planner, workers: Collection[plan.WorkerId]) -> Running:
-    base = _fresh_running(planner, workers)
-    return Running(plan=base.plan, step_s=base.step_s, fluid=True, note=base.note)
+    return dataclasses.replace(_fresh_running(planner, workers), fluid=True)
 
 
 def _checkpointed(
