@@ -107,18 +107,21 @@ class Scripted:
 def walk(
     failures: list[float], horizon: float, step: float, k: int, commit: float, pause: float
 ) -> int:
-    """Samples (batch 1) by walking cycle after cycle, restarting a cycle after each failure."""
-    samples, t, pending = 0, 0.0, sorted(failures)
-    while t < horizon:
-        end = t + k * step + commit
+    """Samples (batch 1) by walking cycle after cycle, restarting a cycle after each failure.
+    Cycle ends are multiplied from the last restart, not summed, so thousands of cycles do not
+    drift a boundary past a failure that falls on it."""
+    samples, origin, cycles, pending = 0, 0.0, 0, sorted(failures)
+    cycle = k * step + commit
+    while (t := origin + cycles * cycle) < horizon:
+        end = origin + (cycles + 1) * cycle
         if pending and pending[0] < end:
-            t = pending.pop(0) + pause  # the cycle in flight is lost
-            while pending and pending[0] < t:
-                t = pending.pop(0) + pause  # a failure during the pause starts it again
+            origin, cycles = pending.pop(0) + pause, 0  # the cycle in flight is lost
+            while pending and pending[0] < origin:
+                origin = pending.pop(0) + pause  # a failure during the pause starts it again
             continue
         if end > horizon:
-            return samples + min(k, math.floor((horizon - t) / step)) if t < horizon else samples
-        samples, t = samples + k, end
+            return samples + min(k, math.floor((horizon - t) / step))
+        samples, cycles = samples + k, cycles + 1
     return samples
 
 
