@@ -13,7 +13,7 @@ epoch's setups.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from planaria.control import status as statuses
@@ -172,9 +172,7 @@ def _timed_step_s(beats: Sequence[messages.Heartbeat]) -> float:
     return max((b.timings.step_s for b in beats), default=0.0)
 
 
-def costliest(tiers: Iterable[messages.RecoveryTier]) -> messages.RecoveryTier:
-    """The costliest of `tiers` in `messages.TIER_ORDER` (KEPT when there are none)."""
-    return max(tiers, key=messages.TIER_ORDER.index, default=messages.RecoveryTier.KEPT)
+costliest = messages.costliest_tier  # the contract's own ordering of the tiers
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -61,6 +62,12 @@ TIER_ORDER = (
     RecoveryTier.CHECKPOINT,
     RecoveryTier.INITIAL,
 )
+
+
+def costliest_tier(tiers: Iterable[RecoveryTier]) -> RecoveryTier:
+    """The costliest of `tiers` in `TIER_ORDER` (KEPT when there are none): an epoch's setup
+    reports it over a worker's layers, the controller over the workers."""
+    return max(tiers, key=TIER_ORDER.index, default=RecoveryTier.KEPT)
 
 
 class ErrorKind(StrEnum):
