@@ -108,7 +108,6 @@ class Ready:
     epoch: groups.Epoch
     sched: schedule.Schedule
     layers: held_layers.HeldLayers
-    tiers: dict[int, messages.RecoveryTier]
     report: messages.EpochSetup
 
 
@@ -207,7 +206,7 @@ def _acquire(
         received_bytes=moved.received_bytes,
         sent_bytes=moved.sent_bytes,
     )
-    return Ready(epoch=epoch, sched=sched, layers=layers, tiers=tiers, report=report)
+    return Ready(epoch=epoch, sched=sched, layers=layers, report=report)
 
 
 def costliest(tiers: Iterable[messages.RecoveryTier]) -> messages.RecoveryTier:
