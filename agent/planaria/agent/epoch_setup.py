@@ -112,10 +112,10 @@ class Ready:
 
 
 def connect_store(rendezvous: messages.Rendezvous) -> c10d.Store:
-    """A client of the controller's rendezvous store, under the rendezvous's key prefix."""
+    """A client of the controller's rendezvous store (unprefixed: `form` and the failure flag
+    add their prefixes)."""
     timeout = datetime.timedelta(seconds=STORE_TIMEOUT_S)
-    store = c10d.TCPStore(rendezvous.store_host, rendezvous.store_port, None, False, timeout)
-    return store
+    return c10d.TCPStore(rendezvous.store_host, rendezvous.store_port, None, False, timeout)
 
 
 def form(
