@@ -129,7 +129,7 @@ class Runtime:
             )
         if config.epoch <= newest:
             return f"epoch {config.epoch} is stale: this agent is at epoch {newest}"
-        if shown.state in (State.STOPPED,) or self._stop:
+        if shown.state is State.STOPPED or self._stop:
             return "the agent is stopping; start a new agent"
         if self._profiling:
             return "the agent is profiling; configure it when the profile is done"
