@@ -209,9 +209,7 @@ def _acquire(
     return Ready(epoch=epoch, sched=sched, layers=layers, report=report)
 
 
-def costliest(tiers: Iterable[messages.RecoveryTier]) -> messages.RecoveryTier:
-    """The costliest of `tiers` by `messages.TIER_ORDER` (KEPT when there are none)."""
-    return max(tiers, key=messages.TIER_ORDER.index, default=Tier.KEPT)
+costliest = messages.costliest_tier  # the contract's own ordering of the tiers
 
 
 def _assemble(
