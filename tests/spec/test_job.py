@@ -268,7 +268,29 @@ def _fields(model: type[Any], prefix: str = "") -> list[tuple[str, Any]]:
 
 def test_every_spec_field_has_a_description_and_is_documented() -> None:
     docs = (ROOT / "docs" / "running.md").read_text(encoding="utf-8")
-    fields = _fields(job.JobSpec) + _fields(job.FailureSpec, "failures[].")
+    fields = (
+        _fields(job.JobSpec)
+        + _fields(job.FailureSpec, "failures[].")
+        + _fields(job.TolerationSpec, "pod.tolerations[].")
+    )
     for path, field in fields:
         assert field.description, path
         assert f"`{path.rsplit('.', 1)[-1]}`" in docs, f"docs/running.md lacks `{path}`"
+
+
+def test_the_pod_section_takes_kubernetes_quantities_and_scheduling() -> None:
+    spec = job.JobSpec.model_validate(
+        {
+            "pod": {
+                "cpu": "500m",
+                "memory": "8Gi",
+                "nodeSelector": {"cloud.google.com/gke-spot": "true"},
+                "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists"}],
+            }
+        }
+    )
+    assert spec.pod.memory == "8Gi" and spec.pod.snapshot_memory == "1Gi"
+    assert spec.pod.tolerations[0].effect == ""
+    for bad in ({"cpu": "two"}, {"memory": "8 Gi"}, {"nodeSelector": {"bad key!": "x"}}):
+        with pytest.raises(pydantic.ValidationError):
+            job.JobSpec.model_validate({"pod": bad})

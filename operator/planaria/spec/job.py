@@ -180,6 +180,43 @@ class FailureSpec(_Model):
         return None if self.time is None else parse_duration(self.time)
 
 
+# A Kubernetes resource quantity ("500m", "2", "8Gi", "1.5G"), as the API server parses it.
+QUANTITY_PATTERN = r"^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$"
+# Label keys and values as Kubernetes accepts them (prefix/name; values up to 63 characters).
+LABEL_KEY_PATTERN = r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+Quantity = Annotated[str, pydantic.Field(pattern=QUANTITY_PATTERN, max_length=64)]
+
+
+class TolerationSpec(_Model):
+    """A Kubernetes toleration of the worker pods (e.g. for GPU or spot node taints)."""
+
+    key: str = _field("", "Taint key to tolerate; empty with operator Exists: every taint.")
+    operator: Literal["Exists", "Equal"] = _field("Equal", "Exists or Equal (to `value`).")
+    value: str = _field("", "Taint value, with operator Equal.")
+    effect: Literal["", "NoSchedule", "PreferNoSchedule", "NoExecute"] = _field(
+        "", "Taint effect to tolerate; empty: every effect."
+    )
+    toleration_seconds: int | None = _field(
+        None, "With NoExecute: seconds the pod stays bound after the taint appears.", ge=0
+    )
+
+
+class PodSpec(_Model):
+    """How the operator builds the worker pods (Kubernetes only; `planaria run` ignores it)."""
+
+    image: str = _field("", "Agent container image; empty: the operator's --agent-image.")
+    cpu: Quantity | None = _field(None, "CPU request and limit of each worker, e.g. 2 or 500m.")
+    memory: Quantity | None = _field(None, "Memory request and limit of each worker, e.g. 8Gi.")
+    snapshot_memory: Quantity = _field(
+        "1Gi", "Size limit of each pod's host-memory snapshot volume (emptyDir, medium Memory)."
+    )
+    node_selector: dict[Annotated[str, pydantic.Field(pattern=LABEL_KEY_PATTERN)], str] = _field(
+        {}, "Node labels the worker pods must match."
+    )
+    tolerations: list[TolerationSpec] = _field([], "Tolerations of the worker pods.")
+    priority_class_name: str = _field("", "PriorityClass of the worker pods; empty: default.")
+
+
 class JobSpec(_Model):
     """The spec of a ResilientJob (docs/running.md lists every field)."""
 
@@ -210,6 +247,9 @@ class JobSpec(_Model):
     timeouts: TimeoutSpec = _field(TimeoutSpec(), "Failure detection bounds.")
     failures: list[FailureSpec] = _field(
         [], "Failures to inject when run locally (`planaria run`); the operator ignores them."
+    )
+    pod: PodSpec = _field(
+        PodSpec(), "Worker pods on Kubernetes: image, resources, scheduling; local runs ignore it."
     )
 
 
