@@ -79,6 +79,12 @@ def controller_secret_name(job: str) -> str:
     return f"{job}-controller-tls"
 
 
+def state_configmap_name(job: str) -> str:
+    """The ConfigMap where the operator keeps the job's measured profile and running plan, so
+    that an operator restarted mid-job adopts the running agents instead of starting over."""
+    return f"{job}-state"
+
+
 def job_labels(job: str) -> dict[str, str]:
     """Labels of every object the operator creates for `job`."""
     return {
@@ -108,6 +114,7 @@ RBAC_RULES: tuple[Rule, ...] = (
     Rule(api_group="", resource="pods", verbs=("get", "list", "watch", "create", "delete")),
     Rule(api_group="", resource="services", verbs=("get", "create")),
     Rule(api_group="", resource="secrets", verbs=("get", "create")),
+    Rule(api_group="", resource="configmaps", verbs=("get", "create", "patch")),
     Rule(api_group="", resource="events", verbs=("create",)),
     Rule(api_group="kopf.dev", resource="kopfpeerings", verbs=("get", "list", "watch", "patch")),
 )
