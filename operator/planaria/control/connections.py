@@ -108,15 +108,20 @@ class Connections:
         for result in await asyncio.gather(*stops, return_exceptions=True):
             if isinstance(result, BaseException):
                 LOG.warning("stopping an agent: %s", result)
+        await self.release()
+        try:
+            await bounded(self._clock, self._backend.shutdown(), self._timeout_s)
+        except Exception as exc:  # a process boundary: log it, the status stands
+            LOG.warning("backend shutdown: %s", exc)
+
+    async def release(self) -> None:
+        """End every task and release the connections; the agents and the backend's workers
+        stay as they are (a detached controller: a successor adopts them)."""
         tasks = [*self._tasks.values(), *([self._pump] if self._pump else [])]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         await asyncio.gather(*(a.close() for a in self.agents.values()), return_exceptions=True)
-        try:
-            await bounded(self._clock, self._backend.shutdown(), self._timeout_s)
-        except Exception as exc:  # a process boundary: log it, the status stands
-            LOG.warning("backend shutdown: %s", exc)
 
     async def _watch(self, agent: ports.Agent, worker: plans.WorkerId, generation: int) -> None:
         try:

@@ -19,6 +19,16 @@ agent, broken streams, backend events), looks at the epoch, acts, and publishes 
 Every wait is bounded by the job's timeouts, so a second failure during a recovery, an agent
 that never answers, or one that hangs leads to a new epoch, never a hang.
 
+Adoption (an operator restarted mid-job): given the `ports.EpochRecord` its predecessor
+journalled last, the controller connects to the running agents, takes the recorded epoch over
+without a Configure (no step is lost when every worker still runs in it) and waits, bounded
+like any new epoch, until every worker of the plan runs in it; workers that do not (the old
+controller died while opening the epoch, or they failed meanwhile) make the epoch broken and
+the usual recovery follows. Agents in an epoch newer than the record (its write failed three
+times) run a plan the successor does not know: the job is Suspended, saying so. A
+`ports.Journal` records every epoch before its Configures go out, and `detach` lets the
+predecessor go without stopping anything.
+
 Errors: `run` returns the final status; a permanent error (the profile or the first plan does
 not fit the job) ends in phase Failed with its message.
 """
@@ -45,6 +55,8 @@ PLANNED_LEAD_S = 1.0
 MIN_LEAD_STEPS = 2
 DEFAULT_TIME_TO_FAILURE_S = 3600.0  # eq. 8's T_next before any failure is seen, without mtbf_s
 PROFILE_REPEATS = 3
+JOURNAL_ATTEMPTS = 3  # a journal write is retried this often before the epoch opens anyway
+JOURNAL_RETRY_S = 0.2
 Unbounded = connections.Unbounded
 
 
@@ -58,11 +70,16 @@ class Controller:
         *,
         clock: ports.Clock,
         sink: ports.StatusSink | None = None,
+        journal: ports.Journal | None = None,
+        adopt: ports.EpochRecord | None = None,
     ) -> None:
         self._job = settings
         self._backend = backend
         self._clock = clock
         self._sink = sink
+        self._journal = journal
+        self._adopt = adopt
+        self._detached = False
         self._roster = membership.Roster(heartbeat_timeout_s=settings.heartbeat_timeout_s)
         self._lines = connections.Connections(
             backend,
@@ -118,23 +135,41 @@ class Controller:
         """The current plan (None before the first epoch)."""
         return self._epochs.plan
 
+    @property
+    def planner_profile(self) -> profile.Profile | None:
+        """The profile the planner uses (None until measured or given)."""
+        return None if self._planner is None else self._planner.source
+
     async def run(self) -> statuses.JobStatus:
         """Run the job until Succeeded or Failed and return the final status."""
         try:
             await self._lines.start(plans.WorkerId(w) for w in range(self._job.workers))
             await self._publish()
-            self._planner = planning.Planner(await self._profiled(), self._job)
-            live = self._roster.live(self._clock.monotonic())
-            await self._open(self._planner.best(live, "initial"), 0)
+            if self._adopt is not None:
+                self._planner = planning.Planner(self._adopt.profile, self._job)
+                await self._take_over(self._adopt)
+            else:
+                self._planner = planning.Planner(await self._profiled(), self._job)
+                live = self._roster.live(self._clock.monotonic())
+                await self._open(self._planner.best(live, "initial"), 0)
             while self._phase not in (statuses.Phase.SUCCEEDED, statuses.Phase.FAILED):
                 await self._pass()
         except (errors.PlannerError, ValueError, Unbounded) as exc:
             self._set(statuses.Phase.FAILED, str(exc))
         finally:
-            live = self._roster.live(self._clock.monotonic())
-            await self._lines.close(live, self._job.heartbeat_timeout_s)
-            await self._publish()
+            if self._detached:
+                await self._lines.release()
+            else:
+                live = self._roster.live(self._clock.monotonic())
+                await self._lines.close(live, self._job.heartbeat_timeout_s)
+                await self._publish()
         return self.status
+
+    def detach(self) -> None:
+        """Leave the job running when `run` is cancelled next: the agents train on and the
+        backend's workers stay (an operator shutting down or losing its leadership: a
+        successor adopts the job from the journal)."""
+        self._detached = True
 
     async def _profiled(self) -> profile.Profile:
         if self._job.profile is not None:
@@ -152,6 +187,28 @@ class Controller:
                 timeout_s = self._job.configure_timeout_s
                 return await connections.bounded(self._clock, agent.profile(order), timeout_s)
         raise Unbounded("no agent could profile the model; check that the workers start")
+
+    async def _take_over(self, record: ports.EpochRecord) -> None:
+        """Adopt `record`'s epoch from a predecessor (module docstring): wait, bounded by the
+        heartbeat timeout, for a heartbeat of every live worker, then adopt and commit."""
+        deadline = self._clock.monotonic() + self._job.heartbeat_timeout_s
+        while (now := self._clock.monotonic()) < deadline:
+            if not self._roster.live(now) - set(self._roster.beats):
+                break
+            await self._epochs.next(min(self._job.heartbeat_interval_s, deadline - now))
+        newest = max((b.epoch for b in self._roster.beats.values()), default=0)
+        self._epochs.adopt(record, newest=newest)
+        if newest > record.epoch:
+            unknown = (
+                f"the agents run epoch {newest}, newer than the journalled epoch "
+                f"{record.epoch} (its record was not written), so their plan is unknown"
+            )
+            self._suspend(record.plan, unknown, retry=False)
+            return
+        summary = statuses.plan_summary(record.plan, record.kind)
+        self._set(statuses.Phase.RECOVERING, f"adopting epoch {record.epoch}: {summary}")
+        if await self._epochs.commit():
+            self._set(statuses.Phase.RUNNING, f"epoch {record.epoch} running: {summary}")
 
     # -- one pass ---------------------------------------------------------------------------
 
@@ -360,11 +417,31 @@ class Controller:
         phase = statuses.Phase.RECOVERING if record else self._phase
         summary = statuses.plan_summary(move.plan, move.kind)
         self._set(phase, f"opening epoch {self._epochs.next_epoch}: {summary}")
+        await self._record(move, resume_step)
         if not await self._epochs.configure(move, resume_step, planned=planned):
             return
         self._planner.prepare(move.plan)  # Odyssey §IV-C: search ahead of the next failure
         if await self._epochs.commit():
             self._set(statuses.Phase.RUNNING, f"epoch {self._epochs.epoch} running: {summary}")
+
+    async def _record(self, move: planning.Move, resume_step: int) -> None:
+        """Journal the epoch about to open (module docstring); a failure is logged only."""
+        if self._journal is None or self._planner is None:
+            return
+        entry = ports.EpochRecord(
+            epoch=self._epochs.next_epoch,
+            plan=move.plan,
+            kind=move.kind,
+            resume_step=resume_step,
+            profile=self._planner.source,
+        )
+        for attempt in range(1, JOURNAL_ATTEMPTS + 1):
+            try:
+                await self._journal.record(entry)
+                return
+            except Exception as exc:  # an adapter's I/O: the job goes on (module docstring)
+                LOG.warning("epoch %d not journalled (try %d): %s", entry.epoch, attempt, exc)
+            await self._clock.sleep(JOURNAL_RETRY_S)
 
     # -- suspended ------------------------------------------------------------------------------
 

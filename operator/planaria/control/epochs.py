@@ -154,6 +154,16 @@ class Driver:
         workers = self.plan.workers
         return bool(self._roster.gone(workers, now) or self._roster.failed_in(workers, self.epoch))
 
+    def adopt(self, record: ports.EpochRecord, *, newest: int) -> None:
+        """Take over `record`'s epoch, opened by an earlier controller, without a Configure:
+        its workers' heartbeats count from now on. `newest` is the highest epoch any agent
+        reports; the next epoch opened is above both, so no agent refuses it as stale."""
+        self._previous = (None, "", 0, 0)
+        self.planned = False
+        self.plan, self.kind = record.plan, record.kind
+        self.epoch, self.resume_step = record.epoch, record.resume_step
+        self._opened = max(self._opened, record.epoch, newest)
+
     async def configure(self, move: planning.Move, resume_step: int, *, planned: bool) -> bool:
         """Make `move` epoch E+1 resuming after `resume_step` and send its Configures; False
         when some worker refused or was unreachable (it is faulty or dead in the roster)."""

@@ -78,6 +78,11 @@ class Planner:
         self._policy = policy.PolicySettings()
 
     @property
+    def source(self) -> profile.Profile:
+        """The profile every estimate of this planner is made from."""
+        return self._profile
+
+    @property
     def min_workers(self) -> int:
         """The fewest workers any plan needs: f + 1 pipelines of the smallest template."""
         f = self._templates.fault_tolerance

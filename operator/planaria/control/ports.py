@@ -13,6 +13,9 @@ against agents over gRPC (`planaria.rpc`), processes on this machine (`planaria.
               (deaths, preemption notices, returns) as they happen.
     Clock     monotonic time and sleeping; tests inject a manual clock.
     StatusSink  receives the job's status value after every pass (the terminal, the CRD).
+    Journal   durably records each epoch before its agents hear of it (the operator's state
+              ConfigMap), so that a successor controller adopts the running job
+              (`Controller(adopt=...)`) instead of starting it over.
 
 Rules every implementation keeps:
 - An epoch's process group is the plan's workers, ranked by worker id
@@ -136,3 +139,24 @@ class StatusSink(Protocol):
     """Receives the job's status (a `planaria.control.status` value) after every pass."""
 
     async def publish(self, status: object) -> None: ...
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EpochRecord:
+    """An epoch as the controller opened it: its number, plan, how the plan was made ("initial",
+    "dynamic", "reroute", ...), the step it resumes after, and the profile the planner used."""
+
+    epoch: int
+    plan: plan.Plan
+    kind: str
+    resume_step: int
+    profile: profile.Profile
+
+
+class Journal(Protocol):
+    """Keeps the latest `EpochRecord` where a successor controller can read it back."""
+
+    async def record(self, entry: EpochRecord) -> None:
+        """Store `entry` durably; raise on failure (the controller logs it and opens the epoch
+        anyway: a successor then finds the agents ahead of the record and recovers)."""
+        ...
