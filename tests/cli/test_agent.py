@@ -1,8 +1,9 @@
 """`planaria agent` as a process: bad flags, the ready file, health, and a graceful SIGTERM.
 
-Covers: a negative worker id, a job name with '/', a --listen without a port or --threads 0 is
-one line on stderr with exit status 2; a started agent writes HOST:PORT to its ready file,
-answers health SERVING there, and exits 0 on SIGTERM (Stop -> exit 0 is in tests/rpc).
+Covers: a negative worker id, a job name with '/', a --listen without a port, --threads 0, or
+neither --tls-dir nor --insecure is one line on stderr with exit status 2; a started (--insecure)
+agent writes HOST:PORT to its ready file, answers health SERVING there, and exits 0 on SIGTERM
+(Stop -> exit 0 is in tests/rpc; TLS in tests/rpc/test_tls.py and tests/local).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ AGENT = [sys.executable, "-m", "planaria", "agent"]
         (["--worker", "1", "--job", "a/b"], "--job"),
         (["--worker", "1", "--job", "j", "--listen", "nohost"], "--listen"),
         (["--worker", "1", "--job", "j", "--threads", "0"], "--threads"),
+        (["--worker", "1", "--job", "j"], "no --tls-dir"),
     ],
 )
 def test_bad_flags_are_one_line_and_exit_2(flags: list[str], said: str) -> None:
@@ -38,7 +40,16 @@ def test_bad_flags_are_one_line_and_exit_2(flags: list[str], said: str) -> None:
 
 def test_an_agent_serves_health_and_exits_0_on_sigterm(tmp_path: Path) -> None:
     ready = tmp_path / "ready"
-    command = [*AGENT, "--worker", "0", "--job", "cli-test", "--ready-file", str(ready)]
+    command = [
+        *AGENT,
+        "--worker",
+        "0",
+        "--job",
+        "cli-test",
+        "--ready-file",
+        str(ready),
+        "--insecure",
+    ]
     command += ["--snapshot-base", str(tmp_path / "shm")]
     process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
     try:

@@ -3,12 +3,14 @@ every worker and hosts the store here; connect reaches an agent (its heartbeats 
 SIGKILL is reported DIED with the signal; restart brings the same worker id back (JOINED, a new
 pid); shutdown stops everything, is idempotent, ends the event stream and leaves no process and
 no /dev/shm/planaria/<job> directory behind (unless asked to keep the stores); bad restarts
-and kills are refused."""
+and kills are refused; agents serve mutual TLS only (the job's credentials in <run_dir>/tls,
+0700 folders and 0600 files; a plaintext client cannot connect)."""
 
 from __future__ import annotations
 
 import asyncio
 import os
+import stat
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -19,6 +21,7 @@ import pytest_asyncio
 from planaria.control import ports
 from planaria.local import backend as local_backend
 from planaria.planner import plan
+from planaria.rpc import client, tls
 from planaria.wire import messages
 
 W = plan.WorkerId
@@ -44,6 +47,19 @@ async def backend(tmp_path: Path) -> AsyncIterator[local_backend.LocalBackend]:
         await pool.shutdown()
 
 
+async def _assert_tls_only(backend: local_backend.LocalBackend, worker: plan.WorkerId) -> None:
+    """`worker` refuses a plaintext client; the credentials are 0700 folders of 0600 files."""
+    address = (backend.run_dir / "workers" / f"worker-{worker}.ready").read_text().strip()
+    with pytest.raises(ports.AgentUnreachable):
+        await client.AgentClient.connect(worker, address, timeout_s=0.5, tls=None)
+    folder = backend.run_dir / "tls"
+    folders = [folder, folder / "agent", folder / "controller"]
+    assert {stat.S_IMODE(f.stat().st_mode) for f in folders} == {0o700}
+    files = [*(folder / "agent").iterdir(), *(folder / "controller").iterdir()]
+    assert sorted(f.name for f in files) == sorted([*tls.AGENT_FILES, *tls.CONTROLLER_FILES])
+    assert {stat.S_IMODE(f.stat().st_mode) for f in files} == {0o600}
+
+
 async def _next(events: AsyncIterator[ports.WorkerEvent]) -> ports.WorkerEvent:
     return await asyncio.wait_for(events.__anext__(), 20.0)
 
@@ -60,6 +76,7 @@ async def test_a_worker_starts_dies_returns_and_shutdown_leaves_nothing(
     beat = await asyncio.wait_for(agent.watch(0.05).__anext__(), 10.0)
     assert beat.state is messages.AgentState.IDLE
     await agent.close()
+    await _assert_tls_only(backend, W(0))
     store_dir = SHM / backend.job / "1"
     assert store_dir.is_dir()  # the agent opened its store
     events = backend.events()

@@ -71,7 +71,7 @@ class _Agents:
         ready = self.tmp / f"ready-{worker}"
         command = [sys.executable, "-m", "planaria", "agent", "--worker", str(worker)]
         command += ["--job", "rpc-test", "--snapshot-base", str(self.tmp / "shm")]
-        command += ["--ready-file", str(ready)]
+        command += ["--ready-file", str(ready), "--insecure"]
         with (self.tmp / f"agent-{worker}.log").open("wb") as log:
             self.processes[worker] = subprocess.Popen(command, stderr=log, stdout=log)
         deadline = time.monotonic() + 60
@@ -132,7 +132,8 @@ def agents(tmp_path: Path) -> Iterator[_Agents]:
 async def clients(agents: _Agents) -> AsyncIterator[dict[int, client.AgentClient]]:
     addresses = {w: agents.start(w) for w in (0, 1)}
     connected = {
-        w: await client.AgentClient.connect(W(w), a, timeout_s=10) for w, a in addresses.items()
+        w: await client.AgentClient.connect(W(w), a, timeout_s=10, tls=None)
+        for w, a in addresses.items()
     }
     try:
         yield connected
@@ -199,4 +200,4 @@ async def test_a_killed_agent_breaks_its_watch_stream_at_once(
 @pytest.mark.asyncio
 async def test_connecting_to_nothing_is_unreachable_after_the_timeout() -> None:
     with pytest.raises(ports.AgentUnreachable, match="within 0.3 s"):
-        await client.AgentClient.connect(W(4), "127.0.0.1:1", timeout_s=0.3)
+        await client.AgentClient.connect(W(4), "127.0.0.1:1", timeout_s=0.3, tls=None)

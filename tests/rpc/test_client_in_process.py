@@ -145,7 +145,7 @@ def _config(epoch: int) -> messages.WorkerConfig:
 
 @pytest.mark.asyncio
 async def test_answers_and_heartbeats_decode(server: _Server) -> None:
-    agent = await client.AgentClient.connect(W(5), server.address, timeout_s=5)
+    agent = await client.AgentClient.connect(W(5), server.address, timeout_s=5, tls=None)
     try:
         assert (await agent.configure(_config(4))).accepted
         stale = await agent.configure(_config(2))
@@ -174,7 +174,7 @@ async def test_a_call_past_its_deadline_is_unreachable(server: _Server) -> None:
 
 @pytest.mark.asyncio
 async def test_a_busy_agent_refuses_to_profile(server: _Server) -> None:
-    agent = await client.AgentClient.connect(W(5), server.address, timeout_s=5)
+    agent = await client.AgentClient.connect(W(5), server.address, timeout_s=5, tls=None)
     order = messages.ProfileOrder(model="tiny", micro_batch_size=1, repeats=1)
     try:
         with pytest.raises(client.ProfileRefused, match="the agent is training"):
@@ -185,7 +185,7 @@ async def test_a_busy_agent_refuses_to_profile(server: _Server) -> None:
 
 @pytest.mark.asyncio
 async def test_watch_ends_when_the_agent_stops(server: _Server) -> None:
-    agent = await client.AgentClient.connect(W(5), server.address, timeout_s=5)
+    agent = await client.AgentClient.connect(W(5), server.address, timeout_s=5, tls=None)
     try:
         stream = agent.watch(0.02)
         await anext(stream)
@@ -198,7 +198,7 @@ async def test_watch_ends_when_the_agent_stops(server: _Server) -> None:
 
 @pytest.mark.asyncio
 async def test_a_server_gone_mid_watch_breaks_the_stream_within_a_second(server: _Server) -> None:
-    agent = await client.AgentClient.connect(W(5), server.address, timeout_s=5)
+    agent = await client.AgentClient.connect(W(5), server.address, timeout_s=5, tls=None)
     try:
         stream = agent.watch(0.05)
         await anext(stream)

@@ -1,13 +1,18 @@
 """`planaria agent`: run one worker's agent, serving planaria.v1 AgentService over gRPC.
 
-    planaria agent --worker W --job NAME [--listen 127.0.0.1:0] [--snapshot-base DIR]
-                   [--ready-file PATH] [--device cpu|cuda] [--threads N] [--grace S]
+    planaria agent --worker W --job NAME (--tls-dir DIR | --insecure) [--listen 127.0.0.1:0]
+                   [--snapshot-base DIR] [--ready-file PATH] [--device cpu|cuda] [--threads N]
+                   [--grace S]
 
 The controller starts one per worker (a process locally, the container of a pod on Kubernetes)
 and drives it over gRPC (`planaria.agent.service`). With port 0 the agent binds a free port and
 writes the address it bound, "HOST:PORT", to --ready-file once it serves. It exits 0 after a
 Stop RPC or SIGTERM/SIGINT (graceful: health NOT_SERVING, the step in flight gets --grace
 seconds, then the server stops). torch is imported only inside the handler.
+
+The channel is mutual TLS with --tls-dir (ca.crt, tls.crt, tls.key of the job, as
+`planaria.rpc.tls.agent_files` lays them out): only the job's controller may call. Plaintext
+needs --insecure, said explicitly; with neither flag the agent refuses to start.
 """
 
 from __future__ import annotations
@@ -51,6 +56,19 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument(
         "--grace", type=float, default=5.0, help="seconds the step in flight gets on SIGTERM"
     )
+    security = parser.add_mutually_exclusive_group()
+    security.add_argument(
+        "--tls-dir",
+        type=Path,
+        help="directory with the job's ca.crt, tls.crt, tls.key: serve mutual TLS and answer "
+        "only the job's controller",
+    )
+    security.add_argument(
+        "--insecure",
+        action="store_true",
+        help="serve plaintext gRPC with no authentication: anyone who reaches the port can "
+        "steer the agent (tests and trusted loopback only)",
+    )
     parser.set_defaults(handler=run)
 
 
@@ -65,6 +83,11 @@ def run(args: argparse.Namespace) -> int:
         raise AgentCommandError(f"--grace is {args.grace}; give seconds >= 0")
     if ":" not in args.listen:
         raise AgentCommandError(f"--listen is {args.listen!r}; give HOST:PORT")
+    if args.tls_dir is None and not args.insecure:
+        raise AgentCommandError(
+            "no --tls-dir; give the job's TLS directory (ca.crt, tls.crt, tls.key), or "
+            "--insecure to serve plaintext"
+        )
     import torch
 
     from planaria.agent import service
@@ -78,5 +101,6 @@ def run(args: argparse.Namespace) -> int:
         ready_file=args.ready_file,
         device=args.device,
         grace_s=args.grace,
+        tls_dir=args.tls_dir,
     )
     return service.serve(options)

@@ -17,12 +17,19 @@ in their own session (a Ctrl-C of the terminal reaches the controller only, whic
 order). No code runs between fork and exec (that is unsafe in a process with gRPC threads), so
 an agent does outlive a controller killed with SIGKILL; every other exit stops them.
 
+The channel to the agents is mutual TLS (issue #10): the backend issues the job's credentials
+once, at construction (`planaria.rpc.tls`, a few milliseconds), into `<run_dir>/tls/agent`
+(each agent's `--tls-dir`) and `<run_dir>/tls/controller`, both 0700 with 0600 files, and
+connects with the controller's. There is no plaintext switch: other users of the machine can
+reach loopback ports too.
+
 Shutdown stops every agent (Stop RPC, then SIGTERM, then SIGKILL after the grace), reaps them,
 releases the store and removes the job's host-memory snapshot stores
 (`<snapshot_base>/<job>/`) unless `keep_snapshots`.
 
 Errors: `LocalBackendError` (a worker that exits or stays silent before it serves, a restart of
-a live worker); `ports.AgentUnreachable` from `connect` when the worker does not run.
+a live worker); `ports.AgentUnreachable` from `connect` when the worker does not run;
+`tls.TlsError` (a ValueError) at construction for a job name that cannot name a certificate.
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ import asyncio
 import contextlib
 import datetime
 import logging
+import os
 import shutil
 import signal
 import sys
@@ -42,7 +50,7 @@ from torch._C import _distributed_c10d as c10d  # the store classes, as planaria
 
 from planaria.control import ports
 from planaria.planner import plan
-from planaria.rpc import client
+from planaria.rpc import client, tls
 
 LOG = logging.getLogger(__name__)
 LOOPBACK = "127.0.0.1"
@@ -92,6 +100,7 @@ class LocalBackend:
         self._ready_timeout_s = ready_timeout_s
         self._stop_grace_s = stop_grace_s
         self._agent_args = tuple(agent_args)
+        self._tls = _issue_tls(job, run_dir / "tls")
         self._workers: dict[plan.WorkerId, _Worker] = {}
         self._events: asyncio.Queue[ports.WorkerEvent | None] = asyncio.Queue()
         self._closed = False
@@ -115,7 +124,9 @@ class LocalBackend:
         record = self._workers.get(worker)
         if record is None or record.ended.is_set() or record.address is None:
             raise ports.AgentUnreachable(worker, "no running local agent process")
-        return await client.AgentClient.connect(worker, record.address, timeout_s=timeout_s)
+        return await client.AgentClient.connect(
+            worker, record.address, timeout_s=timeout_s, tls=self._tls
+        )
 
     async def events(self) -> AsyncIterator[ports.WorkerEvent]:
         while True:
@@ -184,6 +195,7 @@ class LocalBackend:
             *("--worker", str(worker), "--job", self.job),
             *("--listen", f"{LOOPBACK}:0", "--ready-file", str(ready)),
             *("--snapshot-base", str(self.snapshot_base)),
+            *("--tls-dir", str(self.run_dir / "tls" / "agent")),
             *self._agent_args,
         ]
 
@@ -250,12 +262,24 @@ class LocalBackend:
             await record.watcher
 
     async def _stop_rpc(self, worker: plan.WorkerId, address: str) -> None:
-        agent = await client.AgentClient.connect(worker, address, timeout_s=self._stop_grace_s)
+        agent = await client.AgentClient.connect(
+            worker, address, timeout_s=self._stop_grace_s, tls=self._tls
+        )
         try:
             await agent.stop(self._stop_grace_s)
             await asyncio.wait_for(self._workers[worker].ended.wait(), self._stop_grace_s)
         finally:
             await agent.close()
+
+
+def _issue_tls(job: str, folder: Path) -> tls.ControllerTls:
+    """Fresh credentials for `job`: the agents' files in `folder/agent`, the controller's in
+    `folder/controller` (replacing a previous run's); returns the controller's."""
+    credentials = tls.issue(job)
+    tls.write_dir(tls.agent_files(credentials), folder / "agent")
+    tls.write_dir(tls.controller_files(credentials), folder / "controller")
+    os.chmod(folder, tls.DIR_MODE)
+    return tls.controller_tls(credentials)
 
 
 def _describe(code: int | None) -> str:

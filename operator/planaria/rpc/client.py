@@ -1,6 +1,6 @@
 """`AgentClient`: the controller's `ports.Agent` over gRPC (planaria.v1, grpc.aio).
 
-    agent = await AgentClient.connect(plan.WorkerId(3), "10.0.0.7:50051", timeout_s=30)
+    agent = await AgentClient.connect(plan.WorkerId(3), "10.0.0.7:50051", timeout_s=30, tls=creds)
     ack = await agent.configure(config)
     async for heartbeat in agent.watch(0.1): ...
 
@@ -12,6 +12,13 @@ Watch stream yields decoded heartbeats; it ends when the agent ends it (the agen
 raises AgentUnreachable the moment the connection breaks, which is how the controller learns of
 a death within a heartbeat or two. Messages that do not decode (a WireError) also raise
 AgentUnreachable: an agent that speaks garbage is as good as gone.
+
+With `tls` (a `planaria.rpc.tls.ControllerTls`) the channel is mutual TLS: the client presents
+the job's controller certificate and accepts only an agent certificate of the job's CA that
+names `tls.agent_server_name(job)` (agents are addressed by IP, so that name is checked through
+`grpc.ssl_target_name_override`). `tls=None` is a plaintext channel, for agents started with
+`planaria agent --insecure`; a handshake that fails surfaces as AgentUnreachable (UNAVAILABLE)
+once `timeout_s` has passed, like an agent that does not answer.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ import grpc.aio
 
 from planaria.control import ports
 from planaria.planner import plan, profile
+from planaria.rpc import tls as tls_material
 from planaria.v1 import agent_pb2 as pb
 from planaria.v1 import agent_pb2_grpc
 from planaria.wire import codec, errors, messages
@@ -57,9 +65,17 @@ class AgentClient:
         self._configure_timeout_s = configure_timeout_s
 
     @classmethod
-    async def connect(cls, worker: plan.WorkerId, address: str, *, timeout_s: float) -> AgentClient:
-        """A client whose channel is ready, or AgentUnreachable after `timeout_s`."""
-        channel = grpc.aio.insecure_channel(address)
+    async def connect(
+        cls,
+        worker: plan.WorkerId,
+        address: str,
+        *,
+        timeout_s: float,
+        tls: tls_material.ControllerTls | None,
+    ) -> AgentClient:
+        """A client whose channel is ready, or AgentUnreachable after `timeout_s`; mutual TLS
+        with the job's controller credentials `tls`, plaintext when it is None."""
+        channel = _channel(address, tls)
         try:
             await _bounded(worker, channel.channel_ready(), timeout_s, f"connect to {address}")
         except ports.AgentUnreachable:
@@ -130,6 +146,16 @@ class AgentClient:
             return decode(msg)
         except errors.WireError as exc:
             raise ports.AgentUnreachable(self._worker, f"sent a malformed answer: {exc}") from exc
+
+
+def _channel(address: str, tls: tls_material.ControllerTls | None) -> grpc.aio.Channel:
+    if tls is None:
+        return grpc.aio.insecure_channel(address)
+    credentials = grpc.ssl_channel_credentials(
+        root_certificates=tls.ca_cert_pem, private_key=tls.key_pem, certificate_chain=tls.cert_pem
+    )
+    options = (("grpc.ssl_target_name_override", tls.server_name),)
+    return grpc.aio.secure_channel(address, credentials, options=options)
 
 
 def _unreachable(worker: plan.WorkerId, exc: grpc.aio.AioRpcError) -> ports.AgentUnreachable:
