@@ -6,9 +6,9 @@ double buffering keeps the newest two snapshots and a resumed run drops snapshot
 a flipped bit, a truncated or over-long file and a missing file are SnapshotCorrupt, and the
 loader then rebuilds the member from its peers' redundancy (the next tier); a damaged manifest
 makes its slot untrusted; files opened for reading keep their bytes while newer snapshots
-overwrite the slot; files are 0600 and directories 0700; cleanup leaves nothing behind; job
-names that are not a plain directory name and unknown checksums are refused; crc32 and blake2b
-both verify.
+overwrite the slot; files are 0600 and directories 0700, including the job and base directories
+it creates, under umask 0, 022 or 277; cleanup leaves nothing behind; job names that are not a
+plain directory name and unknown checksums are refused; crc32 and blake2b both verify.
 """
 
 from __future__ import annotations
@@ -256,6 +256,20 @@ def test_files_are_private_to_the_owner(tmp_path: Path) -> None:
     for path in [root, *root.rglob("*")]:
         mode = stat.S_IMODE(path.stat().st_mode)
         assert mode == (0o700 if path.is_dir() else 0o600), path
+
+
+@pytest.mark.parametrize("umask", [0o000, 0o022, 0o277], ids=["umask 0", "umask 022", "umask 277"])
+def test_stores_are_private_whatever_the_umask(tmp_path: Path, umask: int) -> None:
+    previous = os.umask(umask)
+    try:
+        stores = _stores(tmp_path / "base")
+        _write_steps(stores, [1])
+    finally:
+        os.umask(previous)
+    created = [tmp_path / "base", *(tmp_path / "base").rglob("*")]
+    assert {stat.S_IMODE(p.stat().st_mode) for p in created if p.is_dir()} == {0o700}
+    assert {stat.S_IMODE(p.stat().st_mode) for p in created if p.is_file()} == {0o600}
+    assert len([p for p in created if p.is_file()]) > len(GROUP)  # data files and manifests
 
 
 def test_cleanup_leaves_nothing_behind(tmp_path: Path) -> None:

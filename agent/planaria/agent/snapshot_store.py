@@ -152,9 +152,15 @@ def remove_job(job: str, base: Path = DEFAULT_BASE) -> None:
 
 
 def make_private_dir(path: Path) -> None:
-    """Create `path` (and parents) as owner-only (0700) directories."""
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    path.chmod(0o700)
+    """Create `path` and any missing parents as owner-only (0700) directories whatever the
+    umask (issue #10: snapshots are readable by the job's user alone); `path` itself is made
+    0700 if it existed. Existing parents keep their mode (a shared base is not ours to close)."""
+    missing = [path, *(parent for parent in path.parents if not parent.exists())]
+    for directory in reversed(missing):
+        # mkdir's mode is masked by the umask and `mkdir(parents=True)` ignores it for
+        # parents: a job directory under umask 0 would be 0777, letting anyone swap its stores.
+        directory.mkdir(mode=0o700, exist_ok=True)
+        directory.chmod(0o700)
 
 
 def write_private_file(path: Path, chunks: Iterable[Any], algorithm: str) -> str:
@@ -168,6 +174,7 @@ def write_private_file(path: Path, chunks: Iterable[Any], algorithm: str) -> str
     digest = CHECKSUMS[algorithm]()
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
     try:
+        os.fchmod(fd, 0o600)  # exactly 0600: os.open's mode is masked by the umask
         batch: list[memoryview] = []
         for chunk in chunks:
             view = memoryview(chunk).cast("B")
