@@ -3,8 +3,9 @@
 Covers: defaults; camelCase aliases and snake_case names; a bare spec named after its file and a
 whole ResilientJob document named by metadata.name; overrides checked like the file's own
 values; every kind of invalid field (type, range, enum, unknown field, cross-field rules,
-failures, names, not YAML, not a mapping, missing file) reported as one line with the field
-path as written in the file and a fix; durations; conversion to the controller's JobSettings
+failures, names, not YAML, nested past the YAML parser's recursion, not a mapping, missing
+file) reported as one line with the field path as written in the file and a fix; durations;
+conversion to the controller's JobSettings
 (corpus default, NCCL on cuda, checkpoints only when both dir and interval are given); a fuzz of
 random documents: parsing raises nothing but JobSpecError with a path, and any spec that parses
 converts to settings; every spec field has a description and is documented in docs/running.md.
@@ -122,6 +123,7 @@ def test_overrides_replace_the_files_values_and_are_checked_the_same_way() -> No
         ("failures: [{time: soon}]", r"^job.yaml: failures.0.time: 'soon' is not a duration"),
         ("[1, 2]", r"^job.yaml: must be a mapping of spec fields or a ResilientJob document"),
         ("workers: [", r"^job.yaml: not valid YAML at line 1"),
+        ("[" * 5000 + "]" * 5000, r"^job.yaml: nested too deeply to be a job file; a job"),
         ("kind: ResilientJob\nmetadata: {name: x}", r"^job.yaml: apiVersion: missing; add it"),
         (
             "apiVersion: planaria.dev/v1\nkind: ResilientJob\nmetadata: {name: x}",

@@ -100,6 +100,13 @@ def _decode_yaml(text: str, source: str) -> dict[str, Any]:
             f"{source}: not valid YAML{where}; a job file is a YAML mapping of spec fields "
             "(see examples/tiny-job.yaml)"
         ) from None
+    except RecursionError:
+        # PyYAML composes nested collections recursively: a file nested a few thousand levels
+        # deep would otherwise end `planaria run` with a traceback.
+        raise job.JobSpecError(
+            f"{source}: nested too deeply to be a job file; a job file is a YAML mapping of "
+            "spec fields (see examples/tiny-job.yaml)"
+        ) from None
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
