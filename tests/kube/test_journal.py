@@ -1,0 +1,54 @@
+"""The state ConfigMap's encoding (`planaria.kube.journal`): an epoch record round-trips.
+
+Covered: encode -> decode gives back an equal EpochRecord (epoch, kind, resume step, the plan
+from its protobuf bytes, the profile from its JSON text); the whole ConfigMap is owned by the
+job and named for it; a ConfigMap missing a key or holding a bad plan fails with a JournalError
+that names the ConfigMap and the way out.
+"""
+
+from __future__ import annotations
+
+import base64
+
+import pytest
+
+from planaria.control import planning, ports
+from planaria.kube import constants, journal, pods
+from planaria.planner import plan
+from tests.control import scenarios
+
+OWNER = pods.Owner(name="tiny", namespace="ml", uid="u-1")
+
+
+def _record() -> ports.EpochRecord:
+    settings = scenarios.job()
+    assert settings.profile is not None
+    planner = planning.Planner(settings.profile, settings)
+    move = planner.best(frozenset(plan.WorkerId(w) for w in range(8)), "initial")
+    return ports.EpochRecord(
+        epoch=3, plan=move.plan, kind="dynamic", resume_step=41, profile=settings.profile
+    )
+
+
+def test_an_epoch_record_round_trips_through_the_configmap() -> None:
+    entry = _record()
+    body = journal.configmap(OWNER, entry)
+    assert body["metadata"]["name"] == constants.state_configmap_name("tiny")
+    assert body["metadata"]["ownerReferences"][0]["uid"] == "u-1"
+    back = journal.decode(body)
+    assert back == entry
+    assert back.plan == entry.plan and back.profile == entry.profile
+
+
+def test_a_configmap_without_the_plan_names_what_is_missing() -> None:
+    body = journal.configmap(OWNER, _record())
+    del body["binaryData"]
+    with pytest.raises(journal.JournalError, match="tiny-state: no key 'plan'"):
+        journal.decode(body)
+
+
+def test_a_configmap_with_a_bad_plan_says_to_start_over() -> None:
+    body = journal.configmap(OWNER, _record())
+    body["binaryData"]["plan"] = base64.b64encode(b"\x08\x00\xff").decode()
+    with pytest.raises(journal.JournalError, match="delete it to start the job over"):
+        journal.decode(body)
