@@ -3,8 +3,10 @@
 #   docker build -t planaria:cpu .                            # CPU build (gloo)
 #   docker build -t planaria:cuda --build-arg TORCH=cuda .    # GPU build (NCCL, CUDA torch)
 #
-# The runtime stage runs as a non-root user and writes nothing outside /tmp, so it works with
-# readOnlyRootFilesystem: true when /tmp (and /dev/shm for snapshots) are emptyDir volumes.
+# The runtime stage runs as a non-root numeric user (10001, the Helm chart's runAsUser) and writes
+# nothing outside /tmp, so it works with readOnlyRootFilesystem: true when /tmp (and /dev/shm
+# for snapshots) are emptyDir volumes: HOME, every cache and temporary file point there, and
+# bytecode is compiled at build time and never written at run time.
 
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
@@ -26,9 +28,13 @@ COPY pyproject.toml README.md ./
 COPY operator ./operator
 COPY agent ./agent
 COPY protos ./protos
-RUN pip install . && python -c "import planaria.cli.main"
+RUN pip install . && python -c "import planaria.cli.main" \
+    && python -m compileall -q /opt/planaria
 
 FROM ${PYTHON_IMAGE} AS runtime
+LABEL org.opencontainers.image.title="planaria" \
+      org.opencontainers.image.description="Planaria operator and training agent" \
+      org.opencontainers.image.licenses="Apache-2.0"
 RUN groupadd --gid 10001 planaria \
     && useradd --uid 10001 --gid 10001 --no-create-home --home-dir /tmp --shell /usr/sbin/nologin planaria
 COPY --from=build /opt/planaria /opt/planaria
@@ -36,6 +42,8 @@ ENV PATH=/opt/planaria/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     HOME=/tmp \
+    TMPDIR=/tmp \
+    XDG_CACHE_HOME=/tmp/.cache \
     MPLCONFIGDIR=/tmp/matplotlib
 USER 10001:10001
 WORKDIR /tmp

@@ -1,0 +1,109 @@
+"""The Dockerfile, checked statically (no Docker in CI): what the chart and the CLI rely on.
+
+Covers: two stages, build and runtime, the runtime copying the build's virtual environment;
+the TORCH build argument (cpu by default) with torch pinned to pyproject's version in both the
+cpu and the cuda branch, the cpu branch from the CPU wheel index; all three source folders of the
+namespace package copied; a numeric non-root USER equal to the chart's runAsUser (pod and
+container) and to the user the image creates; `ENTRYPOINT ["planaria"]` naming the console script
+pyproject declares; HOME, TMPDIR, the caches and matplotlib's config under /tmp (the chart's only
+writable mount) and no bytecode written at run time; .dockerignore keeps .venv, runs, tests and
+.git out of the build context.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import tomllib
+from pathlib import Path
+
+import yaml
+
+from planaria.kube import constants
+
+ROOT = Path(__file__).resolve().parents[2]
+TEXT = (ROOT / "Dockerfile").read_text()
+
+
+def _instructions() -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) in order, continuation lines joined, comments dropped."""
+    lines = [line for line in TEXT.splitlines() if not line.lstrip().startswith("#")]
+    joined = re.sub(r"\\\n", " ", "\n".join(lines))
+    found = []
+    for line in joined.splitlines():
+        if line.strip():
+            word, _, rest = line.strip().partition(" ")
+            found.append((word.upper(), rest.strip()))
+    return found
+
+
+def _stages() -> dict[str, list[tuple[str, str]]]:
+    stages: dict[str, list[tuple[str, str]]] = {}
+    current: list[tuple[str, str]] = []
+    for word, rest in _instructions():
+        if word == "FROM":
+            current = stages.setdefault(rest.split(" AS ")[1], [])
+        current.append((word, rest))
+    return stages
+
+
+def _args(stage: str, word: str) -> list[str]:
+    return [rest for w, rest in _stages()[stage] if w == word]
+
+
+def _torch_pin() -> str:
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    (pin,) = [str(d) for d in pyproject["project"]["dependencies"] if d.startswith("torch")]
+    return pin.removeprefix("torch==")
+
+
+def test_a_build_stage_and_a_runtime_stage_that_copies_its_environment() -> None:
+    assert list(_stages()) == ["build", "runtime"]
+    assert "--from=build /opt/planaria /opt/planaria" in _args("runtime", "COPY")
+
+
+def test_torch_is_pinned_to_pyprojects_version_in_both_builds() -> None:
+    assert "TORCH=cpu" in _args("build", "ARG")
+    (install,) = [run for run in _args("build", "RUN") if "torch==" in run]
+    cpu, cuda = install.split("elif")[0], install.split("elif")[1].split("else")[0]
+    assert "download.pytorch.org/whl/cpu" in cpu and '"cpu"' in cpu
+    assert '"cuda"' in cuda and "download.pytorch.org/whl/cpu" not in cuda
+    for branch in (cpu, cuda):
+        assert re.findall(r"torch==([\w.+]+)", branch) == [_torch_pin()]
+
+
+def test_the_three_source_folders_of_the_namespace_package_are_copied() -> None:
+    copied = {rest.split()[0] for rest in _args("build", "COPY") if not rest.startswith("--")}
+    assert {"operator", "agent", "protos"} <= copied
+
+
+def test_the_user_is_numeric_non_root_and_the_charts_run_as_user() -> None:
+    (user,) = _args("runtime", "USER")
+    uid, gid = (int(part) for part in user.split(":"))
+    assert uid != 0 and gid != 0
+    (create,) = [run for run in _args("runtime", "RUN") if "useradd" in run]
+    assert f"--uid {uid}" in create and f"--gid {gid}" in create
+    values = yaml.safe_load((ROOT / "charts" / "planaria" / "values.yaml").read_text())
+    for context in (values["podSecurityContext"], values["securityContext"]):
+        assert (context["runAsUser"], context["runAsGroup"]) == (uid, gid)
+
+
+def test_the_entrypoint_is_the_planaria_console_script() -> None:
+    (entrypoint,) = _args("runtime", "ENTRYPOINT")
+    assert json.loads(entrypoint) == ["planaria"]
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert "planaria" in pyproject["project"]["scripts"]
+
+
+def test_everything_written_at_run_time_goes_under_tmp() -> None:
+    env = dict(re.findall(r"(\w+)=(\S+)", " ".join(_args("runtime", "ENV"))))
+    for name in ("HOME", "TMPDIR", "XDG_CACHE_HOME", "MPLCONFIGDIR"):
+        assert env[name].startswith(constants.TMP_MOUNT), name
+    assert env["PYTHONDONTWRITEBYTECODE"] == "1"
+    assert _args("runtime", "WORKDIR") == [constants.TMP_MOUNT]
+    assert any("compileall" in run for run in _args("build", "RUN"))
+
+
+def test_the_build_context_leaves_out_environments_runs_tests_and_history() -> None:
+    ignored = set((ROOT / ".dockerignore").read_text().split())
+    assert {".venv", "runs", "tests", ".git"} <= ignored
