@@ -18,6 +18,7 @@ import kubernetes
 import pytest
 
 from planaria.kube import constants, pods
+from planaria.planner import plan
 from planaria.spec import job
 
 OWNER = pods.Owner(name="tiny", namespace="ml", uid="0b7c6f2e-1111-2222-3333-444455556666")
@@ -169,4 +170,4 @@ def test_every_object_is_a_valid_kubernetes_model() -> None:
 def test_workers_map_to_nodes_and_back() -> None:
     spec = _spec(workers=6, gpusPerNode=3)
     assert pods.node_workers(spec, 1) == (3, 4, 5)
-    assert [pods.node_of(spec, w) for w in range(6)] == [0, 0, 0, 1, 1, 1]
+    assert [pods.node_of(spec, plan.WorkerId(w)) for w in range(6)] == [0, 0, 0, 1, 1, 1]
