@@ -1,0 +1,23 @@
+"""Fixtures for operator tests: `kube_api`, a Kubernetes API emulator on a loopback port.
+
+`kube_api` (function scope) yields a `tests.kube.support.serving.KubeApi`: `.url`, `.kubeconfig`
+(also exported as KUBECONFIG for the test, so kopf's login and
+`kubernetes.config.load_kube_config()` find it), `.requests` (the log of `ApiCall`s), and
+`.apply(obj)`, `.get(api_version, kind, name, namespace)`, `.list(api_version, kind, namespace,
+label_selector)`, `.delete(...)`, `.load_crd(path_or_dict)`. The emulator runs in its own
+thread, so blocking clients work from async tests and kopf can run in the test's loop.
+"""
+
+import pathlib
+from collections.abc import Iterator
+
+import pytest
+
+from tests.kube.support import serving
+
+
+@pytest.fixture
+def kube_api(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[serving.KubeApi]:
+    with serving.serve(tmp_path) as api:
+        monkeypatch.setenv("KUBECONFIG", str(api.kubeconfig))
+        yield api
