@@ -9,7 +9,8 @@ kubernetes client's model of its kind (required fields present, no unknown field
 schema refuses bad values; the granted RBAC rules are exactly constants.RBAC_RULES, without
 wildcards; the security contexts; ports, env names and the /tmp mount match planaria.kube.
 constants; the operator's flags parse with `planaria operator` when that command exists; every
-value in values.yaml carries a `# --` comment; NOTES.txt renders with a sample job that the CRD
+value in values.yaml carries a `# --` comment, and docs/kubernetes.md lists every value, RBAC
+rule and printer column; NOTES.txt renders with a sample job that the CRD
 admits; the chart's CRDs are crd.crd() and the KopfPeering CRD kopf looks for.
 """
 
@@ -246,6 +247,8 @@ def test_ports_env_and_mounts_are_the_constants(chart: Any) -> None:
     assert env[constants.ENV_POD_IP] == "status.podIP"
     assert env[constants.ENV_POD_NAME] == "metadata.name"
     assert env[constants.ENV_POD_NAMESPACE] == "metadata.namespace"
+    (level,) = [e for e in container["env"] if e["name"] == constants.ENV_LOG_LEVEL]
+    assert level["value"] == "info"
     assert container["volumeMounts"] == [{"name": "tmp", "mountPath": constants.TMP_MOUNT}]
     assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
 
@@ -260,8 +263,10 @@ def test_the_operator_flags_parse_with_planaria_operator(chart: Any) -> None:
         assert args.command == "operator"
 
 
-def _undocumented_values(text: str) -> list[str]:
-    """Keys of values.yaml whose line, and every parent's line, lacks a `# --` comment above."""
+def _value_comments(text: str) -> tuple[list[str], list[str]]:
+    """(keys of values.yaml with their own `# --` comment, leaf keys documented neither by
+    their own comment nor by a parent's), as dotted paths."""
+    commented: list[str] = []
     undocumented: list[str] = []
     stack: list[tuple[int, str, bool]] = []  # (indent, key, documented) of the enclosing keys
     comment = ""
@@ -277,20 +282,34 @@ def _undocumented_values(text: str) -> list[str]:
         indent = len(match.group(1))
         while stack and stack[-1][0] >= indent:
             stack.pop()
-        documented = comment.startswith("# --") or any(d for _, _, d in stack)
-        stack.append((indent, match.group(2), documented))
-        is_leaf = match.group(3).strip() != ""
-        if is_leaf and not documented:
-            undocumented.append(".".join(key for _, key, _ in stack))
+        own = comment.startswith("# --")
+        stack.append((indent, match.group(2), own or any(d for _, _, d in stack)))
+        path = ".".join(key for _, key, _ in stack)
+        if own:
+            commented.append(path)
+        elif match.group(3).strip() and not stack[-1][2]:
+            undocumented.append(path)
         comment = ""
-    return undocumented
+    return commented, undocumented
 
 
 def test_every_value_is_documented_by_a_helm_docs_comment(chart: Any) -> None:
     text = (CHART / "values.yaml").read_text()
-    assert _undocumented_values(text) == []
-    assert _undocumented_values("a:\n  # -- b\n  b: 1\n  c: 2\n") == ["a.c"]
+    assert _value_comments(text)[1] == []
+    assert _value_comments("a:\n  # -- b\n  b: 1\n  c: 2\n") == (["a.b"], ["a.c"])
     assert set(chart.values) == set(yaml.safe_load(text))
+
+
+def test_docs_kubernetes_lists_every_value_rbac_rule_and_printer_column() -> None:
+    docs = (ROOT / "docs" / "kubernetes.md").read_text()
+    commented, _ = _value_comments((CHART / "values.yaml").read_text())
+    assert [path for path in commented if f"| `{path}` |" not in docs] == []
+    for rule in constants.RBAC_RULES:
+        group = f"`{rule.api_group}`" if rule.api_group else "core"
+        assert f"| {group} | `{rule.resource}` | {', '.join(rule.verbs)} |" in docs
+    (version,) = crd.crd()["spec"]["versions"]
+    for column in version["additionalPrinterColumns"]:
+        assert f"| {column['name']} | `{column['jsonPath']}` |" in docs
 
 
 def test_notes_render_a_sample_job_the_crd_admits_and_how_to_watch_it(chart: Any) -> None:

@@ -46,6 +46,7 @@ ENV_POD_IP = "POD_IP"
 ENV_POD_NAME = "POD_NAME"
 ENV_POD_NAMESPACE = "POD_NAMESPACE"
 ENV_AGENT_IMAGE = "PLANARIA_AGENT_IMAGE"
+ENV_LOG_LEVEL = "PLANARIA_LOG_LEVEL"  # the operator's log level (the chart's logLevel)
 
 # -- ports -------------------------------------------------------------------------------------
 AGENT_PORT = 50051  # a pod's container k (its k-th worker) serves on AGENT_PORT + k
