@@ -431,6 +431,8 @@ def test_a_profile_without_links_or_with_ragged_layers_is_refused(
     [
         (codec.decode_watch_request, pb.WatchRequest(), "WatchRequest.interval_s"),
         (codec.decode_watch_request, pb.WatchRequest(interval_s=math.inf), "WatchRequest"),
+        (codec.decode_watch_request, pb.WatchRequest(interval_s=1e12), "WatchRequest"),
+        (codec.decode_stop_request, pb.StopRequest(grace_s=1e12), "StopRequest.grace_s"),
         (codec.decode_stop_request, pb.StopRequest(grace_s=-1.0), "StopRequest.grace_s"),
         (codec.decode_epoch_command, pb.PauseRequest(), "PauseRequest.epoch"),
         (codec.decode_load_snapshot, pb.LoadSnapshotRequest(epoch=1), "LoadSnapshotRequest"),
@@ -441,6 +443,8 @@ def test_a_profile_without_links_or_with_ragged_layers_is_refused(
     ids=[
         "a zero heartbeat interval",
         "an infinite heartbeat interval",
+        "a heartbeat interval past any wait",
+        "a grace period past any wait",
         "a negative grace period",
         "a pause for epoch zero",
         "a snapshot load of step zero",

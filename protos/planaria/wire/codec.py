@@ -15,9 +15,9 @@ Errors (defined in `planaria.wire.errors`; the servicer maps all of them to INVA
     ├── UnknownEnumError        an enum is *_UNSPECIFIED, or a value this version does not know
     └── InvalidValueError       a value breaks the domain's rules (a range, a plan invariant)
 
-Encoding checks one-value requests the same way. Dataclasses were checked when built, so encoding
-them only fails when a value does not fit its field (a negative worker id), with protobuf's
-ValueError.
+Encoding checks one-value requests the same way (a heartbeat interval or a grace period is at
+most `MAX_WAIT_S`, a year). Dataclasses were checked when built, so encoding them only fails
+when a value does not fit its field (a negative worker id), with protobuf's ValueError.
 """
 
 from __future__ import annotations
@@ -31,6 +31,11 @@ from planaria.planner import plan as plans
 from planaria.planner import profile as profiles
 from planaria.v1 import agent_pb2 as pb
 from planaria.wire import errors, messages, planner_codec
+
+# The longest heartbeat interval or grace period a request may ask for: a year. The agent waits
+# that long on a threading.Event, and a wait past threading.TIMEOUT_MAX (~292 years) raises
+# OverflowError in the servicer (a WatchRequest of 1e12 s ended its stream with UNKNOWN).
+MAX_WAIT_S = 365 * 86400.0
 
 _E = TypeVar("_E", bound=StrEnum)
 _V = TypeVar("_V", bound=int)
@@ -219,7 +224,8 @@ def decode_watch_request(msg: pb.WatchRequest) -> float:
 
 
 def _check_interval(path: str, interval_s: float) -> None:
-    _check(path, math.isfinite(interval_s) and interval_s > 0, f"is {interval_s}; give seconds > 0")
+    ok = math.isfinite(interval_s) and 0 < interval_s <= MAX_WAIT_S
+    _check(path, ok, f"is {interval_s}; give seconds > 0 and <= {MAX_WAIT_S:g}")
 
 
 def encode_heartbeat(heartbeat: messages.Heartbeat) -> pb.WatchResponse:
@@ -403,8 +409,8 @@ def decode_stop_request(msg: pb.StopRequest) -> float:
 
 
 def _check_grace(grace_s: float) -> None:
-    ok = math.isfinite(grace_s) and grace_s >= 0
-    _check("StopRequest.grace_s", ok, f"is {grace_s}; give seconds >= 0")
+    ok = math.isfinite(grace_s) and 0 <= grace_s <= MAX_WAIT_S
+    _check("StopRequest.grace_s", ok, f"is {grace_s}; give seconds >= 0 and <= {MAX_WAIT_S:g}")
 
 
 def encode_load_snapshot(load: messages.SnapshotLoad) -> pb.LoadSnapshotRequest:
