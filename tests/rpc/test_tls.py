@@ -8,8 +8,9 @@ certificate, a client certificate of another job's CA; refused with PERMISSION_D
 handshake passes, authorisation does not): a client certificate of the job's CA that names
 anything but the controller; the agent's own server certificate presented as a client
 certificate (refused one way or the other, the code is stated); `AgentClient.connect` with
-another job's credentials is AgentUnreachable; a missing --tls-dir file is a ServeError naming
-it; the agent's controller name is `tls.controller_name`.
+another job's credentials is AgentUnreachable; a missing --tls-dir file or a key that is not
+the certificate's stops the agent with a TlsFilesError naming it; the agent's controller name
+is `tls.controller_name`.
 
 Issued material: CA constraints (CA:true, pathlen 0, cert-sign usage), the leaves' EKUs (one
 each), SANs, CN, validity from an injected `now`, distinct random serials, SKI/AKI linkage;
@@ -37,7 +38,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from planaria.agent import service
+from planaria.agent import mtls, service
 from planaria.control import ports
 from planaria.planner import plan, profile
 from planaria.rpc import client, tls
@@ -235,20 +236,27 @@ async def test_another_jobs_controller_cannot_connect(agent: _Agent) -> None:
         await client.AgentClient.connect(W(1), agent.address, timeout_s=0.5, tls=other)
 
 
-def test_a_missing_tls_file_is_a_serve_error_naming_it(
-    tmp_path: Path, creds: tls.JobCredentials
+@pytest.mark.parametrize(
+    ("key", "said"),
+    [(None, r"tls\.key.*--tls-dir"), (b"other", "tls.key is not the key of tls.crt")],
+    ids=["a missing key", "another job's key"],
+)
+def test_unusable_tls_files_stop_the_agent_naming_the_file(
+    tmp_path: Path, creds: tls.JobCredentials, key: bytes | None, said: str
 ) -> None:
     files = tls.agent_files(creds)
     del files[tls.KEY]
+    if key is not None:
+        files[tls.KEY] = tls.issue("other-job").agent_key_pem
     tls.write_dir(files, tmp_path)
     options = service.Options(worker=W(1), job=JOB, tls_dir=tmp_path)
-    with pytest.raises(service.ServeError, match=r"tls\.key.*--tls-dir"):
+    with pytest.raises(mtls.TlsFilesError, match=said):
         service.serve(options, _FakeRuntime())
 
 
 def test_the_agent_and_the_issuer_agree_on_the_controllers_name() -> None:
-    assert service.controller_name(JOB) == tls.controller_name(JOB)
-    assert service.TLS_FILES == tls.AGENT_FILES
+    assert mtls.controller_name(JOB) == tls.controller_name(JOB)
+    assert mtls.TLS_FILES == tls.AGENT_FILES
 
 
 def _client_cert(creds: tls.JobCredentials, name: str) -> tuple[bytes, bytes]:

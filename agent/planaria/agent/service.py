@@ -24,12 +24,9 @@ written to `ready_file` atomically (temp file + rename) once the server is up.
 
 Mutual TLS (issue #10): with `Options.tls_dir` (ca.crt, tls.crt, tls.key, as
 `planaria.rpc.tls.agent_files` writes them) the port is TLS only and requires a client
-certificate of the job's CA; the health service shares it. Authentication is not enough, since
-the CA also signed this agent's own certificate: `ControllerOnly` lets AgentService calls
-through only from a peer whose certificate names `controller_name(job)` (PERMISSION_DENIED
-otherwise). `tls_dir=None` serves plaintext; `planaria agent` asks for --insecure to do that.
-`controller_name` mirrors `planaria.rpc.tls.controller_name`, which this package may not import;
-a test keeps them equal.
+certificate of the job's CA, and only the job's controller may call AgentService
+(`planaria.agent.mtls`); the health service shares the port. `tls_dir=None` serves plaintext;
+`planaria agent` asks for --insecure to do that.
 """
 
 from __future__ import annotations
@@ -44,12 +41,13 @@ from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
+from typing import Any, Protocol, TypeVar
 
 import grpc
 from google.protobuf import message
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from planaria.agent import mtls
 from planaria.planner import plan, profile
 from planaria.v1 import agent_pb2 as pb
 from planaria.v1 import agent_pb2_grpc
@@ -59,8 +57,6 @@ LOG = logging.getLogger(__name__)
 SERVICE = pb.DESCRIPTOR.services_by_name["AgentService"].full_name
 RPC_THREADS = 16  # concurrent RPCs: a few Watch streams plus commands
 DEFAULT_GRACE_S = 5.0  # SIGTERM's grace period for the step in flight
-TLS_FILES = ("ca.crt", "tls.crt", "tls.key")  # planaria.rpc.tls.AGENT_FILES
-TLS_DOMAIN = "planaria.internal"
 _M = TypeVar("_M")
 _T = TypeVar("_T")
 
@@ -211,13 +207,6 @@ class Options:
     tls_dir: Path | None = None
 
 
-if TYPE_CHECKING:  # grpc's classes are generic in its stubs only
-    _Interceptor = grpc.ServerInterceptor[Any, Any]
-    _Handler = grpc.RpcMethodHandler[Any, Any]
-else:
-    _Interceptor = grpc.ServerInterceptor
-
-
 class ServeError(ValueError):
     """The agent cannot start as asked (e.g. the address cannot be bound)."""
 
@@ -238,7 +227,7 @@ def serve(options: Options, runtime: RuntimeLike | None = None) -> int:
     stopping = threading.Event()
     try:
         server, health_servicer, address = _start_server(options, runtime, stopping)
-    except ServeError:
+    except (ServeError, mtls.TlsFilesError):
         runtime.close()
         raise
     _install_signal_handlers(stopping)
@@ -258,10 +247,10 @@ def serve(options: Options, runtime: RuntimeLike | None = None) -> int:
 def _start_server(
     options: Options, runtime: RuntimeLike, stopping: threading.Event
 ) -> tuple[grpc.Server, health.HealthServicer, str]:
-    credentials = None if options.tls_dir is None else server_credentials(options.tls_dir)
-    interceptors: list[_Interceptor] = []
+    credentials = None if options.tls_dir is None else mtls.server_credentials(options.tls_dir)
+    interceptors: list[mtls.Interceptor] = []
     if credentials is not None:
-        interceptors.append(ControllerOnly(controller_name(options.job)))
+        interceptors.append(mtls.ControllerOnly(mtls.controller_name(options.job)))
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=RPC_THREADS), interceptors=interceptors
     )
@@ -284,82 +273,6 @@ def _start_server(
     for name in ("", SERVICE):
         health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     return server, health_servicer, f"{host}:{port}"
-
-
-def controller_name(job: str) -> str:
-    """The one client name AgentService answers under TLS (`planaria.rpc.tls.controller_name`)."""
-    return f"controller.{job}.{TLS_DOMAIN}"
-
-
-def server_credentials(tls_dir: Path) -> grpc.ServerCredentials:
-    """Mutual TLS credentials from `tls_dir` (`TLS_FILES`): this agent's certificate, and the
-    job's CA as the only root a client certificate may chain to (one is required)."""
-    pem = {name: _read_pem(tls_dir / name) for name in TLS_FILES}
-    return grpc.ssl_server_credentials(
-        [(pem["tls.key"], pem["tls.crt"])],
-        root_certificates=pem["ca.crt"],
-        require_client_auth=True,
-    )
-
-
-def _read_pem(path: Path) -> bytes:
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise ServeError(
-            f"cannot read {path}: {exc.strerror}; give --tls-dir a directory with "
-            f"{', '.join(TLS_FILES)}"
-        ) from exc
-    if b"-----BEGIN " not in data:
-        raise ServeError(f"{path} holds no PEM block; give the file planaria's TLS issuer wrote")
-    return data
-
-
-class ControllerOnly(_Interceptor):
-    """Authorisation after mutual TLS: AgentService answers only a peer whose certificate's
-    common name is `allowed` (the job's controller); others get PERMISSION_DENIED. The health
-    service is left to the handshake (any certificate of the job's CA may probe it)."""
-
-    def __init__(self, allowed: str) -> None:
-        self._allowed = allowed.encode()
-
-    def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], _Handler | None],
-        details: grpc.HandlerCallDetails,
-    ) -> _Handler | None:
-        handler = continuation(details)
-        if handler is None or not details.method.startswith(f"/{SERVICE}/"):
-            return handler
-        if handler.unary_stream is not None:  # Watch; every other method is unary-unary
-            return grpc.unary_stream_rpc_method_handler(
-                self._guarded(handler.unary_stream),
-                request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer,
-            )
-        assert handler.unary_unary is not None  # add_to_server registers no other kind
-        return grpc.unary_unary_rpc_method_handler(
-            self._guarded(handler.unary_unary),
-            request_deserializer=handler.request_deserializer,
-            response_serializer=handler.response_serializer,
-        )
-
-    def _guarded(
-        self, behaviour: Callable[[Any, grpc.ServicerContext], _T]
-    ) -> Callable[[Any, grpc.ServicerContext], _T]:
-        def guarded(request: Any, context: grpc.ServicerContext) -> _T:
-            # grpc maps each property to a list of values (its stub says one bytes value)
-            names = cast(list[bytes], context.auth_context().get("x509_common_name", []))
-            if self._allowed not in names:
-                shown = b", ".join(names).decode(errors="replace") or "no certificate"
-                context.abort(
-                    grpc.StatusCode.PERMISSION_DENIED,
-                    f"peer {shown} is not {self._allowed.decode()}; only the job's controller "
-                    f"may call AgentService",
-                )
-            return behaviour(request, context)
-
-        return guarded
 
 
 def _shut_down(
