@@ -13,13 +13,17 @@ Failures (planner transfers, candidates, policy): builders `uniform_profile`, `t
 Wire messages (planaria.wire.messages): `rendezvous`, `training_settings`, `worker_configs`,
 `timings`, `snapshot_states`, `latched_errors`, `heartbeats`.
 Failure traces (planaria.sim): `sim_traces` (per-device, per-cluster and spot traces).
+Bad input (tests/fuzz): `job_spec_documents` (valid job files), `job_spec_mutants` (damaged),
+`job_file_texts` (damaged as text), `mutated_protos` (a message with fields set out of range).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from typing import Any
 
+from google.protobuf import descriptor, message
 from hypothesis import assume
 from hypothesis import strategies as st
 
@@ -703,3 +707,263 @@ def membership_changes(
         )
     )
     return sorted(changes)
+
+
+# --- bad input: job specs near the valid space (planaria.spec.job; tests/fuzz) ---------------
+
+# Values that break a field's type or range: wrong types, signs, integer widths, non-finite
+# floats, near-misses of durations and enums.
+BAD_LEAVES: tuple[object, ...] = (
+    None,
+    True,
+    False,
+    0,
+    -1,
+    1,
+    2**31,
+    2**32 - 1,
+    2**32,
+    2**63,
+    2**64 - 1,
+    2**64,
+    2**70,
+    -(2**63),
+    0.5,
+    1.5,
+    -0.0,
+    1e308,
+    5e-324,
+    float("nan"),
+    float("inf"),
+    float("-inf"),
+    "",
+    " ",
+    "x",
+    "0",
+    "1e3",
+    "nan",
+    "inf",
+    "90s",
+    "-5s",
+    "5 m",
+    "1.5.3s",
+    "1e3s",
+    "99999999999999999999h",
+    "random",
+    "Random",
+    "cpu",
+    "CUDA",
+    "copy",
+    "tiny",
+    [],
+    {},
+    [1],
+    {"a": 1},
+    [[[]]],
+)
+
+
+@st.composite
+def job_spec_documents(draw: st.DrawFn) -> dict[str, object]:
+    """A valid job spec as a job file's YAML mapping holds it (camelCase keys), optional
+    sections left out at random."""
+    gpus, nodes = draw(st.integers(1, 4)), draw(st.integers(2, 8))
+    workers, steps = gpus * nodes, draw(st.integers(2, 1000))
+    micro = draw(st.integers(1, 8))
+    snapshot_every = draw(st.integers(0, 5))
+    spec: dict[str, object] = {
+        "model": draw(st.sampled_from(sorted(shapes.NAMED_SHAPES))),
+        "workers": workers,
+        "gpusPerNode": gpus,
+        "steps": steps,
+        "microBatchSize": micro,
+        "globalBatchSize": micro * draw(st.integers(1, 8)),
+        "seed": draw(st.integers(0, 2**64 - 1)),
+        "device": draw(st.sampled_from(["cpu", "cuda"])),
+        "faultTolerance": draw(st.integers(0, nodes - 1)),
+        "policy": draw(st.sampled_from(["adaptive", "dynamic", "reroute"])),
+        "mtbfSeconds": draw(st.floats(1.0, 1e6)),
+        "optimizer": {"lr": 1e-3, "beta1": 0.9, "beta2": 0.99, "eps": 1e-8, "weightDecay": 0.1},
+        "data": {"corpusPaths": ["corpus.txt"], "maxBytes": draw(st.integers(1, 2**40))},
+        "snapshots": {
+            "intervalSteps": snapshot_every,
+            "redundancy": draw(st.sampled_from(["none", "copy", "xor", "recompute"])),
+        },
+        "checkpoints": {"dir": "/ckpt", "intervalSteps": snapshot_every * draw(st.integers(0, 4))},
+        "timeouts": {
+            "heartbeatIntervalSeconds": 0.1,
+            "heartbeatSeconds": 3,
+            "stepSeconds": 10,
+            "configureSeconds": 60,
+        },
+        "failures": [
+            {"step": draw(st.integers(1, steps - 1)), "worker": draw(st.integers(0, workers - 1))},
+            {"time": draw(st.sampled_from([30, "90s", "1.5m", "500ms"])), "rejoinSeconds": 2},
+        ],
+        "pod": {
+            "image": "planaria:dev",
+            "cpu": "500m",
+            "memory": "2Gi",
+            "nodeSelector": {"planaria.dev/pool": "gpu"},
+            "tolerations": [{"key": "spot", "operator": "Exists", "effect": "NoSchedule"}],
+        },
+    }
+    kept = draw(st.sets(st.sampled_from(sorted(spec))))
+    return {key: value for key, value in spec.items() if key in kept or key == "workers"}
+
+
+def _paths(value: object, prefix: tuple[object, ...] = ()) -> list[tuple[object, ...]]:
+    """Every key path into nested mappings and lists, the empty (root) path first."""
+    out: list[tuple[object, ...]] = [prefix]
+    if isinstance(value, dict):
+        for key, item in value.items():
+            out += _paths(item, (*prefix, key))
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            out += _paths(item, (*prefix, index))
+    return out
+
+
+def _snake(name: str) -> str:
+    return "".join(f"_{c.lower()}" if c.isupper() else c for c in name)
+
+
+def _mutate_at(draw: st.DrawFn, parent: object, key: object) -> None:
+    """One mutation of `parent[key]`: replaced by a bad value, dropped, renamed to its
+    snake_case twin (kept beside the camelCase one or not), given an unknown sibling, wrapped
+    in a list, or nested deeply."""
+    assert isinstance(parent, dict | list)
+    container: Any = parent
+    kind = draw(st.sampled_from(["replace", "drop", "twin", "unknown", "wrap", "nest", "number"]))
+    if kind == "replace":
+        container[key] = draw(st.sampled_from(BAD_LEAVES))
+    elif kind == "number":
+        container[key] = draw(st.integers() | st.floats() | st.text(max_size=6))
+    elif kind == "drop":
+        del container[key]
+    elif kind == "twin" and isinstance(key, str) and isinstance(parent, dict):
+        container[_snake(key)] = container[key] if draw(st.booleans()) else container.pop(key)
+    elif kind == "unknown" and isinstance(parent, dict):
+        container[draw(st.sampled_from(["bogus", "Workers", "spec", "step_seconds", "1"]))] = 1
+    elif kind == "wrap":
+        container[key] = [container[key]]
+    else:
+        for _ in range(draw(st.integers(1, 60))):
+            container[key] = {"x": container[key]} if draw(st.booleans()) else [container[key]]
+
+
+@st.composite
+def job_spec_mutants(draw: st.DrawFn) -> object:
+    """A valid job spec (bare, or inside a whole ResilientJob document) with one to four
+    mutations at random places (see `_mutate_at`); the root itself may be replaced."""
+    document = draw(job_spec_documents())
+    if draw(st.booleans()):
+        document = {
+            "apiVersion": "planaria.dev/v1alpha1",
+            "kind": "ResilientJob",
+            "metadata": {"name": "fuzz-job"},
+            "spec": document,
+        }
+    for _ in range(draw(st.integers(1, 4))):
+        path = draw(st.sampled_from(_paths(document)))
+        if not path:
+            return draw(st.sampled_from(BAD_LEAVES))  # not a mapping at all
+        parent: Any = document
+        for key in path[:-1]:
+            parent = parent[key]
+        _mutate_at(draw, parent, path[-1])
+    return document
+
+
+@st.composite
+def job_file_texts(draw: st.DrawFn) -> str:
+    """A job file's text: a mutant spec as YAML, then perhaps damaged as text (cut short, a
+    key repeated, nested past any parser's recursion, binary junk or tabs spliced in)."""
+    import yaml  # only the job-file strategies need it
+
+    text = yaml.safe_dump(draw(job_spec_mutants()))
+    kind = draw(st.sampled_from(["as is", "cut", "repeat", "deep", "junk", "tabs"]))
+    if kind == "cut":
+        return text[: draw(st.integers(0, len(text)))]
+    if kind == "repeat":
+        return text + text.splitlines()[0] + "\n"
+    if kind == "deep":
+        depth = draw(st.sampled_from([100, 1_000, 3_000]))
+        opener, closer = draw(st.sampled_from([("[", "]"), ("{a: ", "}"), ("- ", "")]))
+        return opener * depth + "1" + closer * depth
+    if kind == "junk":
+        at = draw(st.integers(0, len(text)))
+        junk = draw(st.binary(min_size=1, max_size=8)).decode("latin-1")
+        return text[:at] + junk + text[at:]
+    if kind == "tabs":
+        return text.replace("  ", "\t")
+    return text
+
+
+# --- bad input: protobuf messages with fields mutated out of range (tests/fuzz) ------------
+
+_FD = descriptor.FieldDescriptor
+# Values at and past the edges of each scalar type (protobuf refuses what does not fit the type,
+# so these are exactly the values a peer could put on the wire).
+_EDGES: dict[int, st.SearchStrategy[object]] = {
+    _FD.TYPE_UINT32: st.sampled_from([0, 1, 2, 2**31, 2**32 - 1]) | st.integers(0, 2**32 - 1),
+    _FD.TYPE_UINT64: st.sampled_from([0, 1, 2**63, 2**64 - 1]) | st.integers(0, 2**64 - 1),
+    _FD.TYPE_INT32: st.sampled_from([0, -1, -(2**31), 2**31 - 1]),
+    _FD.TYPE_INT64: st.sampled_from([0, -1, -(2**63), 2**63 - 1]),
+    _FD.TYPE_DOUBLE: st.sampled_from([0.0, -0.0, -1.0, 5e-324, 1e308, float("inf")]) | st.floats(),
+    _FD.TYPE_FLOAT: st.floats(width=32),
+    _FD.TYPE_BOOL: st.booleans(),
+    _FD.TYPE_STRING: st.sampled_from(["", "\x00", "x" * 5000, "../../etc", "é"]) | st.text(),
+    _FD.TYPE_BYTES: st.binary(max_size=64),
+    _FD.TYPE_ENUM: st.integers(-3, 40),  # proto3 enums are open: unknown numbers parse
+}
+
+
+def _fields_of(msg: message.Message) -> list[tuple[message.Message, Any]]:
+    """Every (message, field) pair reachable from `msg` through set sub-messages."""
+    out = [(msg, field) for field in msg.DESCRIPTOR.fields]
+    for field in msg.DESCRIPTOR.fields:
+        if field.message_type is None:
+            continue
+        value: Any = getattr(msg, field.name)
+        if field.is_repeated:
+            for item in value:
+                out += _fields_of(item)
+        elif msg.HasField(field.name):
+            out += _fields_of(value)
+    return out
+
+
+def _mutate_field(
+    draw: st.DrawFn, owner: message.Message, field: descriptor.FieldDescriptor
+) -> None:
+    """Clear the field, or give it an edge value (repeated: drop, duplicate or add an item)."""
+    value: Any = getattr(owner, field.name)
+    if draw(st.integers(0, 4)) == 0:
+        owner.ClearField(field.name)
+    elif field.is_repeated and field.message_type is not None:
+        if len(value) and draw(st.booleans()):
+            del value[draw(st.integers(0, len(value) - 1))]
+        elif len(value):
+            value.add().CopyFrom(value[draw(st.integers(0, len(value) - 1))])
+        else:
+            value.add()
+    elif field.is_repeated:
+        value.append(draw(_EDGES[field.type]))
+    elif field.message_type is not None:
+        value.SetInParent()  # present but empty
+    else:
+        setattr(owner, field.name, draw(_EDGES[field.type]))
+
+
+@st.composite
+def mutated_protos(draw: st.DrawFn, base: message.Message) -> bytes:
+    """`base` with one to four fields anywhere in it cleared or set to edge values, encoded."""
+    mutant = type(base)()
+    mutant.CopyFrom(base)
+    if not mutant.DESCRIPTOR.fields:
+        return draw(st.binary(max_size=32))  # nothing to mutate but the bytes
+    for _ in range(draw(st.integers(1, 4))):
+        owner, field = draw(st.sampled_from(_fields_of(mutant)))
+        _mutate_field(draw, owner, field)
+    return mutant.SerializeToString()
