@@ -156,7 +156,8 @@ def test_an_example_job_passes_the_schema_and_every_rule(path: Path) -> None:
     assert job.check(job.ResilientJob.model_validate(document).spec) == []
 
 
-# (spec, the one problem the CRD reports, what pydantic or check says: a field path of check, or
+# (spec, the one problem the CRD reports (CEL rules: the whole line; schema keywords: its start,
+# the rest is jsonschema's wording), what pydantic or check says: a field path of check, or
 # "pydantic" when the model itself refuses the spec)
 REFUSED = {
     "a global batch that is no multiple of the micro-batch": (
@@ -209,12 +210,12 @@ REFUSED = {
     ),
     "a failure of a negative worker": (
         {"failures": [{"step": 3, "worker": -1}]},
-        "spec.failures.0.worker: worker must be a worker id >= 0 or 'random'",
+        "spec.failures.0.worker: -1 is less than the minimum of 0",
         "pydantic",
     ),
     "a failure of a worker named neither by id nor random": (
         {"failures": [{"step": 3, "worker": "any"}]},
-        "spec.failures.0.worker: worker must be a worker id >= 0 or 'random'",
+        "spec.failures.0.worker: 'any' does not match '^random$'",
         "pydantic",
     ),
     "a failure with both a step and a time": (
@@ -224,7 +225,12 @@ REFUSED = {
     ),
     "a failure with a time that is no duration": (
         {"failures": [{"time": "soon"}]},
-        "spec.failures.0.time: time is not a duration; write whole seconds or e.g. 90s, 2m, 1h",
+        "spec.failures.0.time: 'soon' does not match",
+        "pydantic",
+    ),
+    "a failure at a negative time after the start": (
+        {"failures": [{"time": -5}]},
+        "spec.failures.0.time: -5 is less than the minimum of 0",
         "pydantic",
     ),
 }
@@ -234,7 +240,8 @@ REFUSED = {
 def test_a_cel_rule_refuses_a_spec_that_check_refuses(
     spec: dict[str, Any], message: str, check_path: str
 ) -> None:
-    assert crd_validation.problems(CRD, spec) == [message]
+    (problem,) = crd_validation.problems(CRD, spec)
+    assert problem.startswith(message)
     if check_path == "pydantic":
         with pytest.raises(pydantic.ValidationError):
             job.JobSpec.model_validate(spec)
@@ -250,7 +257,7 @@ def test_every_cel_rule_has_a_refused_spec() -> None:
         if "oldSelf" not in rule["rule"]
     }
     refused = {message.split(": ", 1)[1] for _, message, _ in REFUSED.values()}
-    assert messages == refused
+    assert messages <= refused
 
 
 # A valid change of every immutable field.

@@ -1,22 +1,18 @@
 """The ResilientJob CustomResourceDefinition, generated from the pydantic models (STYLE rule 6).
 
-`spec_schema()` turns `planaria.spec.job.JobSpec` into a structural OpenAPI v3 schema (the
-dialect the API server accepts: every node typed, no $ref, `nullable`, boolean
-`exclusiveMinimum`, `x-kubernetes-int-or-string`) and adds the cross-field rules of
+`spec_schema()` turns `planaria.spec.job.JobSpec` into a structural OpenAPI v3 schema
+(`planaria.kube.openapi`) and adds the cross-field rules of
 `planaria.spec.job.check` as CEL `x-kubernetes-validations`, plus transition rules that make
 every field but `pod` and `failures` immutable. `StatusModel` is the status the operator writes;
 `status_schema()` is its schema. `crd()` assembles the whole object; charts/planaria/crds and
 manifests/crd.yaml are renderings of it (scripts/render_manifests.py, checked by tests/chart).
 
-What does not live here: evaluating the CEL rules (the API server does; tests/chart evaluates
-them with cel-python), the kopf handlers and status computation (`planaria.kube`'s other
-modules), the pydantic spec itself.
+What does not live here: the translation from pydantic's JSON Schema (`planaria.kube.openapi`),
+evaluating the CEL rules (the API server does; tests/chart evaluates them with cel-python), the
+kopf handlers and status computation (`planaria.kube`'s other modules), the pydantic spec.
 
-Errors:
-
-    ValueError
-    └── SchemaError   a pydantic schema construct with no structural equivalent (a new field
-                      type this translation does not know yet); raised by spec_schema()
+Errors: `openapi.SchemaError` (a ValueError) from spec_schema() and status_schema() when a model
+gains a field type with no structural form.
 """
 
 from __future__ import annotations
@@ -28,139 +24,21 @@ from typing import Any
 import pydantic
 from pydantic import alias_generators
 
-from planaria.kube import constants
+from planaria.kube import constants, openapi
 from planaria.planner import shapes
 from planaria.spec import job
 
-# The API server stores integers as int64: bounds pydantic states beyond that (uint64 fields)
-# cannot be reached through the API anyway, and a float64 `maximum` above it would be inexact.
-MAX_INT64 = 2**63 - 1
 # Cost bound for the CEL rules iterating over `failures` (the API server estimates a rule's cost
-# from the list's maxItems; unbounded lists are sized from the 3 MiB request limit).
+# from the list's maxItems; an unbounded list is sized from the 3 MiB request limit).
 MAX_FAILURES = 1000
 # Kubernetes accepts any DNS subdomain as an object name; a job's name also names a Service
 # (a DNS-1035 label: starts with a letter) and pods and Secrets with suffixes.
 JOB_NAME_PATTERN = "^[a-z]([-a-z0-9]*[a-z0-9])?$"
-# The duration text `planaria.spec.job.parse_duration` reads, in RE2 syntax (used in a raw CEL
-# string: cel-go refuses `\s` and `\d` as escapes in a plain one).
+# The duration text `planaria.spec.job.parse_duration` reads (RE2 and Python agree on it). A
+# `pattern`, not a CEL rule: the API server bounds each rule's estimated cost, and a regular
+# expression over an unbounded string in each list item exceeds it.
 DURATION_RE2 = r"^\s*(\d+(\.\d*)?|\.\d+)\s*(ms|s|m|h)?\s*$"
 IMMUTABLE_EXCEPT = ("pod", "failures")
-
-# Keywords copied unchanged from pydantic's schema into the structural one.
-_KEPT = frozenset(
-    {
-        "type",
-        "nullable",
-        "x-kubernetes-int-or-string",
-        "description",
-        "enum",
-        "format",
-        "minimum",
-        "maximum",
-        "minLength",
-        "maxLength",
-        "pattern",
-        "minItems",
-        "maxItems",
-        "required",
-        "default",
-    }
-)
-_DROPPED = frozenset({"title", "additionalProperties", "$defs"})
-
-
-class SchemaError(ValueError):
-    """A pydantic schema construct `spec_schema` cannot state structurally."""
-
-
-# -- the translation -------------------------------------------------------------------------
-def structural(model: type[pydantic.BaseModel]) -> dict[str, Any]:
-    """`model`'s JSON schema (by alias) as a structural OpenAPI v3 schema, without CEL rules."""
-    raw = model.model_json_schema(by_alias=True)
-    return _node(raw, raw.get("$defs", {}))
-
-
-def _node(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
-    node = _inline(node, defs)
-    if "anyOf" in node:
-        node = _any_of(node, defs)
-    out: dict[str, Any] = {}
-    for key, value in node.items():
-        if key in _KEPT:
-            out[key] = value
-        elif key in ("exclusiveMinimum", "exclusiveMaximum"):
-            # JSON Schema 2020-12 states the bound itself; OpenAPI v3.0 a flag beside it.
-            out["minimum" if key == "exclusiveMinimum" else "maximum"] = value
-            out[key] = True
-        elif key == "properties":
-            out[key] = {name: _node(child, defs) for name, child in value.items()}
-        elif key == "items":
-            out[key] = _node(value, defs)
-        elif key == "patternProperties":
-            # Structural schemas have no patternProperties: keys are checked by the operator
-            # (pydantic) and, for label keys, by the API server when it creates the pods.
-            (child,) = value.values()
-            out["additionalProperties"] = _node(child, defs)
-        elif key == "const":
-            out["enum"] = [value]
-        elif key not in _DROPPED:
-            raise SchemaError(f"no structural form for {key!r} in {node}; extend kube.crd")
-    if node.get("additionalProperties") not in (None, False, True):
-        out["additionalProperties"] = _node(node["additionalProperties"], defs)
-    return _bounded(_without_nulls(out))
-
-
-def _inline(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
-    """`node` with its $ref replaced by the definition (the node's own keys win)."""
-    if "$ref" not in node:
-        return node
-    name = node["$ref"].removeprefix("#/$defs/")
-    merged = {**defs[name], **{k: v for k, v in node.items() if k != "$ref"}}
-    return _inline(merged, defs)
-
-
-def _any_of(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
-    """`X | None` becomes X with `nullable`; `int | str` becomes int-or-string."""
-    options = [_inline(option, defs) for option in node["anyOf"]]
-    rest = {k: v for k, v in node.items() if k != "anyOf"}
-    kinds = [option for option in options if option.get("type") != "null"]
-    if len(kinds) < len(options):
-        rest["nullable"] = True
-    if sorted(option.get("type", "") for option in kinds) == ["integer", "string"]:
-        if any(len(option) > 1 for option in kinds):
-            raise SchemaError(f"int-or-string with rules per branch: {node}; extend kube.crd")
-        return {**rest, "x-kubernetes-int-or-string": True}
-    if len(kinds) != 1:
-        raise SchemaError(f"no structural form for a union of {kinds}; extend kube.crd")
-    return {**kinds[0], **rest}
-
-
-def _without_nulls(node: dict[str, Any]) -> dict[str, Any]:
-    """Null defaults are dropped: an absent optional field means the same, and a null default
-    would make the API server write explicit nulls into every object."""
-    if "default" in node:
-        if node["default"] is None:
-            del node["default"]
-        else:
-            node["default"] = _strip_none(node["default"])
-    return node
-
-
-def _strip_none(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: _strip_none(v) for k, v in value.items() if v is not None}
-    if isinstance(value, list):
-        return [_strip_none(v) for v in value]
-    return value
-
-
-def _bounded(node: dict[str, Any]) -> dict[str, Any]:
-    if node.get("type") == "integer":
-        for key in ("minimum", "maximum"):
-            if key in node and node[key] > MAX_INT64:
-                node[key] = MAX_INT64
-                node.pop("exclusiveMaximum", None)
-    return node
 
 
 # -- CEL rules -------------------------------------------------------------------------------
@@ -217,24 +95,14 @@ SPEC_RULES = (
     ),
 )
 
-# The per-failure rules pydantic states as validators on `FailureSpec`.
-FAILURE_RULES = (
-    _rule(
-        "type(self.worker) == string ? self.worker == 'random' : self.worker >= 0",
-        "worker must be a worker id >= 0 or 'random'",
-        ".worker",
-    ),
-    _rule(
-        "has(self.step) != has(self.time)",
-        "give exactly one of step or time",
-    ),
-    _rule(
-        f"!has(self.time) || (type(self.time) == int ? self.time >= 0 : "
-        f"self.time.matches(r'{DURATION_RE2}'))",
-        "time is not a duration; write whole seconds or e.g. 90s, 2m, 1h",
-        ".time",
-    ),
-)
+# The per-failure rule pydantic states as a validator on `FailureSpec`; its other validators
+# (worker id or "random", time a duration) are `minimum` and `pattern` on the int-or-string
+# fields, which apply to the integer and the string alternative respectively.
+FAILURE_RULES = (_rule("has(self.step) != has(self.time)", "give exactly one of step or time"),)
+FAILURE_VALUE_RULES = {
+    "worker": {"minimum": 0, "pattern": "^random$"},
+    "time": {"minimum": 0, "pattern": DURATION_RE2},
+}
 
 
 def immutability_rules(properties: dict[str, Any]) -> list[dict[str, str]]:
@@ -260,13 +128,15 @@ def immutability_rules(properties: dict[str, Any]) -> list[dict[str, str]]:
 
 def spec_schema() -> dict[str, Any]:
     """The structural schema of a ResilientJob's `spec`, with its CEL rules."""
-    schema = structural(job.JobSpec)
+    schema = openapi.structural(job.JobSpec)
     properties = schema["properties"]
     # `check` refuses unknown model names; the schema names the known ones.
     properties["model"]["enum"] = list(shapes.NAMED_SHAPES)
     failures = properties["failures"]
     failures["maxItems"] = MAX_FAILURES
     failures["items"]["x-kubernetes-validations"] = list(FAILURE_RULES)
+    for name, rules in FAILURE_VALUE_RULES.items():
+        failures["items"]["properties"][name].update(rules)
     schema["x-kubernetes-validations"] = [*SPEC_RULES, *immutability_rules(properties)]
     return schema
 
@@ -361,7 +231,7 @@ class StatusModel(_StatusPart):
 
 def status_schema() -> dict[str, Any]:
     """The structural schema of a ResilientJob's `status`."""
-    schema = structural(StatusModel)
+    schema = openapi.structural(StatusModel)
     conditions = schema["properties"]["conditions"]
     # One entry per type, merged by key under server-side apply.
     conditions["x-kubernetes-list-type"] = "map"
@@ -392,7 +262,8 @@ def _root_schema() -> dict[str, Any]:
         "properties": {
             "apiVersion": {"type": "string", "description": "planaria.dev/v1alpha1"},
             "kind": {"type": "string", "description": "ResilientJob"},
-            "metadata": {"type": "object", "description": "Standard object metadata."},
+            # Only name and generateName may carry restrictions; the rule below checks name.
+            "metadata": {"type": "object"},
             "spec": {**spec_schema(), "default": {}},
             "status": status_schema(),
         },
