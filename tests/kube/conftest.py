@@ -6,13 +6,19 @@
 `.apply(obj)`, `.get(api_version, kind, name, namespace)`, `.list(api_version, kind, namespace,
 label_selector)`, `.delete(...)`, `.load_crd(path_or_dict)`. The emulator runs in its own
 thread, so blocking clients work from async tests and kopf can run in the test's loop.
+
+`kubelet` (async, function scope) yields a started `tests.kube.support.kubelet.Kubelet` on
+`kube_api`: every new pod runs as local processes (see that module); it kills them all at the
+end. Tests needing options (a label selector, image entrypoints) construct `Kubelet` directly.
 """
 
 import pathlib
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
+import pytest_asyncio
 
+from tests.kube.support import kubelet as harness
 from tests.kube.support import serving
 
 
@@ -21,3 +27,12 @@ def kube_api(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> Iterato
     with serving.serve(tmp_path) as api:
         monkeypatch.setenv("KUBECONFIG", str(api.kubeconfig))
         yield api
+
+
+@pytest_asyncio.fixture
+async def kubelet(
+    kube_api: serving.KubeApi, tmp_path: pathlib.Path
+) -> AsyncIterator[harness.Kubelet]:
+    """A kubelet harness running every new pod of `kube_api` as local processes."""
+    async with harness.Kubelet(kube_api.url, tmp_path / "kubelet") as running:
+        yield running

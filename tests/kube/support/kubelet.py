@@ -1,0 +1,505 @@
+"""A kubelet for the API emulator: runs each new pod's containers as local processes.
+
+`Kubelet(url, workdir)` is an async context manager. It watches pods (optionally one namespace
+and a label selector) over HTTP, like a kubelet, and for each new unscheduled pod:
+- binds it to node `node-<k>` and gives it pod IP `127.0.0.<k+1>` (all of 127/8 is loopback on
+  Linux, so each pod listens on its own address), host IP 127.0.0.1;
+- makes its volumes and starts every container as a process (see `containers` for argv, env,
+  `$(VAR)`, volumes and the mountPath rewriting), in its own session (process group), output
+  to `<workdir>/<namespace>_<pod>/<container>.log`;
+- writes status through `pods/status`: Pending with podIP, then Running with containerStatuses
+  and the PodScheduled, Initialized, ContainersReady and Ready conditions. A container with a
+  `tcpSocket` or `grpc` readinessProbe is ready once its port accepts TCP connections on the pod
+  IP (checked every 50 ms, also after: a closed port makes it unready); one without is ready
+  when started. When a process exits it is restarted (Always; OnFailure if non-zero) or marked
+  terminated; once all are terminated the phase is Succeeded (all zero) or Failed (exit codes
+  of signals are 128+signal, as in a container runtime).
+- on deletion (deletionTimestamp or DELETED): SIGTERM to each container's process group, SIGKILL
+  after the grace period (capped at `max_grace_s`), then deletes the pod with grace 0, which
+  releases it in the emulator.
+
+Test hooks: `kill`, `evict` (DisruptionTarget condition, then delete), `set_ready`,
+`processes`. `close()` (the context exit) kills every process it started, its children too.
+Not emulated: init containers, liveness/startup probes, restart back-off, resource limits,
+image pulls, nodes as objects.
+
+Errors: a container that cannot be run (`containers.ContainerError`) leaves its pod Pending
+with the container `waiting` (reason CreateContainerConfigError, the message says why).
+"""
+
+import asyncio
+import contextlib
+import dataclasses
+import datetime
+import ipaddress
+import json
+import os
+import pathlib
+import signal
+from collections.abc import Mapping, Sequence
+from types import TracebackType
+from typing import Any, Self
+
+import aiohttp
+
+from tests.kube.support import containers
+
+Json = dict[str, Any]
+_PROBE_S = 0.05
+_RESTART_DELAY_S = 0.1
+_USER_AGENT = "kubelet-harness"
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class ContainerProcess:
+    """A snapshot of one container's process (for tests)."""
+
+    namespace: str
+    pod: str
+    container: str
+    pid: int
+    returncode: int | None
+    log: pathlib.Path
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _exit_code(returncode: int) -> int:
+    return returncode if returncode >= 0 else 128 - returncode
+
+
+def _signal_group(process: asyncio.subprocess.Process | None, sig: int) -> None:
+    if process is not None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(process.pid, sig)
+
+
+class _Container:
+    """One container's run state; mutated only by its pod's tasks."""
+
+    def __init__(self, spec: Json, log: pathlib.Path) -> None:
+        self.spec, self.log, self.name = spec, log, str(spec["name"])
+        self.process: asyncio.subprocess.Process | None = None
+        self.restarts, self.ready, self.started_at = 0, False, ""
+        self.terminated: Json | None = None
+        self.waiting: Json | None = None
+
+    def status(self) -> Json:
+        if self.waiting is not None:
+            state: Json = {"waiting": self.waiting}
+        elif self.terminated is not None:
+            state = {"terminated": self.terminated}
+        else:
+            state = {"running": {"startedAt": self.started_at}}
+        pid = self.process.pid if self.process else 0
+        return {
+            "name": self.name,
+            "image": self.spec.get("image", ""),
+            "imageID": "",
+            "containerID": f"harness://{pid}",
+            "ready": self.ready,
+            "restartCount": self.restarts,
+            "started": "running" in state,
+            "state": state,
+        }
+
+
+class _Pod:
+    """One pod's run state."""
+
+    def __init__(self, obj: Json, ip: str, node: str, directory: pathlib.Path) -> None:
+        meta = obj["metadata"]
+        self.namespace, self.name, self.uid = meta["namespace"], meta["name"], meta["uid"]
+        self.obj, self.ip, self.node, self.directory = obj, ip, node, directory
+        self.containers = {
+            str(spec["name"]): _Container(spec, directory / f"{spec['name']}.log")
+            for spec in obj["spec"].get("containers") or []
+        }
+        self.phase, self.started_at, self.forced_unready = "Pending", _now(), False
+        self.terminating = False
+        self.conditions: dict[str, Json] = {}
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.lock = asyncio.Lock()
+
+    @property
+    def path(self) -> str:
+        return f"/api/v1/namespaces/{self.namespace}/pods/{self.name}"
+
+    def condition(self, kind: str, status: bool, reason: str = "", message: str = "") -> None:
+        value = "True" if status else "False"
+        old = self.conditions.get(kind)
+        if old is None or old["status"] != value:
+            self.conditions[kind] = {"type": kind, "status": value, "lastTransitionTime": _now()}
+        self.conditions[kind].update(
+            {k: v for k, v in (("reason", reason), ("message", message)) if v}
+        )
+
+    def status(self) -> Json:
+        ready = all(c.ready for c in self.containers.values()) and bool(self.containers)
+        self.condition("ContainersReady", ready)
+        self.condition("Ready", ready and not self.forced_unready)
+        return {
+            "phase": self.phase,
+            "podIP": self.ip,
+            "podIPs": [{"ip": self.ip}],
+            "hostIP": "127.0.0.1",
+            "hostIPs": [{"ip": "127.0.0.1"}],
+            "startTime": self.started_at,
+            "conditions": list(self.conditions.values()),
+            "containerStatuses": [c.status() for c in self.containers.values()],
+        }
+
+
+class Kubelet:
+    """Plays kubelet for the emulator's pods (see the module doc)."""
+
+    def __init__(
+        self,
+        url: str,
+        workdir: pathlib.Path,
+        *,
+        namespace: str | None = None,
+        label_selector: str | None = None,
+        entrypoints: Mapping[str, Sequence[str]] | None = None,
+        max_grace_s: float = 5.0,
+    ) -> None:
+        self._url, self._workdir = url.rstrip("/"), workdir
+        self._namespace, self._selector = namespace, label_selector
+        self._entrypoints = dict(entrypoints or {})
+        self._max_grace_s = max_grace_s
+        self._pods: dict[tuple[str, str], _Pod] = {}
+        self._next_node = 1
+        self._session: aiohttp.ClientSession | None = None
+        self._watcher: asyncio.Task[None] | None = None
+        self._listed = asyncio.Event()
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    async def __aenter__(self) -> Self:
+        self._workdir.mkdir(parents=True, exist_ok=True)
+        self._session = aiohttp.ClientSession(headers={"User-Agent": _USER_AGENT})
+        self._watcher = asyncio.create_task(self._watch(), name="kubelet-watch")
+        listed = asyncio.create_task(self._listed.wait())
+        await asyncio.wait({listed, self._watcher}, return_when=asyncio.FIRST_COMPLETED)
+        if self._watcher.done():
+            listed.cancel()
+            await self.close()
+            self._watcher.result()  # raises why the first list failed
+        return self
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Stop watching and kill every process started (SIGTERM, then SIGKILL after 1 s)."""
+        if self._watcher is not None:
+            self._watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watcher
+            self._watcher = None
+        await asyncio.gather(*(self._stop(pod, grace_s=1.0) for pod in list(self._pods.values())))
+        self._pods.clear()
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    # -- test hooks --------------------------------------------------------------------------
+
+    def processes(self) -> list[ContainerProcess]:
+        """Every container process started and not yet cleaned up, running or exited."""
+        return [
+            ContainerProcess(
+                namespace=pod.namespace,
+                pod=pod.name,
+                container=c.name,
+                pid=c.process.pid,
+                returncode=c.process.returncode,
+                log=c.log,
+            )
+            for pod in self._pods.values()
+            for c in pod.containers.values()
+            if c.process
+        ]
+
+    def _pod(self, name: str, namespace: str) -> _Pod:
+        pod = self._pods.get((namespace, name))
+        if pod is None:
+            raise ValueError(f"the kubelet runs no pod {namespace}/{name}: pass a running pod")
+        return pod
+
+    async def kill(
+        self,
+        pod: str,
+        container: str | None = None,
+        sig: int = signal.SIGKILL,
+        namespace: str = "default",
+    ) -> None:
+        """Send `sig` to one container's process group, or every container's."""
+        for c in self._pod(pod, namespace).containers.values():
+            if container in (None, c.name):
+                _signal_group(c.process, sig)
+
+    async def evict(self, pod: str, namespace: str = "default") -> None:
+        """Mark the pod with a DisruptionTarget condition, then delete it (gracefully)."""
+        run = self._pod(pod, namespace)
+        run.condition("DisruptionTarget", True, "EvictionByEvictionAPI", "Eviction API: evicting")
+        await self._write_status(run)
+        await self._request("DELETE", run.path)
+
+    async def set_ready(self, pod: str, ready: bool, namespace: str = "default") -> None:
+        """Force the pod's Ready condition False (or let the probes decide again)."""
+        run = self._pod(pod, namespace)
+        run.forced_unready = not ready
+        await self._write_status(run)
+
+    # -- API ---------------------------------------------------------------------------------
+
+    async def _request(self, method: str, path: str, body: Any = None) -> tuple[int, Json]:
+        assert self._session is not None, "the kubelet is not started"
+        headers = {"Content-Type": "application/merge-patch+json"} if method == "PATCH" else {}
+        async with self._session.request(
+            method, self._url + path, json=body, headers=headers
+        ) as response:
+            return response.status, await response.json()
+
+    async def _write_status(self, pod: _Pod) -> None:
+        async with pod.lock:
+            await self._request("PATCH", f"{pod.path}/status", {"status": pod.status()})
+
+    def _pods_path(self) -> str:
+        return f"/api/v1/namespaces/{self._namespace}/pods" if self._namespace else "/api/v1/pods"
+
+    async def _list(self) -> str:
+        params = f"?labelSelector={self._selector}" if self._selector else ""
+        status, listing = await self._request("GET", self._pods_path() + params)
+        if status != 200:
+            raise RuntimeError(f"the kubelet cannot list pods: {status} {listing}")
+        for obj in listing["items"]:
+            self._on_event("ADDED", obj)
+        return str(listing["metadata"]["resourceVersion"])
+
+    async def _watch(self) -> None:
+        """List, then watch from the list's version; relist when the watch expires."""
+        assert self._session is not None
+        version = await self._list()
+        self._listed.set()
+        while True:
+            params = {"watch": "true", "resourceVersion": version, "timeoutSeconds": "300"}
+            if self._selector:
+                params["labelSelector"] = self._selector
+            async with self._session.get(self._url + self._pods_path(), params=params) as stream:
+                async for line in stream.content:
+                    event = json.loads(line)
+                    if event["type"] == "ERROR":
+                        version = await self._list()
+                        break
+                    version = event["object"]["metadata"]["resourceVersion"]
+                    self._on_event(event["type"], event["object"])
+
+    def _on_event(self, kind: str, obj: Json) -> None:
+        meta = obj["metadata"]
+        known = self._pods.get((meta["namespace"], meta["name"]))
+        if known is not None and known.uid != meta["uid"]:
+            self._spawn(known, self._stop(known))  # a new pod took the old one's name
+            known = None
+        if known is not None and (kind == "DELETED" or meta.get("deletionTimestamp")):
+            if not known.terminating:
+                known.terminating = True
+                self._spawn(known, self._stop(known, delete=kind != "DELETED"))
+        elif (
+            known is None
+            and kind != "DELETED"
+            and not meta.get("deletionTimestamp")
+            and not (obj.get("spec", {}).get("nodeName"))
+        ):
+            self._start(obj)
+
+    def _spawn(self, pod: _Pod, work: Any) -> None:
+        task = asyncio.create_task(work)
+        pod.tasks.add(task)
+        task.add_done_callback(pod.tasks.discard)
+
+    # -- running pods ------------------------------------------------------------------------
+
+    def _start(self, obj: Json) -> None:
+        k, self._next_node = self._next_node, self._next_node + 1
+        ip = str(ipaddress.IPv4Address("127.0.0.1") + k)
+        directory = self._workdir / f"{obj['metadata']['namespace']}_{obj['metadata']['name']}"
+        pod = _Pod(obj, ip, f"node-{k}", directory)
+        self._pods[(pod.namespace, pod.name)] = pod
+        self._spawn(pod, self._run(pod))
+
+    async def _run(self, pod: _Pod) -> None:
+        await self._request("PATCH", pod.path, {"spec": {"nodeName": pod.node}})
+        pod.obj["spec"]["nodeName"] = pod.node
+        pod.obj["status"] = {"podIP": pod.ip, "hostIP": "127.0.0.1"}
+        pod.condition("PodScheduled", True)
+        await self._write_status(pod)
+        try:
+            launches = await self._prepare(pod)
+        except containers.ContainerError as exc:
+            for c in pod.containers.values():
+                c.waiting = {"reason": "CreateContainerConfigError", "message": str(exc)}
+            await self._write_status(pod)
+            return
+        for c in pod.containers.values():
+            await self._launch(c, *launches[c.name])
+        pod.phase = "Running"
+        pod.condition("Initialized", True)
+        await self._write_status(pod)
+        for c in pod.containers.values():
+            self._spawn(pod, self._supervise(pod, c, launches[c.name]))
+            self._spawn(pod, self._probe(pod, c))
+
+    async def _prepare(self, pod: _Pod) -> dict[str, tuple[list[str], dict[str, str], str]]:
+        """Volumes made, and per container its argv, environment and working directory."""
+        secrets = await self._sources(pod, "secrets", "secret", "secretName", "secretKeyRef")
+        maps = await self._sources(pod, "configmaps", "configMap", "name", "configMapKeyRef")
+        pod.directory.mkdir(parents=True, exist_ok=True)
+        volumes = containers.materialize(pod.obj, pod.directory / "volumes", secrets, maps)
+        plans = {}
+        for c in pod.containers.values():
+            table = containers.mount_table(c.spec, volumes)
+            variables = containers.environment(
+                pod.obj,
+                c.spec,
+                {n: containers.decoded(s) for n, s in secrets.items()},
+                {n: {k: str(v) for k, v in (m.get("data") or {}).items()} for n, m in maps.items()},
+            )
+            words = containers.argv(c.spec, variables, self._entrypoints)
+            argv = [containers.remount(word, table) for word in words]
+            cwd = containers.remount(c.spec.get("workingDir", ""), table) or str(pod.directory)
+            plans[c.name] = (argv, containers.process_env(variables, table), cwd)
+        return plans
+
+    async def _sources(
+        self, pod: _Pod, plural: str, volume_key: str, name_key: str, env_key: str
+    ) -> dict[str, Json]:
+        """The secrets (or configMaps) the pod's volumes and env name, fetched by name."""
+        wanted = {
+            v[volume_key][name_key] for v in pod.obj["spec"].get("volumes") or [] if volume_key in v
+        }
+        wanted |= {
+            e["valueFrom"][env_key]["name"]
+            for c in pod.containers.values()
+            for e in c.spec.get("env") or []
+            if env_key in (e.get("valueFrom") or {})
+        }
+        found = {}
+        for name in sorted(wanted):
+            status, obj = await self._request(
+                "GET", f"/api/v1/namespaces/{pod.namespace}/{plural}/{name}"
+            )
+            if status != 200:
+                raise containers.ContainerError(f"{volume_key} {name!r} not found: create it")
+            found[name] = obj
+        return found
+
+    async def _launch(self, c: _Container, argv: list[str], env: dict[str, str], cwd: str) -> None:
+        with c.log.open("ab") as log:
+            c.process = await asyncio.create_subprocess_exec(
+                *argv,
+                cwd=cwd,
+                env=env,
+                stdout=log,
+                stderr=asyncio.subprocess.STDOUT,
+                stdin=asyncio.subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        c.started_at, c.terminated, c.waiting = _now(), None, None
+        c.ready = not _probe_port(c.spec)
+
+    async def _supervise(
+        self, pod: _Pod, c: _Container, launch: tuple[list[str], dict[str, str], str]
+    ) -> None:
+        """Wait for the process; restart it or record its end (and the pod's)."""
+        while c.process is not None:
+            code = _exit_code(await c.process.wait())
+            _signal_group(c.process, signal.SIGKILL)  # a container's other processes die with it
+            c.ready = False
+            if pod.terminating:
+                return
+            policy = pod.obj["spec"].get("restartPolicy", "Always")
+            if policy == "Always" or (policy == "OnFailure" and code != 0):
+                c.restarts += 1
+                await asyncio.sleep(_RESTART_DELAY_S)
+                await self._launch(c, *launch)
+            else:
+                c.terminated = {
+                    "exitCode": code,
+                    "reason": "Completed" if code == 0 else "Error",
+                    "startedAt": c.started_at,
+                    "finishedAt": _now(),
+                }
+                if all(other.terminated for other in pod.containers.values()):
+                    codes = [
+                        other.terminated["exitCode"]
+                        for other in pod.containers.values()
+                        if other.terminated
+                    ]
+                    pod.phase = "Succeeded" if not any(codes) else "Failed"
+            await self._write_status(pod)
+            if c.terminated:
+                return
+
+    async def _probe(self, pod: _Pod, c: _Container) -> None:
+        """Readiness: the probe's port accepts connections on the pod IP."""
+        port = _probe_port(c.spec)
+        if port is None:
+            return
+        while not pod.terminating and c.terminated is None:
+            try:
+                _, writer = await asyncio.wait_for(asyncio.open_connection(pod.ip, port), 1.0)
+                writer.close()
+                ready = True
+            except (OSError, TimeoutError):
+                ready = False
+            running = c.process is not None and c.process.returncode is None
+            if (ready and running) != c.ready:
+                c.ready = ready and running
+                await self._write_status(pod)
+            await asyncio.sleep(_PROBE_S)
+
+    async def _stop(self, pod: _Pod, *, delete: bool = False, grace_s: float | None = None) -> None:
+        """SIGTERM, SIGKILL after the grace period, then (if asked) release the pod object."""
+        pod.terminating = True
+        # Stop the pod's other tasks first, so that none starts a process after this looks.
+        others = [task for task in pod.tasks if task is not asyncio.current_task()]
+        for task in others:
+            task.cancel()
+        await asyncio.gather(*others, return_exceptions=True)
+        if grace_s is None:
+            meta, spec = pod.obj["metadata"], pod.obj["spec"]
+            grace_s = meta.get(
+                "deletionGracePeriodSeconds", spec.get("terminationGracePeriodSeconds", 30)
+            )
+        procs = [c.process for c in pod.containers.values() if c.process is not None]
+        for process in procs:
+            _signal_group(process, signal.SIGTERM)
+        waits = [asyncio.create_task(process.wait()) for process in procs]
+        if waits:
+            await asyncio.wait(waits, timeout=min(float(grace_s), self._max_grace_s))
+        for process in procs:
+            _signal_group(process, signal.SIGKILL)
+        await asyncio.gather(*(process.wait() for process in procs))
+        if delete:
+            await self._request("DELETE", pod.path, {"gracePeriodSeconds": 0})
+        if self._pods.get((pod.namespace, pod.name)) is pod:
+            del self._pods[(pod.namespace, pod.name)]
+
+
+def _probe_port(spec: Json) -> int | None:
+    """The readinessProbe's port (a number, or a named container port), if it has one."""
+    probe = spec.get("readinessProbe") or {}
+    target = probe.get("tcpSocket") or probe.get("grpc")
+    if not target:
+        return None
+    port = target.get("port")
+    if isinstance(port, str) and not port.isdigit():
+        named = {p.get("name"): p["containerPort"] for p in spec.get("ports") or []}
+        return int(named[port]) if port in named else None
+    return int(port) if port is not None else None
