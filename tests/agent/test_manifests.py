@@ -1,8 +1,9 @@
 """Snapshot manifests as checked JSON (planaria.agent.manifests).
 
 Covers: encode then decode gives the same manifest (hypothesis over layers, tensors and files);
-the file is plain JSON with a body checksum; bad JSON, a damaged body, an unknown format and
-each kind of bad field are ManifestError naming the field path.
+the file is plain JSON with a body checksum; bad JSON (nested past json's recursion too), a
+damaged body, an unknown format and each kind of bad field are ManifestError naming the field
+path.
 """
 
 from __future__ import annotations
@@ -137,6 +138,8 @@ def test_bad_json_and_a_damaged_body_are_refused() -> None:
     damaged = manifests.encode(EXAMPLE).replace(b'"step":10', b'"step":11')
     with pytest.raises(manifests.ManifestError, match="checksum: does not match"):
         manifests.decode(damaged)
+    with pytest.raises(manifests.ManifestError, match="nested too deeply"):
+        manifests.decode(b"[" * 100_000)
 
 
 def _set(body: dict[str, Any], path: tuple[Any, ...], value: Any) -> dict[str, Any]:

@@ -193,6 +193,10 @@ def decode(raw: bytes) -> Manifest:
         document = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ManifestError(f"not valid JSON ({exc})") from exc
+    except RecursionError as exc:
+        # json parses nested arrays recursively; a manifest is never deeper than four levels,
+        # and readers (the heartbeat's store state among them) must see a bad slot, not a crash.
+        raise ManifestError("not a manifest: JSON nested too deeply") from exc
     if not isinstance(document, dict) or not isinstance(document.get("body"), dict):
         raise ManifestError("body: missing; expected {'body': {...}, 'checksum': ...}")
     body = document["body"]
