@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 
 import pydantic
 
-from planaria.cli import agent, plan, profile, reference, run, simulate, version
+from planaria.cli import agent, operator, plan, profile, reference, run, simulate, version
 
 # The command modules, in the order `planaria --help` lists them.
 COMMANDS: tuple[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None], ...] = (
@@ -25,6 +25,7 @@ COMMANDS: tuple[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], 
     simulate.register,
     run.register,
     agent.register,
+    operator.register,
 )
 
 EXIT_USAGE = 2

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from dataclasses import dataclass
 from typing import Any
 from urllib import parse
@@ -100,8 +101,9 @@ class Api:
                 client_configuration=configuration
             )
         except kubernetes.config.ConfigException:
+            # KUBECONFIG read now: the client's default location was fixed at its import.
             kubernetes.config.load_kube_config(  # type: ignore[no-untyped-call]
-                client_configuration=configuration
+                config_file=os.environ.get("KUBECONFIG"), client_configuration=configuration
             )
         return cls(configuration)
 
