@@ -137,6 +137,7 @@ class FakeAgent:
     async def profile(self, order: messages.ProfileOrder) -> profile.Profile:
         self._reachable()
         assert self.cluster.profile is not None, "the test gave the cluster no profile"
+        await self.cluster.clock.sleep(self.cluster.profile_s)
         return self.cluster.profile
 
     async def load_snapshot(self, load: messages.SnapshotLoad) -> messages.Acknowledgement:
@@ -202,12 +203,14 @@ class FakeCluster:
         *,
         step_s: float = 0.1,
         profile: profile.Profile | None = None,
+        profile_s: float = 0.0,
         peer_snapshots: bool = True,
         drop_pending_on_failure: bool = True,
     ) -> None:
         self.clock = clock
         self.step_s = step_s
         self.profile = profile
+        self.profile_s = profile_s  # how long an agent's Profile takes
         self.peer_snapshots = peer_snapshots
         self.drop_pending_on_failure = drop_pending_on_failure
         self.agents: dict[plans.WorkerId, FakeAgent] = {}

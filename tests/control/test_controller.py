@@ -60,6 +60,15 @@ async def test_without_a_profile_the_controller_asks_an_agent() -> None:
     assert status.Phase.PROFILING in [s.phase for s in run.sink.published]
 
 
+async def test_a_profile_longer_than_the_heartbeat_timeout_does_not_read_as_silence() -> None:
+    job = scenarios.job(steps=10, profile=None)
+    profile_s = 2.5  # past the heartbeat timeout (1 s), within the Configure bound (3 s)
+    run = scenarios.Run(job, profile=scenarios.small_profile(), profile_s=profile_s)
+    final = await run.finish()
+    assert final.phase is status.Phase.SUCCEEDED, final.message
+    assert final.plan == "[2,2,2,2] initial"
+
+
 async def test_a_first_plan_that_cannot_fit_fails_the_job_with_the_planners_reason() -> None:
     run = scenarios.Run(scenarios.job(workers=3))
     final = await run.finish()

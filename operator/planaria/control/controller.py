@@ -150,6 +150,7 @@ class Controller:
                 await self._take_over(self._adopt)
             else:
                 self._planner = planning.Planner(await self._profiled(), self._job)
+                await self._hear_everyone()  # profiling may outlast the heartbeat timeout
                 live = self._roster.live(self._clock.monotonic())
                 await self._open(self._planner.best(live, "initial"), 0)
             while self._phase not in (statuses.Phase.SUCCEEDED, statuses.Phase.FAILED):
@@ -191,11 +192,7 @@ class Controller:
     async def _take_over(self, record: ports.EpochRecord) -> None:
         """Adopt `record`'s epoch from a predecessor (module docstring): wait, bounded by the
         heartbeat timeout, for a heartbeat of every live worker, then adopt and commit."""
-        deadline = self._clock.monotonic() + self._job.heartbeat_timeout_s
-        while (now := self._clock.monotonic()) < deadline:
-            if not self._roster.live(now) - set(self._roster.beats):
-                break
-            await self._epochs.next(min(self._job.heartbeat_interval_s, deadline - now))
+        await self._hear_everyone()
         newest = max((b.epoch for b in self._roster.beats.values()), default=0)
         self._epochs.adopt(record, newest=newest)
         if newest > record.epoch:
@@ -209,6 +206,19 @@ class Controller:
         self._set(statuses.Phase.RECOVERING, f"adopting epoch {record.epoch}: {summary}")
         if await self._epochs.commit():
             self._set(statuses.Phase.RUNNING, f"epoch {record.epoch} running: {summary}")
+
+    async def _hear_everyone(self) -> None:
+        """Take in what arrived, then wait (at most a heartbeat timeout) until every connected
+        worker was heard within the timeout: after a long wait of the controller's own (a
+        profile, a predecessor's exit) the roster must not read its queue's age as silence."""
+        deadline = self._clock.monotonic() + self._job.heartbeat_timeout_s
+        await self._epochs.next(0)
+        while (now := self._clock.monotonic()) < deadline:
+            connected = set(self._lines.agents) - set(self._roster.dead)
+            fresh = {w for w in connected if not self._roster.silent(w, now)}
+            if fresh == connected and connected <= set(self._roster.beats):
+                return
+            await self._epochs.next(min(self._job.heartbeat_interval_s, deadline - now))
 
     # -- one pass ---------------------------------------------------------------------------
 
