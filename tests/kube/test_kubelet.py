@@ -262,10 +262,17 @@ async def test_a_missing_secret_leaves_the_pod_pending(
 ) -> None:
     env = [{"name": "T", "valueFrom": {"secretKeyRef": {"name": "absent", "key": "k"}}}]
     kube_api.apply(python_pod("stuck", "pass", container={"env": env}))
-    stuck = await until(kube_api, "stuck", lambda obj: bool(obj["status"].get("containerStatuses")))
-    waiting = stuck["status"]["containerStatuses"][0]["state"]["waiting"]
+
+    def waiting(obj: Json) -> Json:
+        statuses = obj["status"].get("containerStatuses") or [{"state": {}}]
+        return statuses[0]["state"].get("waiting") or {"reason": "ContainerCreating"}
+
+    stuck = await until(
+        kube_api, "stuck", lambda obj: waiting(obj)["reason"] != "ContainerCreating"
+    )
     assert stuck["status"]["phase"] == "Pending"
-    assert waiting["reason"] == "CreateContainerConfigError" and "absent" in waiting["message"]
+    assert waiting(stuck)["reason"] == "CreateContainerConfigError"
+    assert "absent" in waiting(stuck)["message"]
 
 
 GRANDPARENT = """

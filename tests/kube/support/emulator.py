@@ -33,7 +33,7 @@ import aiohttp.web
 import attrs
 import kmock
 
-from tests.kube.support import kinds, selectors, store
+from tests.kube.support import failures, kinds, selectors, store
 
 _NO_WATCH_LIMIT_S = 3600.0
 _PROBE_S = 0.5  # how often an idle watch checks that its client is still connected
@@ -103,7 +103,7 @@ def _predicate(params: dict[str, str]) -> selectors.Predicate:
         by_labels = selectors.label_selector(params.get("labelSelector"))
         by_fields = selectors.field_selector(params.get("fieldSelector"))
     except selectors.SelectorError as exc:
-        raise store.ApiError(400, "BadRequest", str(exc)) from exc
+        raise failures.bad_request(str(exc)) from exc
     return lambda obj: by_labels(obj) and by_fields(obj)
 
 
@@ -113,7 +113,7 @@ def _json_body(body: bytes) -> Any:
     try:
         return json.loads(body)
     except ValueError as exc:
-        raise store.ApiError(400, "BadRequest", f"the body is not JSON: {exc}") from exc
+        raise failures.bad_request(f"the body is not JSON: {exc}") from exc
 
 
 def _delete_options(raw: bytes, params: dict[str, str]) -> store.DeleteOptions:
@@ -204,20 +204,18 @@ class KubernetesApiEmulator(kmock.KubernetesScaffold):
             if call.verb == "watch":
                 return await self._watch(raw, call, kind)
             status, body = self._serve(call, kind)
-        except store.ApiError as exc:
+        except failures.ApiError as exc:
             status, body = exc.code, exc.status()
         except Exception as exc:  # a bug here: answer 500 and fail the test at teardown
             self.failures.append(exc)
-            status, body = 500, store.ApiError(500, "InternalError", repr(exc)).status()
+            status, body = 500, failures.ApiError(500, "InternalError", repr(exc)).status()
         return aiohttp.web.json_response(body, status=status)
 
     def _serve(self, call: Call, kind: kinds.Kind) -> tuple[int, dict[str, Any]]:
         where, verb = call.where, call.verb
         ns, name, sub = where.namespace, where.name, where.subresource
         if sub not in (None, "status") or (sub and verb not in ("get", "update", "patch")):
-            raise store.ApiError(
-                404, "NotFound", "the server could not find the requested resource"
-            )
+            raise failures.not_served()
         if verb == "list":
             return 200, self._list_body(
                 kind, self.objects.list_objects(kind, ns, _predicate(call.params))
@@ -238,7 +236,7 @@ class KubernetesApiEmulator(kmock.KubernetesScaffold):
         if verb == "delete":
             options = _delete_options(call.body, call.params)
             return 200, self.objects.delete(kind, ns, name, options)
-        raise store.ApiError(405, "MethodNotAllowed", f"{verb} is not supported here")
+        raise failures.ApiError(405, "MethodNotAllowed", f"{verb} is not supported here")
 
     def _list_body(self, kind: kinds.Kind, items: list[dict[str, Any]]) -> dict[str, Any]:
         return {
@@ -268,31 +266,45 @@ class KubernetesApiEmulator(kmock.KubernetesScaffold):
             params["fieldSelector"] = ",".join(filter(None, [params.get("fieldSelector"), extra]))
         predicate = _predicate(params)
         since = params.get("resourceVersion") or "0"
-        queue: asyncio.Queue[store.Event | None] = asyncio.Queue()
+        if not since.isdigit():
+            raise failures.bad_request(f"invalid resourceVersion {since!r}: pass one from a list")
         response = aiohttp.web.StreamResponse(headers={"Content-Type": "application/json"})
-        await response.prepare(raw)
         try:
-            backlog = self.objects.subscribe(queue.put_nowait, None if since == "0" else int(since))
-        except store.ApiError as exc:
-            await response.write(
-                json.dumps({"type": "ERROR", "object": exc.status()}).encode() + b"\n"
+            await response.prepare(raw)
+            await self._feed(
+                raw,
+                response,
+                None if since == "0" else int(since),
+                params,
+                lambda event: _translated(event, kind, where.namespace, predicate),
             )
-            return response
+        except ConnectionError:
+            pass  # the client went away: its watch is over
+        return response
+
+    async def _feed(
+        self,
+        raw: aiohttp.web.BaseRequest,
+        response: aiohttp.web.StreamResponse,
+        since: int | None,
+        params: dict[str, str],
+        translate: Callable[[store.Event], dict[str, Any] | None],
+    ) -> None:
+        """Subscribe to the store and stream until the timeout, the client or the server ends."""
+        queue: asyncio.Queue[store.Event | None] = asyncio.Queue()
+        try:
+            backlog = self.objects.subscribe(queue.put_nowait, since)
+        except failures.ApiError as exc:  # 410 Expired comes as an event, as from a real server
+            error = {"type": "ERROR", "object": exc.status()}
+            await response.write(json.dumps(error).encode() + b"\n")
+            return
         self._streams.add(queue)
         try:
             limit_s = float(params.get("timeoutSeconds") or _NO_WATCH_LIMIT_S)
-            await self._stream(
-                raw,
-                response,
-                backlog,
-                queue,
-                lambda event: _translated(event, kind, where.namespace, predicate),
-                limit_s,
-            )
+            await self._stream(raw, response, backlog, queue, translate, limit_s)
         finally:
             self.objects.unsubscribe(queue.put_nowait)
             self._streams.discard(queue)
-        return response
 
     async def _stream(
         self,
@@ -318,10 +330,7 @@ class KubernetesApiEmulator(kmock.KubernetesScaffold):
             if event is None:
                 return
             if (line := translate(event)) is not None:
-                try:
-                    await response.write(json.dumps(line).encode() + b"\n")
-                except ConnectionError:
-                    return
+                await response.write(json.dumps(line).encode() + b"\n")
 
     def close_streams(self) -> None:
         """End every open watch (before the server stops, so that it need not wait)."""

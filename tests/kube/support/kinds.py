@@ -19,6 +19,8 @@ import itertools
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+Json = dict[str, Any]
+
 ALL_VERBS = ("create", "delete", "deletecollection", "get", "list", "patch", "update", "watch")
 
 
@@ -177,3 +179,43 @@ def _crd_status(crd: Mapping[str, Any], now: str) -> dict[str, Any]:
         "acceptedNames": copy.deepcopy(crd["spec"]["names"]),
         "storedVersions": [v["name"] for v in crd["spec"]["versions"] if v.get("storage")],
     }
+
+
+SERVER_OWNED = (
+    "uid",
+    "creationTimestamp",
+    "generation",
+    "deletionTimestamp",
+    "deletionGracePeriodSeconds",
+    "name",
+    "namespace",
+)
+
+
+def generation_part(kind: Kind, obj: Json) -> Json:
+    """What generation tracks: all but metadata (and status behind a status subresource)."""
+    skip = {"metadata", "apiVersion", "kind"} | ({"status"} if kind.status_subresource else set())
+    return {key: value for key, value in obj.items() if key not in skip}
+
+
+def merged_update(kind: Kind, old: Json, candidate: Json, subresource: str | None) -> Json:
+    """The new object: server-owned metadata kept, status taken from where it may change."""
+    if subresource == "status":
+        new = copy.deepcopy(old)
+        new.pop("status", None)
+        if "status" in candidate:
+            new["status"] = candidate["status"]
+        return new
+    new = candidate
+    new.setdefault("metadata", {})
+    written = new.pop("status", None)
+    if kind.status_subresource and "status" in old:
+        new["status"] = copy.deepcopy(old["status"])  # the main endpoint ignores status
+    elif not kind.status_subresource and written is not None:
+        new["status"] = written
+    for key in SERVER_OWNED:
+        new["metadata"].pop(key, None)
+        if key in old["metadata"]:
+            new["metadata"][key] = old["metadata"][key]
+    new["metadata"]["resourceVersion"] = old["metadata"]["resourceVersion"]
+    return new

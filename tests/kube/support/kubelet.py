@@ -30,7 +30,6 @@ with the container `waiting` (reason CreateContainerConfigError, the message say
 import asyncio
 import contextlib
 import dataclasses
-import datetime
 import ipaddress
 import json
 import os
@@ -42,7 +41,7 @@ from typing import Any, Self
 
 import aiohttp
 
-from tests.kube.support import containers
+from tests.kube.support import containers, podruns
 
 Json = dict[str, Any]
 _PROBE_S = 0.05
@@ -62,94 +61,10 @@ class ContainerProcess:
     log: pathlib.Path
 
 
-def _now() -> str:
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def _exit_code(returncode: int) -> int:
-    return returncode if returncode >= 0 else 128 - returncode
-
-
 def _signal_group(process: asyncio.subprocess.Process | None, sig: int) -> None:
     if process is not None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(process.pid, sig)
-
-
-class _Container:
-    """One container's run state; mutated only by its pod's tasks."""
-
-    def __init__(self, spec: Json, log: pathlib.Path) -> None:
-        self.spec, self.log, self.name = spec, log, str(spec["name"])
-        self.process: asyncio.subprocess.Process | None = None
-        self.restarts, self.ready, self.started_at = 0, False, ""
-        self.terminated: Json | None = None
-        self.waiting: Json | None = None
-
-    def status(self) -> Json:
-        if self.waiting is not None:
-            state: Json = {"waiting": self.waiting}
-        elif self.terminated is not None:
-            state = {"terminated": self.terminated}
-        else:
-            state = {"running": {"startedAt": self.started_at}}
-        pid = self.process.pid if self.process else 0
-        return {
-            "name": self.name,
-            "image": self.spec.get("image", ""),
-            "imageID": "",
-            "containerID": f"harness://{pid}",
-            "ready": self.ready,
-            "restartCount": self.restarts,
-            "started": "running" in state,
-            "state": state,
-        }
-
-
-class _Pod:
-    """One pod's run state."""
-
-    def __init__(self, obj: Json, ip: str, node: str, directory: pathlib.Path) -> None:
-        meta = obj["metadata"]
-        self.namespace, self.name, self.uid = meta["namespace"], meta["name"], meta["uid"]
-        self.obj, self.ip, self.node, self.directory = obj, ip, node, directory
-        self.containers = {
-            str(spec["name"]): _Container(spec, directory / f"{spec['name']}.log")
-            for spec in obj["spec"].get("containers") or []
-        }
-        self.phase, self.started_at, self.forced_unready = "Pending", _now(), False
-        self.terminating = False
-        self.conditions: dict[str, Json] = {}
-        self.tasks: set[asyncio.Task[None]] = set()
-        self.lock = asyncio.Lock()
-
-    @property
-    def path(self) -> str:
-        return f"/api/v1/namespaces/{self.namespace}/pods/{self.name}"
-
-    def condition(self, kind: str, status: bool, reason: str = "", message: str = "") -> None:
-        value = "True" if status else "False"
-        old = self.conditions.get(kind)
-        if old is None or old["status"] != value:
-            self.conditions[kind] = {"type": kind, "status": value, "lastTransitionTime": _now()}
-        self.conditions[kind].update(
-            {k: v for k, v in (("reason", reason), ("message", message)) if v}
-        )
-
-    def status(self) -> Json:
-        ready = all(c.ready for c in self.containers.values()) and bool(self.containers)
-        self.condition("ContainersReady", ready)
-        self.condition("Ready", ready and not self.forced_unready)
-        return {
-            "phase": self.phase,
-            "podIP": self.ip,
-            "podIPs": [{"ip": self.ip}],
-            "hostIP": "127.0.0.1",
-            "hostIPs": [{"ip": "127.0.0.1"}],
-            "startTime": self.started_at,
-            "conditions": list(self.conditions.values()),
-            "containerStatuses": [c.status() for c in self.containers.values()],
-        }
 
 
 class Kubelet:
@@ -169,7 +84,7 @@ class Kubelet:
         self._namespace, self._selector = namespace, label_selector
         self._entrypoints = dict(entrypoints or {})
         self._max_grace_s = max_grace_s
-        self._pods: dict[tuple[str, str], _Pod] = {}
+        self._pods: dict[tuple[str, str], podruns.PodRun] = {}
         self._next_node = 1
         self._session: aiohttp.ClientSession | None = None
         self._watcher: asyncio.Task[None] | None = None
@@ -225,7 +140,7 @@ class Kubelet:
             if c.process
         ]
 
-    def _pod(self, name: str, namespace: str) -> _Pod:
+    def _pod(self, name: str, namespace: str) -> podruns.PodRun:
         pod = self._pods.get((namespace, name))
         if pod is None:
             raise ValueError(f"the kubelet runs no pod {namespace}/{name}: pass a running pod")
@@ -266,7 +181,7 @@ class Kubelet:
         ) as response:
             return response.status, await response.json()
 
-    async def _write_status(self, pod: _Pod) -> None:
+    async def _write_status(self, pod: podruns.PodRun) -> None:
         async with pod.lock:
             await self._request("PATCH", f"{pod.path}/status", {"status": pod.status()})
 
@@ -318,7 +233,7 @@ class Kubelet:
         ):
             self._start(obj)
 
-    def _spawn(self, pod: _Pod, work: Any) -> None:
+    def _spawn(self, pod: podruns.PodRun, work: Any) -> None:
         task = asyncio.create_task(work)
         pod.tasks.add(task)
         task.add_done_callback(pod.tasks.discard)
@@ -329,11 +244,11 @@ class Kubelet:
         k, self._next_node = self._next_node, self._next_node + 1
         ip = str(ipaddress.IPv4Address("127.0.0.1") + k)
         directory = self._workdir / f"{obj['metadata']['namespace']}_{obj['metadata']['name']}"
-        pod = _Pod(obj, ip, f"node-{k}", directory)
+        pod = podruns.PodRun(obj, ip, f"node-{k}", directory)
         self._pods[(pod.namespace, pod.name)] = pod
         self._spawn(pod, self._run(pod))
 
-    async def _run(self, pod: _Pod) -> None:
+    async def _run(self, pod: podruns.PodRun) -> None:
         await self._request("PATCH", pod.path, {"spec": {"nodeName": pod.node}})
         pod.obj["spec"]["nodeName"] = pod.node
         pod.obj["status"] = {"podIP": pod.ip, "hostIP": "127.0.0.1"}
@@ -355,7 +270,9 @@ class Kubelet:
             self._spawn(pod, self._supervise(pod, c, launches[c.name]))
             self._spawn(pod, self._probe(pod, c))
 
-    async def _prepare(self, pod: _Pod) -> dict[str, tuple[list[str], dict[str, str], str]]:
+    async def _prepare(
+        self, pod: podruns.PodRun
+    ) -> dict[str, tuple[list[str], dict[str, str], str]]:
         """Volumes made, and per container its argv, environment and working directory."""
         secrets = await self._sources(pod, "secrets", "secret", "secretName", "secretKeyRef")
         maps = await self._sources(pod, "configmaps", "configMap", "name", "configMapKeyRef")
@@ -377,7 +294,7 @@ class Kubelet:
         return plans
 
     async def _sources(
-        self, pod: _Pod, plural: str, volume_key: str, name_key: str, env_key: str
+        self, pod: podruns.PodRun, plural: str, volume_key: str, name_key: str, env_key: str
     ) -> dict[str, Json]:
         """The secrets (or configMaps) the pod's volumes and env name, fetched by name."""
         wanted = {
@@ -399,7 +316,9 @@ class Kubelet:
             found[name] = obj
         return found
 
-    async def _launch(self, c: _Container, argv: list[str], env: dict[str, str], cwd: str) -> None:
+    async def _launch(
+        self, c: podruns.ContainerRun, argv: list[str], env: dict[str, str], cwd: str
+    ) -> None:
         with c.log.open("ab") as log:
             c.process = await asyncio.create_subprocess_exec(
                 *argv,
@@ -410,15 +329,18 @@ class Kubelet:
                 stdin=asyncio.subprocess.DEVNULL,
                 start_new_session=True,
             )
-        c.started_at, c.terminated, c.waiting = _now(), None, None
-        c.ready = not _probe_port(c.spec)
+        c.started_at, c.terminated, c.waiting = podruns.now(), None, None
+        c.ready = not podruns.probe_port(c.spec)
 
     async def _supervise(
-        self, pod: _Pod, c: _Container, launch: tuple[list[str], dict[str, str], str]
+        self,
+        pod: podruns.PodRun,
+        c: podruns.ContainerRun,
+        launch: tuple[list[str], dict[str, str], str],
     ) -> None:
         """Wait for the process; restart it or record its end (and the pod's)."""
         while c.process is not None:
-            code = _exit_code(await c.process.wait())
+            code = podruns.exit_code(await c.process.wait())
             _signal_group(c.process, signal.SIGKILL)  # a container's other processes die with it
             c.ready = False
             if pod.terminating:
@@ -433,7 +355,7 @@ class Kubelet:
                     "exitCode": code,
                     "reason": "Completed" if code == 0 else "Error",
                     "startedAt": c.started_at,
-                    "finishedAt": _now(),
+                    "finishedAt": podruns.now(),
                 }
                 if all(other.terminated for other in pod.containers.values()):
                     codes = [
@@ -446,9 +368,9 @@ class Kubelet:
             if c.terminated:
                 return
 
-    async def _probe(self, pod: _Pod, c: _Container) -> None:
+    async def _probe(self, pod: podruns.PodRun, c: podruns.ContainerRun) -> None:
         """Readiness: the probe's port accepts connections on the pod IP."""
-        port = _probe_port(c.spec)
+        port = podruns.probe_port(c.spec)
         if port is None:
             return
         while not pod.terminating and c.terminated is None:
@@ -464,7 +386,9 @@ class Kubelet:
                 await self._write_status(pod)
             await asyncio.sleep(_PROBE_S)
 
-    async def _stop(self, pod: _Pod, *, delete: bool = False, grace_s: float | None = None) -> None:
+    async def _stop(
+        self, pod: podruns.PodRun, *, delete: bool = False, grace_s: float | None = None
+    ) -> None:
         """SIGTERM, SIGKILL after the grace period, then (if asked) release the pod object."""
         pod.terminating = True
         # Stop the pod's other tasks first, so that none starts a process after this looks.
@@ -490,16 +414,3 @@ class Kubelet:
             await self._request("DELETE", pod.path, {"gracePeriodSeconds": 0})
         if self._pods.get((pod.namespace, pod.name)) is pod:
             del self._pods[(pod.namespace, pod.name)]
-
-
-def _probe_port(spec: Json) -> int | None:
-    """The readinessProbe's port (a number, or a named container port), if it has one."""
-    probe = spec.get("readinessProbe") or {}
-    target = probe.get("tcpSocket") or probe.get("grpc")
-    if not target:
-        return None
-    port = target.get("port")
-    if isinstance(port, str) and not port.isdigit():
-        named = {p.get("name"): p["containerPort"] for p in spec.get("ports") or []}
-        return int(named[port]) if port in named else None
-    return int(port) if port is not None else None

@@ -7,7 +7,7 @@ pointing at it (plain HTTP, a dummy token), the request log, and helpers (`apply
 `list`, `delete`, `load_crd`) that act on the store directly, on the emulator's thread, so
 they do not appear in the request log.
 
-Errors: helpers raise `store.ApiError` as the server would answer; `serve()` raises
+Errors: helpers raise `failures.ApiError` as the server would answer; `serve()` raises
 `AssertionError` at exit if the emulator hit an unexpected exception while serving.
 """
 
@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 import kmock
 import yaml
 
-from tests.kube.support import emulator, selectors, store
+from tests.kube.support import emulator, failures, selectors, store
 
 T = TypeVar("T")
 _CALL_TIMEOUT_S = 10.0
@@ -71,7 +71,7 @@ class KubeApi:
         namespace = meta.get("namespace", "default") if kind.namespaced else None
         try:
             stored = the.get(kind, namespace, meta["name"])
-        except store.ApiError as exc:
+        except failures.ApiError as exc:
             if exc.code != 404:
                 raise
             stored = the.create(kind, namespace, obj)
@@ -99,7 +99,7 @@ class KubeApi:
             served = self._api.objects.kind_of(api_version, kind)
             try:
                 return self._api.objects.get(served, namespace, name)
-            except store.ApiError as exc:
+            except failures.ApiError as exc:
                 if exc.code == 404:
                     return None
                 raise

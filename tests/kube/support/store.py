@@ -13,7 +13,7 @@ kept in a bounded history (for watches from a resourceVersion) and handed to lis
 What does not: HTTP (the emulator), selectors, patch formats (their own modules). Not emulated:
 namespace existence and termination, admission webhooks, managedFields, foreground deletion.
 
-Errors: `ApiError` (code, reason, message, details), which the emulator renders as a `Status`.
+Errors: `failures.ApiError` (code, reason, message, details), rendered as a `Status`.
 All methods are synchronous and must run on the emulator's event loop thread.
 """
 
@@ -25,39 +25,10 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from tests.kube.support import kinds, patches, schema, selectors
+from tests.kube.support import failures, kinds, patches, schema, selectors
 
 Obj = dict[str, Any]
 Listener = Callable[["Event"], None]
-_SERVER_OWNED = (
-    "uid",
-    "creationTimestamp",
-    "generation",
-    "deletionTimestamp",
-    "deletionGracePeriodSeconds",
-    "name",
-    "namespace",
-)
-
-
-class ApiError(Exception):
-    """An API failure with the fields of a Kubernetes `Status` (code, reason, message)."""
-
-    def __init__(self, code: int, reason: str, message: str, details: Obj | None = None) -> None:
-        super().__init__(message)
-        self.code, self.reason, self.message, self.details = code, reason, message, details or {}
-
-    def status(self) -> Obj:
-        return {
-            "apiVersion": "v1",
-            "kind": "Status",
-            "metadata": {},
-            "status": "Failure",
-            "code": self.code,
-            "reason": self.reason,
-            "message": self.message,
-            "details": self.details,
-        }
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -89,39 +60,6 @@ def _stamp(moment: datetime.datetime) -> str:
     return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def not_found(kind: kinds.Kind, name: str) -> ApiError:
-    details = {"name": name, "group": kind.group, "kind": kind.plural}
-    return ApiError(404, "NotFound", f'{kind.qualified} "{name}" not found', details)
-
-
-def invalid(kind: kinds.Kind, name: str, causes: list[tuple[str, str]]) -> ApiError:
-    texts = [f"{field}: {message}" if field else message for field, message in causes]
-    joined = texts[0] if len(texts) == 1 else f"[{', '.join(texts)}]"
-    subject = f"{kind.kind}.{kind.group}" if kind.group else kind.kind
-    details = {
-        "name": name,
-        "group": kind.group,
-        "kind": kind.kind,
-        "causes": [
-            {"reason": "FieldValueInvalid", "message": message, "field": field}
-            for field, message in causes
-        ],
-    }
-    return ApiError(422, "Invalid", f'{subject} "{name}" is invalid: {joined}', details)
-
-
-def _conflict(kind: kinds.Kind, name: str, why: str) -> ApiError:
-    details = {"name": name, "group": kind.group, "kind": kind.plural}
-    message = f'Operation cannot be fulfilled on {kind.qualified} "{name}": {why}'
-    return ApiError(409, "Conflict", message, details)
-
-
-def _body_part(kind: kinds.Kind, obj: Obj) -> Obj:
-    """What generation tracks: all but metadata (and status behind a status subresource)."""
-    skip = {"metadata", "apiVersion", "kind"} | ({"status"} if kind.status_subresource else set())
-    return {key: value for key, value in obj.items() if key not in skip}
-
-
 class Store:
     """Objects of every served kind, with the write semantics described in the module doc."""
 
@@ -150,7 +88,7 @@ class Store:
     def kind(self, group: str, version: str, plural: str) -> kinds.Kind:
         found = self._kinds.get((group, version, plural))
         if found is None:
-            raise ApiError(404, "NotFound", "the server could not find the requested resource")
+            raise failures.not_served()
         return found
 
     def kind_of(self, api_version: str, kind_name: str) -> kinds.Kind:
@@ -159,7 +97,9 @@ class Store:
         for kind in self._kinds.values():
             if (kind.group, kind.version, kind.kind) == (group, version, kind_name):
                 return kind
-        raise ApiError(404, "NotFound", f"no kind {kind_name!r} is served in {api_version!r}")
+        raise failures.ApiError(
+            404, "NotFound", f"no kind {kind_name!r} is served in {api_version!r}"
+        )
 
     # -- reads -------------------------------------------------------------------------------
 
@@ -168,13 +108,13 @@ class Store:
 
     def _key(self, kind: kinds.Kind, namespace: str | None, name: str) -> tuple[str, str]:
         if kind.namespaced != (namespace is not None):
-            raise ApiError(404, "NotFound", "the server could not find the requested resource")
+            raise failures.not_served()
         return (namespace or "", name)
 
     def _stored(self, kind: kinds.Kind, namespace: str | None, name: str) -> Obj:
         obj = self._objects[kind.storage].get(self._key(kind, namespace, name))
         if obj is None:
-            raise not_found(kind, name)
+            raise failures.not_found(kind, name)
         return obj
 
     def get(self, kind: kinds.Kind, namespace: str | None, name: str) -> Obj:
@@ -209,7 +149,7 @@ class Store:
                 for _, obj in sorted(objs.items())
             ]
         elif self._history and since < self._history[0].revision - 1:
-            raise ApiError(410, "Expired", f"too old resource version: {since}")
+            raise failures.ApiError(410, "Expired", f"too old resource version: {since}")
         else:
             backlog = [event for event in self._history if event.revision > since]
         self._listeners.append(listener)
@@ -245,11 +185,9 @@ class Store:
         meta = obj.setdefault("metadata", {})
         if kind.namespaced:
             if namespace is None or meta.get("namespace", namespace) != namespace:
-                raise ApiError(
-                    400,
-                    "BadRequest",
-                    "the namespace of the provided object does "
-                    "not match the namespace sent on the request",
+                raise failures.bad_request(
+                    "the namespace of the provided object does not match the namespace sent "
+                    "on the request"
                 )
             meta["namespace"] = namespace
         else:
@@ -257,13 +195,11 @@ class Store:
         if not meta.get("name") and meta.get("generateName"):
             meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
         if not meta.get("name"):
-            raise invalid(
+            raise failures.invalid(
                 kind, "", [("metadata.name", "Required value: name or generateName is required")]
             )
         if self._key(kind, namespace, meta["name"]) in self._objects[kind.storage]:
-            details = {"name": meta["name"], "group": kind.group, "kind": kind.plural}
-            message = f'{kind.qualified} "{meta["name"]}" already exists'
-            raise ApiError(409, "AlreadyExists", message, details)
+            raise failures.already_exists(kind, meta["name"])
         for key in ("deletionTimestamp", "deletionGracePeriodSeconds", "resourceVersion"):
             meta.pop(key, None)
         meta.update(uid=str(uuid.uuid4()), creationTimestamp=_stamp(self._clock()), generation=1)
@@ -279,11 +215,11 @@ class Store:
 
     def _checked_body(self, kind: kinds.Kind, body: Any) -> Obj:
         if not isinstance(body, dict):
-            raise ApiError(400, "BadRequest", "the request body must be a JSON object")
+            raise failures.bad_request("the request body must be a JSON object")
         for field, expected in (("apiVersion", kind.api_version), ("kind", kind.kind)):
             if body.get(field, expected) != expected:
                 message = f"the {field} in the data ({body[field]}) does not match {expected}"
-                raise ApiError(400, "BadRequest", message)
+                raise failures.bad_request(message)
         return {
             key: copy.deepcopy(value)
             for key, value in body.items()
@@ -294,13 +230,13 @@ class Store:
         self._defaults.on_write(kind, obj)
         name = obj["metadata"].get("name", "")
         if kind == kinds.CRDS and (causes := kinds.crd_problems(obj)):
-            raise invalid(kind, name, causes)
+            raise failures.invalid(kind, name, causes)
         if kind.schema is None:
             return obj
         try:
             return schema.admit(kind.schema, obj, old)
         except schema.SchemaError as exc:
-            raise invalid(kind, name, exc.causes) from exc
+            raise failures.invalid(kind, name, exc.causes) from exc
 
     def replace(
         self,
@@ -313,7 +249,7 @@ class Store:
         """PUT: the body replaces the object (or only its status, for `status`)."""
         candidate = self._checked_body(kind, body)
         if candidate.get("metadata", {}).get("name", name) != name:
-            raise ApiError(400, "BadRequest", "the name of the object does not match the URL")
+            raise failures.bad_request("the name of the object does not match the URL")
         return self._update(kind, namespace, name, candidate, subresource)
 
     def patch(
@@ -333,7 +269,7 @@ class Store:
             "application/strategic-merge-patch+json": patches.strategic_merge_patch,
         }.get(content_type)
         if apply is None:
-            raise ApiError(
+            raise failures.ApiError(
                 415,
                 "UnsupportedMediaType",
                 f"the body of the request was in an unknown format: {content_type}",
@@ -341,7 +277,7 @@ class Store:
         try:
             candidate = apply(current, patch)
         except patches.PatchError as exc:
-            raise ApiError(422, "Invalid", f"the patch cannot be applied: {exc}") from exc
+            raise failures.ApiError(422, "Invalid", f"the patch cannot be applied: {exc}") from exc
         return self._update(kind, namespace, name, self._checked_body(kind, candidate), subresource)
 
     def _update(
@@ -353,20 +289,22 @@ class Store:
         subresource: str | None,
     ) -> Obj:
         old = self._stored(kind, namespace, name)
+        if subresource not in (None, "status") or (subresource and not kind.status_subresource):
+            raise failures.not_served()
         expected = candidate.get("metadata", {}).get("resourceVersion")
         if expected is not None and expected != old["metadata"]["resourceVersion"]:
-            raise _conflict(
+            raise failures.conflict(
                 kind,
                 name,
                 "the object has been modified; please apply your "
                 "changes to the latest version and try again",
             )
-        new = self._merged(kind, old, candidate, subresource)
+        new = kinds.merged_update(kind, old, candidate, subresource)
         added = set(new["metadata"].get("finalizers", [])) - set(
             old["metadata"].get("finalizers", [])
         )
         if old["metadata"].get("deletionTimestamp") and added:
-            raise invalid(
+            raise failures.invalid(
                 kind,
                 name,
                 [
@@ -377,7 +315,7 @@ class Store:
                 ],
             )
         new = self._admit(kind, new, old)
-        if _body_part(kind, new) != _body_part(kind, old):
+        if kinds.generation_part(kind, new) != kinds.generation_part(kind, old):
             new["metadata"]["generation"] = old["metadata"].get("generation", 1) + 1
         if new == old:
             return self._present(kind, old)  # a no-op write changes nothing, not even the rv
@@ -390,30 +328,6 @@ class Store:
             for served in kinds.crd_kinds(new):
                 self._register(served)
         return updated
-
-    def _merged(self, kind: kinds.Kind, old: Obj, candidate: Obj, subresource: str | None) -> Obj:
-        """The new object: server-owned metadata kept, status taken from where it may change."""
-        if subresource not in (None, "status") or (subresource and not kind.status_subresource):
-            raise ApiError(404, "NotFound", "the server could not find the requested resource")
-        if subresource == "status":
-            new = copy.deepcopy(old)
-            new.pop("status", None)
-            if "status" in candidate:
-                new["status"] = candidate["status"]
-            return new
-        new = candidate
-        new.setdefault("metadata", {})
-        new.pop("status", None)
-        if kind.status_subresource and "status" in old:
-            new["status"] = copy.deepcopy(old["status"])
-        elif not kind.status_subresource and "status" in candidate:
-            new["status"] = candidate["status"]
-        for key in _SERVER_OWNED:
-            new["metadata"].pop(key, None)
-            if key in old["metadata"]:
-                new["metadata"][key] = old["metadata"][key]
-        new["metadata"]["resourceVersion"] = old["metadata"]["resourceVersion"]
-        return new
 
     @staticmethod
     def _releasable(obj: Obj) -> bool:
@@ -436,7 +350,7 @@ class Store:
             None,
             meta["resourceVersion"],
         ):
-            raise _conflict(kind, name, "the precondition on uid or resourceVersion failed")
+            raise failures.conflict(kind, name, "the precondition on uid or resourceVersion failed")
         grace = self._grace_s(kind, obj, options)
         if not meta.get("finalizers") and grace == 0:
             return self._remove(kind, obj, options)
