@@ -14,11 +14,13 @@ Wire messages (planaria.wire.messages): `rendezvous`, `training_settings`, `work
 `timings`, `snapshot_states`, `latched_errors`, `heartbeats`.
 Failure traces (planaria.sim): `sim_traces` (per-device, per-cluster and spot traces).
 Bad input (tests/fuzz): `job_spec_documents` (valid job files), `job_spec_mutants` (damaged),
-`job_file_texts` (damaged as text), `mutated_protos` (a message with fields set out of range).
+`job_file_texts` (damaged as text), `mutated_protos` (a message with fields set out of range),
+`mutated_documents` (any JSON-like mapping, mutated below its root).
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from collections.abc import Sequence
 from typing import Any
@@ -967,3 +969,20 @@ def mutated_protos(draw: st.DrawFn, base: message.Message) -> bytes:
         owner, field = draw(st.sampled_from(_fields_of(mutant)))
         _mutate_field(draw, owner, field)
     return mutant.SerializeToString()
+
+
+@st.composite
+def mutated_documents(draw: st.DrawFn, base: dict[str, object]) -> dict[str, object]:
+    """A copy of the JSON-like mapping `base` with one to three mutations below its root (see
+    `_mutate_at`): e.g. a snapshot manifest's body, to be checksummed again (a forgery)."""
+    document = copy.deepcopy(base)
+    for _ in range(draw(st.integers(1, 3))):
+        paths = _paths(document)[1:]
+        if not paths:
+            break
+        path = draw(st.sampled_from(paths))
+        parent: Any = document
+        for key in path[:-1]:
+            parent = parent[key]
+        _mutate_at(draw, parent, path[-1])
+    return document
