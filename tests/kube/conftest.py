@@ -36,3 +36,4 @@ async def kubelet(
     """A kubelet harness running every new pod of `kube_api` as local processes."""
     async with harness.Kubelet(kube_api.url, tmp_path / "kubelet") as running:
         yield running
+    assert not running.errors, f"the kubelet harness failed: {running.errors!r}"

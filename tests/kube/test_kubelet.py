@@ -211,6 +211,16 @@ async def test_exit_codes_fail_the_pod_and_kill_reports_the_signal(
 
 
 @pytest.mark.asyncio
+async def test_an_executable_that_cannot_start_fails_the_pod(
+    kube_api: serving.KubeApi, kubelet: harness.Kubelet
+) -> None:
+    kube_api.apply(python_pod("broken", "pass", container={"command": ["/nonexistent/program"]}))
+    failed = await until(kube_api, "broken", phase("Failed"))
+    terminated = failed["status"]["containerStatuses"][0]["state"]["terminated"]
+    assert (terminated["exitCode"], terminated["reason"]) == (128, "StartError")
+
+
+@pytest.mark.asyncio
 async def test_on_failure_restarts_the_container(
     kube_api: serving.KubeApi, kubelet: harness.Kubelet
 ) -> None:
@@ -307,7 +317,7 @@ async def test_close_leaves_no_process_behind(
         if not alive(child):
             break
         await asyncio.sleep(0.02)
-    assert not alive(process.pid) and not alive(child)
+    assert not alive(process.pid) and not alive(child) and not k.errors
     ignored = kube_api.get("v1", "Pod", "ignored", "default")
     assert ignored is not None and "nodeName" not in ignored["spec"]
 

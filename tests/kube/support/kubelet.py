@@ -20,11 +20,14 @@ and a label selector) over HTTP, like a kubelet, and for each new unscheduled po
 
 Test hooks: `kill`, `evict` (DisruptionTarget condition, then delete), `set_ready`,
 `processes`. `close()` (the context exit) kills every process it started, its children too.
+`errors` lists the exceptions that ended the harness's own per-pod tasks (the fixture fails
+the test on any).
 Not emulated: init containers, liveness/startup probes, restart back-off, resource limits,
 image pulls, nodes as objects.
 
 Errors: a container that cannot be run (`containers.ContainerError`) leaves its pod Pending
-with the container `waiting` (reason CreateContainerConfigError, the message says why).
+with the container `waiting` (reason CreateContainerConfigError, the message says why); an
+executable that cannot start ends it `terminated` with exit code 128, reason StartError.
 """
 
 import asyncio
@@ -89,6 +92,7 @@ class Kubelet:
         self._session: aiohttp.ClientSession | None = None
         self._watcher: asyncio.Task[None] | None = None
         self._listed = asyncio.Event()
+        self.errors: list[BaseException] = []  # failures of the harness's own tasks
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -237,6 +241,13 @@ class Kubelet:
         task = asyncio.create_task(work)
         pod.tasks.add(task)
         task.add_done_callback(pod.tasks.discard)
+        task.add_done_callback(self._record_failure)
+
+    def _record_failure(self, task: asyncio.Task[None]) -> None:
+        """Keep what broke a pod's task (a harness bug or a dead API) for the test to see."""
+        failure = None if task.cancelled() else task.exception()
+        if failure is not None:
+            self.errors.append(failure)
 
     # -- running pods ------------------------------------------------------------------------
 
@@ -262,13 +273,18 @@ class Kubelet:
             await self._write_status(pod)
             return
         for c in pod.containers.values():
-            await self._launch(c, *launches[c.name])
-        pod.phase = "Running"
+            try:
+                await self._launch(c, *launches[c.name])
+            except OSError as exc:  # as a runtime reports an executable it cannot start
+                c.waiting = None
+                c.terminated = {"exitCode": 128, "reason": "StartError", "message": str(exc)}
+        pod.phase = "Failed" if any(c.terminated for c in pod.containers.values()) else "Running"
         pod.condition("Initialized", True)
-        await self._write_status(pod)
         for c in pod.containers.values():
-            self._spawn(pod, self._supervise(pod, c, launches[c.name]))
-            self._spawn(pod, self._probe(pod, c))
+            if c.terminated is None:
+                self._spawn(pod, self._supervise(pod, c, launches[c.name]))
+                self._spawn(pod, self._probe(pod, c))
+        await self._write_status(pod)
 
     async def _prepare(
         self, pod: podruns.PodRun
