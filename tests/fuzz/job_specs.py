@@ -73,7 +73,8 @@ def judge_object(document: object) -> verdicts.Verdict:
     except RecursionError:  # too deep for the dumper: judge_text's deep texts cover it
         return verdicts.rejected("too deep to write as YAML")
     verdict = judge_text(text)
-    if isinstance(document, dict) and "spec" not in document:
+    # parse_job's rule: a mapping with apiVersion or kind is a whole document.
+    if isinstance(document, dict) and not {"apiVersion", "kind"} & set(document):
         direct = _judge_model(document)
         accepted = {v.outcome is verdicts.Outcome.ACCEPTED for v in (verdict, direct)}
         if direct.outcome is verdicts.Outcome.CRASHED:

@@ -24,7 +24,7 @@ from tests.fuzz import job_specs, verdicts
 PLANARIA = str(Path(sys.executable).parent / "planaria")
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(strategies.job_spec_mutants())
 def test_a_mutated_spec_converts_or_is_refused_naming_the_field(document: object) -> None:
     verdict = job_specs.judge_object(document)
