@@ -9,6 +9,7 @@ the executable mapping and entrypoints.
 """
 
 import asyncio
+import ipaddress
 import json
 import pathlib
 import sys
@@ -161,8 +162,10 @@ async def test_a_pod_runs_with_expanded_args_env_and_volumes(
     kube_api.apply(python_pod("second", "pass"))
     done = await until(kube_api, "reporter", phase("Succeeded"))
     report = json.loads((scratch(tmp_path, "reporter") / "out.json").read_text())
-    assert done["spec"]["nodeName"] == "node-1" and done["status"]["podIP"] == "127.0.0.2"
-    assert report["argv"][1] == "127.0.0.2" and report["token"] == "s3cret"
+    first_ip, second_ip = str(kubelet.ip_base + 1), str(kubelet.ip_base + 2)
+    assert ipaddress.ip_address(first_ip).is_loopback and first_ip != "127.0.0.1"
+    assert done["spec"]["nodeName"] == "node-1" and done["status"]["podIP"] == first_ip
+    assert report["argv"][1] == first_ip and report["token"] == "s3cret"
     assert report["env"] == {
         "NAME": "reporter",
         "NODE": "node-1",
@@ -175,7 +178,7 @@ async def test_a_pod_runs_with_expanded_args_env_and_volumes(
         "tok",
     ]
     second = await until(kube_api, "second", phase("Succeeded"))
-    assert (second["spec"]["nodeName"], second["status"]["podIP"]) == ("node-2", "127.0.0.3")
+    assert (second["spec"]["nodeName"], second["status"]["podIP"]) == ("node-2", second_ip)
     state = done["status"]["containerStatuses"][0]["state"]
     assert state["terminated"]["exitCode"] == 0
 

@@ -2,8 +2,10 @@
 
 `Kubelet(url, workdir)` is an async context manager. It watches pods (optionally one namespace
 and a label selector) over HTTP, like a kubelet, and for each new unscheduled pod:
-- binds it to node `node-<k>` and gives it pod IP `127.0.0.<k+1>` (all of 127/8 is loopback on
-  Linux, so each pod listens on its own address), host IP 127.0.0.1;
+- binds it to node `node-<k>` and gives it pod IP `ip_base + k` (all of 127/8 is loopback on
+  Linux, so each pod listens on its own address; by default `ip_base` is a random 127.a.b.1,
+  so that test processes running at once on one machine do not share pod addresses and
+  ports), host IP 127.0.0.1;
 - makes its volumes and starts every container as a process (see `containers` for argv, env,
   `$(VAR)`, volumes and the mountPath rewriting), in its own session (process group), output
   to `<workdir>/<namespace>_<pod>/<container>.log`;
@@ -37,6 +39,7 @@ import ipaddress
 import json
 import os
 import pathlib
+import random
 import signal
 from collections.abc import Mapping, Sequence
 from types import TracebackType
@@ -82,6 +85,7 @@ class Kubelet:
         label_selector: str | None = None,
         entrypoints: Mapping[str, Sequence[str]] | None = None,
         max_grace_s: float = 5.0,
+        ip_base: str | None = None,
     ) -> None:
         self._url, self._workdir = url.rstrip("/"), workdir
         self._namespace, self._selector = namespace, label_selector
@@ -89,6 +93,8 @@ class Kubelet:
         self._max_grace_s = max_grace_s
         self._pods: dict[tuple[str, str], podruns.PodRun] = {}
         self._next_node = 1
+        chosen = ip_base or f"127.{random.randint(1, 254)}.{random.randint(0, 255)}.1"
+        self.ip_base = ipaddress.IPv4Address(chosen)
         self._session: aiohttp.ClientSession | None = None
         self._watcher: asyncio.Task[None] | None = None
         self._listed = asyncio.Event()
@@ -253,7 +259,7 @@ class Kubelet:
 
     def _start(self, obj: Json) -> None:
         k, self._next_node = self._next_node, self._next_node + 1
-        ip = str(ipaddress.IPv4Address("127.0.0.1") + k)
+        ip = str(self.ip_base + k)
         directory = self._workdir / f"{obj['metadata']['namespace']}_{obj['metadata']['name']}"
         pod = podruns.PodRun(obj, ip, f"node-{k}", directory)
         self._pods[(pod.namespace, pod.name)] = pod
