@@ -1,0 +1,169 @@
+"""Randomized fault trials on the local backend, and the table issue #10 asks for.
+
+    .venv/bin/python -m bench.chaos --trials 100 [--seed 0] [--jobs 1] [--json PATH] [--keep]
+
+Trial i runs seed `--seed + i` (`tests/chaos/trials.py`: one seeded fault schedule against the
+controller core, a LocalBackend and real agent processes training the tiny GPT with gloo) and
+checks its invariant: Succeeded equal to the fault-free reference, or Suspended with a clear
+message and a persistent checkpoint equal to the reference at its step; no hang past the bound;
+no leaked process or shared-memory store. `--jobs` trials run at once in separate processes
+(on 2 cores, 1 keeps the heartbeat timings honest). A trial that breaks the invariant is printed
+with its seed at once; replay it alone with `--trials 1 --seed S --keep` (its run directory,
+with every worker's log, is kept and printed).
+
+Printed: one line per trial, then per fault kind: trials, faults injected, Succeeded (survived),
+Suspended with a checkpoint, Suspended without one (no checkpoint written yet), Failed, hangs,
+parameter mismatches, leaked processes and leaked segments, and the mean trial seconds.
+`--json` writes every trial's record and the totals.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import concurrent.futures
+import dataclasses
+import json
+import multiprocessing
+import os
+import platform
+import shutil
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+from tests.chaos import trials
+
+SHM = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
+COLUMNS = (
+    "kind",
+    "trials",
+    "faults",
+    "survived",
+    "susp+ckpt",
+    "susp-ckpt",
+    "failed",
+    "hangs",
+    "mismatch",
+    "leak-pids",
+    "leak-shm",
+    "mean s",
+)
+
+
+def _arguments(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--trials", type=int, default=20, help="how many trials (default 20)")
+    parser.add_argument("--seed", type=int, default=0, help="the first trial's seed")
+    parser.add_argument("--jobs", type=int, default=1, help="trials at once (processes)")
+    parser.add_argument("--json", type=Path, default=None, help="write the records here")
+    parser.add_argument("--keep", action="store_true", help="keep every trial's run directory")
+    parser.add_argument("--root", type=Path, default=None, help="run directories go here")
+    args = parser.parse_args(argv)
+    if args.trials < 1 or args.jobs < 1:
+        parser.error("--trials and --jobs must be >= 1")
+    return args
+
+
+def one_trial(seed: int, root: Path, corpus: Path, keep: bool) -> dict[str, object]:
+    """Run one trial in this process; its record as plain data (`TrialResult` fields)."""
+    workdir = root / f"seed-{seed}"
+    shm = SHM / f"planaria-chaos-{seed}-{uuid.uuid4().hex[:8]}"
+    result = asyncio.run(trials.run_trial(seed, workdir, shm, corpus=corpus))
+    if result.problems or keep:
+        print(result.describe(), f"\n  run directory: {workdir}", flush=True)
+    else:
+        shutil.rmtree(workdir, ignore_errors=True)
+    record = dataclasses.asdict(result)
+    record["describe"] = result.describe()
+    record["injected"] = result.injected
+    return record
+
+
+def _run(args: argparse.Namespace, root: Path) -> list[dict[str, object]]:
+    corpus = trials.write_corpus(root)
+    seeds = range(args.seed, args.seed + args.trials)
+    context = multiprocessing.get_context("spawn")  # no torch or asyncio state forked
+    records = []
+    with concurrent.futures.ProcessPoolExecutor(args.jobs, mp_context=context) as pool:
+        futures = [pool.submit(one_trial, s, root, corpus, args.keep) for s in seeds]
+        for future in concurrent.futures.as_completed(futures):
+            record = future.result()
+            records.append(record)
+            print(_line(record, len(records), args.trials), flush=True)
+    return sorted(records, key=lambda r: int(str(r["seed"])))
+
+
+def _line(record: dict[str, object], done: int, total: int) -> str:
+    verdict = "ok" if not record["problems"] else "BROKEN"
+    return (
+        f"[{done}/{total}] seed {record['seed']} {record['kind']}: {record['outcome']} "
+        f"{record['wall_s']:.1f}s {verdict}"
+    )
+
+
+def summarize(records: Iterable[dict[str, object]]) -> dict[str, dict[str, float]]:
+    """Per fault kind and in total: the table's counts (COLUMNS)."""
+    rows: dict[str, dict[str, float]] = {}
+    for record in records:
+        for key in (str(record["kind"]), "all"):
+            row = rows.setdefault(key, dict.fromkeys(COLUMNS[1:], 0.0))
+            _count(row, record)
+    for row in rows.values():
+        row["mean s"] = row["mean s"] / max(1.0, row["trials"])
+    return rows
+
+
+def _count(row: dict[str, float], record: dict[str, object]) -> None:
+    outcome, checkpoint = record["outcome"], record["checkpoint_step"]
+    problems = [str(p) for p in record["problems"]]  # type: ignore[attr-defined]
+    row["trials"] += 1
+    row["faults"] += float(str(record["injected"]))
+    row["survived"] += outcome == "Succeeded"
+    row["susp+ckpt"] += outcome == "Suspended" and checkpoint is not None
+    row["susp-ckpt"] += outcome == "Suspended" and checkpoint is None
+    row["failed"] += outcome == "Failed"
+    row["hangs"] += outcome == "Hung"
+    row["mismatch"] += any("differ from the reference" in p for p in problems)
+    row["leak-pids"] += len(record["leaked_pids"])  # type: ignore[arg-type]
+    row["leak-shm"] += len(record["leaked_shm"])  # type: ignore[arg-type]
+    row["mean s"] += float(str(record["wall_s"]))
+
+
+def table(rows: dict[str, dict[str, float]]) -> str:
+    """The summary as a Markdown table, the kinds in `trials.KINDS` order, then all."""
+    order = [k.value for k in trials.KINDS if k.value in rows] + ["all"]
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    for kind in order:
+        row = rows[kind]
+        cells = [f"{row[c]:.1f}" if c == "mean s" else f"{row[c]:g}" for c in COLUMNS[1:]]
+        lines.append(f"| {kind} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _arguments(argv)
+    root = args.root or Path(tempfile.mkdtemp(prefix="planaria-chaos-"))
+    started = time.monotonic()
+    records = _run(args, root)
+    rows = summarize(records)
+    print(table(rows))
+    broken = [r for r in records if r["problems"]]
+    for record in broken:
+        print(record["describe"])
+    elapsed = time.monotonic() - started
+    print(f"{len(records)} trials in {elapsed:.0f} s; {len(broken)} broke the invariant")
+    if args.json is not None:
+        machine = f"{platform.node()} {platform.machine()} {os.cpu_count()} cores"
+        summary = {"command": sys.argv, "machine": machine, "elapsed_s": elapsed, "rows": rows}
+        args.json.write_text(json.dumps({"summary": summary, "trials": records}, indent=1))
+    if not args.keep and not broken:
+        shutil.rmtree(root, ignore_errors=True)
+    return 1 if broken else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

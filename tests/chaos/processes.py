@@ -1,0 +1,64 @@
+"""Which processes a trial started, and which of them (or of their sessions) outlived it.
+
+A pid alone is not a process: pids are reused, and other tests start processes beside a trial.
+`Recorder` keeps each pid with its start time (`/proc/<pid>/stat` field 22, clock ticks since
+boot), so a later process that happens to get the same pid is not mistaken for a leak. A pid is
+leaked when the same process still exists, running, stopped or as an unreaped zombie; and
+any process whose session is one of the recorded ones (agents run in their own session, so
+anything they spawned stays in it) is leaked too. A session's id is not handed to a new process
+while any member of the session lives, so a member whose leader is gone is still ours.
+
+Linux only (it reads /proc); elsewhere nothing is found, which the tests would notice by never
+recording a pid.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+
+PROC = Path("/proc")
+
+
+def stat(pid: int) -> tuple[str, int, int] | None:
+    """(state letter, session id, start time) of `pid`, None when it does not exist."""
+    try:
+        text = (PROC / str(pid) / "stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    # The command name (field 2) is in parentheses and may hold spaces: split after it.
+    fields = text[text.rindex(")") + 2 :].split()
+    return fields[0], int(fields[3]), int(fields[19])
+
+
+class Recorder:
+    """Every (pid, start time) seen (module docstring)."""
+
+    def __init__(self) -> None:
+        self.started: dict[int, int] = {}
+
+    def add(self, pids: Iterable[int]) -> None:
+        for pid in pids:
+            if pid not in self.started and (found := stat(pid)) is not None:
+                self.started[pid] = found[2]
+
+    def leaked(self) -> tuple[int, ...]:
+        """Recorded processes still there, and any process in their sessions, sorted."""
+        same = {pid for pid, start in self.started.items() if _start(pid) == start}
+        return tuple(sorted(same | self._in_sessions()))
+
+    def _in_sessions(self) -> set[int]:
+        found = set()
+        for entry in PROC.iterdir():
+            info = stat(int(entry.name)) if entry.name.isdigit() else None
+            if info is not None and self._ours(info[1]):
+                found.add(int(entry.name))
+        return found
+
+    def _ours(self, session: int) -> bool:
+        return session in self.started and _start(session) in (None, self.started[session])
+
+
+def _start(pid: int) -> int | None:
+    found = stat(pid)
+    return None if found is None else found[2]

@@ -1,0 +1,423 @@
+"""Chaos trials: one seeded fault schedule against the real system, and its invariant checked.
+
+    result = await run_trial(seed=7, workdir=tmp_path, shm_base=Path("/dev/shm/chaos-7"))
+    assert not result.problems, result.describe()
+
+A trial runs one small job end to end: the controller core (`planaria.control.controller`) over a
+`LocalBackend` whose agents are real `planaria agent` processes training the tiny GPT with gloo.
+Its seed draws everything about the faults up front (`draw`): the kind (see `Kind`), the
+snapshot redundancy, the delay after the job first reaches Running (Profiling or the first
+epoch's set-up for `Kind.EARLY`), the victims in order, the gaps between faults and a returning
+worker's pause. So a seed replays the same schedule; where in a step a fault lands depends on
+the machine's timing, and each `Event` records the phase, epoch and committed step it met.
+
+The invariant (`TrialResult.problems` lists every breach; the outcome checks are `invariant`):
+- the job ends Succeeded with every layer (parameters and AdamW moments) equal to the fault-free
+  `ReferenceTrainer`'s within `local_job.RTOL` in norm, read from the snapshot stores while the
+  finished agents are still up (`_FinalStates`, a status sink), or it ends Suspended with a
+  message that says why and where it resumes, and then the persistent checkpoint it names
+  loads and equals the reference at that step;
+- it ends within `Shape.bound_s` (else it is cancelled, shut down and counted `Outcome.HUNG`);
+- afterwards no process the backend ever started runs or lingers as a zombie, nor any process
+  of their sessions, and the trial's shared-memory base is empty (the backend removes its stores:
+  `keep_snapshots=False`).
+
+Not here: killing the controller itself and network partitions (docs/chaos.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import functools
+import random
+import shutil
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+
+from planaria.agent import data, model, profiler, runtime_states
+from planaria.control import clock, controller
+from planaria.control import status as statuses
+from planaria.local import backend as local_backend
+from planaria.planner import plan, profile, shapes
+from planaria.wire import messages
+from tests.chaos import invariant, processes
+from tests.e2e import local_job
+
+Phase = statuses.Phase
+W = plan.WorkerId
+CORPUS_BYTES = 100_000
+MICRO_BATCH_SIZE = 1
+
+
+class Kind(StrEnum):
+    """The fault a trial injects."""
+
+    KILL = "kill"  # one SIGKILL
+    DOUBLE = "double"  # two SIGKILLs of distinct workers within MAX_GAP_S
+    TRIPLE = "triple"  # three: more than the fault tolerance, often Suspended
+    HANG = "hang"  # SIGSTOP: only the heartbeat timeout can tell
+    RETURNS = "returns"  # SIGKILL, then the worker starts again (a scale-up)
+    EARLY = "early"  # SIGKILL while an agent profiles or the first epoch is set up
+
+
+class Outcome(StrEnum):
+    SUCCEEDED = "Succeeded"
+    SUSPENDED = "Suspended"
+    FAILED = "Failed"
+    HUNG = "Hung"
+
+
+KINDS = tuple(Kind)
+MAX_GAP_S = 1.5
+_FAULTS = {Kind.KILL: 1, Kind.DOUBLE: 2, Kind.TRIPLE: 3, Kind.HANG: 1, Kind.RETURNS: 1}
+# From Profiling, whose ~1-2 s are followed by the first epoch's set-up (seconds on 2 cores);
+# a returning worker is killed early, so its restart (seconds) can come back before the end.
+_DELAY_S = {Kind.EARLY: 3.0, Kind.RETURNS: 0.5}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Shape:
+    """The job every trial runs, and the trial's bounds. Heartbeat and step timeouts are small
+    so a stopped worker is caught within seconds; `window_s` spreads the first fault over
+    about the fault-free run after Running; a Suspended job is ended once it stayed so for
+    `suspended_s`."""
+
+    workers: int = 4
+    steps: int = 12
+    global_batch_size: int = 4
+    model: str = "tiny"
+    returns_model: str = "small"
+    fault_tolerance: int = 1
+    heartbeat_timeout_s: float = 1.5
+    step_timeout_s: float = 4.0
+    window_s: float = 1.5
+    bound_s: float = 120.0
+    suspended_s: float = 1.0
+    stop_grace_s: float = 2.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Draw:
+    """Everything a seed decides (module docstring)."""
+
+    seed: int
+    kind: Kind
+    redundancy: messages.RedundancyMode
+    delay_s: float
+    victims: tuple[plan.WorkerId, ...]
+    gaps_s: tuple[float, ...]
+    rejoin_s: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Event:
+    """One action on a worker, with where the job was when it landed (seconds from the start;
+    `doing`: the start of the status message, e.g. "opening epoch 1" or "epoch 2 running")."""
+
+    at_s: float
+    action: str  # "SIGKILL", "SIGSTOP", "restart", or "skipped ..." when it could not act
+    worker: plan.WorkerId
+    phase: str
+    epoch: int
+    step: int
+    doing: str
+
+    def describe(self) -> str:
+        where = f"{self.phase} epoch {self.epoch} step {self.step}: {self.doing}"
+        return f"{self.at_s:.2f}s {self.action} w{self.worker} ({where})"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TrialResult:
+    """One trial's facts and the invariant's breaches (`problems`, empty when it held)."""
+
+    seed: int
+    kind: Kind
+    redundancy: str
+    events: tuple[Event, ...]
+    outcome: Outcome
+    message: str
+    step: int
+    moves: tuple[str, ...]  # the kind of every recovery and planned move ("dynamic", "scale-up")
+    wall_s: float
+    mismatch: float | None  # max relative error against the reference (None: not compared)
+    checkpoint_step: int | None
+    leaked_pids: tuple[int, ...]
+    leaked_shm: tuple[str, ...]
+    problems: tuple[str, ...]
+
+    @property
+    def injected(self) -> int:
+        return sum(e.action in ("SIGKILL", "SIGSTOP") for e in self.events)
+
+    def describe(self) -> str:
+        events = "; ".join(e.describe() for e in self.events) or "no fault landed"
+        error = "-" if self.mismatch is None else f"{self.mismatch:.1e}"
+        head = (
+            f"seed {self.seed} {self.kind} ({self.redundancy}): {self.outcome} at step "
+            f"{self.step} in {self.wall_s:.1f}s, error {error}, moves {list(self.moves)}; {events}"
+        )
+        return "\n  ".join([head, *self.problems])
+
+
+def draw(seed: int, shape: Shape = Shape()) -> Draw:
+    """The seed's fault schedule (module docstring); the same seed, the same schedule."""
+    rng = random.Random(seed)
+    kind = rng.choice(KINDS)
+    workers = [W(w) for w in range(shape.workers)]
+    return Draw(
+        seed=seed,
+        kind=kind,
+        redundancy=rng.choice((messages.RedundancyMode.XOR, messages.RedundancyMode.COPY)),
+        delay_s=rng.uniform(0.0, _DELAY_S.get(kind, shape.window_s)),
+        victims=tuple(rng.sample(workers, _FAULTS.get(kind, 1))),
+        gaps_s=tuple(rng.uniform(0.0, MAX_GAP_S) for _ in range(2)),
+        rejoin_s=rng.uniform(0.0, 0.5),
+    )
+
+
+def write_corpus(folder: Path) -> Path:
+    """The default corpus (standard-library sources, CORPUS_BYTES) as one file in `folder`."""
+    path = folder / "corpus.txt"
+    if not path.exists():
+        folder.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data.load_default_corpus(max_bytes=CORPUS_BYTES).tobytes())
+    return path
+
+
+async def run_trial(
+    seed: int,
+    workdir: Path,
+    shm_base: Path,
+    shape: Shape = Shape(),
+    corpus: Path | None = None,
+) -> TrialResult:
+    """Run seed `seed`'s trial in `workdir` (run logs, checkpoints) with its snapshot stores
+    under `shm_base`, which is removed afterwards; the result says whether the invariant held.
+    Trials given the same `corpus` file (`write_corpus`) share their reference runs."""
+    schedule = draw(seed, shape)
+    trial = _Trial(schedule, shape, workdir, shm_base, corpus or write_corpus(workdir))
+    try:
+        return await trial.run()
+    finally:
+        shutil.rmtree(shm_base, ignore_errors=True)
+
+
+class _FinalStates:
+    """A status sink that reads the final layer states when Succeeded is published: the
+    agents are FINISHED (their last snapshot complete) and the backend not yet shut down."""
+
+    def __init__(self, settings: local_job.job_settings.JobSettings, shm_base: Path) -> None:
+        self._settings, self._shm_base = settings, shm_base
+        self.plan: Callable[[], plan.Plan | None] = lambda: None
+        self.states: dict[int, model.LayerState] | None = None
+        self.error = ""
+
+    async def publish(self, status: object) -> None:
+        assert isinstance(status, statuses.JobStatus)
+        final = self.plan()
+        if status.phase is not Phase.SUCCEEDED or self.states is not None or final is None:
+            return
+        try:
+            self.states = runtime_states.read_final_states(
+                self._settings.name, self._shm_base, final, self._settings.steps
+            )
+        except Exception as exc:  # the trial's finding, reported with the others
+            self.error = f"final states unreadable: {exc!r}"
+
+
+class _Trial:
+    """One trial's job, faults and checks (module docstring)."""
+
+    def __init__(
+        self, schedule: Draw, shape: Shape, workdir: Path, shm_base: Path, corpus: Path
+    ) -> None:
+        self.draw, self.shape, self.shm_base = schedule, shape, shm_base
+        self.checkpoints = workdir / "checkpoints"
+        training = local_job.training(corpus, checkpoint_dir=self.checkpoints)
+        training = dataclasses.replace(
+            training,
+            redundancy=schedule.redundancy,
+            global_batch_size=shape.global_batch_size,
+            model=shape.returns_model if schedule.kind is Kind.RETURNS else shape.model,
+        )
+        self.settings = local_job.job(
+            f"chaos-{schedule.seed}",
+            training,
+            workers=shape.workers,
+            steps=shape.steps,
+            fault_tolerance=shape.fault_tolerance,
+            heartbeat_timeout_s=shape.heartbeat_timeout_s,
+            step_timeout_s=shape.step_timeout_s,
+            micro_batch_size=MICRO_BATCH_SIZE,
+            profile=None if schedule.kind is Kind.EARLY else _profile(training.model),
+        )
+        self.backend = local_backend.LocalBackend(
+            job=self.settings.name,
+            run_dir=workdir / "run",
+            snapshot_base=shm_base,
+            stop_grace_s=shape.stop_grace_s,
+        )
+        self.sink = _FinalStates(self.settings, shm_base)
+        self.controller = controller.Controller(
+            self.settings, self.backend, clock=clock.RealClock(), sink=self.sink
+        )
+        self.sink.plan = lambda: self.controller.plan
+        self.events: list[Event] = []
+        self.started = time.monotonic()
+        self.pids = processes.Recorder()
+        self.crash = ""  # the controller's own exception, if it raised one
+
+    async def run(self) -> TrialResult:
+        running = asyncio.ensure_future(self.controller.run())
+        helpers = [asyncio.ensure_future(self._inject()), asyncio.ensure_future(self._record())]
+        try:
+            outcome = await self._outcome(running)
+        finally:
+            for task in (*helpers, running):
+                task.cancel()
+            await asyncio.gather(*helpers, running, return_exceptions=True)
+            await self.backend.shutdown()
+        self.pids.add(self.backend.pids.values())
+        return self._result(outcome, time.monotonic() - self.started)
+
+    async def _outcome(self, running: asyncio.Future[statuses.JobStatus]) -> Outcome:
+        """Wait for the job's end, a lasting suspension, or the bound."""
+        deadline = self.started + self.shape.bound_s
+        suspended_since: float | None = None
+        while not running.done():
+            now = time.monotonic()
+            if now > deadline:
+                return Outcome.HUNG
+            if self.controller.status.phase is Phase.SUSPENDED:
+                suspended_since = suspended_since or now
+                if now - suspended_since >= self.shape.suspended_s:
+                    return Outcome.SUSPENDED
+            else:
+                suspended_since = None
+            await asyncio.sleep(local_job.POLL_S)
+        if running.exception() is not None:
+            self.crash = repr(running.exception())
+            return Outcome.FAILED
+        return Outcome(running.result().phase.value)
+
+    async def _record(self) -> None:
+        """Every process the backend starts, restarts included (for the leak check)."""
+        while True:
+            self.pids.add(self.backend.pids.values())
+            await asyncio.sleep(local_job.POLL_S)
+
+    # -- faults -----------------------------------------------------------------------------
+
+    async def _inject(self) -> None:
+        kind = self.draw.kind
+        await self._until(_early if kind is Kind.EARLY else _running)
+        await asyncio.sleep(self.draw.delay_s)
+        signum = signal.SIGSTOP if kind is Kind.HANG else signal.SIGKILL
+        for index, victim in enumerate(self.draw.victims):
+            if index:
+                await asyncio.sleep(self.draw.gaps_s[index - 1])
+            self._signal(victim, signum)
+        if kind is Kind.RETURNS:
+            await self._return(self.draw.victims[0])
+
+    async def _until(self, check: Callable[[statuses.JobStatus], bool]) -> None:
+        while not check(self.controller.status):
+            await asyncio.sleep(local_job.POLL_S)
+
+    def _signal(self, worker: plan.WorkerId, signum: signal.Signals) -> None:
+        if self.backend.running(worker):
+            self.backend.kill(worker, signum)
+            self._event(signum.name, worker)
+        else:
+            self._event(f"skipped {signum.name} (not running)", worker)
+
+    async def _return(self, worker: plan.WorkerId) -> None:
+        with contextlib.suppress(TimeoutError):
+            await self.backend.wait_exited(worker, 10.0)
+        await asyncio.sleep(self.draw.rejoin_s)
+        try:
+            await self.backend.restart(worker)
+        except local_backend.LocalBackendError as exc:  # the job ended first: nothing to join
+            self._event(f"skipped restart ({exc})", worker)
+            return
+        self.pids.add(self.backend.pids.values())
+        self._event("restart", worker)
+
+    def _event(self, action: str, worker: plan.WorkerId) -> None:
+        status = self.controller.status
+        self.events.append(
+            Event(
+                at_s=time.monotonic() - self.started,
+                action=action,
+                worker=worker,
+                phase=status.phase.value,
+                epoch=status.epoch,
+                step=status.step,
+                doing=status.message.split(":")[0],
+            )
+        )
+
+    # -- the invariant ------------------------------------------------------------------------
+
+    def _result(self, outcome: Outcome, wall_s: float) -> TrialResult:
+        status = self.controller.status
+        problems: list[str] = []
+        mismatch = self._check_outcome(outcome, status, problems)
+        leaked_pids = self.pids.leaked()
+        leaked_shm = tuple(sorted(str(p) for p in self.shm_base.glob("*")))
+        if leaked_pids:
+            problems.append(f"processes still there after shutdown: {list(leaked_pids)}")
+        if leaked_shm:
+            problems.append(f"shared memory left: {list(leaked_shm)}")
+        return TrialResult(
+            seed=self.draw.seed,
+            kind=self.draw.kind,
+            redundancy=self.draw.redundancy.value,
+            events=tuple(self.events),
+            outcome=outcome,
+            message=status.message,
+            step=status.step,
+            moves=tuple(r.kind for r in self.controller.recoveries),
+            wall_s=wall_s,
+            mismatch=mismatch,
+            checkpoint_step=status.checkpoint_step,
+            leaked_pids=leaked_pids,
+            leaked_shm=leaked_shm,
+            problems=tuple(problems),
+        )
+
+    def _check_outcome(
+        self, outcome: Outcome, status: statuses.JobStatus, problems: list[str]
+    ) -> float | None:
+        if outcome is Outcome.SUCCEEDED:
+            if self.sink.error:
+                problems.append(self.sink.error)
+            return invariant.succeeded(status, self.sink.states, self.settings, problems)
+        if outcome is Outcome.SUSPENDED:
+            return invariant.suspended(status, self.checkpoints, self.settings, problems)
+        problems.append(f"ended {outcome}: {self.crash or status.message}")
+        return None
+
+
+@functools.cache
+def _profile(model_name: str) -> profile.Profile:
+    """The model's profile, measured once per process and given to the job, so trials other
+    than `Kind.EARLY` skip the Profiling phase (seconds per trial on 2 cores)."""
+    shape = shapes.named(model_name)
+    return profiler.measure_profile(shape, MICRO_BATCH_SIZE, warmup=0, repeats=1)
+
+
+def _running(status: statuses.JobStatus) -> bool:
+    return status.phase is Phase.RUNNING
+
+
+def _early(status: statuses.JobStatus) -> bool:
+    """Profiling has begun (the first epoch's set-up follows it)."""
+    return status.phase is Phase.PROFILING
