@@ -2,13 +2,13 @@
 
 Covers: defaults; camelCase aliases and snake_case names; a bare spec named after its file and a
 whole ResilientJob document named by metadata.name; overrides checked like the file's own
-values; every kind of invalid field (type, range, enum, unknown field, cross-field rules,
-failures, names, not YAML, nested past the YAML parser's recursion, not a mapping, missing
-file) reported as one line with the field path as written in the file and a fix; durations;
-conversion to the controller's JobSettings
-(corpus default, NCCL on cuda, checkpoints only when both dir and interval are given); a fuzz of
-random documents: parsing raises nothing but JobSpecError with a path, and any spec that parses
-converts to settings; every spec field has a description and is documented in docs/running.md.
+values; every kind of invalid field (type, strict numbers as in the CRD, range, enum, unknown
+field, cross-field rules, failures, names, not YAML, nested past the YAML parser's recursion,
+not a mapping, missing file) reported as one line with the field path as written in the file
+and a fix; durations; conversion to the controller's JobSettings (corpus default, NCCL on cuda,
+checkpoints only when both dir and interval are given); a fuzz of random documents: parsing
+raises nothing but JobSpecError with a path, and any spec that parses converts to settings;
+every spec field has a description and is documented in docs/running.md.
 """
 
 from __future__ import annotations
@@ -104,6 +104,10 @@ def test_overrides_replace_the_files_values_and_are_checked_the_same_way() -> No
         ("snapshots: {redundancy: raid}", r"^job.yaml: snapshots.redundancy: must be one of"),
         ("data: {corpusPaths: []}", r"^job.yaml: data.corpusPaths: must not be empty"),
         ("seed: 1.5", r"^job.yaml: seed: must be a whole number"),
+        ("gpusPerNode: true", r"^job.yaml: gpusPerNode: must be a whole number \(got true\)"),
+        ("workers: 4.0", r"^job.yaml: workers: must be a whole number \(got 4.0\)"),
+        ("optimizer: {lr: '0.1'}", r"^job.yaml: optimizer.lr: must be a number \(got \"0.1\"\)"),
+        ("failures: [{time: 1.0e+6}]", r"^job.yaml: failures.0.time: must be a whole number"),
         ("mtbfSeconds: 0", r"^job.yaml: mtbfSeconds: must be > 0"),
         ("globalBatchSize: 30", r"^job.yaml: globalBatchSize: 30 is not a multiple of micro"),
         ("workers: 6\ngpusPerNode: 4", r"^job.yaml: workers: 6 is not a multiple of gpusPerNode"),

@@ -3,7 +3,8 @@
 One schema for both ways of running (issue #8 item 4): a file `planaria run` accepts is a valid
 custom resource, and the Kubernetes adapter validates a ResilientJob's `spec` with the same
 models. Field names are camelCase as in a CRD; snake_case names are accepted too
-(populate_by_name); unknown fields are refused (a typo must not silently become a default).
+(populate_by_name); unknown fields are refused (a typo must not silently become a default), and
+numbers are strict (`true`, `4.0` or "4" is no count).
 Every field carries a description, which the CRD's OpenAPI schema reuses.
 
 A job file is either a bare spec or a whole document:
@@ -54,10 +55,14 @@ class JobSpecError(ValueError):
     """A job file or spec that cannot run; one line naming the field and what to change."""
 
 
+# Numbers are strict, as the CRD's schema is: `true`, `4.0` or "4" for a count and "0.1" for a
+# number are refused, not coerced, so a file `planaria run` accepts is a valid resource (the
+# bad-input fuzz found `gpusPerNode: true` read as 1 where the API server refuses it).
+StrictInt = Annotated[int, pydantic.Field(strict=True)]
 # Counts fit the contract's uint32 fields, byte counts its uint64 ones.
-PositiveInt = Annotated[int, pydantic.Field(ge=1, le=messages.MAX_UINT32)]
-Count = Annotated[int, pydantic.Field(ge=0, le=messages.MAX_UINT32)]
-Seconds = Annotated[float, pydantic.Field(gt=0, allow_inf_nan=False)]
+PositiveInt = Annotated[int, pydantic.Field(strict=True, ge=1, le=messages.MAX_UINT32)]
+Count = Annotated[int, pydantic.Field(strict=True, ge=0, le=messages.MAX_UINT32)]
+Seconds = Annotated[float, pydantic.Field(strict=True, gt=0, allow_inf_nan=False)]
 
 
 def _field(default: Any, description: str, **rules: Any) -> Any:
@@ -76,12 +81,16 @@ class _Model(pydantic.BaseModel):
 class OptimizerSpec(_Model):
     """AdamW's hyper-parameters (constant learning rate)."""
 
-    lr: float = _field(2e-3, "Learning rate.", gt=0, allow_inf_nan=False)
-    beta1: float = _field(0.9, "First-moment decay, in [0, 1).", ge=0, lt=1)
-    beta2: float = _field(0.95, "Second-moment decay, in [0, 1).", ge=0, lt=1)
-    eps: float = _field(1e-8, "Denominator term, > 0.", gt=0, allow_inf_nan=False)
+    lr: float = _field(2e-3, "Learning rate.", strict=True, gt=0, allow_inf_nan=False)
+    beta1: float = _field(0.9, "First-moment decay, in [0, 1).", strict=True, ge=0, lt=1)
+    beta2: float = _field(0.95, "Second-moment decay, in [0, 1).", strict=True, ge=0, lt=1)
+    eps: float = _field(1e-8, "Denominator term, > 0.", strict=True, gt=0, allow_inf_nan=False)
     weight_decay: float = _field(
-        0.0, "Decoupled weight decay of matrices and embeddings, >= 0.", ge=0, allow_inf_nan=False
+        0.0,
+        "Decoupled weight decay of matrices and embeddings, >= 0.",
+        strict=True,
+        ge=0,
+        allow_inf_nan=False,
     )
 
 
@@ -94,8 +103,8 @@ class DataSpec(_Model):
         "Python standard library's *.py sources on each worker.",
         min_length=1,
     )
-    max_bytes: Annotated[int, pydantic.Field(ge=1, le=messages.MAX_UINT64)] | None = _field(
-        None, "Read at most this many bytes of the corpus."
+    max_bytes: Annotated[int, pydantic.Field(strict=True, ge=1, le=messages.MAX_UINT64)] | None = (
+        _field(None, "Read at most this many bytes of the corpus.")
     )
 
 
@@ -144,13 +153,13 @@ class FailureSpec(_Model):
 
     step: PositiveInt | None = _field(None, "Kill the worker once the job reaches this step.")
     # int-or-string, as a CRD schema can state it (x-kubernetes-int-or-string).
-    time: int | str | None = _field(
+    time: StrictInt | str | None = _field(
         None, 'Kill it this long after the run starts: whole seconds or "90s", "1.5m".'
     )
     rejoin_seconds: Seconds | None = _field(
         None, "Start the killed worker again after this many seconds (a returning worker)."
     )
-    worker: int | str = _field(  # int-or-string too
+    worker: StrictInt | str = _field(  # int-or-string too
         "random", 'The worker id to kill, or "random" for a live one chosen at random.'
     )
 
@@ -196,7 +205,7 @@ class TolerationSpec(_Model):
     effect: Literal["", "NoSchedule", "PreferNoSchedule", "NoExecute"] = _field(
         "", "Taint effect to tolerate; empty: every effect."
     )
-    toleration_seconds: int | None = _field(
+    toleration_seconds: StrictInt | None = _field(
         None, "With NoExecute: seconds the pod stays bound after the taint appears.", ge=0
     )
 
@@ -228,7 +237,9 @@ class JobSpec(_Model):
     global_batch_size: PositiveInt = _field(
         32, "Samples per step, a multiple of microBatchSize; never changes with the plan."
     )
-    seed: int = _field(0, "Seed of the parameters and of the sample order.", ge=0, lt=2**64)
+    seed: int = _field(
+        0, "Seed of the parameters and of the sample order.", strict=True, ge=0, lt=2**64
+    )
     optimizer: OptimizerSpec = _field(OptimizerSpec(), "AdamW hyper-parameters.")
     data: DataSpec = _field(DataSpec(), "Training text.")
     device: Literal["cpu", "cuda"] = _field("cpu", "Where workers compute (cuda uses NCCL).")
