@@ -12,6 +12,7 @@ import asyncio
 import ipaddress
 import json
 import pathlib
+import signal
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -208,9 +209,9 @@ async def test_exit_codes_fail_the_pod_and_kill_reports_the_signal(
     terminated = failed["status"]["containerStatuses"][0]["state"]["terminated"]
     assert (terminated["exitCode"], terminated["reason"]) == (3, "Error")
     await until(kube_api, "sleeps", phase("Running"))
-    await kubelet.kill("sleeps")
+    await kubelet.kill("sleeps", container="main", signal=signal.SIGTERM)
     killed = await until(kube_api, "sleeps", phase("Failed"))
-    assert killed["status"]["containerStatuses"][0]["state"]["terminated"]["exitCode"] == 137
+    assert killed["status"]["containerStatuses"][0]["state"]["terminated"]["exitCode"] == 143
 
 
 @pytest.mark.asyncio

@@ -2,9 +2,10 @@
 
 kmock 0.8's `KubernetesEmulator` stores objects as merged dicts without server-owned metadata:
 no uid, resourceVersion, creationTimestamp or generation; the URL's namespace is not stored;
-create answers 200; PUT is not an action; labelSelector and fieldSelector are ignored; a POSTed
-CRD is not discovered; no schemas, garbage collection or pod status; and its request parser
-fails (500) on `/api/v1/namespaces`, and `/api/v1` discovery says groupVersion "/v1". So this
+create answers 200; lists report resourceVersion "..."; PUT is not an action; labelSelector and
+fieldSelector are ignored; a POSTed CRD is not discovered; no schemas, garbage collection or
+pod status; its request parser fails (500) on `/api/v1/namespaces`, and `/api/v1` discovery
+says groupVersion "/v1" (each checked against its source or by a request). So this
 subclasses kmock's stateless `KubernetesScaffold` (kept: its aiohttp server, `/api`, `/apis`,
 `/apis/<group>[/<version>]`, `/version` discovery) and serves every resource URL itself, before
 kmock parses it, from `store.Store`, which has the API server's write semantics.

@@ -160,13 +160,13 @@ class Kubelet:
         self,
         pod: str,
         container: str | None = None,
-        sig: int = signal.SIGKILL,
+        signal: int = signal.SIGKILL,  # the brief's name; the module is not used below
         namespace: str = "default",
     ) -> None:
-        """Send `sig` to one container's process group, or every container's."""
+        """Send `signal` to one container's process group, or every container's."""
         for c in self._pod(pod, namespace).containers.values():
             if container in (None, c.name):
-                _signal_group(c.process, sig)
+                _signal_group(c.process, signal)
 
     async def evict(self, pod: str, namespace: str = "default") -> None:
         """Mark the pod with a DisruptionTarget condition, then delete it (gracefully)."""
