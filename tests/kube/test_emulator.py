@@ -480,20 +480,20 @@ async def test_kopf_runs_embedded_against_the_emulator(widgets: serving.KubeApi)
 
 @pytest.mark.asyncio
 async def test_kopf_peering_keeps_its_identity_in_a_peering_object(
-    kube_api: serving.KubeApi,
+    widgets: serving.KubeApi,
 ) -> None:
-    kube_api.load_crd(samples.peering_crd(clusterwide=False))
+    widgets.load_crd(samples.peering_crd(clusterwide=False))
     peering = {
         "apiVersion": "kopf.dev/v1",
         "kind": "KopfPeering",
         "metadata": {"name": "widgets", "namespace": "default"},
     }
-    kube_api.apply(peering)
+    widgets.apply(peering)
     registry = kopf.OperatorRegistry()
     widget_operator(registry)
 
     def peers() -> Json:
-        obj = kube_api.get("kopf.dev/v1", "KopfPeering", "widgets", "default") or {}
+        obj = widgets.get("kopf.dev/v1", "KopfPeering", "widgets", "default") or {}
         return dict(obj.get("status") or {})
 
     stop = asyncio.Event()
