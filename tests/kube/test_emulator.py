@@ -13,6 +13,7 @@ resources (schemas, CEL): test_emulator_crds.py.
 import asyncio
 import json
 import os
+import pathlib
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -25,7 +26,7 @@ import kubernetes.watch
 import pytest
 
 from tests.kube import samples
-from tests.kube.support import failures, serving, store
+from tests.kube.support import serving
 
 Json = dict[str, Any]
 
@@ -322,15 +323,17 @@ def test_watch_ends_after_timeout_seconds(kube_api: serving.KubeApi) -> None:
         assert stream.read() == b""  # the server closed the stream
 
 
-def test_watch_from_a_forgotten_version_is_expired() -> None:
-    objects = store.Store(history=2)
-    for name in "abc":
-        objects.create(
-            objects.kind("", "v1", "configmaps"), "default", {"metadata": {"name": name}}
-        )
-    with pytest.raises(failures.ApiError) as caught:
-        objects.subscribe(lambda event: None, since=1)
-    assert caught.value.code == 410
+def test_watch_from_a_forgotten_version_is_expired(tmp_path: pathlib.Path) -> None:
+    with serving.serve(tmp_path, history=2) as api:
+        for name in "abc":
+            api.apply({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name}})
+        with _watch(api, f"{samples.PODS}?watch=true&resourceVersion=1") as stream:
+            event = json.loads(stream.readline())
+    assert (event["type"], event["object"]["code"], event["object"]["reason"]) == (
+        "ERROR",
+        410,
+        "Expired",
+    )
 
 
 # -- events, the request log, the kubeconfig ----------------------------------------------------

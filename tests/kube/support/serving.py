@@ -163,7 +163,7 @@ def _kubeconfig(path: pathlib.Path, url: str) -> pathlib.Path:
 
 
 @contextlib.contextmanager
-def serve(directory: pathlib.Path) -> Iterator[KubeApi]:
+def serve(directory: pathlib.Path, *, history: int = 10_000) -> Iterator[KubeApi]:
     """Start an emulator on 127.0.0.1, port 0; its kubeconfig goes into `directory`."""
     loop = asyncio.new_event_loop()
     started: concurrent.futures.Future[tuple[emulator.KubernetesApiEmulator, str]] = (
@@ -174,7 +174,11 @@ def serve(directory: pathlib.Path) -> Iterator[KubeApi]:
 
     async def run() -> None:
         try:
-            async with emulator.KubernetesApiEmulator() as api, kmock.Server(api) as server:
+            objects = store.Store(history=history)  # events kept for watches to resume from
+            async with (
+                emulator.KubernetesApiEmulator(objects=objects) as api,
+                kmock.Server(api) as server,
+            ):
                 started.set_result((api, str(server.url).rstrip("/")))
                 while not stop.is_set():
                     await asyncio.sleep(0.02)
