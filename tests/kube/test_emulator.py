@@ -112,7 +112,15 @@ def test_generation_counts_spec_changes_only(widgets: serving.KubeApi) -> None:
         ("app notin (web),tier", ["c"]),
         ("app=web,tier=front", ["a"]),
     ],
-    ids=lambda value: str(value),
+    ids=[
+        "equality",
+        "inequality also picks pods without the label",
+        "existence",
+        "absence",
+        "set membership",
+        "set exclusion combined with existence",
+        "two equalities",
+    ],
 )
 def test_label_selectors_pick_pods(
     kube_api: serving.KubeApi, selector: str, expected: list[str]
