@@ -125,6 +125,7 @@ def test_overrides_replace_the_files_values_and_are_checked_the_same_way() -> No
         ("failures: [{step: 4, worker: any}]", r"^job.yaml: failures.0.worker: must be a worker"),
         ("failures: [{step: 100}]", r"^job.yaml: failures.0.step: step 100 is not before the"),
         ("failures: [{time: soon}]", r"^job.yaml: failures.0.time: 'soon' is not a duration"),
+        ("failures: [{time: \u0663s}]", r"^job.yaml: failures.0.time: '\u0663s' is not a dura"),
         ("[1, 2]", r"^job.yaml: must be a mapping of spec fields or a ResilientJob document"),
         ("workers: [", r"^job.yaml: not valid YAML at line 1"),
         ("[" * 5000 + "]" * 5000, r"^job.yaml: nested too deeply to be a job file; a job"),

@@ -47,7 +47,8 @@ API_VERSION = "planaria.dev/v1alpha1"
 KIND = "ResilientJob"
 # A Kubernetes object name (RFC 1123 label): it also names the job's snapshot directories.
 NAME_PATTERN = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
-DURATION_PATTERN = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|m|h)?\s*$")
+# ASCII, as the API server's RE2 reads the CRD's pattern: Python's \d would take "٣s" (3 s).
+DURATION_PATTERN = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|m|h)?\s*$", re.ASCII)
 _UNIT_S = {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
 
 
