@@ -716,7 +716,7 @@ def membership_changes(
 # --- bad input: job specs near the valid space (planaria.spec.job; tests/fuzz) ---------------
 
 # Values that break a field's type or range: wrong types, signs, integer widths, non-finite
-# floats, near-misses of durations and enums.
+# floats, near-misses of durations and enums. Drawn as copies: mutations nest into them.
 BAD_LEAVES: tuple[object, ...] = (
     None,
     True,
@@ -840,7 +840,7 @@ def _mutate_at(draw: st.DrawFn, parent: object, key: object) -> None:
     container: Any = parent
     kind = draw(st.sampled_from(["replace", "drop", "twin", "unknown", "wrap", "nest", "number"]))
     if kind == "replace":
-        container[key] = draw(st.sampled_from(BAD_LEAVES))
+        container[key] = draw(st.sampled_from(BAD_LEAVES).map(copy.deepcopy))
     elif kind == "number":
         container[key] = draw(st.integers() | st.floats() | st.text(max_size=6))
     elif kind == "drop":
@@ -871,7 +871,7 @@ def job_spec_mutants(draw: st.DrawFn) -> object:
     for _ in range(draw(st.integers(1, 4))):
         path = draw(st.sampled_from(_paths(document)))
         if not path:
-            return draw(st.sampled_from(BAD_LEAVES))  # not a mapping at all
+            return draw(st.sampled_from(BAD_LEAVES).map(copy.deepcopy))  # not a mapping at all
         parent: Any = document
         for key in path[:-1]:
             parent = parent[key]
