@@ -1,8 +1,9 @@
 """Test helper: `planaria operator` embedded in the test's event loop, against the API emulator.
 
 `running_operator(kube_api, ...)` loads the CRD (`planaria.kube.crd.crd()`), starts the real
-command (`planaria.cli.operator.serve`, kopf with the real handlers) on a task and stops it
-gracefully (kopf's stop flag: running jobs are detached, as in a pod's SIGTERM) on exit.
+command (`planaria.cli.operator.serve`, kopf with the real handlers) in a thread with its own
+event loop and stops it gracefully on exit (kopf's stop flag: running jobs are detached, as
+after a pod's SIGTERM).
 `job_body` builds a ResilientJob; `wait_for` polls a condition on the emulator's objects.
 """
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any, TypeVar
@@ -68,7 +70,7 @@ def emulated_crd() -> dict[str, Any]:
 @contextlib.asynccontextmanager
 async def running_operator(
     kube_api: serving.KubeApi, *extra: str, load_crd: bool = True
-) -> AsyncIterator[asyncio.Task[None]]:
+) -> AsyncIterator[threading.Thread]:
     """The operator, running until the block ends (then stopped gracefully)."""
     if load_crd:
         kube_api.load_crd(emulated_crd())
@@ -80,10 +82,24 @@ async def running_operator(
             *extra,
         ]
     )
-    stop = asyncio.Event()
-    task = asyncio.ensure_future(operator_command.serve(args, stop_flag=stop))
+    stop = threading.Event()
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            asyncio.run(operator_command.serve(args, stop_flag=stop))
+        except BaseException as exc:  # handed to the test below
+            failure.append(exc)
+
+    # Its own thread and loop, as a separate process would be: kopf cancels every task of
+    # its loop created after its start when it stops (the kubelet harness' included).
+    thread = threading.Thread(target=run, name="operator", daemon=True)
+    thread.start()
     try:
-        yield task
+        yield thread
     finally:
         stop.set()
-        await asyncio.wait_for(task, 30)
+        await asyncio.to_thread(thread.join, 30)
+        assert not thread.is_alive(), "the operator did not stop within 30 s"
+        if failure:
+            raise failure[0]

@@ -61,6 +61,8 @@ async def test_a_job_gets_its_service_secrets_and_pods_and_loses_them_when_delet
         assert tls.from_controller_files(pods.secret_files(secret)).job == "tiny"
         agent = kube_api.get("v1", "Secret", constants.agent_secret_name("tiny"), "default")
         assert agent is not None and set(agent["data"]) == set(tls.AGENT_FILES)
+        mine, theirs = pods.secret_files(secret), pods.secret_files(agent)
+        assert theirs[tls.CA_CERT] == mine[tls.CA_CERT]  # one pair, whoever made it
 
         kube_api.delete(constants.API_VERSION, constants.KIND, "tiny", operating.NAMESPACE)
         await operating.wait_for(lambda: operating.get_job(kube_api, "tiny") is None, 30)

@@ -24,6 +24,7 @@ import argparse
 import asyncio
 import logging
 import os
+import threading
 
 from planaria.kube import constants
 
@@ -58,7 +59,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help=f"worker pods' image unless a job sets pod.image (${constants.ENV_AGENT_IMAGE})",
     )
     _port(parser, "--store-port", constants.STORE_PORT, "first port of the jobs' stores (0: any)")
-    _port(parser, "--health-port", constants.HEALTH_PORT, "liveness endpoint /healthz")
+    _port(parser, "--health-port", constants.HEALTH_PORT, "liveness endpoint /healthz (0: none)")
     _port(parser, "--metrics-port", constants.METRICS_PORT, "Prometheus metrics (0: none)")
     parser.add_argument(
         "--reconcile-seconds",
@@ -90,8 +91,9 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-async def serve(args: argparse.Namespace, stop_flag: asyncio.Event | None = None) -> None:
-    """Run the operator until `stop_flag` is set (or kopf's signal handlers stop it)."""
+async def serve(args: argparse.Namespace, stop_flag: threading.Event | None = None) -> None:
+    """Run the operator until `stop_flag` is set (or kopf's signal handlers stop it). kopf
+    takes every task created after its start for its own, so it wants a loop of its own."""
     import kopf  # heavy: only when the operator runs
 
     from planaria.kube import api, exporter, handlers, jobs
@@ -112,7 +114,9 @@ async def serve(args: argparse.Namespace, stop_flag: asyncio.Event | None = None
             standalone=bool(args.standalone),
             peering_name=None if args.standalone else args.peering,
             namespaces=list(args.namespace),
-            liveness_endpoint=f"http://0.0.0.0:{args.health_port}/healthz",
+            liveness_endpoint=f"http://0.0.0.0:{args.health_port}/healthz"
+            if args.health_port
+            else None,
             memo=kopf.Memo(jobs=running),
             stop_flag=stop_flag,
         )

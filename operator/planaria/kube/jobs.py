@@ -18,7 +18,9 @@ that ended (Succeeded or Failed) stopped its agents and deleted its pods itself;
 ResilientJob keeps the final status, and an operator restart does not run it again.
 
 The TLS credentials (issue #10) are issued once per job into two Secrets owned by the job: the
-agents' (mounted into the pods) and the controller's, read back after an operator restart.
+controller's (CA, controller and agent certificates and keys; read back after an operator
+restart) and the agents' (CA certificate, agent certificate and key; mounted into the pods),
+always made from the controller's, so the two match whoever creates them first.
 
 Errors: `job.JobSpecError` from `validate`; `api.KubeError` from the API (kopf retries the
 handler or the daemon); `tls.TlsError` for a controller Secret that does not load.
@@ -44,6 +46,11 @@ from planaria.spec import job
 
 LOG = logging.getLogger(__name__)
 ENDED = ("Succeeded", "Failed")
+# The controller Secret also keeps the agents' certificate and key, so that the agents' Secret
+# is always made from the one controller Secret that won (the daemon and the create handler may
+# both get there first; two replicas may too): a mismatched pair would fail every handshake.
+AGENT_CERT = "agent.crt"
+AGENT_KEY = "agent.key"
 Key = tuple[str, str]  # (namespace, name)
 
 
@@ -112,24 +119,37 @@ class Jobs:
         return await self._credentials(owner)
 
     async def _credentials(self, owner: pods.Owner) -> tls.ControllerTls:
+        """The job's controller TLS; the Secrets are made once, race-free (module docstring)."""
+        files = await self._controller_secret(owner)
+        agent_files = {
+            tls.CA_CERT: files[tls.CA_CERT],
+            tls.CERT: files[AGENT_CERT],
+            tls.KEY: files[AGENT_KEY],
+        }
+        agent = pods.secret(owner, constants.agent_secret_name(owner.name), agent_files)
+        with contextlib.suppress(api.Conflict):  # made before, from the same controller Secret
+            await self.client.create(api.SECRETS, owner.namespace, agent)
+        return tls.from_controller_files({k: files[k] for k in tls.CONTROLLER_FILES})
+
+    async def _controller_secret(self, owner: pods.Owner) -> dict[str, bytes]:
+        """The controller Secret's files: read back, or issued and created (on a lost race,
+        the winner's)."""
         name = constants.controller_secret_name(owner.name)
         try:
-            found = await self.client.get(api.SECRETS, owner.namespace, name)
-            return tls.from_controller_files(pods.secret_files(found))
+            return pods.secret_files(await self.client.get(api.SECRETS, owner.namespace, name))
         except api.NotFound:
             pass
         creds = tls.issue(owner.name)
-        agent = pods.secret(owner, constants.agent_secret_name(owner.name), tls.agent_files(creds))
-        mine = pods.secret(owner, name, tls.controller_files(creds))
-        # The agents' Secret first: a controller Secret without it would never be completed.
-        with contextlib.suppress(api.Conflict):
-            await self.client.create(api.SECRETS, owner.namespace, agent)
+        files = {
+            **tls.controller_files(creds),
+            AGENT_CERT: creds.agent_cert_pem,
+            AGENT_KEY: creds.agent_key_pem,
+        }
         try:
-            await self.client.create(api.SECRETS, owner.namespace, mine)
-        except api.Conflict:  # another pass made it first: use theirs
-            found = await self.client.get(api.SECRETS, owner.namespace, name)
-            return tls.from_controller_files(pods.secret_files(found))
-        return tls.controller_tls(creds)
+            await self.client.create(api.SECRETS, owner.namespace, pods.secret(owner, name, files))
+        except api.Conflict:
+            return pods.secret_files(await self.client.get(api.SECRETS, owner.namespace, name))
+        return files
 
     async def run(
         self, body: Mapping[str, Any], spec: job.JobSpec, stopped: Any, emit: reporting.Emit
