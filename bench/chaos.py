@@ -9,7 +9,7 @@ message and a persistent checkpoint equal to the reference at its step; no hang 
 no leaked process or shared-memory store. `--jobs` trials run at once in separate processes
 (on 2 cores, 1 keeps the heartbeat timings honest). A trial that breaks the invariant is printed
 with its seed at once; replay it alone with `--trials 1 --seed S --keep` (its run directory,
-with every worker's log, is kept and printed).
+with the controller's log and every worker's, is kept and printed).
 
 Printed: one line per trial, then per fault kind: trials, faults injected, Succeeded (survived),
 Suspended with a checkpoint, Suspended without one (no checkpoint written yet), Failed, hangs,
@@ -24,6 +24,7 @@ import asyncio
 import concurrent.futures
 import dataclasses
 import json
+import logging
 import multiprocessing
 import os
 import platform
@@ -72,7 +73,17 @@ def one_trial(seed: int, root: Path, corpus: Path, keep: bool) -> dict[str, obje
     """Run one trial in this process; its record as plain data (`TrialResult` fields)."""
     workdir = root / f"seed-{seed}"
     shm = SHM / f"planaria-chaos-{seed}-{uuid.uuid4().hex[:8]}"
-    result = asyncio.run(trials.run_trial(seed, workdir, shm, corpus=corpus))
+    workdir.mkdir(parents=True, exist_ok=True)
+    log = logging.FileHandler(workdir / "controller.log")
+    log.setFormatter(logging.Formatter("%(relativeCreated)8.0f ms %(name)s %(message)s"))
+    planaria = logging.getLogger("planaria")
+    planaria.setLevel(logging.INFO)
+    planaria.addHandler(log)
+    try:
+        result = asyncio.run(trials.run_trial(seed, workdir, shm, corpus=corpus))
+    finally:
+        planaria.removeHandler(log)
+        log.close()
     if result.problems or keep:
         print(result.describe(), f"\n  run directory: {workdir}", flush=True)
     else:

@@ -9,7 +9,8 @@ asserts the invariant: Succeeded equal to the fault-free reference or Suspended 
 message and a checkpoint equal to the reference at its step, within the bound, with no process
 or shared-memory store left behind, and that every fault of the schedule landed.
 
-Also: the leak check itself finds a process that is still there.
+Also: the leak check itself finds a process that is still there; and a known failure (strict
+xfail): every worker paused (SIGSTOP, then SIGCONT) past the heartbeat timeout.
 """
 
 from __future__ import annotations
@@ -68,3 +69,19 @@ def test_the_leak_check_finds_a_process_that_is_still_there() -> None:
         child.kill()
         child.wait()
     assert recorder.leaked() == ()
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a pause of every worker past the heartbeat timeout suspends the job ('every worker "
+    "of the plan is lost') and it never resumes: the workers beat again but never join, so "
+    "the controller waits for arrivals while the agents train on to the end (docs/chaos.md)",
+)
+@pytest.mark.asyncio
+async def test_a_pause_of_every_worker_is_survived(corpus: Path, shm: Path, tmp_path: Path) -> None:
+    # Suspended is fine while they are stopped; 10 s after they go on, it should be over.
+    shape = trials.Shape(workers=2, bound_s=45.0, suspended_s=10.0)
+    result = await trials.run_trial(2, tmp_path, shm, shape, corpus, kind=trials.Kind.STALL)
+    assert result.injected == 2, result.describe()
+    assert result.outcome is trials.Outcome.SUCCEEDED, result.describe()
+    assert not result.problems, result.describe()

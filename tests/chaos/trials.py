@@ -64,6 +64,9 @@ class Kind(StrEnum):
     HANG = "hang"  # SIGSTOP: only the heartbeat timeout can tell
     RETURNS = "returns"  # SIGKILL, then the worker starts again (a scale-up)
     EARLY = "early"  # SIGKILL while an agent profiles or the first epoch is set up
+    # Every worker SIGSTOPped past the heartbeat timeout, then SIGCONT (a paused machine).
+    # Only on request (`draw(kind=...)`), never drawn: a known failure (docs/chaos.md).
+    STALL = "stall"
 
 
 class Outcome(StrEnum):
@@ -73,7 +76,7 @@ class Outcome(StrEnum):
     HUNG = "Hung"
 
 
-KINDS = tuple(Kind)
+KINDS = tuple(k for k in Kind if k is not Kind.STALL)  # the kinds a seed draws from
 MAX_GAP_S = 1.5
 _FAULTS = {Kind.KILL: 1, Kind.DOUBLE: 2, Kind.TRIPLE: 3, Kind.HANG: 1, Kind.RETURNS: 1}
 # From Profiling, whose ~1-2 s are followed by the first epoch's set-up (seconds on 2 cores);
@@ -166,17 +169,19 @@ class TrialResult:
         return "\n  ".join([head, *self.problems])
 
 
-def draw(seed: int, shape: Shape = Shape()) -> Draw:
-    """The seed's fault schedule (module docstring); the same seed, the same schedule."""
+def draw(seed: int, shape: Shape = Shape(), kind: Kind | None = None) -> Draw:
+    """The seed's fault schedule (module docstring); the same seed, the same schedule. `kind`
+    replaces the drawn kind (the rest is drawn as without it)."""
     rng = random.Random(seed)
-    kind = rng.choice(KINDS)
+    drawn = rng.choice(KINDS)
+    kind = kind or drawn
     workers = [W(w) for w in range(shape.workers)]
     return Draw(
         seed=seed,
         kind=kind,
         redundancy=rng.choice((messages.RedundancyMode.XOR, messages.RedundancyMode.COPY)),
         delay_s=rng.uniform(0.0, _DELAY_S.get(kind, shape.window_s)),
-        victims=tuple(rng.sample(workers, _FAULTS.get(kind, 1))),
+        victims=tuple(rng.sample(workers, _FAULTS.get(kind, shape.workers))),
         gaps_s=tuple(rng.uniform(0.0, MAX_GAP_S) for _ in range(2)),
         rejoin_s=rng.uniform(0.0, 0.5),
     )
@@ -197,11 +202,13 @@ async def run_trial(
     shm_base: Path,
     shape: Shape = Shape(),
     corpus: Path | None = None,
+    kind: Kind | None = None,
 ) -> TrialResult:
     """Run seed `seed`'s trial in `workdir` (run logs, checkpoints) with its snapshot stores
     under `shm_base`, which is removed afterwards; the result says whether the invariant held.
-    Trials given the same `corpus` file (`write_corpus`) share their reference runs."""
-    schedule = draw(seed, shape)
+    Trials given the same `corpus` file (`write_corpus`) share their reference runs; `kind`
+    replaces the seed's fault kind."""
+    schedule = draw(seed, shape, kind)
     trial = _Trial(schedule, shape, workdir, shm_base, corpus or write_corpus(workdir))
     try:
         return await trial.run()
@@ -319,6 +326,9 @@ class _Trial:
         kind = self.draw.kind
         await self._until(_early if kind is Kind.EARLY else _running)
         await asyncio.sleep(self.draw.delay_s)
+        if kind is Kind.STALL:
+            await self._stall()
+            return
         signum = signal.SIGSTOP if kind is Kind.HANG else signal.SIGKILL
         for index, victim in enumerate(self.draw.victims):
             if index:
@@ -326,6 +336,14 @@ class _Trial:
             self._signal(victim, signum)
         if kind is Kind.RETURNS:
             await self._return(self.draw.victims[0])
+
+    async def _stall(self) -> None:
+        """Stop every victim at once, past the heartbeat timeout, then let them go on."""
+        for victim in self.draw.victims:
+            self._signal(victim, signal.SIGSTOP)
+        await asyncio.sleep(self.shape.heartbeat_timeout_s + 1.0)
+        for victim in self.draw.victims:
+            self._signal(victim, signal.SIGCONT)
 
     async def _until(self, check: Callable[[statuses.JobStatus], bool]) -> None:
         while not check(self.controller.status):
