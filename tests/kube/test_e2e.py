@@ -8,7 +8,7 @@ Covered: a job runs to Succeeded with the CRD status showing its steps; one pod'
 pids), the status shows the recovery (lastRecovery tier, seconds, reason) and a Recovered
 Event, the dead pod is replaced, and the job Succeeds; the operator stopped mid-job and a new
 one started -> the job goes on with the same agent processes and Succeeds; every API request
-the operator made is covered by `constants.RBAC_RULES`.
+the operator made is covered by `constants.RBAC_RULES`; a job that ended has its pods deleted.
 """
 
 from __future__ import annotations
@@ -57,6 +57,10 @@ def _status(kube_api: serving.KubeApi, name: str) -> dict[str, Any]:
     return status
 
 
+def _pods(kube_api: serving.KubeApi, job: str) -> list[dict[str, Any]]:
+    return operating.pods_of(kube_api, job)
+
+
 def _pids(harness: kubelet.Kubelet, pods: tuple[str, ...]) -> dict[str, int]:
     return {p.pod: p.pid for p in harness.processes() if p.pod in pods and p.returncode is None}
 
@@ -82,6 +86,8 @@ def _assert_rbac_covers(calls: list[emulator.ApiCall]) -> None:
         )
     ]
     assert not outside, f"requests outside RBAC_RULES: {outside}"
+    used = sorted({(c.group, c.resource, c.subresource or "", c.verb) for c in ours})
+    print(f"operator API calls (group, resource, subresource, verb): {used}")
 
 
 @pytest.mark.asyncio
@@ -95,6 +101,11 @@ async def test_a_killed_pod_is_survived_without_restarting_the_others(
         )
         before = _pids(kubelet, ("kill-0", "kill-2"))
         assert len(before) == 2
+        (old,) = [
+            p["metadata"]["uid"]
+            for p in _pods(kube_api, "kill")
+            if p["metadata"]["name"] == "kill-1"
+        ]
         await kubelet.kill("kill-1")
         # The survivors may break their epoch before worker 1's death reaches the controller:
         # then a regroup comes first (no worker failed) and the loss of worker 1 after it.
@@ -108,9 +119,20 @@ async def test_a_killed_pod_is_survived_without_restarting_the_others(
         assert recovery["reason"] and recovery["tier"] in ("kept", "live_replica")
         await _until(kube_api, "kill", lambda s: s["lastRecovery"]["seconds"] > 0, "its seconds")
         assert _pids(kubelet, ("kill-0", "kill-2")) == before  # reconfigured, not restarted
+        # The timer replaces the failed pod, so worker 1 can come back.
+        await operating.wait_for(
+            lambda: [
+                p
+                for p in _pods(kube_api, "kill")
+                if p["metadata"]["uid"] not in (old,) and p["metadata"]["name"] == "kill-1"
+            ],
+            60,
+            "a replacement of pod kill-1",
+        )
         final = await _until(kube_api, "kill", lambda s: s.get("phase") in ENDED, "the end")
         assert final["phase"] == "Succeeded", final.get("message")
         assert final["step"] == 30 and final["recoveries"] >= 1
+        await operating.wait_for(lambda: not _pods(kube_api, "kill"), 30, "the pods deleted")
         events = kube_api.list("v1", "Event", operating.NAMESPACE)
         assert any(e.get("reason") == "Recovered" for e in events)
     _assert_rbac_covers(kube_api.requests)
@@ -142,4 +164,5 @@ async def test_an_operator_restarted_mid_job_adopts_the_running_agents(
         final = await _until(kube_api, "adopt", lambda s: s.get("phase") in ENDED, "the end")
         assert final["phase"] == "Succeeded", final.get("message")
         assert final["step"] == 40
+        await operating.wait_for(lambda: not _pods(kube_api, "adopt"), 30, "the pods deleted")
     _assert_rbac_covers(kube_api.requests)

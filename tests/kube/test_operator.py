@@ -109,3 +109,24 @@ async def test_an_invalid_spec_is_reported_and_a_valid_job_still_runs_after_it(
 
         kube_api.apply(operating.job_body("good", **SPEC))
         await operating.wait_for(lambda: len(operating.pods_of(kube_api, "good")) == 2)
+
+
+@pytest.mark.asyncio
+async def test_a_deleted_worker_pod_is_created_again(kube_api: serving.KubeApi) -> None:
+    async with operating.running_operator(kube_api):
+        kube_api.apply(operating.job_body("again", **SPEC))
+        await operating.wait_for(lambda: len(operating.pods_of(kube_api, "again")) == 2)
+        (old,) = [
+            p["metadata"]["uid"]
+            for p in operating.pods_of(kube_api, "again")
+            if p["metadata"]["name"] == "again-1"
+        ]
+        kube_api.delete("v1", "Pod", "again-1", operating.NAMESPACE)
+
+        def replaced() -> bool:
+            pods = operating.pods_of(kube_api, "again")
+            return any(
+                p["metadata"]["name"] == "again-1" and p["metadata"]["uid"] != old for p in pods
+            )
+
+        await operating.wait_for(replaced, what="a new pod again-1")

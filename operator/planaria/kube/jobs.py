@@ -15,7 +15,8 @@ Stopping (`stopped`, kopf's flag): an operator exiting or pausing (another repli
 detaches the controller, leaving the agents training for the successor to adopt; a deleted
 job stops its agents and deletes its pods (owned objects also go by garbage collection). A job
 that ended (Succeeded or Failed) stopped its agents and deleted its pods itself; its
-ResilientJob keeps the final status, and an operator restart does not run it again.
+ResilientJob keeps the final status, and an operator restart does not run it again (it only
+deletes pods left behind by an operator stopped between the final status and the cleanup).
 
 The TLS credentials (issue #10) are issued once per job into two Secrets owned by the job: the
 controller's (CA, controller and agent certificates and keys; read back after an operator
@@ -158,8 +159,9 @@ class Jobs:
         set (module docstring)."""
         owner = pods.Owner.of(body)
         status: Mapping[str, Any] = body.get("status") or {}
-        if status.get("phase") in ENDED:
-            return  # ended before: the final status stands
+        if status.get("phase") in ENDED:  # the final status stands; leftovers go
+            await self._remove_pods(owner)
+            return
         controller_tls = await self.prepare(body, spec)
         states = journal.ConfigMapJournal(self.client, owner)
         adopt = await states.read()
@@ -191,6 +193,14 @@ class Jobs:
             await writer.flush()
         finally:
             del self.running[key], self.metrics[key]
+
+    async def _remove_pods(self, owner: pods.Owner) -> None:
+        """Delete the pods of a job that ended (an operator that stopped right after the final
+        status was written, before deleting them, left them behind)."""
+        selector = f"{constants.LABEL_JOB}={owner.name}"
+        for pod in await self.client.list(api.PODS, owner.namespace, labels=selector):
+            with contextlib.suppress(api.NotFound):
+                await self.client.delete(api.PODS, owner.namespace, pod["metadata"]["name"])
 
     def _writer(
         self, owner: pods.Owner, body: Mapping[str, Any], spec: job.JobSpec, emit: reporting.Emit
