@@ -81,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
             name = "--" + flag.replace("_", "-")
             raise OperatorCommandError(f"{name} {getattr(args, flag)}: give a port in [0, 65535]")
     if not args.reconcile_seconds > 0:
-        raise OperatorCommandError(f"--reconcile-seconds {args.reconcile_seconds}: give S > 0")
+        raise OperatorCommandError(f"--reconcile-seconds {args.reconcile_seconds:g}: give S > 0")
     if not args.agent_image:
         raise OperatorCommandError(
             f"no agent image; give --agent-image or set {constants.ENV_AGENT_IMAGE}"
