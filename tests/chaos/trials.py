@@ -4,7 +4,8 @@
     assert not result.problems, result.describe()
 
 A trial runs one small job end to end: the controller core (`planaria.control.controller`) over a
-`LocalBackend` whose agents are real `planaria agent` processes training the tiny GPT with gloo.
+`LocalBackend` whose agents are real `planaria agent` processes training a GPT with gloo (tiny;
+small for `Kind.RETURNS`, whose steps must outlast a restart).
 Its seed draws everything about the faults up front (`draw`): the kind (see `Kind`), the
 snapshot redundancy, the delay after the job first reaches Running (Profiling or the first
 epoch's set-up for `Kind.EARLY`), the victims in order, the gaps between faults and a returning
