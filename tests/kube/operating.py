@@ -76,7 +76,8 @@ async def running_operator(
         kube_api.load_crd(emulated_crd())
     args = main.build_parser().parse_args(
         [
-            *("operator", "--namespace", NAMESPACE, "--standalone"),
+            *("operator", "--namespace", NAMESPACE),
+            *(() if "--peering" in extra else ("--standalone",)),
             *("--agent-image", "planaria:test", "--store-port", "0"),
             *("--health-port", "0", "--metrics-port", "0", "--reconcile-seconds", "0.3"),
             *extra,

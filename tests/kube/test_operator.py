@@ -6,11 +6,14 @@ loads as the job's credentials) and one pod per node, all owned by the job; an i
 phase Invalid with a SpecValid condition saying what to fix and a Warning Event, and the
 operator still handles a valid job afterwards; deleting a job removes everything it owns;
 every API request the operator sent is covered by `constants.RBAC_RULES` (the rules never
-exercised are printed, for the report).
+exercised are printed, for the report); a deleted worker pod is created again; with peering, two
+replicas get distinct priorities and the second takes over when the first stops.
 """
 
 from __future__ import annotations
 
+import contextlib
+import pathlib
 from typing import Any
 
 import pytest
@@ -20,6 +23,7 @@ from planaria.rpc import tls
 from tests.kube import operating
 from tests.kube.support import emulator, serving
 
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 SPEC = {"model": "tiny", "workers": 4, "gpusPerNode": 2, "steps": 5, "globalBatchSize": 8}
 
 
@@ -130,3 +134,32 @@ async def test_a_deleted_worker_pod_is_created_again(kube_api: serving.KubeApi) 
             )
 
         await operating.wait_for(replaced, what="a new pod again-1")
+
+
+@pytest.mark.asyncio
+async def test_with_peering_a_second_replica_takes_over_when_the_first_stops(
+    kube_api: serving.KubeApi,
+) -> None:
+    kube_api.load_crd(ROOT / "charts" / "planaria" / "crds" / "kopfpeerings.yaml")
+    peering = {"apiVersion": "kopf.dev/v1", "kind": "KopfPeering"}
+    kube_api.apply({**peering, "metadata": {"name": "planaria", "namespace": "default"}})
+    flags = ("--peering", "planaria")
+    async with contextlib.AsyncExitStack() as second:
+        async with operating.running_operator(kube_api, *flags):
+            await second.enter_async_context(
+                operating.running_operator(kube_api, *flags, load_crd=False)
+            )
+
+            def replicas() -> list[int]:
+                found = kube_api.get("kopf.dev/v1", "KopfPeering", "planaria", "default") or {}
+                return [peer["priority"] for peer in (found.get("status") or {}).values()]
+
+            priorities = await operating.wait_for(lambda: len(replicas()) == 2 and replicas())
+            assert len(set(priorities)) == 2  # distinct: kopf would pause both on a tie
+            kube_api.apply(operating.job_body("peer", **SPEC))
+            await operating.wait_for(lambda: len(operating.pods_of(kube_api, "peer")) == 2)
+        # The first replica stopped (its peering record goes with it): the second works now.
+        kube_api.delete("v1", "Pod", "peer-1", operating.NAMESPACE)
+        await operating.wait_for(
+            lambda: len(operating.pods_of(kube_api, "peer")) == 2, 30, "peer-1 created again"
+        )

@@ -9,10 +9,12 @@ The Kubernetes composition root (docs/operator.md): kopf runs the handlers of
 pods as workers. Login is kopf's own (the pod's service account in a cluster, else KUBECONFIG)
 and so is `planaria.kube.api`'s. `--peering NAME` elects one active replica among several
 through kopf's peering object NAME (the others pause and take over when it goes); `--standalone`
-runs one replica without it. The liveness endpoint is `/healthz` on --health-port; job metrics
-are Prometheus text on --metrics-port (`planaria.control.metrics`, labelled by job). The pod's
-IP, where the jobs' rendezvous stores listen, comes from POD_IP (the downward API; 127.0.0.1
-when unset); the agent image from --agent-image, else PLANARIA_AGENT_IMAGE.
+runs one replica without it. Each replica's peering priority is its start time (earlier is
+higher), since kopf pauses all replicas that share the highest priority. The liveness endpoint
+is `/healthz` on --health-port; job metrics are Prometheus text on --metrics-port
+(`planaria.control.metrics`, labelled by job). The pod's IP, where the jobs' rendezvous stores
+listen, comes from POD_IP (the downward API; 127.0.0.1 when unset); the agent image from
+--agent-image, else PLANARIA_AGENT_IMAGE.
 
 Exit status: 0 after SIGTERM/SIGINT (kopf's graceful stop: running jobs are detached, not
 stopped, and the next operator adopts them), 2 for a bad option.
@@ -25,6 +27,7 @@ import asyncio
 import logging
 import os
 import threading
+import time
 
 from planaria.kube import constants
 
@@ -91,6 +94,13 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _priority() -> int:
+    """This replica's kopf peering priority. kopf pauses *every* replica when several share the
+    highest priority, so each gets its own: the earlier started, the higher. The oldest live
+    replica works; the others pause and, in start order, take over when it goes."""
+    return -(time.time_ns() // 1_000_000)
+
+
 async def serve(args: argparse.Namespace, stop_flag: threading.Event | None = None) -> None:
     """Run the operator until `stop_flag` is set (or kopf's signal handlers stop it). kopf
     takes every task created after its start for its own, so it wants a loop of its own."""
@@ -110,7 +120,9 @@ async def serve(args: argparse.Namespace, stop_flag: threading.Event | None = No
     try:
         await kopf.operator(
             registry=handlers.registry(reconcile_s=args.reconcile_seconds),
-            settings=handlers.settings(peering=None if args.standalone else args.peering),
+            settings=handlers.settings(
+                peering=None if args.standalone else args.peering, priority=_priority()
+            ),
             standalone=bool(args.standalone),
             peering_name=None if args.standalone else args.peering,
             namespaces=list(args.namespace),
