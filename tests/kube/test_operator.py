@@ -150,11 +150,12 @@ async def test_with_peering_a_second_replica_takes_over_when_the_first_stops(
                 operating.running_operator(kube_api, *flags, load_crd=False)
             )
 
-            def replicas() -> list[int]:
+            def replicas() -> list[int] | None:
                 found = kube_api.get("kopf.dev/v1", "KopfPeering", "planaria", "default") or {}
-                return [peer["priority"] for peer in (found.get("status") or {}).values()]
+                listed = [peer["priority"] for peer in (found.get("status") or {}).values()]
+                return listed if len(listed) == 2 else None
 
-            priorities = await operating.wait_for(lambda: len(replicas()) == 2 and replicas())
+            priorities = await operating.wait_for(replicas, what="two replicas in the peering")
             assert len(set(priorities)) == 2  # distinct: kopf would pause both on a tie
             kube_api.apply(operating.job_body("peer", **SPEC))
             await operating.wait_for(lambda: len(operating.pods_of(kube_api, "peer")) == 2)
