@@ -24,9 +24,9 @@ from planaria.spec import job, job_file
 from tests.fuzz import verdicts
 
 SOURCE = "job.yaml"
-# A field path as the messages write it: camelCase names, list indexes, '.'-joined; a node
-# selector's label keys may hold '/', '-' and '.' (a bad key is named as it was written).
-_PATH = r"[A-Za-z0-9_\[\]/.-]+"
+# A field path as the messages write it: names and list indexes, '.'-joined; a bad or unknown
+# key is named as it was written (any characters but a colon or a line break).
+_PATH = r"[^:\n]+?"
 _FIELD_LINE = re.compile(rf"^{re.escape(SOURCE)}: (\(top level\)|{_PATH}): \S")
 # What a file that is no spec mapping at all is told (there is no field to name).
 _WHOLE_FILE = (
