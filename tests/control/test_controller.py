@@ -226,3 +226,33 @@ async def test_the_fakes_implement_the_ports() -> None:
     ticking: ports.Clock = clock
     assert backend.store.port > 0 and port.worker == 0 and ticking.monotonic() == 0.0
     assert dataclasses.is_dataclass(agent)
+
+
+async def test_every_worker_silent_for_a_while_then_back_goes_on_in_the_same_epoch() -> None:
+    # A stalled machine: all agents stop beating and stepping past the heartbeat timeout
+    # (1 s), then carry on; their group never broke (chaos seed 2, kind stall).
+    run = scenarios.Run(scenarios.job(steps=40))
+    await run.until(lambda: run.step() >= 5)
+    for agent in run.cluster.agents.values():
+        agent.hung = True
+    await run.until(lambda: run.controller.status.phase is status.Phase.SUSPENDED, limit_s=10)
+    await run.clock.advance(0.5)
+    for agent in run.cluster.agents.values():
+        agent.hung = False
+    final = await run.finish()
+    assert final.phase is status.Phase.SUCCEEDED, final.message
+    assert final.step == 40 and final.epoch == 1
+
+
+async def test_a_worker_back_from_silence_is_taken_in_again() -> None:
+    run = scenarios.Run(scenarios.job(steps=80, policy="dynamic"))
+    await run.until(lambda: run.step() >= 5)
+    run.cluster.hang(3)
+    await run.until(lambda: run.controller.epoch == 2 and run.step() >= 10)
+    assert 3 not in run.cluster.sent[2][0].plan.workers
+    agent = run.cluster.agent(3)
+    agent.hung = False
+    agent.latch(messages.ErrorKind.PEER_LOST, "its old group broke while it was stopped")
+    await run.until(lambda: 3 in run.cluster.sent[run.controller.epoch][0].plan.workers)
+    final = await run.finish()
+    assert final.phase is status.Phase.SUCCEEDED and final.live_workers == 8

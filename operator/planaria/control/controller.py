@@ -13,7 +13,10 @@ agent, broken streams, backend events), looks at the epoch, acts, and publishes 
   at the survivors' oldest committed step (`failures`), ask the planner per the job's policy
   (`planning`), Configure a new epoch, wait (bounded) until every worker runs in it;
 - a preemption notice: the same move planned ahead, switching at a future step boundary;
-- a JOINED worker: a planned scale-up to the templates' best plan over the live workers;
+- a JOINED worker, or one heard again after a silence that the plan left out: a planned
+  scale-up to the templates' best plan over the live workers;
+- a suspended epoch whose workers were only silent (a stalled machine) and still train in it:
+  Running again, in the same epoch;
 - no plan for the survivors, or a layer no recovery tier holds: Suspended, until workers join
   or an older checkpoint can be resumed.
 Every wait is bounded by the job's timeouts, so a second failure during a recovery, an agent
@@ -109,6 +112,7 @@ class Controller:
         self._from_snapshot = False  # the open epoch resumed a suspension from host memory
         self._snapshot_failed = False  # ... and failed: the next resume uses the checkpoint
         self._unheard_since: float | None = None  # a resume waits for returning workers' beats
+        self._was_live: set[plans.WorkerId] = set()  # live at the previous pass
 
     # -- the public face -------------------------------------------------------------------
 
@@ -229,6 +233,7 @@ class Controller:
             if await self._lines.connect(worker):
                 self._arrivals.add(worker)
         now = self._clock.monotonic()
+        self._note_returns(now)
         if self._phase is statuses.Phase.SUSPENDED:
             await self._try_resume()
         elif self._epochs.finished():
@@ -241,6 +246,18 @@ class Controller:
         elif self._arrivals:
             await self._scale_up()
         await self._publish()
+
+    def _note_returns(self, now: float) -> None:
+        """Workers heard again after a silence (a stalled machine, a stopped process) count as
+        arrivals when the running plan does not hold them: a scale-up or a resume may use them.
+        (Restarted processes arrive through the backend's JOINED events instead.)"""
+        live = self._roster.live(now)
+        held = set(self._epochs.plan.workers) if self._epochs.plan is not None else set()
+        returned = live - self._was_live - held
+        if self._phase is statuses.Phase.SUSPENDED:
+            returned = live - self._was_live
+        self._arrivals |= returned & set(self._lines.agents)
+        self._was_live = live
 
     # -- failures -----------------------------------------------------------------------------
 
@@ -484,6 +501,11 @@ class Controller:
         """Resume from the checkpoint when workers joined (or a checkpoint can be retried)."""
         assert self._planner is not None, "resuming needs the planner"
         live = self._roster.live(self._clock.monotonic())
+        if self._healed(live):
+            summary = statuses.plan_summary(self._epochs.plan, self._epochs.kind)
+            self._arrivals, self._retry = set(), False
+            self._set(statuses.Phase.RUNNING, f"epoch {self._epochs.epoch} running: {summary}")
+            return
         if not (self._arrivals or self._retry) or len(live) < self._planner.min_workers:
             return
         try:
@@ -520,6 +542,16 @@ class Controller:
         if not from_memory:
             self._snapshot_failed = False  # a later suspension may use host memory again
         await self._open(move, step, record=record)
+
+    def _healed(self, live: set[plans.WorkerId]) -> bool:
+        """Every worker of the suspended epoch's plan is live again and still trains in it (or
+        finished): they were silent, not lost, and their group held, so the epoch goes on."""
+        running, epoch = self._epochs.plan, self._epochs.epoch
+        if running is None or not set(running.workers) <= live:
+            return False
+        trained = (messages.AgentState.RUNNING, messages.AgentState.FINISHED)
+        beats = [self._roster.beat(w, epoch) for w in running.workers]
+        return all(b is not None and b.epoch == epoch and b.state in trained for b in beats)
 
     def _held_step(self, live: Iterable[plans.WorkerId]) -> int | None:
         """The newest step every live worker can restore without the checkpoint: a worker
