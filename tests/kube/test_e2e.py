@@ -5,10 +5,11 @@ the tiny model on a small corpus, 3 workers.
 
 Covered: a job runs to Succeeded with the CRD status showing its steps; one pod's agent killed
 (the pod goes Failed) -> the survivors are reconfigured over gRPC without a restart (same
-pids), the status shows the recovery (lastRecovery tier, seconds, reason) and a Recovered
-Event, the dead pod is replaced, and the job Succeeds; the operator stopped mid-job and a new
-one started -> the job goes on with the same agent processes and Succeeds; every API request
-the operator made is covered by `constants.RBAC_RULES`; a job that ended has its pods deleted.
+pids), the status shows the recovery (lastRecovery tier, seconds, reason) with Recovered,
+PlanChanged and Succeeded Events, the dead pod is replaced, and the job Succeeds; the operator
+stopped mid-job and a new one started -> the job goes on with the same agent processes and
+Succeeds; every API request the operator made is covered by `constants.RBAC_RULES`; a job
+that ended has its pods deleted.
 """
 
 from __future__ import annotations
@@ -134,7 +135,8 @@ async def test_a_killed_pod_is_survived_without_restarting_the_others(
         assert final["step"] == 30 and final["recoveries"] >= 1
         await operating.wait_for(lambda: not _pods(kube_api, "kill"), 30, "the pods deleted")
         events = kube_api.list("v1", "Event", operating.NAMESPACE)
-        assert any(e.get("reason") == "Recovered" for e in events)
+        reasons = {e.get("reason") for e in events}
+        assert {"Recovered", "PlanChanged", "Succeeded"} <= reasons
     _assert_rbac_covers(kube_api.requests)
 
 
