@@ -6,7 +6,8 @@ adds nothing); a replacement pod (new uid) of a dead node that becomes ready is 
 worker, one that is only Pending is not; a pod replaced before its death was seen is reported
 dead; late events of a retired pod are ignored; NotReady after Ready is a death that a ready
 pod again does not undo; a preemption notice is reported per worker; pods of nodes outside the
-job are ignored; `close` ends `events` and nothing is queued after it; `host_store` serves on a
+job are ignored; a pod that did not serve within `connect`'s time joins once it does; `close`
+ends `events` and nothing is queued after it; `host_store` serves on a
 free port and skips taken ones.
 """
 
@@ -19,6 +20,7 @@ import pytest
 
 from planaria.control import ports
 from planaria.kube import api, backend, constants, pods
+from planaria.planner import plan
 from planaria.rpc import tls
 from planaria.spec import job
 
@@ -125,3 +127,13 @@ def test_stores_take_free_ports_from_the_base_up() -> None:
     second, there = backend.host_store("127.0.0.1", base, taken)
     assert there.port > base and there.port in taken
     del first, second
+
+
+@pytest.mark.asyncio
+async def test_a_pod_too_slow_for_connect_joins_once_it_serves() -> None:
+    workers = _backend()
+    workers.observe(None, _pod(1, "a", phase="Pending", ready=False))
+    with pytest.raises(ports.AgentUnreachable, match="not serving in time"):
+        await workers.connect(plan.WorkerId(2), timeout_s=0.05)
+    workers.observe("MODIFIED", _pod(1, "a"))
+    assert await _events(workers) == [(JOINED, 2), (JOINED, 3)]

@@ -15,9 +15,11 @@ running job): never in a worker, whose death would take it along.
 Worker events come from pod events (`planaria.kube.signals`): DIED once per pod (by uid) when it
 fails, is deleted, evicted or disrupted, a container ends or restarts, or Ready turns False;
 PREEMPTION_NOTICE when the preemption annotation appears; JOINED when a replacement pod of a node
-whose workers died is serving. A dead pod is deleted by the next `reconcile` and created again,
-so the node's workers return. Pods are created without waiting for scheduling; `connect` waits
-(bounded) until the pod serves, reading the pod itself when no event arrives for a while.
+whose workers died is serving, or whose `connect` ran out of time before it served (a slow
+start: the controller counted the workers lost). A dead pod, or a ready one whose agent does
+not answer, is deleted by the next `reconcile` and created again, so the node's workers return.
+Pods are created without waiting for scheduling; `connect` waits (bounded) until the pod
+serves, reading the pod itself when no event arrives for a while.
 
 `close` lets go without touching the pods (an operator that exits mid-job: its successor
 adopts them); `shutdown` deletes them (the job ended; each agent gets SIGTERM from its kubelet
@@ -123,13 +125,25 @@ class KubeBackend:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         node = pods.node_of(self._spec, worker)
-        state = await self._serving(worker, node, deadline)
+        try:
+            state = await self._serving(worker, node, deadline)
+        except ports.AgentUnreachable:
+            # The controller counts the worker lost; once its pod serves, it joins (JOINED).
+            self._down.add(node)
+            raise
         port = constants.AGENT_PORT + int(worker) - node * self._spec.gpus_per_node
         host = f"[{state.ip}]" if ":" in state.ip else state.ip
         remaining = max(0.1, deadline - loop.time())
-        return await client.AgentClient.connect(
-            worker, f"{host}:{port}", timeout_s=remaining, tls=self._tls
-        )
+        try:
+            return await client.AgentClient.connect(
+                worker, f"{host}:{port}", timeout_s=remaining, tls=self._tls
+            )
+        except ports.AgentUnreachable:
+            # Ready yet silent: not trusted again; the next reconcile replaces the pod.
+            self._report(
+                state, ports.EventKind.DIED, f"pod {state.name}: its agent does not answer"
+            )
+            raise
 
     async def events(self) -> AsyncIterator[ports.WorkerEvent]:
         while True:
