@@ -3,7 +3,9 @@
 Covers: three workers checkpoint every 2 steps in the background from their host-memory
 snapshots; the checkpoint loads (weights only: JSON and raw bytes) bit-identical to the state
 snapshotted, also with one worker's part missing or damaged (the redundancy stands in), but not
-with two missing; each worker keeps its parts of the last 2 steps; a part left half written
+with two missing; each worker keeps its parts of the last 2 steps and of every step from the
+newest one its whole plan completed, which is what it reports (a member that stopped writing
+holds the others' older parts back until the plan leaves it out); a part left half written
 (.tmp) by a crash is ignored by the loader and removed by the next write; a snapshot that is no
 longer in the store is reported by wait(); files are 0600; settings are validated.
 """
@@ -67,16 +69,19 @@ class _Job:
             for w in range(M)
         ]
 
-    def step(self, step: int) -> None:
-        """Snapshot `step`, then (when due) checkpoint the complete snapshot."""
+    def step(self, step: int, writing: range = range(M), members: tuple[int, ...] = ()) -> None:
+        """Snapshot `step`, then (when due) the `writing` workers checkpoint the complete
+        snapshot, counting `members` (default: all) as their plan."""
         for writer in self.writers:
             writer.begin(step=step, epoch=1, states=_states(step), groups=GROUPS)
-        for writer, checkpointer in zip(self.writers, self.checkpointers, strict=True):
+        for w, (writer, checkpointer) in enumerate(
+            zip(self.writers, self.checkpointers, strict=True)
+        ):
             manifest = writer.wait(30)
             assert manifest is not None
-            checkpointer.begin(writer.store, manifest.step)
-        for checkpointer in self.checkpointers:
-            checkpointer.wait(30)
+            if w in writing:  # one after the other, so what each finds complete is known
+                checkpointer.begin(writer.store, manifest.step, members or tuple(range(M)))
+                checkpointer.wait(30)
 
 
 def _assert_states(loaded: dict[int, model.LayerState], step: int) -> None:
@@ -101,6 +106,25 @@ def test_checkpoints_load_what_was_snapshotted_and_keep_the_last_two(tmp_path: P
     ]
     _assert_states(checkpoints.load_checkpoint(job.root), 6)
     _assert_states(checkpoints.load_checkpoint(job.root, 4), 4)
+
+
+def test_a_member_that_stops_holds_its_complete_step_until_the_plan_leaves_it_out(
+    tmp_path: Path,
+) -> None:
+    job = _Job(tmp_path)
+    for step in (1, 2):
+        job.step(step)
+    # Each reports what was complete when it finished (they write in worker order).
+    assert [c.complete_step for c in job.checkpointers] == [None, None, 2]
+    for step in range(3, 9):  # worker 2 is gone: its last part is step 2's
+        job.step(step, writing=range(2))
+    assert [c.complete_step for c in job.checkpointers[:2]] == [2, 2]
+    assert checkpoints.checkpoint_steps(job.root) == (2, 4, 6, 8)
+    _assert_states(checkpoints.load_checkpoint(job.root, 2), 2)
+    for step in (9, 10):  # the next plan is workers 0 and 1
+        job.step(step, writing=range(2), members=(0, 1))
+    assert [c.complete_step for c in job.checkpointers[:2]] == [8, 10]
+    assert checkpoints.checkpoint_steps(job.root) == (2, 8, 10)  # step 2: worker 2's part only
 
 
 def test_one_missing_or_damaged_part_is_covered_by_redundancy(tmp_path: Path) -> None:

@@ -12,8 +12,15 @@ changing) into the checkpoint directory, in a background thread, so training doe
 The format is the snapshot's own (raw bytes, JSON manifest, checksums; see `snapshot_store`);
 each file is verified against the snapshot's checksum before it is copied. Each worker writes
 and renames its own part, so workers never coordinate; a step is loadable when every layer can
-be rebuilt from the parts present (the redundancy also covers a worker that never wrote). A
-worker keeps its parts of the last `keep` (2) steps and deletes older ones.
+be rebuilt from the parts present (the redundancy also covers a worker that never wrote).
+
+Retention and what a worker reports: after each write, the writer finds the newest step of
+which every member of the current plan (`begin`'s `members`) has a complete part, the step a
+resume can load (`complete_step`, what the agent's heartbeat reports as its checkpoint step).
+A worker keeps its parts of its last `keep` (2) steps and of every step from the complete one
+on, and deletes older ones. So the newest complete step is never pruned, even when a member
+lags or dies between its write and its next heartbeat (the controller takes the newest step any
+worker reported complete), and parts of workers that left the plan do not hold back pruning.
 
 `load_checkpoint` has weights-only semantics: it reads JSON and raw bytes and returns layer
 states; nothing is unpickled or executed. `root` is a local path or a mounted volume.
@@ -68,16 +75,23 @@ class CheckpointWriter:
         self.config = config
         self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="checkpoint")
         self._future: concurrent.futures.Future[Path] | None = None
+        # The newest step every member has a complete part of, as of the last write (written
+        # on the writer thread before its future completes; read after `wait`).
+        self.complete_step: int | None = None
 
     def due(self, step: int) -> bool:
         return step >= 1 and step % self.config.interval_steps == 0
 
-    def begin(self, store: snapshot_store.SnapshotStore, step: int) -> bool:
+    def begin(
+        self, store: snapshot_store.SnapshotStore, step: int, members: tuple[int, ...] = ()
+    ) -> bool:
         """Start copying the complete snapshot of `step` from `store`; False when not due or
-        when the previous checkpoint is still being written (it is never queued behind)."""
+        when the previous checkpoint is still being written (it is never queued behind).
+        `members`: the workers of the current plan, whose parts make a step complete (empty:
+        this worker alone)."""
         if not self.due(step) or (self._future is not None and not self._future.done()):
             return False
-        self._future = self._pool.submit(self._write, store, step)
+        self._future = self._pool.submit(self._write, store, step, members)
         return True
 
     def wait(self, timeout_s: float | None = None) -> Path | None:
@@ -103,7 +117,9 @@ class CheckpointWriter:
     def close(self) -> None:
         self._pool.shutdown(wait=True)
 
-    def _write(self, store: snapshot_store.SnapshotStore, step: int) -> Path:
+    def _write(
+        self, store: snapshot_store.SnapshotStore, step: int, members: tuple[int, ...]
+    ) -> Path:
         step_dir = self.config.root / f"step-{step}"
         final = step_dir / f"worker-{self.config.worker}"
         temp = step_dir / f"worker-{self.config.worker}.tmp"
@@ -118,12 +134,14 @@ class CheckpointWriter:
         shutil.rmtree(final, ignore_errors=True)
         temp.rename(final)
         snapshot_store.fsync_dir(step_dir)
-        self._prune()
+        self.complete_step = complete_step(self.config.root, members or (self.config.worker,))
+        self._prune(self.complete_step)
         return final
 
-    def _prune(self) -> None:
-        """Delete this worker's parts of all but its newest `keep` steps and its half-written
-        parts left by a crash; remove step directories older than those kept once empty.
+    def _prune(self, complete: int | None) -> None:
+        """Delete this worker's parts of all but its newest `keep` steps and those from the
+        `complete` step on, and its half-written parts left by a crash; remove step
+        directories older than those kept once empty.
 
         Other workers prune the same directory concurrently (on other nodes too), so a
         directory may vanish or fill up under us: those races are tolerated, and a step this
@@ -136,7 +154,8 @@ class CheckpointWriter:
         for step_dir in list(_step_dirs(self.config.root)):
             shutil.rmtree(step_dir / f"{me}.tmp", ignore_errors=True)
             step = _step_of(step_dir)
-            if kept and step < kept[-1] and step not in kept:
+            needed = complete is not None and step >= complete
+            if kept and step < kept[-1] and step not in kept and not needed:
                 shutil.rmtree(step_dir / me, ignore_errors=True)
                 with contextlib.suppress(OSError):  # not empty (a peer's part), or gone
                     step_dir.rmdir()
@@ -160,6 +179,15 @@ def _complete_steps(root: Path, worker: int | None = None) -> list[int]:
         if any(worker is None or part_worker == worker for part_worker, _ in parts):
             steps.append(_step_of(step_dir))
     return sorted(steps)
+
+
+def complete_step(root: Path, members: tuple[int, ...]) -> int | None:
+    """The newest step of which every one of `members` has a complete part (None if none)."""
+    common: set[int] | None = None
+    for member in members:
+        steps = set(_complete_steps(root, member))
+        common = steps if common is None else common & steps
+    return max(common) if common else None
 
 
 def _step_of(step_dir: Path) -> int:

@@ -251,7 +251,8 @@ class Training:
         ckpt = self._checkpoints
         if manifest is not None and ckpt is not None and ckpt.due(manifest.step):
             self.poll_checkpoint(wait=True)
-            if ckpt.begin(self.store, manifest.step):
+            members = tuple(self.config.plan.workers) if self.config is not None else ()
+            if ckpt.begin(self.store, manifest.step, members):
                 self._checkpoint_pending = manifest.step
 
     def poll_checkpoint(self, *, wait: bool = False) -> None:
@@ -265,8 +266,8 @@ class Training:
             return
         except snapshot_store.SnapshotError as exc:
             LOG.warning("worker %d: checkpoint of step %d failed: %s", self.worker, pending, exc)
-        else:
-            self.checkpoint_step = pending
+        else:  # the newest step a resume can load, which may trail this worker's own part
+            self.checkpoint_step = ckpt.complete_step
         self._checkpoint_pending = None
 
     def _after_commit(self, t: int, *, forced: bool) -> None:

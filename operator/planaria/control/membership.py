@@ -158,9 +158,12 @@ class Roster:
         return [b.last_committed_step for b in beats if b is not None]
 
     def checkpoint_step(self, workers: Iterable[plans.WorkerId]) -> int | None:
-        """The latest persistent checkpoint all of `workers` completed (None when one has
-        none): each writes its own layers, so the model's is the oldest of theirs."""
-        return _oldest([b.checkpoint_step if (b := self.beats.get(w)) else None for w in workers])
+        """The newest persistent checkpoint any of `workers` reported complete (None when none
+        did). An agent reports the newest step every member of its plan wrote a part of, and
+        keeps its parts from that step on (`planaria.agent.checkpoints`), so the newest report,
+        even a dead worker's last, names a step that loads; the oldest could be pruned."""
+        steps = [b.checkpoint_step for w in workers if (b := self.beats.get(w)) is not None]
+        return max((s for s in steps if s is not None), default=None)
 
     def snapshot_step(self, workers: Iterable[plans.WorkerId]) -> int | None:
         """The latest host-memory snapshot all of `workers` hold (None when one has none)."""

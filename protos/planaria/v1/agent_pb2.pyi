@@ -744,8 +744,8 @@ class WatchResponse(_message.Message):
     samples_processed: _builtins.int
     """Samples processed in total, over all committed steps of the job."""
     checkpoint_step: _builtins.int
-    """Step of the latest persistent checkpoint this worker has completely written; absent when
-    none.
+    """Step of the newest persistent checkpoint of which every worker of this agent's plan has
+    completely written its part (the step a resume can load); absent when none.
     """
     @_builtins.property
     def timings(self) -> Global___StepTimings:

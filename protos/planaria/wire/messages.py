@@ -368,8 +368,8 @@ class Heartbeat:
 
     `loss` is the loss of `last_committed_step` (None when no step is committed, or when the
     agent resumed without it); `errors` are those latched since the epoch began; `setup` is how
-    the current epoch was set up (None before the first); `checkpoint_step` the latest
-    persistent checkpoint this worker completely wrote (None when none).
+    the current epoch was set up (None before the first); `checkpoint_step` the newest
+    persistent checkpoint every worker of its plan completely wrote (None when none).
     """
 
     worker: plans.WorkerId
