@@ -1,7 +1,7 @@
 """Bounded waits and clocks (planaria.control.connections, planaria.control.clock).
 
 Covers: a bounded wait returns the result in time, raises Unbounded (a TimeoutError) and
-cancels the work when the injected clock passes the bound; the real clock's time moves
+cancels the work when the injected clock passes the bound or when the caller is cancelled; the real clock's time moves
 forward and its sleep returns.
 """
 
@@ -36,6 +36,17 @@ async def test_a_bounded_wait_returns_in_time_and_times_out_on_the_injected_cloc
         late.result()
     assert never.cancelled()
     assert issubclass(connections.Unbounded, TimeoutError)
+
+
+async def test_cancelling_a_bounded_wait_cancels_its_work() -> None:
+    manual = fakes.ManualClock()
+    never: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+    waiting = asyncio.ensure_future(connections.bounded(manual, never, 60.0))
+    await fakes.settle()
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    assert never.cancelled()
 
 
 async def test_the_real_clock_moves_forward() -> None:

@@ -29,11 +29,15 @@ class Unbounded(TimeoutError):
 
 
 async def bounded(clock: ports.Clock, awaitable: Awaitable[T], timeout_s: float) -> T:
-    """`awaitable`'s result, or Unbounded after `timeout_s` on `clock` (it is cancelled)."""
+    """`awaitable`'s result, or Unbounded after `timeout_s` on `clock` (it is cancelled, and so
+    it is when the caller is: an operator stopping must not wait for a call in flight)."""
     work = asyncio.ensure_future(awaitable)
     nap = asyncio.ensure_future(clock.sleep(timeout_s))
     try:
         await asyncio.wait({work, nap}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        work.cancel()
+        raise
     finally:
         nap.cancel()
     if not work.done():
