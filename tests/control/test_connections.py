@@ -1,8 +1,8 @@
 """Bounded waits and clocks (planaria.control.connections, planaria.control.clock).
 
 Covers: a bounded wait returns the result in time, raises Unbounded (a TimeoutError) and
-cancels the work when the injected clock passes the bound or when the caller is cancelled; the real clock's time moves
-forward and its sleep returns.
+cancels the work when the injected clock passes the bound or when the caller is cancelled;
+the real clock's time moves forward and its sleep returns.
 """
 
 from __future__ import annotations
