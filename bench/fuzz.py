@@ -10,7 +10,8 @@ exhaustive campaigns complete:
   of every method's request, every single-bit flip of a ConfigureRequest, fields set out of
   range;
 - snapshots (XOR parity and COPY, three workers): every bit flip, every cut and three
-  extensions of each file of one member's snapshot and of its checkpoint part; forged manifests.
+  extensions of each file of one member's snapshot and of its checkpoint part; forged manifests
+  (random mutations, and fixed file lengths up to one no machine can allocate).
 
 Each row: inputs tried, accepted (admitted; for damaged files: harmless, or recovered
 bit-identically), rejected cleanly (a one-line error naming the field; a detected damage), and
@@ -32,6 +33,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 from hypothesis import strategies as st
 
@@ -97,6 +99,11 @@ def shard_campaigns(snapped: shards.Snapshotted, examples: int, mode: str) -> It
 
     yield from map(store, snapped.store_files())
     yield from map(part, snapped.part_files())
+    yield lambda: verdicts.tally_all(
+        f"{mode}: forged file lengths",
+        FORGED_STOPS,
+        lambda stop: shards.judge_forged(snapped, _with_stop(snapped, stop)),
+    )
     forgeries = strategies.mutated_documents(shards.pristine_body(snapped))
     yield lambda: verdicts.tally_drawn(
         f"{mode}: forged manifests",
@@ -104,6 +111,17 @@ def shard_campaigns(snapped: shards.Snapshotted, examples: int, mode: str) -> It
         lambda body: shards.judge_forged(snapped, body),
         examples,
     )
+
+
+# File lengths a forged manifest may claim for a shard of 67 bytes: none, its own, 2 GiB (never
+# touched: numpy allocates lazily), past any allocation (a known gap, see docs/security.md).
+FORGED_STOPS = (66, 133, 66 + 2**31, 2**64 - 1)
+
+
+def _with_stop(snapped: shards.Snapshotted, stop: int) -> dict[str, object]:
+    body: Any = shards.pristine_body(snapped)
+    body["layers"][0]["files"][0]["stop"] = stop
+    return dict(body)
 
 
 def run(campaign: Campaign) -> dict[str, object]:
