@@ -99,6 +99,7 @@ class FakeAgent:
         self._reachable()
         if self.stalls:
             await asyncio.Event().wait()  # forever: only the caller's bound ends it
+        await self.cluster.clock.sleep(self.cluster.configure_delay_s)
         self.received.append(config)
         self.cluster.sent.setdefault(config.epoch, []).append(config)
         newest = max(self.epoch, self.pending.epoch if self.pending else 0)
@@ -204,6 +205,7 @@ class FakeCluster:
         step_s: float = 0.1,
         profile: profile.Profile | None = None,
         profile_s: float = 0.0,
+        configure_delay_s: float = 0.0,
         peer_snapshots: bool = True,
         drop_pending_on_failure: bool = True,
     ) -> None:
@@ -211,6 +213,7 @@ class FakeCluster:
         self.step_s = step_s
         self.profile = profile
         self.profile_s = profile_s  # how long an agent's Profile takes
+        self.configure_delay_s = configure_delay_s  # a Configure's way to the agent (load)
         self.peer_snapshots = peer_snapshots
         self.drop_pending_on_failure = drop_pending_on_failure
         self.agents: dict[plans.WorkerId, FakeAgent] = {}

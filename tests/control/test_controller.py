@@ -256,3 +256,21 @@ async def test_a_worker_back_from_silence_is_taken_in_again() -> None:
     await run.until(lambda: 3 in run.cluster.sent[run.controller.epoch][0].plan.workers)
     final = await run.finish()
     assert final.phase is status.Phase.SUCCEEDED and final.live_workers == 8
+
+
+async def test_a_planned_switch_that_comes_too_late_is_tried_again_not_blamed() -> None:
+    # A loaded machine: a Configure takes 1.2 s to reach an agent, longer than the first
+    # switch's lead (1 s), so the agents have passed its step and refuse it (chaos, returns).
+    run = scenarios.Run(
+        scenarios.job(steps=300, policy="dynamic", step_timeout_s=6.0), configure_delay_s=1.2
+    )
+    await run.until(lambda: run.step() >= 5)
+    run.cluster.kill(3)
+    await run.until(lambda: run.controller.epoch == 2 and run.step() >= 10)
+    run.cluster.join(3)
+    final = await run.finish(limit_s=200)
+    assert final.phase is status.Phase.SUCCEEDED, final.message
+    assert final.live_workers == 8 and final.recoveries == 2
+    assert run.controller._lead_scale >= 2  # tried again with a longer lead
+    switches = sorted(run.cluster.sent)[2:]  # the scale-up's tries: all but the last refused
+    assert len(switches) >= 2 and switches[-1] == final.epoch

@@ -14,7 +14,9 @@ agent, broken streams, backend events), looks at the epoch, acts, and publishes 
   (`planning`), Configure a new epoch, wait (bounded) until every worker runs in it;
 - a preemption notice: the same move planned ahead, switching at a future step boundary;
 - a JOINED worker, or one heard again after a silence that the plan left out: a planned
-  scale-up to the templates' best plan over the live workers;
+  scale-up to the templates' best plan over the live workers; a planned switch that reaches
+  agents already past its step (a stale view of the step on a loaded machine) is given up and
+  tried again with a longer lead, without blaming them;
 - a suspended epoch whose workers were only silent (a stalled machine) and still train in it:
   Running again, in the same epoch;
 - no plan for the survivors, or a layer no recovery tier holds: Suspended, until workers join
@@ -56,6 +58,7 @@ LOG = logging.getLogger(__name__)
 # so every agent is still before it when the Configure arrives.
 PLANNED_LEAD_S = 1.0
 MIN_LEAD_STEPS = 2
+MAX_LEAD_SCALE = 8
 DEFAULT_TIME_TO_FAILURE_S = 3600.0  # eq. 8's T_next before any failure is seen, without mtbf_s
 PROFILE_REPEATS = 3
 JOURNAL_ATTEMPTS = 3  # a journal write is retried this often before the epoch opens anyway
@@ -113,6 +116,7 @@ class Controller:
         self._snapshot_failed = False  # ... and failed: the next resume uses the checkpoint
         self._unheard_since: float | None = None  # a resume waits for returning workers' beats
         self._was_live: set[plans.WorkerId] = set()  # live at the previous pass
+        self._lead_scale = 1  # doubles after a planned switch that came too late
 
     # -- the public face -------------------------------------------------------------------
 
@@ -382,7 +386,9 @@ class Controller:
         if move.needs_snapshot:
             return  # a layer would lose its last replica: recover when the worker goes
         reason = f"preemption notice for worker(s) {sorted(noticed)}: {move.reason}"
-        await self._open(move, switch, record=self._planned(move, reason, noticed), planned=True)
+        record = self._planned(move, reason, noticed)
+        if not await self._open(move, switch, record=record, planned=True):
+            self._roster.notices |= noticed  # too late for some agent: again next pass
 
     async def _scale_up(self) -> None:
         """Workers joined: at a future step boundary, move to the templates' best plan over
@@ -402,7 +408,8 @@ class Controller:
         if set(move.plan.workers) == set(running.workers):
             return  # the templates' best plan is the running one: they stay spares
         reason = f"workers {sorted(arrivals)} joined: {move.reason}"
-        await self._open(move, switch, record=self._planned(move, reason, ()), planned=True)
+        if not await self._open(move, switch, record=self._planned(move, reason, ()), planned=True):
+            self._arrivals |= arrivals  # too late for some agent: again next pass
 
     def _planned(
         self, move: planning.Move, reason: str, leaving: set[plans.WorkerId] | tuple[()]
@@ -421,8 +428,9 @@ class Controller:
         before it when the Configure arrives, near enough that the new workers' rendezvous
         does not time out; None when the job ends first."""
         current, step_s = self._epochs.current_step(), self._epochs.step_s()
-        lead_s = min(PLANNED_LEAD_S, self._job.step_timeout_s / 2)
-        lead = MIN_LEAD_STEPS if step_s <= 0 else max(MIN_LEAD_STEPS, math.ceil(lead_s / step_s))
+        lead_s = min(PLANNED_LEAD_S * self._lead_scale, self._job.step_timeout_s / 2)
+        least = MIN_LEAD_STEPS * self._lead_scale
+        lead = least if step_s <= 0 else max(least, math.ceil(lead_s / step_s))
         return current + lead if current + lead < self._job.steps else None
 
     # -- epochs -------------------------------------------------------------------------------
@@ -434,9 +442,10 @@ class Controller:
         *,
         record: statuses.Recovery | None = None,
         planned: bool = False,
-    ) -> None:
+    ) -> bool:
         """Open the next epoch with `move`, resuming after `resume_step`; RUNNING once every
-        worker runs in it. Trouble on the way is left to the next pass."""
+        worker runs in it. Trouble on the way is left to the next pass. False only when a
+        planned switch reached some agent too late and was given up (the caller retries)."""
         assert self._planner is not None, "opening an epoch needs the planner"
         if record is not None:
             record = dataclasses.replace(record, epoch=self._epochs.next_epoch)
@@ -446,10 +455,37 @@ class Controller:
         self._set(phase, f"opening epoch {self._epochs.next_epoch}: {summary}")
         await self._record(move, resume_step)
         if not await self._epochs.configure(move, resume_step, planned=planned):
-            return
+            return not (planned and await self._gave_up_late_switch())
         self._planner.prepare(move.plan)  # Odyssey §IV-C: search ahead of the next failure
         if await self._epochs.commit():
             self._set(statuses.Phase.RUNNING, f"epoch {self._epochs.epoch} running: {summary}")
+        return True
+
+    async def _gave_up_late_switch(self) -> bool:
+        """A planned switch refused only by agents that had already committed its step (the
+        controller's view of the step was stale, e.g. on a loaded machine): not their fault.
+        The switch is given up, they train on in their epoch, and the next try leads by twice
+        as many steps. False when some refusal was a real one (the next pass recovers)."""
+        await self._epochs.next(0)
+        refused, switch = self._epochs.refused, self._epochs.resume_step
+        late = {
+            w
+            for w in refused
+            if (b := self._roster.beats.get(w)) is not None
+            and b.epoch < self._epochs.epoch
+            and b.state is messages.AgentState.RUNNING
+            and b.last_committed_step >= switch
+        }
+        if not refused or late != refused:
+            return False
+        LOG.warning("planned switch at step %d came too late for workers %s", switch, sorted(late))
+        self._roster.faulty -= late
+        self._epochs.fall_back()
+        self._history.pending = None
+        self._lead_scale = min(2 * self._lead_scale, MAX_LEAD_SCALE)
+        summary = statuses.plan_summary(self._epochs.plan, self._epochs.kind)
+        self._set(statuses.Phase.RUNNING, f"epoch {self._epochs.epoch} running: {summary}")
+        return True
 
     async def _record(self, move: planning.Move, resume_step: int) -> None:
         """Journal the epoch about to open (module docstring); a failure is logged only."""

@@ -94,6 +94,7 @@ class Driver:
         self._opened = 0  # the latest epoch number given out (epochs only ever grow)
         self._previous: tuple[plans.Plan | None, str, int, int] = (None, "", 0, 0)
         self.planned = False  # the current epoch is a planned switch
+        self.refused: set[plans.WorkerId] = set()  # who refused the last epoch's Configure
 
     @property
     def next_epoch(self) -> int:
@@ -186,6 +187,7 @@ class Driver:
         then = {w: c for w, c in sent.items() if w not in running}
         refused = await self._configure_all(first) | await self._configure_all(then)
         self._roster.faulty |= refused
+        self.refused = refused
         return not refused
 
     async def commit(self) -> bool:
