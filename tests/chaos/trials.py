@@ -79,7 +79,14 @@ class Outcome(StrEnum):
 
 KINDS = tuple(k for k in Kind if k is not Kind.STALL)  # the kinds a seed draws from
 MAX_GAP_S = 1.5
-_FAULTS = {Kind.KILL: 1, Kind.DOUBLE: 2, Kind.TRIPLE: 3, Kind.HANG: 1, Kind.RETURNS: 1}
+_FAULTS = {
+    Kind.KILL: 1,
+    Kind.DOUBLE: 2,
+    Kind.TRIPLE: 3,
+    Kind.HANG: 1,
+    Kind.RETURNS: 1,
+    Kind.EARLY: 1,
+}
 # From Profiling, whose ~1-2 s are followed by the first epoch's set-up (seconds on 2 cores);
 # a returning worker is killed early, so its restart (seconds) can come back before the end.
 _DELAY_S = {Kind.EARLY: 3.0, Kind.RETURNS: 0.5}
@@ -182,7 +189,7 @@ def draw(seed: int, shape: Shape = Shape(), kind: Kind | None = None) -> Draw:
         kind=kind,
         redundancy=rng.choice((messages.RedundancyMode.XOR, messages.RedundancyMode.COPY)),
         delay_s=rng.uniform(0.0, _DELAY_S.get(kind, shape.window_s)),
-        victims=tuple(rng.sample(workers, _FAULTS.get(kind, shape.workers))),
+        victims=tuple(rng.sample(workers, _FAULTS.get(kind, len(workers)))),  # STALL: all
         gaps_s=tuple(rng.uniform(0.0, MAX_GAP_S) for _ in range(2)),
         rejoin_s=rng.uniform(0.0, 0.5),
     )
