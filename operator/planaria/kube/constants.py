@@ -110,12 +110,12 @@ class Rule:
 # tests/chart checks the chart grants these and nothing else; the operator's tests check every
 # request it sends to the API emulator is covered.
 RBAC_RULES: tuple[Rule, ...] = (
-    Rule(api_group=GROUP, resource=PLURAL, verbs=("get", "list", "watch", "patch")),
-    Rule(api_group=GROUP, resource=f"{PLURAL}/status", verbs=("get", "patch")),
+    Rule(api_group=GROUP, resource=PLURAL, verbs=("list", "watch", "patch")),
+    Rule(api_group=GROUP, resource=f"{PLURAL}/status", verbs=("patch",)),
     Rule(api_group="", resource="pods", verbs=("get", "list", "watch", "create", "delete")),
-    Rule(api_group="", resource="services", verbs=("get", "create")),
+    Rule(api_group="", resource="services", verbs=("create",)),
     Rule(api_group="", resource="secrets", verbs=("get", "create")),
     Rule(api_group="", resource="configmaps", verbs=("get", "create", "patch")),
     Rule(api_group="", resource="events", verbs=("create",)),
-    Rule(api_group="kopf.dev", resource="kopfpeerings", verbs=("get", "list", "watch", "patch")),
+    Rule(api_group="kopf.dev", resource="kopfpeerings", verbs=("list", "watch", "patch")),
 )
