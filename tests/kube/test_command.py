@@ -4,19 +4,23 @@ Covered: bad options fail with one line naming the option (a port out of range, 
 image, a non-positive reconcile interval, neither --peering nor --standalone); kopf's settings
 (our finalizer and annotation prefix, no cluster-wide scanning, standalone or peering with
 the given name); the Prometheus endpoint serves every job's series under one HELP/TYPE per
-metric, over real HTTP.
+metric, over real HTTP; the log level comes from the chart's env variable.
 """
 
 from __future__ import annotations
 
+import json
 import urllib.request
+from pathlib import Path
 
 import pytest
 
-from planaria.cli import main
+from planaria.cli import main, operator
 from planaria.control import metrics
 from planaria.control import status as statuses
 from planaria.kube import constants, exporter, handlers
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize(
@@ -35,6 +39,21 @@ def test_bad_options_fail_with_one_line(
     assert main.main(argv) == main.EXIT_USAGE
     err = capsys.readouterr().err
     assert words in err and err.count("\n") == 1
+
+
+def test_a_bad_log_level_fails_with_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv(constants.ENV_LOG_LEVEL, "loud")
+    argv = ["operator", "--namespace", "ml", "--standalone", "--agent-image", "i"]
+    assert main.main(argv) == main.EXIT_USAGE
+    err = capsys.readouterr().err
+    assert "PLANARIA_LOG_LEVEL='loud': give one of debug, info, warning, error" in err
+
+
+def test_the_log_levels_are_the_charts() -> None:
+    schema = json.loads((ROOT / "charts/planaria/values.schema.json").read_text())
+    assert tuple(schema["properties"]["logLevel"]["enum"]) == operator.LOG_LEVELS
 
 
 def test_one_of_peering_or_standalone_is_required(capsys: pytest.CaptureFixture[str]) -> None:

@@ -14,7 +14,8 @@ higher), since kopf pauses all replicas that share the highest priority. The liv
 is `/healthz` on --health-port; job metrics are Prometheus text on --metrics-port
 (`planaria.control.metrics`, labelled by job). The pod's IP, where the jobs' rendezvous stores
 listen, comes from POD_IP (the downward API; 127.0.0.1 when unset); the agent image from
---agent-image, else PLANARIA_AGENT_IMAGE.
+--agent-image, else PLANARIA_AGENT_IMAGE; the log level from PLANARIA_LOG_LEVEL (debug, info,
+warning or error; default info), read once here.
 
 Exit status: 0 after SIGTERM/SIGINT (kopf's graceful stop: running jobs are detached, not
 stopped, and the next operator adopts them), 2 for a bad option.
@@ -30,6 +31,8 @@ import threading
 import time
 
 from planaria.kube import constants
+
+LOG_LEVELS = ("debug", "info", "warning", "error")  # the chart's logLevel values
 
 
 class OperatorCommandError(ValueError):
@@ -89,7 +92,12 @@ def run(args: argparse.Namespace) -> int:
         raise OperatorCommandError(
             f"no agent image; give --agent-image or set {constants.ENV_AGENT_IMAGE}"
         )
-    logging.basicConfig(format="%(asctime)s %(name)s: %(message)s", level=logging.INFO)
+    level = os.environ.get(constants.ENV_LOG_LEVEL, "info").lower()
+    if level not in LOG_LEVELS:
+        raise OperatorCommandError(
+            f"{constants.ENV_LOG_LEVEL}={level!r}: give one of {', '.join(LOG_LEVELS)}"
+        )
+    logging.basicConfig(format="%(asctime)s %(name)s: %(message)s", level=level.upper())
     asyncio.run(serve(args))
     return 0
 
