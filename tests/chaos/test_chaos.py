@@ -30,7 +30,7 @@ SEEDS = [
     pytest.param(4, id="seed 4: a second SIGKILL during the recovery from the first"),
     pytest.param(150, id="seed 150: three SIGKILLs within 0.4 s, beyond the fault tolerance"),
     pytest.param(0, id="seed 0: a SIGSTOPped worker, caught by the heartbeat timeout"),
-    pytest.param(6, id="seed 6: a killed worker started again"),
+    pytest.param(6, id="seed 6: a worker killed in the first set-up, started again"),
     pytest.param(20, id="seed 20: a SIGKILL while one agent profiles the model"),
 ]
 

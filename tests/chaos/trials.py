@@ -88,8 +88,8 @@ _FAULTS = {
     Kind.EARLY: 1,
 }
 # From Profiling, whose ~1-2 s are followed by the first epoch's set-up (seconds on 2 cores);
-# a returning worker is killed early, so its restart (seconds) can come back before the end.
-_DELAY_S = {Kind.EARLY: 3.0, Kind.RETURNS: 0.5}
+# from the first epoch's set-up for a returning worker (`_TRIGGERS`).
+_DELAY_S = {Kind.EARLY: 3.0, Kind.RETURNS: 2.0}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -332,7 +332,7 @@ class _Trial:
 
     async def _inject(self) -> None:
         kind = self.draw.kind
-        await self._until(_early if kind is Kind.EARLY else _running)
+        await self._until(_TRIGGERS.get(kind, _running))
         await asyncio.sleep(self.draw.delay_s)
         if kind is Kind.STALL:
             await self._stall()
@@ -447,3 +447,13 @@ def _running(status: statuses.JobStatus) -> bool:
 def _early(status: statuses.JobStatus) -> bool:
     """Profiling has begun (the first epoch's set-up follows it)."""
     return status.phase is Phase.PROFILING
+
+
+def _setting_up(status: statuses.JobStatus) -> bool:
+    """The first epoch is being set up (its Configures sent, the workers regrouping)."""
+    return status.message.startswith("opening epoch 1") or status.phase is Phase.RUNNING
+
+
+# When a kind's delay starts: a returning worker is killed while the first epoch is set up
+# (seconds), so that its restart (seconds too) can come back while the job still trains.
+_TRIGGERS = {Kind.EARLY: _early, Kind.RETURNS: _setting_up}
