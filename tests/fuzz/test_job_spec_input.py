@@ -31,7 +31,7 @@ def test_a_mutated_spec_converts_or_is_refused_naming_the_field(document: object
     assert verdict.outcome is not verdicts.Outcome.CRASHED, verdict.detail
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(strategies.job_file_texts())
 def test_a_damaged_job_file_converts_or_is_refused_naming_the_field(text: str) -> None:
     verdict = job_specs.judge_text(text)
