@@ -5,7 +5,8 @@ whole ResilientJob document named by metadata.name; overrides checked like the f
 values; every kind of invalid field (type, strict numbers as in the CRD, range, enum, unknown
 field, cross-field rules, failures, names, not YAML, nested past the YAML parser's recursion,
 not a mapping, missing file) reported as one line with the field path as written in the file
-and a fix; durations; conversion to the controller's JobSettings (corpus default, NCCL on cuda,
+and a fix; an offending value made of shared YAML aliases shown without expanding it;
+durations; conversion to the controller's JobSettings (corpus default, NCCL on cuda,
 checkpoints only when both dir and interval are given); a fuzz of random documents: parsing
 raises nothing but JobSpecError with a path, and any spec that parses converts to settings;
 every spec field has a description and is documented in docs/running.md.
@@ -14,6 +15,7 @@ every spec field has a description and is documented in docs/running.md.
 from __future__ import annotations
 
 import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -153,6 +155,18 @@ def test_overrides_replace_the_files_values_and_are_checked_the_same_way() -> No
 )
 def test_an_invalid_field_is_named_with_its_path_and_a_fix(text: str, expected: str) -> None:
     assert re.search(expected, _error(text)), _error(text)
+
+
+def test_a_value_of_shared_yaml_aliases_is_shown_without_expanding_it() -> None:
+    # Ten levels of ten aliases: 10**10 leaves if rendered in full (it once took 11 s and 1 GB
+    # for eight levels, to print the first 40 characters).
+    lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"]
+    lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 10)]
+    text = "defs:\n" + "\n".join(f"  {line}" for line in lines) + "\nworkers: *a9\n"
+    started = time.monotonic()
+    with pytest.raises(job.JobSpecError, match=r"workers: must be a whole number \(got \[\[\["):
+        job_file.parse_job(text, source="job.yaml")
+    assert time.monotonic() - started < 5
 
 
 def test_a_missing_file_says_which_and_where_to_look(tmp_path: Path) -> None:

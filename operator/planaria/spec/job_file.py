@@ -188,7 +188,21 @@ def _shown(value: object) -> str:
     if isinstance(value, float) and not math.isfinite(value):
         return str(value)
     try:
-        text = json.dumps(value, default=str)
+        text = json.dumps(_clipped(value, depth=3), default=str)
     except (TypeError, ValueError):
         text = repr(value)
     return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _clipped(value: object, depth: int) -> object:
+    """`value` with at most 8 items per list or mapping, `depth` levels deep: enough to show,
+    and bounded. YAML aliases share one list among many (`[*a, *a, ...]`), so rendering the
+    whole value of a 500-byte file could take exponential time and memory."""
+    if isinstance(value, list | dict) and depth == 0:
+        return "..."
+    if isinstance(value, list):
+        return [_clipped(item, depth - 1) for item in value[:8]]
+    if isinstance(value, dict):
+        items = list(value.items())[:8]
+        return {str(key): _clipped(item, depth - 1) for key, item in items}
+    return value
