@@ -882,11 +882,12 @@ def job_spec_mutants(draw: st.DrawFn) -> object:
 @st.composite
 def job_file_texts(draw: st.DrawFn) -> str:
     """A job file's text: a mutant spec as YAML, then perhaps damaged as text (cut short, a
-    key repeated, nested past any parser's recursion, binary junk or tabs spliced in)."""
+    key repeated, nested past any parser's recursion, binary junk or tabs spliced in), or a
+    "billion laughs" of YAML aliases."""
     import yaml  # only the job-file strategies need it
 
     text = yaml.safe_dump(draw(job_spec_mutants()))
-    kind = draw(st.sampled_from(["as is", "cut", "repeat", "deep", "junk", "tabs"]))
+    kind = draw(st.sampled_from(["as is", "cut", "repeat", "deep", "junk", "tabs", "aliases"]))
     if kind == "cut":
         return text[: draw(st.integers(0, len(text)))]
     if kind == "repeat":
@@ -901,6 +902,11 @@ def job_file_texts(draw: st.DrawFn) -> str:
         return text[:at] + junk + text[at:]
     if kind == "tabs":
         return text.replace("  ", "\t")
+    if kind == "aliases":  # ten levels of ten shared references: 10**10 leaves if expanded
+        lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"]
+        lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 10)]
+        key = draw(st.sampled_from(["workers", "failures", "bogus", "optimizer", "seed"]))
+        return "x:\n" + "\n".join(f"  {line}" for line in lines) + f"\n{key}: *a9\n"
     return text
 
 
