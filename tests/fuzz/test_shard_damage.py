@@ -7,8 +7,8 @@ caught by its checksum and the layer is rebuilt bit-identically from the peers; 
 at chosen positions, cuts and appended bytes of its parity or copy and of its manifest alike
 (a manifest that still parses to the same body is harmless); the same damage to a checkpoint
 part is covered by the other parts; forged manifests (fields mutated, checksum valid) raise
-only ManifestError or read as the original layer (one known gap, a forged file length past
-what can be allocated, is a strict xfail); with two members' snapshots damaged the
+only ManifestError or read as the original layer, also one claiming a file longer than memory
+(its size is compared before anything is allocated); with two members' snapshots damaged the
 epoch setup falls through from the peers' snapshots to the next tier, the checkpoint, and gets
 the layer bit-identically.
 """
@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 import torch
-from hypothesis import assume, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from planaria.agent import data, epoch_setup, executor, reference
@@ -84,32 +84,15 @@ def test_damage_to_a_checkpoint_part_is_covered_by_the_others(
     _assert_caught(shards.judge_checkpoint(snapped, path, data.draw(_damages(path))))
 
 
-def _claims_huge_files(body: object) -> bool:
-    """Whether a forged body claims a file longer than 2**31 bytes (the known gap below)."""
-    if isinstance(body, dict):
-        start, stop = body.get("start"), body.get("stop")
-        if isinstance(start, int) and isinstance(stop, int) and stop - start > 2**31:
-            return True
-        return any(map(_claims_huge_files, body.values()))
-    return isinstance(body, list) and any(map(_claims_huge_files, body))
-
-
 @settings(max_examples=60, deadline=None)
 @given(st.data())
 def test_a_forged_manifest_is_refused_or_reads_the_original(
     snapped: shards.Snapshotted, data: st.DataObject
 ) -> None:
     body = data.draw(strategies.mutated_documents(shards.pristine_body(snapped)))
-    assume(not _claims_huge_files(body))  # a known gap, pinned by the xfail below
     _assert_caught(shards.judge_forged(snapped, body))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="snapshot_store.read_verified allocates the length a manifest claims before it "
-    "compares the file's size (ValueError / MemoryError, not SnapshotCorrupt); reported to "
-    "snapshot_store's owner",
-)
 def test_a_forged_manifest_claiming_a_huge_file_is_corrupt(snapped: shards.Snapshotted) -> None:
     # 2**64 - 1 bytes fails on every machine (ValueError); 32 TiB fails with MemoryError only
     # where the kernel refuses to overcommit, so it is no test.

@@ -245,8 +245,12 @@ def decode_manifest(raw: bytes, directory: Path) -> manifests.Manifest:
 
 
 def read_verified(handle: Any, stored: manifests.StoredFile, where: str) -> parity.Bytes:
-    """All of an open file's bytes, checked against the manifest's length and checksum."""
+    """All of an open file's bytes, checked against the manifest's length and checksum. The
+    file's size is compared first, so a manifest claiming a huge file allocates nothing."""
     expected = stored.stop - stored.start
+    size = os.fstat(handle.fileno()).st_size
+    if size != expected:
+        raise SnapshotCorrupt(f"{where}: {size} bytes but the manifest says {expected}")
     out = np.empty(expected + 1, dtype=np.uint8)  # one spare byte reveals an over-long file
     got = handle.readinto(out.data)
     if got != expected:
