@@ -46,6 +46,8 @@ STRUCTURAL_KEYS = {
     "pattern",
     "minItems",
     "maxItems",
+    "minProperties",
+    "maxProperties",
     "required",
     "default",
     "nullable",
@@ -231,6 +233,12 @@ REFUSED = {
     "a failure at a negative time after the start": (
         {"failures": [{"time": -5}]},
         "spec.failures.0.time: -5 is less than the minimum of 0",
+        "pydantic",
+    ),
+    "a nodeSelector key that is no label key": (
+        {"pod": {"nodeSelector": {"-gpu": "a100"}}},
+        "spec.pod.nodeSelector: a nodeSelector key is not a label key (prefix/name of letters, "
+        "digits, '-', '_', '.'); fix the key",
         "pydantic",
     ),
 }

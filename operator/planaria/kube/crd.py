@@ -137,6 +137,15 @@ def spec_schema() -> dict[str, Any]:
     failures["items"]["x-kubernetes-validations"] = list(FAILURE_RULES)
     for name, rules in FAILURE_VALUE_RULES.items():
         failures["items"]["properties"][name].update(rules)
+    # A structural schema cannot pattern map keys: CEL checks nodeSelector's label keys.
+    selector = properties["pod"]["properties"]["nodeSelector"]
+    selector["x-kubernetes-validations"] = [
+        _rule(
+            f"self.all(k, k.matches('{job.LABEL_KEY_PATTERN}'))",
+            "a nodeSelector key is not a label key (prefix/name of letters, digits, '-', '_', "
+            "'.'); fix the key",
+        )
+    ]
     schema["x-kubernetes-validations"] = [*SPEC_RULES, *immutability_rules(properties)]
     return schema
 

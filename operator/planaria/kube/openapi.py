@@ -39,6 +39,8 @@ _KEPT = frozenset(
         "pattern",
         "minItems",
         "maxItems",
+        "minProperties",
+        "maxProperties",
         "required",
         "default",
     }

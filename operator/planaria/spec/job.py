@@ -194,6 +194,7 @@ class FailureSpec(_Model):
 QUANTITY_PATTERN = r"^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$"
 # Label keys and values as Kubernetes accepts them (prefix/name; values up to 63 characters).
 LABEL_KEY_PATTERN = r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+MAX_NODE_SELECTOR = 64  # node labels to match; bounds the CRD's CEL rule over the keys
 Quantity = Annotated[str, pydantic.Field(pattern=QUANTITY_PATTERN, max_length=64)]
 
 
@@ -221,7 +222,7 @@ class PodSpec(_Model):
         "1Gi", "Size limit of each pod's host-memory snapshot volume (emptyDir, medium Memory)."
     )
     node_selector: dict[Annotated[str, pydantic.Field(pattern=LABEL_KEY_PATTERN)], str] = _field(
-        {}, "Node labels the worker pods must match."
+        {}, "Node labels the worker pods must match.", max_length=MAX_NODE_SELECTOR
     )
     tolerations: list[TolerationSpec] = _field([], "Tolerations of the worker pods.")
     priority_class_name: str = _field("", "PriorityClass of the worker pods; empty: default.")
