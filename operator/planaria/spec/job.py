@@ -63,7 +63,13 @@ StrictInt = Annotated[int, pydantic.Field(strict=True)]
 # Counts fit the contract's uint32 fields, byte counts its uint64 ones.
 PositiveInt = Annotated[int, pydantic.Field(strict=True, ge=1, le=messages.MAX_UINT32)]
 Count = Annotated[int, pydantic.Field(strict=True, ge=0, le=messages.MAX_UINT32)]
-Seconds = Annotated[float, pydantic.Field(strict=True, gt=0, allow_inf_nan=False)]
+# Every duration is bounded: a timeout of 1e308 s overflowed a timedelta deep in the agent
+# (fuzz campaign 1). A day is far beyond any sensible bound of one wait; a million hours is far
+# beyond any mean time between failures.
+MAX_WAIT_S = 86_400.0
+MAX_MTBF_S = 3.6e9
+Seconds = Annotated[float, pydantic.Field(strict=True, gt=0, le=MAX_WAIT_S, allow_inf_nan=False)]
+Mtbf = Annotated[float, pydantic.Field(strict=True, gt=0, le=MAX_MTBF_S, allow_inf_nan=False)]
 
 
 def _field(default: Any, description: str, **rules: Any) -> Any:
@@ -139,7 +145,9 @@ class CheckpointSpec(_Model):
 class TimeoutSpec(_Model):
     """How long the controller waits before it calls something failed."""
 
-    heartbeat_interval_seconds: Seconds = _field(0.1, "Seconds between an agent's heartbeats.")
+    heartbeat_interval_seconds: Seconds = _field(
+        0.1, "Seconds between an agent's heartbeats, at least 0.01.", ge=0.01
+    )
     heartbeat_seconds: Seconds = _field(
         3.0, "An agent silent this long counts as failed; above heartbeatIntervalSeconds."
     )
@@ -254,7 +262,7 @@ class JobSpec(_Model):
         job_settings.Policy.ADAPTIVE,
         "Recoveries allowed: adaptive (Odyssey eq. 8), dynamic or reroute.",
     )
-    mtbf_seconds: Seconds | None = _field(
+    mtbf_seconds: Mtbf | None = _field(
         None, "Expected seconds to the next failure for eq. 8; default: learnt from failures."
     )
     timeouts: TimeoutSpec = _field(TimeoutSpec(), "Failure detection bounds.")
