@@ -65,8 +65,8 @@ class Kind(StrEnum):
     HANG = "hang"  # SIGSTOP: only the heartbeat timeout can tell
     RETURNS = "returns"  # SIGKILL, then the worker starts again (a scale-up)
     EARLY = "early"  # SIGKILL while an agent profiles or the first epoch is set up
-    # Every worker SIGSTOPped past the heartbeat timeout, then SIGCONT (a paused machine).
-    # Only on request (`draw(kind=...)`), never drawn: a known failure (docs/chaos.md).
+    # Every worker SIGSTOPped past the heartbeat timeout, then SIGCONT (a paused machine);
+    # drawn apart from the others (STALL_SHARE of the seeds).
     STALL = "stall"
 
 
@@ -77,7 +77,8 @@ class Outcome(StrEnum):
     HUNG = "Hung"
 
 
-KINDS = tuple(k for k in Kind if k is not Kind.STALL)  # the kinds a seed draws from
+KINDS = tuple(k for k in Kind if k is not Kind.STALL)  # the kinds a seed draws first
+STALL_SHARE = 1 / 7
 MAX_GAP_S = 1.5
 _FAULTS = {
     Kind.KILL: 1,
@@ -97,7 +98,7 @@ class Shape:
     """The job every trial runs, and the trial's bounds. Heartbeat and step timeouts are small
     so a stopped worker is caught within seconds; `window_s` spreads the first fault over
     about the fault-free run after Running; a Suspended job is ended once it stayed so for
-    `suspended_s`."""
+    `suspended_s` (longer than a stall's pause, from which the job should come back)."""
 
     workers: int = 4
     steps: int = 12
@@ -109,7 +110,7 @@ class Shape:
     step_timeout_s: float = 4.0
     window_s: float = 1.5
     bound_s: float = 120.0
-    suspended_s: float = 1.0
+    suspended_s: float = 4.0
     stop_grace_s: float = 2.0
 
 
@@ -182,17 +183,22 @@ def draw(seed: int, shape: Shape = Shape(), kind: Kind | None = None) -> Draw:
     replaces the drawn kind (the rest is drawn as without it)."""
     rng = random.Random(seed)
     drawn = rng.choice(KINDS)
-    kind = kind or drawn
+    chosen = kind or drawn
     workers = [W(w) for w in range(shape.workers)]
-    return Draw(
+    schedule = Draw(
         seed=seed,
-        kind=kind,
+        kind=chosen,
         redundancy=rng.choice((messages.RedundancyMode.XOR, messages.RedundancyMode.COPY)),
-        delay_s=rng.uniform(0.0, _DELAY_S.get(kind, shape.window_s)),
-        victims=tuple(rng.sample(workers, _FAULTS.get(kind, len(workers)))),  # STALL: all
+        delay_s=rng.uniform(0.0, _DELAY_S.get(chosen, shape.window_s)),
+        victims=tuple(rng.sample(workers, _FAULTS.get(chosen, len(workers)))),  # STALL: all
         gaps_s=tuple(rng.uniform(0.0, MAX_GAP_S) for _ in range(2)),
         rejoin_s=rng.uniform(0.0, 0.5),
     )
+    # Drawn last, so that adding the stall left every other seed's schedule as it was.
+    if kind is None and rng.random() < STALL_SHARE:
+        everyone = tuple(rng.sample(workers, len(workers)))
+        return dataclasses.replace(schedule, kind=Kind.STALL, victims=everyone)
+    return schedule
 
 
 def write_corpus(folder: Path) -> Path:
