@@ -3,12 +3,13 @@ real agent processes (tests/chaos/trials.py has the harness and the invariant; d
 
 Covered, one fixed seed per fault kind: a SIGKILL while training; two SIGKILLs, the second
 during the recovery from the first; three SIGKILLs (more than the fault tolerance: Suspended,
-with a persistent checkpoint once one exists); a SIGSTOPped worker caught by the heartbeat timeout and reaped
-at shutdown; a worker killed in the first epoch's set-up and started again; a SIGKILL while an
-agent profiles; every worker paused (SIGSTOP, then SIGCONT) past the heartbeat timeout. Each
-asserts the invariant: Succeeded equal to the fault-free reference or Suspended with a clear
-message and a checkpoint equal to the reference at its step, within the bound, with no process
-or shared-memory store left behind, and that every fault of the schedule landed.
+with a persistent checkpoint once one exists); a SIGSTOPped worker caught by the heartbeat
+timeout and reaped at shutdown; a worker killed in the first epoch's set-up and started
+again; a SIGKILL while an agent profiles; every worker paused (SIGSTOP, then SIGCONT) past the
+heartbeat timeout (xfail). Each asserts the invariant: Succeeded equal to the fault-free
+reference or Suspended with a clear message and a checkpoint equal to the reference at its
+step, within the bound, with no process or shared-memory store left behind, and that every
+fault of the schedule landed.
 
 Also: the leak check itself finds a process that is still there.
 """
