@@ -145,8 +145,8 @@ def _count(row: dict[str, float], record: dict[str, object]) -> None:
 
 
 def table(rows: dict[str, dict[str, float]]) -> str:
-    """The summary as a Markdown table, the kinds in `trials.KINDS` order, then all."""
-    order = [k.value for k in trials.KINDS if k.value in rows] + ["all"]
+    """The summary as a Markdown table, the kinds in `trials.Kind` order, then all."""
+    order = [k.value for k in trials.Kind if k.value in rows] + ["all"]
     lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     for kind in order:
         row = rows[kind]
