@@ -11,14 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import shutil
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from planaria.agent import data
 from planaria.control import clock, controller, ports
 from planaria.control import status as statuses
 from planaria.planner import plan
@@ -36,20 +32,6 @@ class Journal:
 
     async def record(self, entry: ports.EpochRecord) -> None:
         self.latest = entry
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("corpus") / "corpus.txt"
-    path.write_bytes(data.load_default_corpus(max_bytes=100_000).tobytes())
-    return path
-
-
-@pytest.fixture
-def shm() -> Iterator[Path]:
-    base = Path("/dev/shm") / f"planaria-adopt-{uuid.uuid4().hex[:8]}"
-    yield base
-    shutil.rmtree(base, ignore_errors=True)
 
 
 async def _until(ctl: controller.Controller, check: object, timeout_s: float = 90.0) -> None:

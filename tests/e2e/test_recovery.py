@@ -15,14 +15,11 @@ from the agents' snapshot stores at the last step (`planaria.agent.runtime_state
 from __future__ import annotations
 
 import dataclasses
-import shutil
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from planaria.agent import data, profiler
+from planaria.agent import profiler
 from planaria.control import status as statuses
 from planaria.planner import plan, profile, shapes
 from planaria.wire import messages
@@ -31,20 +28,6 @@ from tests.e2e import local_job
 W = plan.WorkerId
 Phase = statuses.Phase
 Tier = messages.RecoveryTier
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("corpus") / "corpus.txt"
-    path.write_bytes(data.load_default_corpus(max_bytes=100_000).tobytes())
-    return path
-
-
-@pytest.fixture
-def shm() -> Iterator[Path]:
-    base = Path("/dev/shm") / f"planaria-e2e-{uuid.uuid4().hex[:8]}"
-    yield base
-    shutil.rmtree(base, ignore_errors=True)
 
 
 def _job(tmp_path: Path, shm: Path, settings: object) -> local_job.LocalJob:
