@@ -2,7 +2,8 @@
 
 Covers: no `__init__.py` at the namespace root in any component folder; `planaria` spans the
 three component folders; `import operator` is the standard library even from the repo root;
-the `planaria` console script and `python -m planaria` both run.
+the `planaria` console script and `python -m planaria` both run; no two test modules share a
+file name (test folders have no `__init__.py`, so pytest could not collect both in one run).
 """
 
 from __future__ import annotations
@@ -57,3 +58,10 @@ def test_the_command_runs_as(command: list[str]) -> None:
 def test_no_importable_package_is_named_operator() -> None:
     offenders = [p for p in ROOT.glob("**/operator/__init__.py") if ".venv" not in p.parts]
     assert offenders == []
+
+
+def test_no_two_test_modules_share_a_file_name() -> None:
+    seen: dict[str, Path] = {}
+    for path in sorted((ROOT / "tests").rglob("test_*.py")):
+        assert path.name not in seen, f"{path} and {seen[path.name]}: rename one"
+        seen[path.name] = path

@@ -27,6 +27,7 @@ Rules every implementation keeps:
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -100,6 +101,19 @@ class StoreAddress:
 
     host: str
     port: int
+
+
+async def until_closed(
+    queue: asyncio.Queue[WorkerEvent | None],
+) -> AsyncIterator[WorkerEvent]:
+    """The events put on `queue`, in order, until the None that closes it, which stays queued
+    so every later reader ends too: `Backend.events` for backends that queue their events."""
+    while True:
+        event = await queue.get()
+        if event is None:
+            queue.put_nowait(None)
+            return
+        yield event
 
 
 class Backend(Protocol):

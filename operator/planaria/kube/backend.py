@@ -145,13 +145,8 @@ class KubeBackend:
             )
             raise
 
-    async def events(self) -> AsyncIterator[ports.WorkerEvent]:
-        while True:
-            event = await self._events.get()
-            if event is None:
-                self._events.put_nowait(None)  # every later reader ends too
-                return
-            yield event
+    def events(self) -> AsyncIterator[ports.WorkerEvent]:
+        return ports.until_closed(self._events)
 
     async def shutdown(self) -> None:
         """Delete the job's pods and release the store; idempotent."""

@@ -128,13 +128,8 @@ class LocalBackend:
             worker, record.address, timeout_s=timeout_s, tls=self._tls
         )
 
-    async def events(self) -> AsyncIterator[ports.WorkerEvent]:
-        while True:
-            event = await self._events.get()
-            if event is None:
-                self._events.put_nowait(None)  # every later reader ends too
-                return
-            yield event
+    def events(self) -> AsyncIterator[ports.WorkerEvent]:
+        return ports.until_closed(self._events)
 
     async def shutdown(self) -> None:
         """Stop and reap every agent, release the store, remove the job's stores; idempotent."""
