@@ -24,6 +24,7 @@ import pydantic
 import pytest
 import yaml
 
+from planaria.control import status as statuses
 from planaria.kube import constants, crd
 from planaria.planner import shapes
 from planaria.spec import job
@@ -383,3 +384,8 @@ def test_printer_columns_name_status_fields_and_the_resource_names_the_constants
         ["rjob"],
     )
     assert version["subresources"] == {"status": {}} and CRD["spec"]["scope"] == "Namespaced"
+
+
+def test_the_status_phases_are_the_controllers_and_invalid() -> None:
+    # crd.Phase repeats the controller's phases (an enum cannot extend another) plus Invalid.
+    assert {p.value for p in crd.Phase} == {p.value for p in statuses.Phase} | {"Invalid"}
