@@ -101,10 +101,13 @@ def _run(args: argparse.Namespace, root: Path) -> list[dict[str, object]]:
     records = []
     with concurrent.futures.ProcessPoolExecutor(args.jobs, mp_context=context) as pool:
         futures = [pool.submit(one_trial, s, root, corpus, args.keep) for s in seeds]
-        for future in concurrent.futures.as_completed(futures):
-            record = future.result()
-            records.append(record)
-            print(_line(record, len(records), args.trials), flush=True)
+        try:
+            for future in concurrent.futures.as_completed(futures):
+                records.append(future.result())
+                print(_line(records[-1], len(records), args.trials), flush=True)
+        except KeyboardInterrupt:  # Ctrl-C reaches the workers too: their trials shut down
+            pool.shutdown(cancel_futures=True)
+            raise
     return sorted(records, key=lambda r: int(str(r["seed"])))
 
 

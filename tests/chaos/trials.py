@@ -7,8 +7,9 @@ A trial runs one small job end to end: the controller core (`planaria.control.co
 `LocalBackend` whose agents are real `planaria agent` processes training a GPT with gloo (tiny;
 small for `Kind.RETURNS`, whose steps must outlast a restart).
 Its seed draws everything about the faults up front (`draw`): the kind (see `Kind`), the
-snapshot redundancy, the delay after the job first reaches Running (Profiling or the first
-epoch's set-up for `Kind.EARLY`), the victims in order, the gaps between faults and a returning
+snapshot redundancy, the moment of the first fault (a point of the training run counted in
+steps; seconds after Profiling begins for `Kind.EARLY`, after the first epoch's set-up begins
+for `Kind.RETURNS`), the victims in order, the gaps between faults and a returning
 worker's pause. So a seed replays the same schedule; where in a step a fault lands depends on
 the machine's timing, and each `Event` records the phase, epoch and committed step it met.
 
@@ -96,9 +97,8 @@ _DELAY_S = {Kind.EARLY: 3.0, Kind.RETURNS: 2.0}
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Shape:
     """The job every trial runs, and the trial's bounds. Heartbeat and step timeouts are small
-    so a stopped worker is caught within seconds; `window_s` spreads the first fault over
-    about the fault-free run after Running; a Suspended job is ended once it stayed so for
-    `suspended_s` (longer than a stall's pause, from which the job should come back)."""
+    so a stopped worker is caught within seconds; a Suspended job is ended once it stayed so
+    for `suspended_s` (longer than a stall's pause, from which the job should come back)."""
 
     workers: int = 4
     steps: int = 12
@@ -108,7 +108,6 @@ class Shape:
     fault_tolerance: int = 1
     heartbeat_timeout_s: float = 1.5
     step_timeout_s: float = 4.0
-    window_s: float = 1.5
     bound_s: float = 120.0
     suspended_s: float = 4.0
     stop_grace_s: float = 2.0
@@ -121,7 +120,7 @@ class Draw:
     seed: int
     kind: Kind
     redundancy: messages.RedundancyMode
-    delay_s: float
+    at: float  # in [0, 1): where in its window the first fault lands (`_Trial._first_moment`)
     victims: tuple[plan.WorkerId, ...]
     gaps_s: tuple[float, ...]
     rejoin_s: float
@@ -189,7 +188,7 @@ def draw(seed: int, shape: Shape = Shape(), kind: Kind | None = None) -> Draw:
         seed=seed,
         kind=chosen,
         redundancy=rng.choice((messages.RedundancyMode.XOR, messages.RedundancyMode.COPY)),
-        delay_s=rng.uniform(0.0, _DELAY_S.get(chosen, shape.window_s)),
+        at=rng.random(),
         victims=tuple(rng.sample(workers, _FAULTS.get(chosen, len(workers)))),  # STALL: all
         gaps_s=tuple(rng.uniform(0.0, MAX_GAP_S) for _ in range(2)),
         rejoin_s=rng.uniform(0.0, 0.5),
@@ -338,8 +337,7 @@ class _Trial:
 
     async def _inject(self) -> None:
         kind = self.draw.kind
-        await self._until(_TRIGGERS.get(kind, _running))
-        await asyncio.sleep(self.draw.delay_s)
+        await self._first_moment()
         if kind is Kind.STALL:
             await self._stall()
             return
@@ -350,6 +348,22 @@ class _Trial:
             self._signal(victim, signum)
         if kind is Kind.RETURNS:
             await self._return(self.draw.victims[0])
+
+    async def _first_moment(self) -> None:
+        """Wait for the first fault's moment. Seconds after its trigger for the kinds of
+        `_DELAY_S`; otherwise a point of the training run counted in steps, so the fault lands
+        inside the run whatever the machine's speed: `at` of the way through steps
+        0..steps - 2, the fraction of a step slept out by the last step's duration."""
+        kind = self.draw.kind
+        await self._until(_TRIGGERS.get(kind, _running))
+        if kind in _DELAY_S:
+            await asyncio.sleep(self.draw.at * _DELAY_S[kind])
+            return
+        position = self.draw.at * (self.shape.steps - 2)
+        await self._until(lambda s: s.step >= int(position))
+        records = self.controller.steps
+        step_s = records[-1].at_s - records[-2].at_s if len(records) > 1 else 0.1
+        await asyncio.sleep((position - int(position)) * step_s)
 
     async def _stall(self) -> None:
         """Stop every victim at once, past the heartbeat timeout, then let them go on."""
