@@ -274,3 +274,19 @@ async def test_a_planned_switch_that_comes_too_late_is_tried_again_not_blamed() 
     assert run.controller._lead_scale >= 2  # tried again with a longer lead
     switches = sorted(run.cluster.sent)[2:]  # the scale-up's tries: all but the last refused
     assert len(switches) >= 2 and switches[-1] == final.epoch
+
+
+async def test_a_stall_that_ends_worker_by_worker_heals_the_same_epoch() -> None:
+    # The agents come back one at a time; the first to return must not trigger a resume epoch
+    # that the others, training on in their epoch, would refuse (chaos seed 7, kind stall).
+    run = scenarios.Run(scenarios.job(steps=60))
+    await run.until(lambda: run.step() >= 5)
+    for agent in run.cluster.agents.values():
+        agent.hung = True
+    await run.until(lambda: run.controller.status.phase is status.Phase.SUSPENDED, limit_s=10)
+    for agent in run.cluster.agents.values():
+        agent.hung = False
+        await run.clock.advance(0.15)
+    final = await run.finish()
+    assert final.phase is status.Phase.SUCCEEDED, final.message
+    assert final.step == 60 and final.epoch == 1

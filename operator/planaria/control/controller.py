@@ -117,6 +117,7 @@ class Controller:
         self._unheard_since: float | None = None  # a resume waits for returning workers' beats
         self._was_live: set[plans.WorkerId] = set()  # live at the previous pass
         self._lead_scale = 1  # doubles after a planned switch that came too late
+        self._stall_since: float | None = None  # a resume waits for a stall to end
 
     # -- the public face -------------------------------------------------------------------
 
@@ -544,6 +545,8 @@ class Controller:
             return
         if not (self._arrivals or self._retry) or len(live) < self._planner.min_workers:
             return
+        if self._stall_ending(live):
+            return
         try:
             move = self._planner.best(live, "resume")
         except errors.PlannerError as exc:
@@ -578,6 +581,32 @@ class Controller:
         if not from_memory:
             self._snapshot_failed = False  # a later suspension may use host memory again
         await self._open(move, step, record=record)
+
+    def _stall_ending(self, live: set[plans.WorkerId]) -> bool:
+        """Whether to hold a resume because the suspended epoch may heal by itself: some of its
+        workers are back from a silence while others are still silent but not dead (a machine
+        stall ends worker by worker), or a worker still trains in it (it would refuse the
+        resume epoch; its group either heals or fails within a step timeout). Held at most a
+        heartbeat timeout plus a step timeout from the first such pass."""
+        running, epoch, now = self._epochs.plan, self._epochs.epoch, self._clock.monotonic()
+        if running is None:
+            return False
+        workers = set(running.workers)
+        silent = {w for w in workers - live if w not in self._roster.dead}
+        silent -= self._roster.faulty
+        training = {
+            w
+            for w in workers & live
+            if (b := self._roster.beat(w, epoch)) is not None
+            and b.epoch == epoch
+            and b.state is messages.AgentState.RUNNING
+        }
+        if not (silent and workers & live) and not training:
+            self._stall_since = None
+            return False
+        since = self._stall_since = self._stall_since or now
+        bound = self._job.heartbeat_timeout_s + self._job.step_timeout_s
+        return now - since < bound
 
     def _healed(self, live: set[plans.WorkerId]) -> bool:
         """Every worker of the suspended epoch's plan is live again and still trains in it (or
