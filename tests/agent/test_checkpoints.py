@@ -69,9 +69,12 @@ class _Job:
             for w in range(M)
         ]
 
-    def step(self, step: int, writing: range = range(M), members: tuple[int, ...] = ()) -> None:
+    def step(
+        self, step: int, writing: range = range(M), members: tuple[int, ...] = (), since: int = 0
+    ) -> None:
         """Snapshot `step`, then (when due) the `writing` workers checkpoint the complete
-        snapshot, counting `members` (default: all) as their plan."""
+        snapshot, counting `members` (default: all) as the plan of an epoch that resumed after
+        `since`; each keeps what it reported last until the epoch completes a step."""
         for writer in self.writers:
             writer.begin(step=step, epoch=1, states=_states(step), groups=GROUPS)
         for w, (writer, checkpointer) in enumerate(
@@ -80,7 +83,14 @@ class _Job:
             manifest = writer.wait(30)
             assert manifest is not None
             if w in writing:  # one after the other, so what each finds complete is known
-                checkpointer.begin(writer.store, manifest.step, members or tuple(range(M)))
+                reported = checkpointer.complete_step
+                checkpointer.begin(
+                    writer.store,
+                    manifest.step,
+                    members or tuple(range(M)),
+                    since=since,
+                    keep_from=reported,
+                )
                 checkpointer.wait(30)
 
 
@@ -121,10 +131,16 @@ def test_a_member_that_stops_holds_its_complete_step_until_the_plan_leaves_it_ou
     assert [c.complete_step for c in job.checkpointers[:2]] == [2, 2]
     assert checkpoints.checkpoint_steps(job.root) == (2, 4, 6, 8)
     _assert_states(checkpoints.load_checkpoint(job.root, 2), 2)
-    for step in (9, 10):  # the next plan is workers 0 and 1
-        job.step(step, writing=range(2), members=(0, 1))
-    assert [c.complete_step for c in job.checkpointers[:2]] == [8, 10]
-    assert checkpoints.checkpoint_steps(job.root) == (2, 8, 10)  # step 2: worker 2's part only
+    # The next epoch's plan is workers 0 and 1, resumed after step 8. Step 8 has their parts
+    # but was written by the old plan (worker 2's part is missing): it does not count.
+    for step in (9, 10):
+        job.step(step, writing=range(2), members=(0, 1), since=8)
+    assert [c.complete_step for c in job.checkpointers[:2]] == [None, 10]
+    _assert_states(checkpoints.load_checkpoint(job.root, 2), 2)  # worker 0 keeps its part
+    for step in (11, 12):
+        job.step(step, writing=range(2), members=(0, 1), since=8)
+    assert [c.complete_step for c in job.checkpointers[:2]] == [10, 12]
+    assert checkpoints.checkpoint_steps(job.root) == (2, 10, 12)  # step 2: worker 2's part only
 
 
 def test_one_missing_or_damaged_part_is_covered_by_redundancy(tmp_path: Path) -> None:

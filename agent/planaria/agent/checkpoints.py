@@ -14,13 +14,16 @@ each file is verified against the snapshot's checksum before it is copied. Each 
 and renames its own part, so workers never coordinate; a step is loadable when every layer can
 be rebuilt from the parts present (the redundancy also covers a worker that never wrote).
 
-Retention and what a worker reports: after each write, the writer finds the newest step of
-which every member of the current plan (`begin`'s `members`) has a complete part, the step a
-resume can load (`complete_step`, what the agent's heartbeat reports as its checkpoint step).
-A worker keeps its parts of its last `keep` (2) steps and of every step from the complete one
-on, and deletes older ones. So the newest complete step is never pruned, even when a member
-lags or dies between its write and its next heartbeat (the controller takes the newest step any
-worker reported complete), and parts of workers that left the plan do not hold back pruning.
+Retention and what a worker reports: after each write, the writer finds the newest step
+written in the current epoch (after its resume step, `begin`'s `since`) of which every member
+of the current plan (`members`) has a complete part: the step a resume can load
+(`complete_step`, what the agent's heartbeat reports as its checkpoint step; steps of an
+earlier epoch were written by that epoch's plan, whose other parts may be gone). A worker keeps
+its parts of its last `keep` (2) steps and of every step from the complete one on (or, before
+the epoch has one, from `keep_from`, the step it reported last), and deletes older ones. So the
+newest complete step is never pruned, even when a member lags or dies between its write and its
+next heartbeat (the controller takes the newest step any worker reported complete), and parts
+of workers that left the plan do not hold back pruning.
 
 `load_checkpoint` has weights-only semantics: it reads JSON and raw bytes and returns layer
 states; nothing is unpickled or executed. `root` is a local path or a mounted volume.
@@ -83,15 +86,22 @@ class CheckpointWriter:
         return step >= 1 and step % self.config.interval_steps == 0
 
     def begin(
-        self, store: snapshot_store.SnapshotStore, step: int, members: tuple[int, ...] = ()
+        self,
+        store: snapshot_store.SnapshotStore,
+        step: int,
+        members: tuple[int, ...] = (),
+        *,
+        since: int = 0,
+        keep_from: int | None = None,
     ) -> bool:
         """Start copying the complete snapshot of `step` from `store`; False when not due or
         when the previous checkpoint is still being written (it is never queued behind).
         `members`: the workers of the current plan, whose parts make a step complete (empty:
-        this worker alone)."""
+        this worker alone); `since`: the epoch's resume step (only later steps count);
+        `keep_from`: the step last reported complete, kept until the epoch completes one."""
         if not self.due(step) or (self._future is not None and not self._future.done()):
             return False
-        self._future = self._pool.submit(self._write, store, step, members)
+        self._future = self._pool.submit(self._write, store, step, members, since, keep_from)
         return True
 
     def wait(self, timeout_s: float | None = None) -> Path | None:
@@ -118,7 +128,12 @@ class CheckpointWriter:
         self._pool.shutdown(wait=True)
 
     def _write(
-        self, store: snapshot_store.SnapshotStore, step: int, members: tuple[int, ...]
+        self,
+        store: snapshot_store.SnapshotStore,
+        step: int,
+        members: tuple[int, ...],
+        since: int,
+        keep_from: int | None,
     ) -> Path:
         step_dir = self.config.root / f"step-{step}"
         final = step_dir / f"worker-{self.config.worker}"
@@ -134,8 +149,9 @@ class CheckpointWriter:
         shutil.rmtree(final, ignore_errors=True)
         temp.rename(final)
         snapshot_store.fsync_dir(step_dir)
-        self.complete_step = complete_step(self.config.root, members or (self.config.worker,))
-        self._prune(self.complete_step)
+        found = complete_step(self.config.root, members or (self.config.worker,), after=since)
+        self.complete_step = found
+        self._prune(found if found is not None else keep_from)
         return final
 
     def _prune(self, complete: int | None) -> None:
@@ -181,11 +197,12 @@ def _complete_steps(root: Path, worker: int | None = None) -> list[int]:
     return sorted(steps)
 
 
-def complete_step(root: Path, members: tuple[int, ...]) -> int | None:
-    """The newest step of which every one of `members` has a complete part (None if none)."""
+def complete_step(root: Path, members: tuple[int, ...], *, after: int = 0) -> int | None:
+    """The newest step after `after` of which every one of `members` has a complete part
+    (None if none)."""
     common: set[int] | None = None
     for member in members:
-        steps = set(_complete_steps(root, member))
+        steps = {s for s in _complete_steps(root, member) if s > after}
         common = steps if common is None else common & steps
     return max(common) if common else None
 

@@ -251,8 +251,12 @@ class Training:
         ckpt = self._checkpoints
         if manifest is not None and ckpt is not None and ckpt.due(manifest.step):
             self.poll_checkpoint(wait=True)
-            members = tuple(self.config.plan.workers) if self.config is not None else ()
-            if ckpt.begin(self.store, manifest.step, members):
+            config = self.config
+            members = tuple(config.plan.workers) if config is not None else ()
+            since = config.resume_step if config is not None else 0
+            if ckpt.begin(
+                self.store, manifest.step, members, since=since, keep_from=self.checkpoint_step
+            ):
                 self._checkpoint_pending = manifest.step
 
     def poll_checkpoint(self, *, wait: bool = False) -> None:
@@ -267,7 +271,8 @@ class Training:
         except snapshot_store.SnapshotError as exc:
             LOG.warning("worker %d: checkpoint of step %d failed: %s", self.worker, pending, exc)
         else:  # the newest step a resume can load, which may trail this worker's own part
-            self.checkpoint_step = ckpt.complete_step
+            if ckpt.complete_step is not None:  # else the epoch has none yet: keep the last
+                self.checkpoint_step = ckpt.complete_step
         self._checkpoint_pending = None
 
     def _after_commit(self, t: int, *, forced: bool) -> None:
