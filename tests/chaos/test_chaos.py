@@ -6,7 +6,7 @@ during the recovery from the first; three SIGKILLs (more than the fault toleranc
 with a persistent checkpoint once one exists); a SIGSTOPped worker caught by the heartbeat
 timeout and reaped at shutdown; a worker killed in the first epoch's set-up and started
 again; a SIGKILL while an agent profiles; every worker paused (SIGSTOP, then SIGCONT) past the
-heartbeat timeout (xfail). Each asserts the invariant: Succeeded equal to the fault-free
+heartbeat timeout. Each asserts the invariant: Succeeded equal to the fault-free
 reference or Suspended with a clear message and a checkpoint equal to the reference at its
 step, within the bound, with no process or shared-memory store left behind, and that every
 fault of the schedule landed.
@@ -29,29 +29,11 @@ from tests.chaos import processes, trials
 SEEDS = [
     pytest.param(2, id="seed 2: one SIGKILL while training"),
     pytest.param(4, id="seed 4: a second SIGKILL during the recovery from the first"),
-    pytest.param(
-        150,
-        id="seed 150: three SIGKILLs within 0.4 s, beyond the fault tolerance",
-        marks=pytest.mark.xfail(
-            strict=False,  # about half the full-folder runs, none of 4 runs alone
-            reason="the Suspended status can name a checkpoint step of an earlier epoch that a "
-            "surviving worker has pruned (step 2, parts of workers 0 and 1 of 4 left; "
-            "docs/chaos.md)",
-        ),
-    ),
+    pytest.param(150, id="seed 150: three SIGKILLs within 0.4 s, beyond the fault tolerance"),
     pytest.param(0, id="seed 0: a SIGSTOPped worker, caught by the heartbeat timeout"),
     pytest.param(6, id="seed 6: a worker killed in the first set-up, started again"),
     pytest.param(20, id="seed 20: a SIGKILL while one agent profiles the model"),
-    pytest.param(
-        7,
-        id="seed 7: every worker paused past the heartbeat timeout, then continued",
-        marks=pytest.mark.xfail(
-            strict=False,  # 6 of 8 bench stall trials failed; this seed passed in 1 of 3 runs
-            reason="the workers train on in their old epoch once continued, refuse the resume "
-            "epoch (resume_step <= their step), are counted faulty, and the job stays "
-            "Suspended naming a checkpoint step no longer on disk (docs/chaos.md)",
-        ),
-    ),
+    pytest.param(7, id="seed 7: every worker paused past the heartbeat timeout, then continued"),
 ]
 
 
