@@ -347,6 +347,18 @@ def test_executables_and_entrypoints() -> None:
         containers.argv(bare, {}, {})
 
 
+def test_the_mapped_executable_is_never_remounted() -> None:
+    # A checkout under /tmp (CI's clean clone) with a pod mounting an emptyDir at /tmp: the
+    # container's own paths move into the volume, this machine's interpreter does not.
+    here = str(pathlib.Path(sys.executable).parent)
+    table = [(here, "/volume"), ("/etc/tls", "/local/tls")]
+    spec = {"name": "c", "command": ["planaria"], "args": ["agent", "/etc/tls", f"{here}/x"]}
+    assert containers.argv(spec, {}, {}, table) == [
+        *(sys.executable, "-m", "planaria", "agent"),
+        *("/local/tls", "/volume/x"),
+    ]
+
+
 def test_mount_paths_are_rewritten_longest_first(tmp_path: pathlib.Path) -> None:
     container = {
         "volumeMounts": [

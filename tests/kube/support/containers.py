@@ -166,9 +166,14 @@ def remount(text: str, table: Sequence[tuple[str, str]]) -> str:
 
 
 def argv(
-    container: Json, variables: Mapping[str, str], entrypoints: Mapping[str, Sequence[str]]
+    container: Json,
+    variables: Mapping[str, str],
+    entrypoints: Mapping[str, Sequence[str]],
+    table: Sequence[tuple[str, str]] = (),
 ) -> list[str]:
-    """command + args, expanded, with our executables mapped (before mounts are rewritten)."""
+    """command + args, expanded and remounted, then our executables mapped. The mapped
+    executables are this machine's paths: never remounted (a checkout under /tmp would
+    otherwise be rewritten into the pod's /tmp emptyDir)."""
     image = str(container.get("image", ""))
     command = (
         container.get("command")
@@ -180,7 +185,8 @@ def argv(
             f"container {container['name']!r} has no command and image {image!r} no known "
             "entrypoint: set command, or pass entrypoints={image: [...]} to the kubelet"
         )
-    words = [expand(str(word), variables) for word in [*command, *(container.get("args") or [])]]
+    spec_words = [*command, *(container.get("args") or [])]
+    words = [remount(expand(str(word), variables), table) for word in spec_words]
     return [*_EXECUTABLES.get(words[0], [words[0]]), *words[1:]]
 
 

@@ -309,8 +309,7 @@ class Kubelet:
                 {n: containers.decoded(s) for n, s in secrets.items()},
                 {n: {k: str(v) for k, v in (m.get("data") or {}).items()} for n, m in maps.items()},
             )
-            words = containers.argv(c.spec, variables, self._entrypoints)
-            argv = [containers.remount(word, table) for word in words]
+            argv = containers.argv(c.spec, variables, self._entrypoints, table)
             cwd = containers.remount(c.spec.get("workingDir", ""), table) or str(pod.directory)
             plans[c.name] = (argv, containers.process_env(variables, table), cwd)
         return plans
