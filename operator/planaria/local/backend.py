@@ -7,15 +7,18 @@
     await backend.restart(1)                # a JOINED event once it serves again
     await backend.shutdown()                # Stop RPC, SIGTERM, SIGKILL; stores removed
 
-The rendezvous store of every epoch (a torch c10d TCPStore on 127.0.0.1, a free port) lives in
-this process, as the harness of the executor hosts it: never in a worker, so a worker's death
-never takes the store with it. Each agent is started with `--listen 127.0.0.1:0` and a ready
-file it writes once it serves; its stderr and stdout go to `<run_dir>/workers/worker-W.log`
-(appended across restarts). A task per process waits for its exit and reports DIED with the
-exit code or signal; a restarted worker is reported JOINED once it answers. Agents are started
-in their own session (a Ctrl-C of the terminal reaches the controller only, which stops them in
-order). No code runs between fork and exec (that is unsafe in a process with gRPC threads), so
-an agent does outlive a controller killed with SIGKILL; every other exit stops them.
+The rendezvous store of every epoch (a torch c10d TCPStore on 127.0.0.1, a free port) lives in this
+process, as the harness of the executor hosts it: never in a worker, so a worker's death never takes
+the store with it. `placement` may put a worker elsewhere (another listen address, a command prefix
+such as `ip netns exec`, extra environment: `Placement`); the store is then advertised at
+`store_host`, an address every worker can reach. Each agent is started with `--listen 127.0.0.1:0`
+(its placement's host) and a ready file it writes once it serves; its stderr and stdout go to
+`<run_dir>/workers/worker-W.log` (appended across restarts). A task per process waits for its exit
+and reports DIED with the exit code or signal; a restarted worker is reported JOINED once it
+answers. Agents are started in their own session (a Ctrl-C of the terminal reaches the controller
+only, which stops them in order). No code runs between fork and exec (that is unsafe in a process
+with gRPC threads), so an agent does outlive a controller killed with SIGKILL; every other exit
+stops them.
 
 The channel to the agents is mutual TLS (issue #10): the backend issues the job's credentials
 once, at construction (`planaria.rpc.tls`, a few milliseconds), into `<run_dir>/tls/agent`
@@ -42,7 +45,7 @@ import os
 import shutil
 import signal
 import sys
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -64,6 +67,18 @@ _POLL_S = 0.02
 class LocalBackendError(RuntimeError):
     """A local worker could not be started or restarted; the message says why and where the
     worker's log is."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Placement:
+    """Where one worker's agent process runs: the address it listens on (and its peers reach
+    it at), a command prefix it is started under (e.g. `ip netns exec NAME`, for a worker in
+    its own network namespace) and environment added to this process's (e.g.
+    `GLOO_SOCKET_IFNAME`). The default: loopback, no prefix, this process's environment."""
+
+    host: str = LOOPBACK
+    prefix: tuple[str, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(slots=True, kw_only=True)
@@ -90,6 +105,8 @@ class LocalBackend:
         ready_timeout_s: float = READY_TIMEOUT_S,
         stop_grace_s: float = STOP_GRACE_S,
         agent_args: Sequence[str] = (),
+        store_host: str = LOOPBACK,
+        placement: Callable[[plan.WorkerId], Placement] | None = None,
     ) -> None:
         if not job or "/" in job:
             raise ValueError(f"local backend: job name {job!r} is not usable; give one without '/'")
@@ -100,6 +117,7 @@ class LocalBackend:
         self._ready_timeout_s = ready_timeout_s
         self._stop_grace_s = stop_grace_s
         self._agent_args = tuple(agent_args)
+        self._placement = placement or (lambda worker: Placement())
         self._tls = _issue_tls(job, run_dir / "tls")
         self._workers: dict[plan.WorkerId, _Worker] = {}
         self._events: asyncio.Queue[ports.WorkerEvent | None] = asyncio.Queue()
@@ -107,7 +125,7 @@ class LocalBackend:
         self._store: c10d.TCPStore | None = c10d.TCPStore(
             LOOPBACK, 0, None, True, datetime.timedelta(seconds=STORE_TIMEOUT_S), False
         )
-        self._address = ports.StoreAddress(host=LOOPBACK, port=self._store.port)
+        self._address = ports.StoreAddress(host=store_host, port=self._store.port)
 
     # -- ports.Backend -----------------------------------------------------------------------
 
@@ -184,11 +202,12 @@ class LocalBackend:
         folder.mkdir(parents=True, exist_ok=True)
         return folder / f"worker-{worker}.ready", folder / f"worker-{worker}.log"
 
-    def _command(self, worker: plan.WorkerId, ready: Path) -> list[str]:
+    def _command(self, worker: plan.WorkerId, where: Placement, ready: Path) -> list[str]:
         return [
+            *where.prefix,
             *(sys.executable, "-m", "planaria", "agent"),
             *("--worker", str(worker), "--job", self.job),
-            *("--listen", f"{LOOPBACK}:0", "--ready-file", str(ready)),
+            *("--listen", f"{where.host}:0", "--ready-file", str(ready)),
             *("--snapshot-base", str(self.snapshot_base)),
             *("--tls-dir", str(self.run_dir / "tls" / "agent")),
             *self._agent_args,
@@ -197,9 +216,11 @@ class LocalBackend:
     async def _launch(self, worker: plan.WorkerId) -> None:
         ready, log_path = self._paths(worker)
         ready.unlink(missing_ok=True)
+        where = self._placement(worker)
         with open(log_path, "ab") as log:
             process = await asyncio.create_subprocess_exec(
-                *self._command(worker, ready),
+                *self._command(worker, where, ready),
+                env={**os.environ, **where.env} if where.env else None,
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=log,
                 stderr=log,
