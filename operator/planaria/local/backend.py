@@ -30,6 +30,14 @@ Shutdown stops every agent (Stop RPC, then SIGTERM, then SIGKILL after the grace
 releases the store and removes the job's host-memory snapshot stores
 (`<snapshot_base>/<job>/`) unless `keep_snapshots`.
 
+Adoption (a controller killed and started again, docs/local-mode.md): each agent's pid and start
+time go to `<run_dir>/workers/worker-W.pid` (`planaria.local.adoption`). A backend built with
+`adopt=True` reuses the run directory's credentials (the running agents trust that CA only) and
+`adopt()` takes over every agent a previous backend of the run directory left running: its
+address from its ready file, its liveness from a pidfd (not our child: no waitpid, no exit
+status), so its death is a DIED event, and `kill`, `restart` and `shutdown` work on it as on our
+own. The store is this process's, new: the next epoch's Configure carries its address.
+
 Errors: `LocalBackendError` (a worker that exits or stays silent before it serves, a restart of
 a live worker); `ports.AgentUnreachable` from `connect` when the worker does not run;
 `tls.TlsError` (a ValueError) at construction for a job name that cannot name a certificate.
@@ -48,10 +56,12 @@ import sys
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from torch._C import _distributed_c10d as c10d  # the store classes, as planaria.agent.groups
 
 from planaria.control import ports
+from planaria.local import adoption
 from planaria.planner import plan
 from planaria.rpc import client, tls
 
@@ -81,11 +91,28 @@ class Placement:
     env: Mapping[str, str] = field(default_factory=dict)
 
 
+class _Process(Protocol):
+    """What the backend uses of a worker's process: our child (`asyncio.subprocess.Process`)
+    or one adopted from a previous controller (`adoption.AdoptedProcess`)."""
+
+    @property
+    def pid(self) -> int: ...
+
+    @property
+    def returncode(self) -> int | None: ...
+
+    def send_signal(self, signum: int) -> None: ...
+
+    def kill(self) -> None: ...
+
+    async def wait(self) -> int | None: ...
+
+
 @dataclass(slots=True, kw_only=True)
 class _Worker:
     """One worker's current process (replaced on restart)."""
 
-    process: asyncio.subprocess.Process
+    process: _Process
     address: str | None = None
     generation: int = 0
     watcher: asyncio.Task[None] | None = None
@@ -107,7 +134,10 @@ class LocalBackend:
         agent_args: Sequence[str] = (),
         store_host: str = LOOPBACK,
         placement: Callable[[plan.WorkerId], Placement] | None = None,
+        adopt: bool = False,
     ) -> None:
+        """`adopt`: reuse the run directory's credentials, for `adopt()` (module docstring);
+        tls.TlsError when the run directory has none."""
         if not job or "/" in job:
             raise ValueError(f"local backend: job name {job!r} is not usable; give one without '/'")
         self.job = job
@@ -118,7 +148,12 @@ class LocalBackend:
         self._stop_grace_s = stop_grace_s
         self._agent_args = tuple(agent_args)
         self._placement = placement or (lambda worker: Placement())
-        self._tls = _issue_tls(job, run_dir / "tls")
+        self._adopting = adopt
+        self._tls = (
+            tls.read_controller_dir(run_dir / "tls" / "controller")
+            if adopt
+            else _issue_tls(job, run_dir / "tls")
+        )
         self._workers: dict[plan.WorkerId, _Worker] = {}
         self._events: asyncio.Queue[ports.WorkerEvent | None] = asyncio.Queue()
         self._closed = False
@@ -159,6 +194,31 @@ class LocalBackend:
         self._store = None  # the TCPStore's server ends with its last reference
         if not self._keep_snapshots:
             shutil.rmtree(self.snapshot_base / self.job, ignore_errors=True)
+
+    # -- adoption -----------------------------------------------------------------------------
+
+    def adopt(self) -> tuple[plan.WorkerId, ...]:
+        """Take over the agents a previous backend of this run directory left running (module
+        docstring); returns their workers, sorted. One that never wrote its ready file cannot be
+        reached and is killed. Call in the event loop that runs the job."""
+        if not self._adopting:
+            raise LocalBackendError("adopt() needs a backend built with adopt=True")
+        taken = []
+        for worker, (pid, started) in adoption.running(self.run_dir / "workers").items():
+            process = adoption.AdoptedProcess.open(pid, started)
+            if process is None or self.running(worker):
+                continue
+            ready, _ = self._paths(worker)
+            if not ready.exists():
+                LOG.warning("worker %d: process %d never served; killed", worker, pid)
+                with contextlib.suppress(ProcessLookupError):
+                    process.kill()
+            record = _Worker(process=process, address=_address(ready))
+            self._workers[worker] = record
+            record.watcher = asyncio.ensure_future(self._watch(worker, record))
+            if record.address is not None:
+                taken.append(worker)
+        return tuple(sorted(taken))
 
     # -- failure injection and returning workers --------------------------------------------
 
@@ -202,6 +262,9 @@ class LocalBackend:
         folder.mkdir(parents=True, exist_ok=True)
         return folder / f"worker-{worker}.ready", folder / f"worker-{worker}.log"
 
+    def _pid_file(self, worker: plan.WorkerId) -> Path:
+        return self.run_dir / "workers" / f"worker-{worker}{adoption.SUFFIX}"
+
     def _command(self, worker: plan.WorkerId, where: Placement, ready: Path) -> list[str]:
         return [
             *where.prefix,
@@ -226,6 +289,7 @@ class LocalBackend:
                 stderr=log,
                 start_new_session=True,
             )
+        adoption.write(self._pid_file(worker), process.pid)  # for a successor (docstring)
         old = self._workers.get(worker)
         record = _Worker(process=process, generation=old.generation + 1 if old else 0)
         self._workers[worker] = record
@@ -256,7 +320,11 @@ class LocalBackend:
         code = await record.process.wait()
         record.ended.set()
         if not self._closed:
-            detail = f"process {record.process.pid} exited with {_describe(code)}"
+            detail = (
+                f"process {record.process.pid} exited with {_describe(code)}"
+                if code is not None
+                else f"adopted process {record.process.pid} exited (its status is its parent's)"
+            )
             LOG.info("worker %d: %s", worker, detail)
             self._events.put_nowait(
                 ports.WorkerEvent(kind=ports.EventKind.DIED, worker=worker, detail=detail)
@@ -296,6 +364,14 @@ def _issue_tls(job: str, folder: Path) -> tls.ControllerTls:
     tls.write_dir(tls.controller_files(credentials), folder / "controller")
     os.chmod(folder, tls.DIR_MODE)
     return tls.controller_tls(credentials)
+
+
+def _address(ready: Path) -> str | None:
+    """The address in an agent's ready file, None when it has none."""
+    try:
+        return ready.read_text().strip() or None
+    except FileNotFoundError:
+        return None
 
 
 def _describe(code: int | None) -> str:
