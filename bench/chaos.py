@@ -1,6 +1,7 @@
 """Randomized fault trials on the local backend, and the table issue #10 asks for.
 
-    .venv/bin/python -m bench.chaos --trials 100 [--seed 0] [--jobs 1] [--json PATH] [--keep]
+    .venv/bin/python -m bench.chaos --trials 100 [--seed 0] [--jobs 1] [--kind K] [--json PATH]
+                                    [--keep]
 
 Trial i runs seed `--seed + i` (`tests/chaos/trials.py`: one seeded fault schedule against the
 controller core, a LocalBackend and real agent processes training the tiny GPT with gloo) and
@@ -9,11 +10,16 @@ message and a persistent checkpoint equal to the reference at its step; no hang 
 no leaked process or shared-memory store. `--jobs` trials run at once in separate processes
 (on 2 cores, 1 keeps the heartbeat timings honest). A trial that breaks the invariant is printed
 with its seed at once; replay it alone with `--trials 1 --seed S --keep` (its run directory,
-with the controller's log and every worker's, is kept and printed).
+with the controller's log and every worker's, is kept and printed). `--kind K` runs only the
+seeds whose drawn kind is K: the first `--trials` of them from `--seed` on, each with the
+schedule it has in a mixed run, so a seed replays the same either way. Partition seeds need
+network namespaces (root, iproute2: `tests/chaos/netns.py`); where there are none they are
+left out, and the run says so.
 
 Printed: one line per trial, then per fault kind: trials, faults injected, Succeeded (survived),
 Suspended with a checkpoint, Suspended without one (no checkpoint written yet), Failed, hangs,
-parameter mismatches, leaked processes and leaked segments, and the mean trial seconds.
+parameter mismatches, leaked processes, leaked segments and leaked network namespaces or links
+(partitions), and the mean trial seconds.
 `--json` writes every trial's record and the totals.
 """
 
@@ -36,7 +42,7 @@ import uuid
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from tests.chaos import trials
+from tests.chaos import netns, trials
 
 SHM = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
 COLUMNS = (
@@ -51,6 +57,7 @@ COLUMNS = (
     "mismatch",
     "leak-pids",
     "leak-shm",
+    "leak-net",
     "mean s",
 )
 
@@ -63,6 +70,8 @@ def _arguments(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--json", type=Path, default=None, help="write the records here")
     parser.add_argument("--keep", action="store_true", help="keep every trial's run directory")
     parser.add_argument("--root", type=Path, default=None, help="run directories go here")
+    kinds = [k.value for k in trials.Kind]
+    parser.add_argument("--kind", choices=kinds, default=None, help="only seeds of this kind")
     args = parser.parse_args(argv)
     if args.trials < 1 or args.jobs < 1:
         parser.error("--trials and --jobs must be >= 1")
@@ -96,7 +105,7 @@ def one_trial(seed: int, root: Path, corpus: Path, keep: bool) -> dict[str, obje
 
 def _run(args: argparse.Namespace, root: Path) -> list[dict[str, object]]:
     corpus = trials.write_corpus(root)
-    seeds = range(args.seed, args.seed + args.trials)
+    seeds = chosen_seeds(args.seed, args.trials, args.kind)
     context = multiprocessing.get_context("spawn")  # no torch or asyncio state forked
     records = []
     with concurrent.futures.ProcessPoolExecutor(args.jobs, mp_context=context) as pool:
@@ -109,6 +118,24 @@ def _run(args: argparse.Namespace, root: Path) -> list[dict[str, object]]:
             pool.shutdown(cancel_futures=True)
             raise
     return sorted(records, key=lambda r: int(str(r["seed"])))
+
+
+def chosen_seeds(first: int, count: int, kind: str | None) -> list[int]:
+    """`count` seeds from `first` on: every one, or those whose drawn kind is `kind`; partition
+    seeds are left out (with a note) where network namespaces cannot be made."""
+    missing = netns.unavailable()
+    if missing and kind == trials.Kind.PARTITION:
+        raise SystemExit(f"bench.chaos: partition trials cannot run here: {missing}")
+    seeds: list[int] = []
+    seed = first
+    while len(seeds) < count:
+        drawn = trials.draw(seed).kind
+        if (kind is None or drawn == kind) and not (missing and drawn is trials.Kind.PARTITION):
+            seeds.append(seed)
+        elif missing and drawn is trials.Kind.PARTITION and kind is None:
+            print(f"seed {seed} (partition) left out: {missing}", flush=True)
+        seed += 1
+    return seeds
 
 
 def _line(record: dict[str, object], done: int, total: int) -> str:
@@ -144,6 +171,7 @@ def _count(row: dict[str, float], record: dict[str, object]) -> None:
     row["mismatch"] += any("differ from the reference" in p for p in problems)
     row["leak-pids"] += len(record["leaked_pids"])  # type: ignore[arg-type]
     row["leak-shm"] += len(record["leaked_shm"])  # type: ignore[arg-type]
+    row["leak-net"] += len(record["leaked_net"])  # type: ignore[arg-type]
     row["mean s"] += float(str(record["wall_s"]))
 
 

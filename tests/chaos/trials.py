@@ -9,9 +9,10 @@ small for `Kind.RETURNS`, whose steps must outlast a restart).
 Its seed draws everything about the faults up front (`draw`): the kind (see `Kind`), the
 snapshot redundancy, the moment of the first fault (a point of the training run counted in
 steps; seconds after Profiling begins for `Kind.EARLY`, after the first epoch's set-up begins
-for `Kind.RETURNS`), the victims in order, the gaps between faults and a returning
-worker's pause. So a seed replays the same schedule; where in a step a fault lands depends on
-the machine's timing, and each `Event` records the phase, epoch and committed step it met.
+for `Kind.RETURNS`), the victims in order, the gaps between faults, a returning worker's
+pause and how long a partition lasts. So a seed replays the same schedule; where in a step a
+fault lands depends on the machine's timing, and each `Event` records the phase, epoch and
+committed step it met.
 
 The invariant (`TrialResult.problems` lists every breach; the outcome checks are `invariant`):
 - the job ends Succeeded with every layer (parameters and AdamW moments) equal to the fault-free
@@ -22,9 +23,10 @@ The invariant (`TrialResult.problems` lists every breach; the outcome checks are
 - it ends within `Shape.bound_s` (else it is cancelled, shut down and counted `Outcome.HUNG`);
 - afterwards no process the backend ever started runs or lingers as a zombie, nor any process
   of their sessions, and the trial's shared-memory base is empty (the backend removes its stores:
-  `keep_snapshots=False`).
+  `keep_snapshots=False`); after a partition, its namespace and links are gone (`netns`).
 
-Not here: killing the controller itself and network partitions (docs/chaos.md).
+Only `Kind.PARTITION` trials make a network namespace (which needs root); the others run
+everything on loopback. Not here: killing the controller itself (docs/chaos.md).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import asyncio
 import contextlib
 import dataclasses
 import functools
+import math
 import random
 import shutil
 import signal
@@ -48,7 +51,7 @@ from planaria.control import status as statuses
 from planaria.local import backend as local_backend
 from planaria.planner import plan, profile, shapes
 from planaria.wire import messages
-from tests.chaos import invariant, processes
+from tests.chaos import invariant, netns, processes
 from tests.e2e import local_job
 
 Phase = statuses.Phase
@@ -69,6 +72,9 @@ class Kind(StrEnum):
     # Every worker SIGSTOPped past the heartbeat timeout, then SIGCONT (a paused machine);
     # drawn apart from the others (STALL_SHARE of the seeds).
     STALL = "stall"
+    # One worker's traffic dropped both ways (`netns`) for `Draw.cut_s`, then let through: it
+    # ran all along and comes back in a stale epoch. Drawn apart too (PARTITION_SHARE).
+    PARTITION = "partition"
 
 
 class Outcome(StrEnum):
@@ -78,8 +84,11 @@ class Outcome(StrEnum):
     HUNG = "Hung"
 
 
-KINDS = tuple(k for k in Kind if k is not Kind.STALL)  # the kinds a seed draws first
+KINDS = tuple(k for k in Kind if k not in (Kind.STALL, Kind.PARTITION))  # drawn first
 STALL_SHARE = 1 / 7
+PARTITION_SHARE = 1 / 7  # of the seeds not stalled
+KEPT_CUT_SHARE = 1 / 4  # of the partitions: never healed, the job ends around the lost worker
+MAX_CUT_EXTRA_S = 3.0  # a healed cut lasts the heartbeat timeout + up to this
 MAX_GAP_S = 1.5
 _FAULTS = {
     Kind.KILL: 1,
@@ -124,6 +133,7 @@ class Draw:
     victims: tuple[plan.WorkerId, ...]
     gaps_s: tuple[float, ...]
     rejoin_s: float
+    cut_s: float = 0.0  # `Kind.PARTITION`: how long the cut lasts; math.inf: to the end
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -132,7 +142,9 @@ class Event:
     `doing`: the start of the status message, e.g. "opening epoch 1" or "epoch 2 running")."""
 
     at_s: float
-    action: str  # "SIGKILL", "SIGSTOP", "restart", or "skipped ..." when it could not act
+    # "SIGKILL", "SIGSTOP", "SIGCONT", "cut", "heal", "restart", or "skipped ..." when it could
+    # not act
+    action: str
     worker: plan.WorkerId
     phase: str
     epoch: int
@@ -162,10 +174,11 @@ class TrialResult:
     leaked_pids: tuple[int, ...]
     leaked_shm: tuple[str, ...]
     problems: tuple[str, ...]
+    leaked_net: tuple[str, ...] = ()  # a partition's namespace or links left ("netns pln7")
 
     @property
     def injected(self) -> int:
-        return sum(e.action in ("SIGKILL", "SIGSTOP") for e in self.events)
+        return sum(e.action in ("SIGKILL", "SIGSTOP", "cut") for e in self.events)
 
     def describe(self) -> str:
         events = "; ".join(e.describe() for e in self.events) or "no fault landed"
@@ -197,6 +210,14 @@ def draw(seed: int, shape: Shape = Shape(), kind: Kind | None = None) -> Draw:
     if kind is None and rng.random() < STALL_SHARE:
         everyone = tuple(rng.sample(workers, len(workers)))
         return dataclasses.replace(schedule, kind=Kind.STALL, victims=everyone)
+    # Then the partition, after everything else for the same reason.
+    if chosen is Kind.PARTITION or (kind is None and rng.random() < PARTITION_SHARE):
+        kept = rng.random() < KEPT_CUT_SHARE
+        cut_s = shape.heartbeat_timeout_s + rng.uniform(0.0, MAX_CUT_EXTRA_S)
+        victim = (rng.choice(workers),)
+        return dataclasses.replace(
+            schedule, kind=Kind.PARTITION, victims=victim, cut_s=math.inf if kept else cut_s
+        )
     return schedule
 
 
@@ -222,11 +243,33 @@ async def run_trial(
     Trials given the same `corpus` file (`write_corpus`) share their reference runs; `kind`
     replaces the seed's fault kind."""
     schedule = draw(seed, shape, kind)
-    trial = _Trial(schedule, shape, workdir, shm_base, corpus or write_corpus(workdir))
+    corpus = corpus or write_corpus(workdir)
     try:
-        return await trial.run()
+        if schedule.kind is Kind.PARTITION:
+            return await _partitioned(schedule, shape, workdir, shm_base, corpus)
+        return await _Trial(schedule, shape, workdir, shm_base, corpus).run()
     finally:
         shutil.rmtree(shm_base, ignore_errors=True)
+
+
+async def _partitioned(
+    schedule: Draw, shape: Shape, workdir: Path, shm_base: Path, corpus: Path
+) -> TrialResult:
+    """A partition trial inside its network; what of the network outlived it is a leak.
+    Raises `netns.NetnsError` when the network cannot be set up (no trial ran)."""
+    result: TrialResult | None = None
+    problems: list[str] = []
+    try:
+        with netns.partition(schedule.seed) as net:
+            result = await _Trial(schedule, shape, workdir, shm_base, corpus, net).run()
+    except netns.NetnsError as exc:
+        if result is None:
+            raise
+        problems.append(f"network teardown failed: {exc}")
+    leaked = net.leftovers()
+    if leaked:
+        problems.append(f"network left after the trial: {list(leaked)}")
+    return dataclasses.replace(result, leaked_net=leaked, problems=(*result.problems, *problems))
 
 
 class _FinalStates:
@@ -256,9 +299,15 @@ class _Trial:
     """One trial's job, faults and checks (module docstring)."""
 
     def __init__(
-        self, schedule: Draw, shape: Shape, workdir: Path, shm_base: Path, corpus: Path
+        self,
+        schedule: Draw,
+        shape: Shape,
+        workdir: Path,
+        shm_base: Path,
+        corpus: Path,
+        net: netns.Net | None = None,
     ) -> None:
-        self.draw, self.shape, self.shm_base = schedule, shape, shm_base
+        self.draw, self.shape, self.shm_base, self.net = schedule, shape, shm_base, net
         self.checkpoints = workdir / "checkpoints"
         training = local_job.training(corpus, checkpoint_dir=self.checkpoints)
         training = dataclasses.replace(
@@ -283,6 +332,9 @@ class _Trial:
             run_dir=workdir / "run",
             snapshot_base=shm_base,
             stop_grace_s=shape.stop_grace_s,
+            # A partition's victim in its namespace, the others on the host's address there.
+            store_host=net.host_ip if net else local_backend.LOOPBACK,
+            placement=net.placement(schedule.victims[0]) if net else None,
         )
         self.sink = _FinalStates(self.settings, shm_base)
         self.controller = controller.Controller(
@@ -341,6 +393,9 @@ class _Trial:
         if kind is Kind.STALL:
             await self._stall()
             return
+        if kind is Kind.PARTITION:
+            await self._partition(self.draw.victims[0])
+            return
         signum = signal.SIGSTOP if kind is Kind.HANG else signal.SIGKILL
         for index, victim in enumerate(self.draw.victims):
             if index:
@@ -372,6 +427,17 @@ class _Trial:
         await asyncio.sleep(self.shape.heartbeat_timeout_s + 1.0)
         for victim in self.draw.victims:
             self._signal(victim, signal.SIGCONT)
+
+    async def _partition(self, victim: plan.WorkerId) -> None:
+        """Cut the victim's link for `cut_s`, then heal it (never, when infinite)."""
+        assert self.net is not None
+        self.net.cut()
+        self._event("cut", victim)
+        if math.isinf(self.draw.cut_s):
+            return
+        await asyncio.sleep(self.draw.cut_s)
+        self.net.heal()
+        self._event("heal", victim)
 
     async def _until(self, check: Callable[[statuses.JobStatus], bool]) -> None:
         while not check(self.controller.status):
