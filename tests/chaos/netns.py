@@ -12,12 +12,12 @@ The layout (`Net`), one per trial, named after a free slot (`pln<slot>`, names <
 
 The host's address sits on a bridge whose only port is the host end of the veth pair, so
 `cut()` (that port's link down) drops every packet without touching a route: the host keeps
-its address and its route to the namespace (marked linkdown, still used), the namespace its
-route to the host, and both sides' frames die in the veth. Nothing is reset or answered: an
-open TCP connection retransmits into the void until `heal()`, a new one finds no neighbour
-and fails after the kernel's ARP retries (about 3 s), as on a pulled cable. With the address on
-the veth itself a link down would remove the host's route to the namespace and send its
-packets out of the default route instead.
+its address and its route to the namespace, the namespace its route to the host (marked
+linkdown, still used), and both sides' frames die in the veth. Nothing is reset or answered: an
+open TCP connection retransmits into the void until `heal()`; a new one finds no neighbour
+and fails after 3-4 s with "No route to host" (ARP unanswered), as on a pulled cable. With
+the address on the veth itself a link down would remove the host's route to the namespace
+and send its packets out of the default route instead.
 
 Every other worker, and the controller's rendezvous store, use the host's address; gloo binds
 where GLOO_SOCKET_IFNAME says (torch's gloo device for an interface takes its address), so the

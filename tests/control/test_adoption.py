@@ -6,7 +6,10 @@ a successor adopting the journalled epoch sends no Configure when every worker s
 and the job succeeds without a lost step; a worker that died while no controller watched makes
 the adopted epoch broken and the usual recovery follows; agents ahead of the journal (its write
 failed) are caught by the adopted epoch's bounded commit and recovered in an epoch above theirs;
-a journal that raises does not stop the job.
+a predecessor stopped after journalling a recovery epoch but before its Configures went out:
+the successor opens the same plan, copies and resume step again as the next epoch, at once (no
+wait for a commit that cannot come), and the job succeeds; a journal that raises does not stop
+the job.
 """
 
 from __future__ import annotations
@@ -26,9 +29,10 @@ pytestmark = pytest.mark.asyncio
 class ListJournal:
     """A `ports.Journal` keeping every record; `fail_from` makes records of that epoch on raise."""
 
-    def __init__(self, fail_from: int | None = None) -> None:
+    def __init__(self, fail_from: int | None = None, hold_at: int | None = None) -> None:
         self.records: list[ports.EpochRecord] = []
         self.fail_from = fail_from
+        self.hold_at = hold_at  # the record of this epoch is kept, and then never returns
         self.sent_before: list[bool] = []
         self.cluster: fakes.FakeCluster | None = None
 
@@ -38,6 +42,8 @@ class ListJournal:
         if self.fail_from is not None and entry.epoch >= self.fail_from:
             raise OSError("the API server is unreachable")
         self.records.append(entry)
+        if entry.epoch == self.hold_at:
+            await asyncio.Event().wait()  # the controller dies here: no Configure goes out
 
 
 def _journalled(job: object, journal: ListJournal) -> scenarios.Run:
@@ -132,6 +138,31 @@ async def test_agents_ahead_of_the_journal_suspend_the_job_saying_why() -> None:
     await successor.until(lambda: successor.controller.status.phase is status.Phase.SUSPENDED)
     assert "newer than the journalled epoch 1" in successor.controller.status.message
     assert successor.controller._epochs.next_epoch == 3  # never stale for the agents
+
+
+async def test_a_recovery_epoch_the_predecessor_never_sent_is_opened_again() -> None:
+    journal = ListJournal(hold_at=2)
+    run = _journalled(scenarios.job(steps=60, policy="dynamic"), journal)
+    await run.until(lambda: run.step() >= 5)
+    run.cluster.kill(2)  # its layers are copied from a replica: the epoch has transfers
+    await run.until(lambda: len(journal.records) == 2)
+    await _detach_at(run, 0)
+    record = journal.records[-1]
+    assert record.epoch == 2 and not record.planned and 2 not in run.cluster.sent
+    assert record.transfers
+    successor = _successor(run, record)
+    adopted_at = run.clock.monotonic()
+    final = await successor.finish()
+    assert final.phase is status.Phase.SUCCEEDED and final.step == 60
+    assert 2 not in run.cluster.sent  # the recorded epoch opened again under the next number
+    again = run.cluster.sent[3]
+    assert {c.plan for c in again} == {record.plan}
+    assert {c.resume_step for c in again} == {record.resume_step}
+    assert {t for c in again for t in c.transfers} == set(record.transfers)
+    assert final.epoch == 3 and final.recoveries == 0  # the predecessor's recovery, finished
+    job = run.controller._job
+    took = [s for s in successor.sink.published if s.phase is status.Phase.RUNNING]
+    assert took and run.clock.monotonic() - adopted_at < job.configure_timeout_s + 60
 
 
 async def test_a_failing_journal_is_retried_and_does_not_stop_the_job() -> None:

@@ -96,12 +96,6 @@ async def test_a_successor_adopts_the_running_agents(
     local_job.assert_like_reference(job, shm)
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="intermittent (1 of 4 clean-clone runs): the successor adopting mid-recovery did not "
-    "finish within 150 s; not yet understood (the steady adoption test and "
-    "tests/control/test_adoption.py cover the hand-over deterministically)",
-)
 @pytest.mark.asyncio
 async def test_a_successor_finishes_a_recovery_its_predecessor_began(
     corpus: Path, shm: Path, tmp_path: Path

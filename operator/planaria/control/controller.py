@@ -212,9 +212,41 @@ class Controller:
             self._suspend(record.plan, unknown, retry=False)
             return
         summary = statuses.plan_summary(record.plan, record.kind)
+        unsettled = self._not_running_in(record)
+        if unsettled and not record.planned:
+            await self._reopen(record, unsettled)
+            return
         self._set(statuses.Phase.RECOVERING, f"adopting epoch {record.epoch}: {summary}")
         if await self._epochs.commit():
             self._set(statuses.Phase.RUNNING, f"epoch {record.epoch} running: {summary}")
+
+    def _not_running_in(self, record: ports.EpochRecord) -> set[plans.WorkerId]:
+        """The live workers of `record`'s plan not (yet) training in its epoch."""
+        live = self._roster.live(self._clock.monotonic())
+        return {
+            w
+            for w in set(record.plan.workers) & live
+            if (b := self._roster.beats.get(w)) is None
+            or b.epoch != record.epoch
+            or b.state not in (messages.AgentState.RUNNING, messages.AgentState.FINISHED)
+        }
+
+    async def _reopen(self, record: ports.EpochRecord, unsettled: set[plans.WorkerId]) -> None:
+        """The predecessor stopped while opening `record`'s epoch (after a failure, at the start
+        or a resume): some workers never got its Configure, or set it up against the
+        predecessor's rendezvous store, which may be gone with it. The same plan, copies and
+        resume step open again as the next epoch, on this controller's store: every worker
+        takes it (a newer epoch), whatever it reached of the old one."""
+        LOG.warning(
+            "epoch %d was still opening (workers %s not training in it): opening it again",
+            record.epoch,
+            sorted(unsettled),
+        )
+        why = f"the previous controller stopped while opening epoch {record.epoch}"
+        move = planning.Move(
+            plan=record.plan, transfers=record.transfers, kind=record.kind, reason=why
+        )
+        await self._open(move, record.resume_step)
 
     async def _hear_everyone(self) -> None:
         """Take in what arrived, then wait (at most a heartbeat timeout) until every connected
@@ -454,7 +486,7 @@ class Controller:
         phase = statuses.Phase.RECOVERING if record else self._phase
         summary = statuses.plan_summary(move.plan, move.kind)
         self._set(phase, f"opening epoch {self._epochs.next_epoch}: {summary}")
-        await self._record(move, resume_step)
+        await self._record(move, resume_step, planned=planned)
         if not await self._epochs.configure(move, resume_step, planned=planned):
             return not (planned and await self._gave_up_late_switch())
         self._planner.prepare(move.plan)  # Odyssey §IV-C: search ahead of the next failure
@@ -488,7 +520,7 @@ class Controller:
         self._set(statuses.Phase.RUNNING, f"epoch {self._epochs.epoch} running: {summary}")
         return True
 
-    async def _record(self, move: planning.Move, resume_step: int) -> None:
+    async def _record(self, move: planning.Move, resume_step: int, *, planned: bool) -> None:
         """Journal the epoch about to open (module docstring); a failure is logged only."""
         if self._journal is None or self._planner is None:
             return
@@ -498,6 +530,8 @@ class Controller:
             kind=move.kind,
             resume_step=resume_step,
             profile=self._planner.source,
+            transfers=move.transfers,
+            planned=planned,
         )
         for attempt in range(1, JOURNAL_ATTEMPTS + 1):
             try:

@@ -155,16 +155,24 @@ class StatusSink(Protocol):
     async def publish(self, status: object) -> None: ...
 
 
+Transfers = tuple[plan.LayerTransfer, ...]  # (a field of EpochRecord is named `plan`)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class EpochRecord:
     """An epoch as the controller opened it: its number, plan, how the plan was made ("initial",
-    "dynamic", "reroute", ...), the step it resumes after, and the profile the planner used."""
+    "dynamic", "reroute", ...), the step it resumes after, the profile the planner used, the
+    layer copies into the plan, and whether it is a planned switch (running agents move at
+    `resume_step`) rather than an epoch opened after a failure, at the start or a resume. A
+    successor can send its Configures again from the record alone."""
 
     epoch: int
     plan: plan.Plan
     kind: str
     resume_step: int
     profile: profile.Profile
+    transfers: Transfers = ()
+    planned: bool = False
 
 
 class Journal(Protocol):

@@ -5,12 +5,9 @@ mid-job adopts the running agents (`ports.Journal`, `Controller(adopt=...)`).
     await journal.record(entry)           # before the epoch's Configures go out
     entry = await journal.read()          # after a restart: the EpochRecord, or None
 
-The ConfigMap `constants.state_configmap_name(job)`, owned by the job, holds:
-
-    data.epoch, data.kind, data.resumeStep   the record's scalars, as text
-    data.profile                            the planner's profile (`profile_file.render_profile`)
-    binaryData.plan                         the plan, `planaria.v1.Plan` serialized
-                                            (`planner_codec.encode_plan`)
+The ConfigMap `constants.state_configmap_name(job)`, owned by the job, holds the record's text
+fields in `data` (`planaria.spec.epoch_record`: epoch, kind, planned, resumeStep, profile, plan,
+transfers), the same fields as `planaria run`'s journal file.
 
 `encode` and `decode` are the pure halves (dict in, record out), tested without an API.
 
@@ -21,19 +18,12 @@ and goes on, ports.Journal).
 
 from __future__ import annotations
 
-import base64
-import binascii
 from collections.abc import Mapping
 from typing import Any
 
-from google.protobuf import message as protobuf
-
 from planaria.control import ports
 from planaria.kube import api, constants, pods
-from planaria.spec import profile_file
-from planaria.v1 import agent_pb2
-from planaria.wire import errors as wire_errors
-from planaria.wire import planner_codec
+from planaria.spec import epoch_record
 
 Json = dict[str, Any]
 
@@ -42,47 +32,27 @@ class JournalError(ValueError):
     """The state ConfigMap does not hold a readable epoch record; names the key at fault."""
 
 
-def encode(entry: ports.EpochRecord) -> tuple[dict[str, str], dict[str, str]]:
-    """The ConfigMap's `data` and `binaryData` (base64) for `entry`."""
-    data = {
-        "epoch": str(entry.epoch),
-        "kind": entry.kind,
-        "resumeStep": str(entry.resume_step),
-        "profile": profile_file.render_profile(entry.profile),
-    }
-    plan = planner_codec.encode_plan(entry.plan).SerializeToString()
-    return data, {"plan": base64.b64encode(plan).decode("ascii")}
+def encode(entry: ports.EpochRecord) -> dict[str, str]:
+    """The ConfigMap's `data` for `entry`."""
+    return epoch_record.encode(entry)
 
 
 def decode(body: Mapping[str, Any]) -> ports.EpochRecord:
     """The record in a state ConfigMap's body; JournalError when a key is missing or bad."""
     name = (body.get("metadata") or {}).get("name", "the state ConfigMap")
-    data: Mapping[str, str] = body.get("data") or {}
-    binary: Mapping[str, str] = body.get("binaryData") or {}
     try:
-        message = agent_pb2.Plan.FromString(base64.b64decode(binary["plan"]))
-        return ports.EpochRecord(
-            epoch=int(data["epoch"]),
-            plan=planner_codec.decode_plan(message),
-            kind=data["kind"],
-            resume_step=int(data["resumeStep"]),
-            profile=profile_file.parse_profile(data["profile"], source=f"{name} profile"),
-        )
-    except KeyError as exc:
-        raise JournalError(f"{name}: no key {exc}; delete it to start the job over") from exc
-    except (ValueError, binascii.Error, protobuf.DecodeError, wire_errors.WireError) as exc:
-        raise JournalError(f"{name}: {exc}; delete it to start the job over") from exc
+        return epoch_record.decode(body.get("data") or {}, name)
+    except epoch_record.EpochRecordError as exc:
+        raise JournalError(str(exc)) from exc
 
 
 def configmap(owner: pods.Owner, entry: ports.EpochRecord) -> Json:
     """The whole state ConfigMap of `owner` holding `entry`."""
-    data, binary = encode(entry)
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": pods.metadata(owner, constants.state_configmap_name(owner.name)),
-        "data": data,
-        "binaryData": binary,
+        "data": encode(entry),
     }
 
 
@@ -96,13 +66,9 @@ class ConfigMapJournal:
 
     async def record(self, entry: ports.EpochRecord) -> None:
         """Replace the record (merge patch); create the ConfigMap the first time."""
-        data, binary = encode(entry)
         try:
             await self._api.patch(
-                api.CONFIGMAPS,
-                self._owner.namespace,
-                self._name,
-                {"data": data, "binaryData": binary},
+                api.CONFIGMAPS, self._owner.namespace, self._name, {"data": encode(entry)}
             )
         except api.NotFound:
             body = configmap(self._owner, entry)
