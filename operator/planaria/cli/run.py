@@ -13,6 +13,13 @@ and publishes its status to the terminal (`planaria.cli.progress`) and, with --m
 Prometheus; the report (`planaria.cli.run_report`) is written to --out when the job ends, also
 after Ctrl-C or a failure.
 
+A controller killed with SIGKILL leaves its agents training (docs/local-mode.md, "A controller
+killed and started again"). Each epoch is journalled in --out (`planaria.local.journal`) before
+its agents hear of it, and `--out/controller.lock` (an flock the kernel releases when its holder
+dies) keeps a second controller off a run that has one. The same command run again adopts the
+agents the journal's epoch left running and continues the job; with a journal but no running
+agent it starts the job over, saying so.
+
 Exit status: 0 Succeeded, 1 Failed, 2 a bad job file or option (a ValueError, printed as one
 line by `planaria.cli.main`), 130 interrupted.
 """
@@ -22,12 +29,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import fcntl
 import logging
+import os
 import sys
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from planaria.cli import progress, run_report
 from planaria.control import clock, ports
@@ -37,7 +46,12 @@ from planaria.control import settings as job_settings
 from planaria.control import status as statuses
 from planaria.spec import job, job_file
 
+if TYPE_CHECKING:  # torch and processes: imported when a job runs (_run_job)
+    from planaria.local import backend as local_backend
+    from planaria.local import faults
+
 EXIT_FAILED = 1
+LOCK_FILE = "controller.lock"
 
 
 class RunCommandError(ValueError):
@@ -88,7 +102,32 @@ def run(args: argparse.Namespace) -> int:
     # left out); say whose line it is.
     logging.basicConfig(format="planaria run: %(name)s: %(message)s", level=logging.WARNING)
     options = _Options(failures=tuple(failures), mtbf=args.mtbf, out=out, live=live)
-    return asyncio.run(_run_job(settings, options, args.metrics_port))
+    out.mkdir(parents=True, exist_ok=True)
+    with _run_lock(out):
+        return asyncio.run(_run_job(settings, options, args.metrics_port))
+
+
+@contextlib.contextmanager
+def _run_lock(out: Path) -> Iterator[None]:
+    """Hold `out/controller.lock` while the run lasts: one controller per run directory. The
+    kernel releases an flock when its holder dies, SIGKILL included, so a lock is never stale;
+    the descriptor is not inherited by the agents (Python opens it close-on-exec)."""
+    path = out / LOCK_FILE
+    descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(descriptor, 32, 0).decode(errors="replace").strip() or "?"
+            raise RunCommandError(
+                f"{out}: another `planaria run` (pid {holder}) controls this run; wait for it "
+                "to end or give another --out"
+            ) from None
+        os.ftruncate(descriptor, 0)
+        os.pwrite(descriptor, f"{os.getpid()}\n".encode(), 0)
+        yield
+    finally:
+        os.close(descriptor)  # releases the lock
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:
@@ -134,13 +173,15 @@ async def _run_job(
     settings: job_settings.JobSettings, options: _Options, metrics_port: int | None
 ) -> int:
     """Compose the local backend, the fault injector and the sinks, and run the job."""
-    from planaria.local import backend as local_backend  # processes: only when a job runs
-    from planaria.local import faults
+    from planaria.local import faults  # processes: only when a job runs
+    from planaria.local import journal as local_journal
 
     failures = [faults.parse_failure(text) for text in options.failures]
     mtbf = faults.parse_mtbf(options.mtbf) if options.mtbf else None
-    options.out.mkdir(parents=True, exist_ok=True)
-    backend = local_backend.LocalBackend(job=settings.name, run_dir=options.out)
+    journal = local_journal.FileJournal(options.out)
+    backend, adopted = await _backend(settings.name, options.out, journal.read())
+    if adopted is not None:
+        failures = _not_yet_due(failures, adopted.resume_step)
     injector = faults.Injector(backend, failures, mtbf=mtbf, seed=settings.training.seed)
     terminal = progress.Progress(steps=settings.steps, live=options.live)
     sinks: list[ports.StatusSink] = [terminal]
@@ -157,7 +198,10 @@ async def _run_job(
             sink=_Sinks(sinks),
             out=options.out,
             inject=injector.run,
+            journal=journal,
+            adopt=adopted,
         )
+        journal.remove()  # every agent is stopped: nothing is left to adopt
     finally:
         terminal.close()  # before any line of ours, or the live panel is drawn again below it
         if server is not None:
@@ -166,6 +210,51 @@ async def _run_job(
     where = f"report in {options.out}/ ({names})"
     print(f"planaria run: {final.phase.value} at step {final.step}; {where}")
     return 0 if final.phase is statuses.Phase.SUCCEEDED else EXIT_FAILED
+
+
+async def _backend(
+    job_name: str, out: Path, record: ports.EpochRecord | None
+) -> tuple[local_backend.LocalBackend, ports.EpochRecord | None]:
+    """The run's backend, and the journalled epoch to adopt when a previous controller of `out`
+    left agents of it running (module docstring); otherwise a fresh backend and None, after
+    stopping any agent left without a journal (its controller died before the first epoch)."""
+    from planaria.local import adoption
+    from planaria.local import backend as local_backend
+
+    if not adoption.running(out / "workers"):
+        if record is not None:
+            print(
+                f"planaria run: {out} holds epoch {record.epoch} of a previous controller, but "
+                "none of its agents runs: starting the job over"
+            )
+        return local_backend.LocalBackend(job=job_name, run_dir=out), None
+    previous = local_backend.LocalBackend(job=job_name, run_dir=out, adopt=True)
+    taken = previous.adopt()
+    if record is not None and taken:
+        print(
+            f"planaria run: adopting epoch {record.epoch} from a previous controller "
+            f"({len(taken)} agents still running)"
+        )
+        return previous, record
+    print(
+        f"planaria run: stopping {len(taken)} agents a previous controller left without a "
+        "journalled epoch; starting the job over"
+    )
+    await previous.shutdown()
+    return local_backend.LocalBackend(job=job_name, run_dir=out), None
+
+
+def _not_yet_due(failures: list[faults.Failure], resume_step: int) -> list[faults.Failure]:
+    """The failures an adopting run still injects: step triggers at or before the adopted
+    epoch's resume step were its predecessor's to fire (time triggers and --mtbf count from
+    this process's start)."""
+    kept = [f for f in failures if f.step is None or f.step > resume_step]
+    if len(kept) < len(failures):
+        print(
+            f"planaria run: {len(failures) - len(kept)} failure(s) at or before step "
+            f"{resume_step} were the previous controller's; not injected again"
+        )
+    return kept
 
 
 Inject = Callable[[Callable[[], statuses.JobStatus]], Awaitable[None]]
@@ -179,11 +268,16 @@ async def execute(
     sink: ports.StatusSink,
     out: Path,
     inject: Inject | None = None,
+    journal: ports.Journal | None = None,
+    adopt: ports.EpochRecord | None = None,
 ) -> statuses.JobStatus:
     """Run the job on `backend` to its end, with `inject` (given a way to read the job's status)
     running alongside, then write the report to `out`; returns the final status. The report is
-    written also after Ctrl-C or an error, once every worker is stopped."""
-    controller = controllers.Controller(settings, backend, clock=clock, sink=sink)
+    written also after Ctrl-C or an error, once every worker is stopped. `journal` records
+    every epoch; `adopt` continues a previous controller's epoch (its agents still run)."""
+    controller = controllers.Controller(
+        settings, backend, clock=clock, sink=sink, journal=journal, adopt=adopt
+    )
     started = clock.monotonic()
     try:
         await _drive(controller, inject)

@@ -1,0 +1,233 @@
+"""`planaria run` killed with SIGKILL mid-recovery and run again: the new controller adopts the
+agents the old one left running (planaria.cli.run, planaria.local.journal, the backend's
+adoption; docs/local-mode.md "A controller killed and started again").
+
+Covers, with real processes: a job run as `python -m planaria run` with a worker killed at
+step 3 (--fail); its controller SIGKILLed as soon as the journal holds the recovery's epoch
+(after the record, while the Configures go out: mid-recovery); the same command again says it
+adopts the journalled epoch from the agents still running, drops the --fail the old process
+already fired, and ends Succeeded; the persistent checkpoint of the last step equals the
+fault-free reference (1e-5 relative, as tests/chaos/invariant.py compares); afterwards no
+agent process of either controller remains (pids checked with their start times, and their
+sessions), the job's /dev/shm stores and the journal are gone. Also, in process: a second
+controller of a run directory is refused while the first holds its lock, naming its pid; a
+journal whose agents are all gone starts the job over, saying so.
+
+The test process makes itself a child subreaper while it runs: the old controller's agents are
+re-parented to it, as they would be to init, and it reaps them (PID 1 of some sandboxes, this
+one's included, reaps nobody, which would leave zombies that are no fault of the job's).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from planaria.agent import checkpoints
+from planaria.cli import run
+from planaria.control import ports
+from planaria.local import adoption, journal
+from planaria.spec import job, job_file
+from tests.chaos import invariant, processes
+from tests.e2e import local_job
+
+PR_SET_CHILD_SUBREAPER = 36
+STEPS = 12
+KILL_WITHIN_S = 120.0
+SECOND_RUN_S = 150.0
+JOB = """\
+model: tiny
+workers: 3
+steps: {steps}
+microBatchSize: 1
+globalBatchSize: 4
+seed: 5
+optimizer: {{lr: 0.003, eps: 0.000001}}
+data: {{corpusPaths: [{corpus}]}}
+snapshots: {{intervalSteps: 1, redundancy: xor}}
+checkpoints: {{dir: {checkpoints}, intervalSteps: 2}}
+faultTolerance: 1
+policy: dynamic
+timeouts: {{heartbeatSeconds: 3, stepSeconds: 10}}
+"""
+
+
+@pytest.fixture
+def subreaper() -> Iterator[None]:
+    """This process as the child subreaper of its descendants while the test runs."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+        pytest.skip(f"prctl(PR_SET_CHILD_SUBREAPER): errno {ctypes.get_errno()}")
+    try:
+        yield
+    finally:
+        libc.prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
+
+
+def _job_file(tmp_path: Path, corpus: Path) -> Path:
+    path = tmp_path / "job.yaml"
+    text = JOB.format(steps=STEPS, corpus=corpus, checkpoints=tmp_path / "checkpoints")
+    path.write_text(text)
+    return path
+
+
+def _command(job_path: Path, out: Path, name: str) -> list[str]:
+    return [
+        *(sys.executable, "-m", "planaria", "run", str(job_path), "--out", str(out)),
+        *("--name", name, "--no-progress", "--fail", "step=3:worker=1"),
+    ]
+
+
+def _kill_mid_recovery(command: list[str], out: Path, log: Path) -> None:
+    """Run `command` until its journal holds epoch 2 or later, then SIGKILL it."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    with open(log, "wb") as sink:
+        first = subprocess.Popen(command, env=env, stdout=sink, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + KILL_WITHIN_S
+        while _journalled_epoch(out) < 2:
+            assert first.poll() is None, f"it ended first: {log.read_text()}"
+            assert time.monotonic() < deadline, f"no recovery epoch: {log.read_text()}"
+            time.sleep(0.005)
+    finally:
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+
+
+def _journalled_epoch(out: Path) -> int:
+    try:
+        return int(json.loads((out / journal.FILE_NAME).read_bytes())["epoch"])
+    except (FileNotFoundError, ValueError, KeyError):
+        return 0  # not written yet (the rename makes a torn read impossible; be safe anyway)
+
+
+def _agents(out: Path, recorder: processes.Recorder) -> set[int]:
+    """Record the pids in the run's pid files; returns those whose process still runs."""
+    found = {entry[0] for entry in adoption.running(out / "workers").values()}
+    for path in (out / "workers").glob("worker-*.pid"):
+        entry = adoption.read(path)
+        if entry is not None:
+            recorder.add([entry[0]])
+    return found
+
+
+def _run_again(command: list[str], log: Path) -> tuple[int, str]:
+    """Run `command` to its end (Ctrl-C past SECOND_RUN_S); its exit status and output."""
+    with open(log, "wb") as sink:
+        second = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT)
+    try:
+        code = second.wait(SECOND_RUN_S)
+    except subprocess.TimeoutExpired:
+        second.send_signal(signal.SIGINT)  # it stops its agents and writes its report
+        code = second.wait(60.0)
+    return code, log.read_text()
+
+
+def _reap(pids: set[int], timeout_s: float = 10.0) -> None:
+    """Reap the adopted agents (our children through the subreaper) once they have exited;
+    a pid that is not our child (the second controller's own) is skipped."""
+    pending, deadline = set(pids), time.monotonic() + timeout_s
+    while pending and time.monotonic() < deadline:
+        for pid in sorted(pending):
+            try:
+                done = os.waitpid(pid, os.WNOHANG)[0] != 0
+            except ChildProcessError:
+                done = True
+            if done:
+                pending.discard(pid)
+        time.sleep(0.05 if pending else 0)
+
+
+def _clean_up(leaked: tuple[int, ...], name: str) -> None:
+    """After a failed run: kill what is left and remove the stores (the test fails anyway)."""
+    for pid in leaked:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    _reap(set(leaked))
+    shutil.rmtree(Path("/dev/shm/planaria") / name, ignore_errors=True)
+
+
+@pytest.mark.usefixtures("subreaper")
+def test_a_controller_killed_mid_recovery_is_adopted_by_the_next_and_the_job_ends_exact(
+    tmp_path: Path, corpus: Path
+) -> None:
+    name, out = f"restart-{uuid.uuid4().hex[:8]}", tmp_path / "run"
+    job_path = _job_file(tmp_path, corpus)
+    command = _command(job_path, out, name)
+    recorder = processes.Recorder()
+    try:
+        _kill_mid_recovery(command, out, tmp_path / "first.log")
+        assert _agents(out, recorder), "the SIGKILLed controller left no agent running"
+        code, said = _run_again(command, tmp_path / "second.log")
+        _agents(out, recorder)
+    finally:
+        _reap(set(recorder.started))
+        leaked = recorder.leaked()
+        stores = (Path("/dev/shm/planaria") / name).exists()
+        _clean_up(leaked, name)
+    assert code == 0, said
+    adopting = re.search(r"adopting epoch (\d+) from a previous controller \((\d) agents", said)
+    assert adopting is not None and int(adopting[1]) >= 2 and int(adopting[2]) >= 1, said
+    assert "1 failure(s) at or before step" in said, said
+    assert f"Succeeded at step {STEPS}" in said, said
+    settings = job.to_settings(job_file.load_job(job_path).spec, name, str(corpus))
+    problems: list[str] = []
+    states = checkpoints.load_checkpoint(tmp_path / "checkpoints", STEPS)
+    error = invariant.compare(states, settings, STEPS, problems)
+    assert not problems and error is not None and error <= local_job.RTOL, problems
+    assert leaked == () and not stores
+    assert not (out / journal.FILE_NAME).exists()
+
+
+def test_a_second_controller_of_a_run_is_refused_while_the_first_holds_it(
+    tmp_path: Path,
+) -> None:
+    refused = pytest.raises(run.RunCommandError, match=f"pid {os.getpid()}.*another --out")
+    with run._run_lock(tmp_path), refused, run._run_lock(tmp_path):
+        pass
+    with run._run_lock(tmp_path):  # released with its holder
+        assert (tmp_path / run.LOCK_FILE).read_text() == f"{os.getpid()}\n"
+
+
+@pytest.mark.asyncio
+async def test_a_journal_whose_agents_are_gone_starts_the_job_over(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    record = _record()
+    await journal.FileJournal(tmp_path).record(record)
+    (tmp_path / "workers").mkdir()
+    (tmp_path / "workers" / "worker-0.pid").write_text("999999999 1\n")  # long gone
+    backend, adopt = await run._backend("over", tmp_path, record)
+    try:
+        assert adopt is None and backend.alive() == ()
+    finally:
+        await backend.shutdown()
+    assert "none of its agents runs: starting the job over" in capsys.readouterr().out
+
+
+def _record() -> ports.EpochRecord:
+    from planaria.control import planning
+    from planaria.planner import plan
+    from tests.control import scenarios
+
+    settings = scenarios.job()
+    assert settings.profile is not None
+    move = planning.Planner(settings.profile, settings).best(
+        frozenset(plan.WorkerId(w) for w in range(8)), "initial"
+    )
+    return ports.EpochRecord(
+        epoch=2, plan=move.plan, kind="dynamic", resume_step=7, profile=settings.profile
+    )
