@@ -25,7 +25,6 @@ import ctypes
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -84,10 +83,11 @@ def _job_file(tmp_path: Path, corpus: Path) -> Path:
     return path
 
 
-def _command(job_path: Path, out: Path, name: str) -> list[str]:
+def _command(job_path: Path, out: Path, name: str, shm: Path) -> list[str]:
     return [
         *(sys.executable, "-m", "planaria", "run", str(job_path), "--out", str(out)),
         *("--name", name, "--no-progress", "--fail", "step=3:worker=1"),
+        *("--snapshot-base", str(shm)),
     ]
 
 
@@ -151,22 +151,21 @@ def _reap(pids: set[int], timeout_s: float = 10.0) -> None:
         time.sleep(0.05 if pending else 0)
 
 
-def _clean_up(leaked: tuple[int, ...], name: str) -> None:
-    """After a failed run: kill what is left and remove the stores (the test fails anyway)."""
+def _kill(leaked: tuple[int, ...]) -> None:
+    """After a failed run: kill what is left (the test fails anyway)."""
     for pid in leaked:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
     _reap(set(leaked))
-    shutil.rmtree(Path("/dev/shm/planaria") / name, ignore_errors=True)
 
 
 @pytest.mark.usefixtures("subreaper")
 def test_a_controller_killed_mid_recovery_is_adopted_by_the_next_and_the_job_ends_exact(
-    tmp_path: Path, corpus: Path
+    tmp_path: Path, corpus: Path, shm: Path
 ) -> None:
     name, out = f"restart-{uuid.uuid4().hex[:8]}", tmp_path / "run"
     job_path = _job_file(tmp_path, corpus)
-    command = _command(job_path, out, name)
+    command = _command(job_path, out, name, shm)
     recorder = processes.Recorder()
     try:
         _kill_mid_recovery(command, out, tmp_path / "first.log")
@@ -176,8 +175,7 @@ def test_a_controller_killed_mid_recovery_is_adopted_by_the_next_and_the_job_end
     finally:
         _reap(set(recorder.started))
         leaked = recorder.leaked()
-        stores = (Path("/dev/shm/planaria") / name).exists()
-        _clean_up(leaked, name)
+        _kill(leaked)
     assert code == 0, said
     adopting = re.search(r"adopting epoch (\d+) from a previous controller \((\d) agents", said)
     assert adopting is not None and int(adopting[1]) >= 2 and int(adopting[2]) >= 1, said
@@ -188,7 +186,7 @@ def test_a_controller_killed_mid_recovery_is_adopted_by_the_next_and_the_job_end
     states = checkpoints.load_checkpoint(tmp_path / "checkpoints", STEPS)
     error = invariant.compare(states, settings, STEPS, problems)
     assert not problems and error is not None and error <= local_job.RTOL, problems
-    assert leaked == () and not stores
+    assert leaked == () and not (shm / name).exists()
     assert not (out / journal.FILE_NAME).exists()
 
 

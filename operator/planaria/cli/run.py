@@ -2,7 +2,7 @@
 
     planaria run JOB.yaml [--out DIR] [--fail step=40:worker=3]... [--fail time=90s:worker=random]
                  [--mtbf 60s] [--workers N] [--steps N] [--seed N] [--name NAME]
-                 [--no-progress] [--metrics-port P]
+                 [--no-progress] [--metrics-port P] [--snapshot-base DIR]
 
 The local composition root (docs/running.md): the job file (`planaria.spec.job_file`) becomes
 the controller's `JobSettings`; the local backend (`planaria.local.backend`) runs one agent
@@ -86,6 +86,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument(
         "--metrics-port", type=int, metavar="P", help="serve Prometheus metrics on port P"
     )
+    parser.add_argument(
+        "--snapshot-base",
+        metavar="DIR",
+        help="folder of the agents' host-memory snapshot stores (default /dev/shm/planaria)",
+    )
     parser.set_defaults(handler=run)
 
 
@@ -101,7 +106,13 @@ def run(args: argparse.Namespace) -> int:
     # The controller and the backend log what they work around (a refused Configure, a worker
     # left out); say whose line it is.
     logging.basicConfig(format="planaria run: %(name)s: %(message)s", level=logging.WARNING)
-    options = _Options(failures=tuple(failures), mtbf=args.mtbf, out=out, live=live)
+    options = _Options(
+        failures=tuple(failures),
+        mtbf=args.mtbf,
+        out=out,
+        live=live,
+        snapshot_base=Path(args.snapshot_base) if args.snapshot_base else None,
+    )
     out.mkdir(parents=True, exist_ok=True)
     with _run_lock(out):
         return asyncio.run(_run_job(settings, options, args.metrics_port))
@@ -156,6 +167,7 @@ class _Options:
     mtbf: str | None
     out: Path
     live: bool
+    snapshot_base: Path | None  # None: the backend's default
 
 
 class _Sinks:
@@ -179,7 +191,9 @@ async def _run_job(
     failures = [faults.parse_failure(text) for text in options.failures]
     mtbf = faults.parse_mtbf(options.mtbf) if options.mtbf else None
     journal = local_journal.FileJournal(options.out)
-    backend, adopted = await _backend(settings.name, options.out, journal.read())
+    backend, adopted = await _backend(
+        settings.name, options.out, journal.read(), snapshot_base=options.snapshot_base
+    )
     if adopted is not None:
         failures = _not_yet_due(failures, adopted.resume_step)
     injector = faults.Injector(backend, failures, mtbf=mtbf, seed=settings.training.seed)
@@ -213,7 +227,7 @@ async def _run_job(
 
 
 async def _backend(
-    job_name: str, out: Path, record: ports.EpochRecord | None
+    job_name: str, out: Path, record: ports.EpochRecord | None, snapshot_base: Path | None = None
 ) -> tuple[local_backend.LocalBackend, ports.EpochRecord | None]:
     """The run's backend, and the journalled epoch to adopt when a previous controller of `out`
     left agents of it running (module docstring); otherwise a fresh backend and None, after
@@ -221,14 +235,16 @@ async def _backend(
     from planaria.local import adoption
     from planaria.local import backend as local_backend
 
+    base = snapshot_base or local_backend.DEFAULT_SNAPSHOT_BASE
+
     if not adoption.running(out / "workers"):
         if record is not None:
             print(
                 f"planaria run: {out} holds epoch {record.epoch} of a previous controller, but "
                 "none of its agents runs: starting the job over"
             )
-        return local_backend.LocalBackend(job=job_name, run_dir=out), None
-    previous = local_backend.LocalBackend(job=job_name, run_dir=out, adopt=True)
+        return local_backend.LocalBackend(job=job_name, run_dir=out, snapshot_base=base), None
+    previous = local_backend.LocalBackend(job=job_name, run_dir=out, snapshot_base=base, adopt=True)
     taken = previous.adopt()
     if record is not None and taken:
         print(
@@ -241,7 +257,7 @@ async def _backend(
         "journalled epoch; starting the job over"
     )
     await previous.shutdown()
-    return local_backend.LocalBackend(job=job_name, run_dir=out), None
+    return local_backend.LocalBackend(job=job_name, run_dir=out, snapshot_base=base), None
 
 
 def _not_yet_due(failures: list[faults.Failure], resume_step: int) -> list[faults.Failure]:
