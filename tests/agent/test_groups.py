@@ -4,7 +4,9 @@ Covers: ranks follow worker ids; the subgroups of a schedule are its distinct al
 as sorted rank tuples (symmetric, heterogeneous and rerouted plans), and exactly the groups its
 streams use; a one-rank epoch forms, refuses a second epoch until left, and forms the next
 epoch after leaving; unknown subgroups are an error; arguments out of range name the argument;
-a rendezvous a member never joins fails within its timeout with EpochFormationError.
+a rendezvous a member never joins fails within its timeout with EpochFormationError, and the
+next epoch then meets a peer process that never failed (torch's group counter, part of every
+rendezvous key, is not left advanced by the failure).
 Multi-process epochs (subgroups on every rank, a second epoch with fewer ranks, regrouping after
 a failure) are exercised through the harness in test_executor.py and test_harness.py.
 """
@@ -12,6 +14,8 @@ a failure) are exercised through the harness in test_executor.py and test_harnes
 from __future__ import annotations
 
 import datetime
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 
@@ -145,3 +149,25 @@ def test_a_member_that_never_comes_fails_the_rendezvous_in_time(store: c10d.Stor
         groups.form_epoch(store, 1, 0, 2, GLOO, 1.0)
     assert time.monotonic() - started < 10
     groups.leave_epoch(groups.form_epoch(store, 2, 0, 1, GLOO, 1.0))  # the process recovered
+
+
+_FRESH_PEER = """
+import datetime, sys
+from torch._C import _distributed_c10d as c10d
+from planaria.agent import groups
+from planaria.wire import messages
+store = c10d.TCPStore("127.0.0.1", int(sys.argv[1]), None, False, datetime.timedelta(seconds=30))
+groups.leave_epoch(groups.form_epoch(store, 2, 1, 2, messages.Backend.GLOO, 30.0))
+"""
+
+
+def test_after_a_failed_rendezvous_the_next_epoch_meets_a_peer_that_never_failed(
+    store: c10d.TCPStore,
+) -> None:
+    with pytest.raises(groups.EpochFormationError, match="could not form epoch 1"):
+        groups.form_epoch(store, 1, 0, 2, GLOO, 1.0)
+    peer = subprocess.Popen([sys.executable, "-c", _FRESH_PEER, str(store.port)])
+    try:
+        groups.leave_epoch(groups.form_epoch(store, 2, 0, 2, GLOO, 30.0))
+    finally:
+        assert peer.wait(60) == 0

@@ -126,6 +126,12 @@ def form_epoch(
     _check_epoch(epoch, rank, world_size, timeout_s)
     wanted = sorted(set(_checked_subgroups(subgroups, world_size)))
     timeout = datetime.timedelta(seconds=timeout_s)
+    if not dist.is_initialized():
+        # torch names a world group after a process-wide counter, and the name is part of every
+        # rendezvous key ("epoch-E/<count>/..."). Destroying the world resets it, but a failed
+        # init_process_group (a member that never came) leaves it advanced: this process would
+        # then wait under other keys than a peer that never failed, in every epoch after.
+        dist.distributed_c10d._world.group_count = 0
     try:
         dist.init_process_group(
             str(backend),
