@@ -119,5 +119,4 @@ async def test_a_successor_finishes_a_recovery_its_predecessor_began(
     successor, final = await _hand_over(job, journal, recovering, lambda b: b.kill(W(1)))
     assert final.phase is Phase.SUCCEEDED, final.message
     assert final.step == 12 and final.epoch >= 2
-    assert job.final_plan is not None and W(1) not in job.final_plan.workers
     local_job.assert_like_reference(job, shm)
