@@ -176,8 +176,10 @@ def _count(row: dict[str, float], record: dict[str, object]) -> None:
 
 
 def table(rows: dict[str, dict[str, float]]) -> str:
-    """The summary as a Markdown table, the kinds in `trials.Kind` order, then all."""
-    order = [k.value for k in trials.Kind if k.value in rows] + ["all"]
+    """The summary as a Markdown table, the kinds in `trials.Kind` order, then any other kind
+    the records named (e.g. tests/chaos/controller_kill.py's), then all."""
+    known = [k.value for k in trials.Kind if k.value in rows]
+    order = known + sorted(set(rows) - {*known, "all"}) + ["all"]
     lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     for kind in order:
         row = rows[kind]

@@ -13,11 +13,15 @@ message and a checkpoint equal to the reference at its step, within the bound, w
 process, shared-memory store or network namespace left behind, and that every fault of the
 schedule landed.
 
-Also: the leak check itself finds a process that is still there.
+Also: the leak check itself finds a process that is still there; the CI seeds keep their kinds,
+and the stall and partition draws, made last, only turn seeds into their kind: every other
+seed's schedule is the one its first draws give (as with the kind forced), and a partition cuts
+one worker for the heartbeat timeout + 0-3 s or to the end.
 """
 
 from __future__ import annotations
 
+import math
 import shutil
 import subprocess
 import uuid
@@ -78,3 +82,25 @@ def test_the_leak_check_finds_a_process_that_is_still_there() -> None:
         child.kill()
         child.wait()
     assert recorder.leaked() == ()
+
+
+def test_the_ci_seeds_keep_their_kinds() -> None:
+    kinds = [trials.draw(p.values[0]).kind.value for p in SEEDS]  # type: ignore[arg-type]
+    assert kinds == [
+        "kill", "double", "triple", "hang", "returns", "early", "stall", "partition"
+    ]  # fmt: skip
+
+
+def test_the_last_draws_only_turn_seeds_into_stalls_and_partitions() -> None:
+    shape = trials.Shape()
+    drawn = [trials.draw(seed, shape) for seed in range(400)]
+    late = (trials.Kind.STALL, trials.Kind.PARTITION)
+    for schedule in drawn:
+        if schedule.kind not in late:
+            assert schedule == trials.draw(schedule.seed, shape, schedule.kind)
+    cuts = [d for d in drawn if d.kind is trials.Kind.PARTITION]
+    assert 30 < len(cuts) < 80  # 1 in 7 of the 6 in 7 not stalled: about 49
+    for cut in cuts:
+        assert len(cut.victims) == 1
+        lasting = shape.heartbeat_timeout_s <= cut.cut_s <= shape.heartbeat_timeout_s + 3.0
+        assert lasting or math.isinf(cut.cut_s)
