@@ -157,8 +157,11 @@ def _claim(seed: int) -> Net:
     """Create the namespace of the first free slot from `seed` on: the creation is the claim."""
     for offset in range(SLOTS):
         net = Net(slot=(seed + offset) % SLOTS)
-        if _run("ip", "netns", "add", net.namespace).returncode == 0:
+        done = _run("ip", "netns", "add", net.namespace)
+        if done.returncode == 0:
             return net
+        if "File exists" not in done.stderr:  # not taken, but refused: no slot will do
+            raise NetnsError(f"`ip netns add {net.namespace}` failed: {done.stderr.strip()}")
     raise NetnsError(f"no free slot among {SLOTS} namespaces {PREFIX}N")
 
 

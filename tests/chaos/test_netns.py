@@ -3,7 +3,8 @@
 Covered: a TCP connection from the host to a process inside the namespace carries data; after
 `cut()` data sent does not arrive and the connection is not reset, nor does a new
 connection open; after `heal()` the data sent during the cut arrives (TCP retransmits it); on
-exit the namespace, the veth pair and the bridge are gone, also when the body raised; a victim
+exit the namespace, the veth pair and the bridge are gone, also when the body raised; two
+trials of the same seed at once get distinct slots (names and subnets); a victim
 placement runs inside the namespace and the others on the host's address. Skipped, with the
 reason, where namespaces cannot be made (not root, no iproute2).
 """
@@ -75,6 +76,13 @@ def test_teardown_removes_the_namespace_and_its_links_also_after_an_error() -> N
         }
         raise RuntimeError("boom")
     assert net.leftovers() == ()
+
+
+def test_a_taken_slot_is_skipped() -> None:
+    with netns.partition(500) as first, netns.partition(500) as second:
+        assert (first.slot, second.slot) == (500, 501)
+        assert first.namespace != second.namespace and first.host_ip != second.host_ip
+    assert first.leftovers() == second.leftovers() == ()
 
 
 def test_the_victim_is_placed_inside_and_the_others_on_the_hosts_address() -> None:
