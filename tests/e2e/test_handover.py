@@ -4,7 +4,9 @@ Covers: the first controller detached while the job trains, a successor adopting
 epoch (no new epoch, the agents' processes unchanged, parameters equal to the fault-free
 reference); and the first controller detached in the middle of a recovery (a worker SIGKILLed,
 the next epoch being opened), the successor finishing that recovery from the journal and the
-job ending exact. This is what an operator restart does (docs/controller.md, Adoption).
+job ending exact: once with the predecessor's Configures racing its detach, once stopped after
+journalling the epoch and before any Configure went out (the successor opens it again). This is
+what an operator restart does (docs/controller.md, Adoption).
 """
 
 from __future__ import annotations
@@ -25,13 +27,17 @@ Phase = statuses.Phase
 
 
 class Journal:
-    """The latest record, in memory (the operator keeps it in a ConfigMap)."""
+    """The latest record, in memory (the operator keeps it in a ConfigMap). `hold_at`: the
+    record of that epoch is kept and the call never returns, so its Configures never go out."""
 
-    def __init__(self) -> None:
+    def __init__(self, hold_at: int | None = None) -> None:
         self.latest: ports.EpochRecord | None = None
+        self.hold_at = hold_at
 
     async def record(self, entry: ports.EpochRecord) -> None:
         self.latest = entry
+        if entry.epoch == self.hold_at:
+            await asyncio.Event().wait()
 
 
 async def _until(ctl: controller.Controller, check: object, timeout_s: float = 90.0) -> None:
@@ -96,9 +102,10 @@ async def test_a_successor_adopts_the_running_agents(
     local_job.assert_like_reference(job, shm)
 
 
+@pytest.mark.parametrize("hold", [False, True], ids=["configures-racing", "never-sent"])
 @pytest.mark.asyncio
 async def test_a_successor_finishes_a_recovery_its_predecessor_began(
-    corpus: Path, shm: Path, tmp_path: Path
+    corpus: Path, shm: Path, tmp_path: Path, hold: bool
 ) -> None:
     settings = local_job.job(
         "adopt-recovering",
@@ -107,7 +114,8 @@ async def test_a_successor_finishes_a_recovery_its_predecessor_began(
         steps=12,
         configure_timeout_s=20.0,
     )
-    job, journal = local_job.LocalJob(settings, tmp_path / "run", shm), Journal()
+    job = local_job.LocalJob(settings, tmp_path / "run", shm)
+    journal = Journal(hold_at=2 if hold else None)
 
     def recovering(status: statuses.JobStatus) -> bool:
         return (

@@ -243,6 +243,7 @@ class Controller:
             sorted(unsettled),
         )
         why = f"the previous controller stopped while opening epoch {record.epoch}"
+        self._set(statuses.Phase.RECOVERING, why)
         move = planning.Move(
             plan=record.plan, transfers=record.transfers, kind=record.kind, reason=why
         )
