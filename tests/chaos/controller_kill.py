@@ -7,11 +7,14 @@ same command run again (issue #10's "controller killed and restarted mid-recover
 A trial runs one small job (`trials.Shape`: the tiny GPT, gloo, real agent processes) as
 `python -m planaria run`, the real controller process over a LocalBackend, with one worker
 killed by the controller's own `--fail step=S:worker=V`, and SIGKILLs that controller at a
-moment its seed draws (`Moment`), told from outside by the run's journal and pid files:
+moment its seed draws (`Moment`), told from outside by the run's pid files, journal and
+progress lines:
 
-    SETUP       the agents run, no epoch is journalled yet (profiling, the first plan): the next
-                controller finds agents without a journal, stops them and starts over
-    TRAINING    epoch 1 journalled, then 0-1 s later: training, the worker kill maybe done
+    SETUP       every agent runs, then 0-1 s later, mostly before the first epoch is journalled
+                (profiling, the first plan): the next controller then finds agents without a
+                journal, stops them and starts over
+    TRAINING    the first "Running" progress line, then 0-1 s later: training, the worker kill
+                before or after it
     RECOVERING  the recovery's epoch journalled (its Configures going out), then 0-0.5 s later
 
 Then the same command runs again (adopting, or starting over, docs/local-mode.md) until the job
@@ -190,13 +193,12 @@ class _Trial:
         moment = self.draw.moment
         while first.returncode is None:
             self._record_pids()
-            epoch = _journalled(self.out)
-            started = len(adoption.running(self.out / "workers")) == self.shape.workers
-            reached = {
-                Moment.SETUP: started,
-                Moment.TRAINING: epoch >= 1,
-                Moment.RECOVERING: epoch >= 2,
-            }[moment]
+            if moment is Moment.SETUP:
+                reached = len(adoption.running(self.out / "workers")) == self.shape.workers
+            elif moment is Moment.TRAINING:
+                reached = "] Running" in _text(self.workdir / "first.log")
+            else:
+                reached = _journalled(self.out) >= 2
             if reached:
                 await asyncio.sleep(self.draw.delay * _DELAY_S[moment])
                 return

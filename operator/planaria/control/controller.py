@@ -27,9 +27,11 @@ that never answers, or one that hangs leads to a new epoch, never a hang.
 Adoption (an operator restarted mid-job): given the `ports.EpochRecord` its predecessor
 journalled last, the controller connects to the running agents, takes the recorded epoch over
 without a Configure (no step is lost when every worker still runs in it) and waits, bounded
-like any new epoch, until every worker of the plan runs in it; workers that do not (the old
-controller died while opening the epoch, or they failed meanwhile) make the epoch broken and
-the usual recovery follows. Agents in an epoch newer than the record (its write failed three
+like any new epoch, until every worker of the plan runs in it; a worker that failed meanwhile
+makes the epoch broken and the usual recovery follows. When live workers do not train in the
+recorded epoch, the old controller died while opening it: unless it was a planned switch, the
+same plan, copies and resume step are opened again as the next epoch, on this controller's
+store. Agents in an epoch newer than the record (its write failed three
 times) run a plan the successor does not know: the job is Suspended, saying so. A
 `ports.Journal` records every epoch before its Configures go out, and `detach` lets the
 predecessor go without stopping anything.
