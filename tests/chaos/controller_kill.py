@@ -13,7 +13,7 @@ progress lines:
     SETUP       every agent runs, then 0-1 s later, mostly before the first epoch is journalled
                 (profiling, the first plan): the next controller then finds agents without a
                 journal, stops them and starts over
-    TRAINING    the first "Running" progress line, then 0-1 s later: training, the worker kill
+    TRAINING    the first "Running" progress line, then 0-0.6 s later: training, the worker kill
                 before or after it
     RECOVERING  the recovery's epoch journalled (its Configures going out), then 0-0.5 s later
 
@@ -67,7 +67,7 @@ CONTROLLER = plan.WorkerId(-1)  # the controller, in `trials.Event.worker`
 PR_SET_CHILD_SUBREAPER = 36
 POLL_S = 0.005
 INTERRUPT_GRACE_S = 60.0
-_DELAY_S = {"setup": 1.0, "training": 1.0, "recovering": 0.5}
+_DELAY_S = {"setup": 1.0, "training": 0.6, "recovering": 0.5}  # 12 steps: ~1.2 s
 SHAPE = trials.Shape()
 _PROGRESS = re.compile(r"\]\s+(\w+)\s+step (\d+)/")
 
@@ -230,6 +230,7 @@ class _Trial:
 
     def _event(self, action: str, log: Path) -> None:
         phase, step = _last_progress(log)
+        moment = self.draw.moment
         self.events.append(
             trials.Event(
                 at_s=time.monotonic() - self.started,
@@ -238,7 +239,7 @@ class _Trial:
                 phase=phase,
                 epoch=_journalled(self.out),
                 step=step,
-                doing=f"the controller, {self.draw.moment} + {self.draw.delay:.2f}",
+                doing=f"the controller, {moment} + {self.draw.delay * _DELAY_S[moment]:.2f} s",
             )
         )
 
