@@ -1,9 +1,9 @@
 """A local backend adopting the agents another backend of the same run directory started
 (planaria.local.backend `adopt`, planaria.local.adoption), with real `planaria agent` processes.
 
-Covers: each agent's pid file holds its pid and start time; a backend built with adopt=True
-reuses the run directory's credentials (the adopted agents answer it over mutual TLS) and
-`adopt()` takes over every running agent with its address; a SIGKILL of an adopted worker (not
+Covers: each agent's pid file holds its pid and start time, the run's store.port the store's
+port; a backend built with adopt=True reuses the run directory's credentials (the adopted
+agents answer it over mutual TLS), hosts its store on another port, and `adopt()` takes over every running agent with its address; a SIGKILL of an adopted worker (not
 our child) is a DIED event through its pidfd, saying its status is not ours; restart brings it
 back as our own child (JOINED); shutdown stops the adopted agents too (Stop RPC) and the stores
 are removed; a pid file naming a reused pid (another start time) or an exited process is not
@@ -58,7 +58,8 @@ async def test_a_second_backend_adopts_kills_restarts_and_stops_the_first_ones_a
             recorded = adoption.read(run / "workers" / f"worker-{worker}.pid")
             assert recorded is not None and recorded[0] == pid and adoption.alive(*recorded)
         second = local_backend.LocalBackend(job=job, run_dir=run, adopt=True)
-        assert second.store.port != first.store.port  # a store of its own
+        assert second.store.port != first.store.port  # a store of its own, on another port
+        assert (run / local_backend.STORE_PORT_FILE).read_text() == f"{second.store.port}\n"
         assert second.adopt() == (W(0), W(1))
         assert second.pids == pids and second.alive() == (W(0), W(1))
         await _beat(second, W(0))  # the old credentials: the agent accepts this controller

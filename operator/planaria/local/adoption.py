@@ -60,6 +60,22 @@ def read(path: Path) -> tuple[int, int] | None:
         return None
 
 
+def read_address(ready: Path) -> str | None:
+    """The `HOST:PORT` in an agent's ready file, None when it has none (yet)."""
+    try:
+        return ready.read_text().strip() or None
+    except FileNotFoundError:
+        return None
+
+
+def read_port(path: Path) -> int | None:
+    """The port number in `path` (the store's, `backend.STORE_PORT_FILE`), None without one."""
+    try:
+        return int(path.read_text())
+    except (FileNotFoundError, ValueError):
+        return None
+
+
 def alive(pid: int, started: int) -> bool:
     """Whether the process started at `started` with id `pid` still runs (not a zombie)."""
     found = stat(pid)

@@ -31,12 +31,14 @@ releases the store and removes the job's host-memory snapshot stores
 (`<snapshot_base>/<job>/`) unless `keep_snapshots`.
 
 Adoption (a controller killed and started again, docs/local-mode.md): each agent's pid and start
-time go to `<run_dir>/workers/worker-W.pid` (`planaria.local.adoption`). A backend built with
+time go to `<run_dir>/workers/worker-W.pid` (`planaria.local.adoption`), the store's port to
+`<run_dir>/store.port`. A backend built with
 `adopt=True` reuses the run directory's credentials (the running agents trust that CA only) and
 `adopt()` takes over every agent a previous backend of the run directory left running: its
 address from its ready file, its liveness from a pidfd (not our child: no waitpid, no exit
 status), so its death is a DIED event, and `kill`, `restart` and `shutdown` work on it as on our
-own. The store is this process's, new: the next epoch's Configure carries its address.
+own. The store is this process's, new, on another port than the old one's: the next epoch's
+Configure carries its address.
 
 Errors: `LocalBackendError` (a worker that exits or stays silent before it serves, a restart of
 a live worker); `ports.AgentUnreachable` from `connect` when the worker does not run;
@@ -71,6 +73,7 @@ DEFAULT_SNAPSHOT_BASE = Path("/dev/shm/planaria")
 READY_TIMEOUT_S = 60.0  # an agent imports torch and grpc before it serves: seconds on 2 cores
 STOP_GRACE_S = 5.0
 STORE_TIMEOUT_S = 300.0
+STORE_PORT_FILE = "store.port"  # in the run directory: the port an adopting backend avoids
 _POLL_S = 0.02
 
 
@@ -157,10 +160,13 @@ class LocalBackend:
         self._workers: dict[plan.WorkerId, _Worker] = {}
         self._events: asyncio.Queue[ports.WorkerEvent | None] = asyncio.Queue()
         self._closed = False
-        self._store: c10d.TCPStore | None = c10d.TCPStore(
-            LOOPBACK, 0, None, True, datetime.timedelta(seconds=STORE_TIMEOUT_S), False
+        port_file = run_dir / STORE_PORT_FILE
+        self._store: c10d.TCPStore | None = _open_store(
+            avoid=adoption.read_port(port_file) if adopt else None
         )
         self._address = ports.StoreAddress(host=store_host, port=self._store.port)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        port_file.write_text(f"{self._store.port}\n")
 
     # -- ports.Backend -----------------------------------------------------------------------
 
@@ -213,7 +219,7 @@ class LocalBackend:
                 LOG.warning("worker %d: process %d never served; killed", worker, pid)
                 with contextlib.suppress(ProcessLookupError):
                     process.kill()
-            record = _Worker(process=process, address=_address(ready))
+            record = _Worker(process=process, address=adoption.read_address(ready))
             self._workers[worker] = record
             record.watcher = asyncio.ensure_future(self._watch(worker, record))
             if record.address is not None:
@@ -366,12 +372,15 @@ def _issue_tls(job: str, folder: Path) -> tls.ControllerTls:
     return tls.controller_tls(credentials)
 
 
-def _address(ready: Path) -> str | None:
-    """The address in an agent's ready file, None when it has none."""
-    try:
-        return ready.read_text().strip() or None
-    except FileNotFoundError:
-        return None
+def _open_store(avoid: int | None) -> c10d.TCPStore:
+    """The rendezvous store, on a free loopback port other than `avoid`: the killed controller's
+    port, since an agent keeps one store client per address and would reuse its client of the
+    dead store if the new one listened there."""
+    timeout = datetime.timedelta(seconds=STORE_TIMEOUT_S)
+    store = c10d.TCPStore(LOOPBACK, 0, None, True, timeout, False)
+    if store.port == avoid:  # the first holds that port while the second picks another
+        store = c10d.TCPStore(LOOPBACK, 0, None, True, timeout, False)
+    return store
 
 
 def _describe(code: int | None) -> str:
