@@ -3,11 +3,12 @@
 
 Covers: each agent's pid file holds its pid and start time, the run's store.port the store's
 port; a backend built with adopt=True reuses the run directory's credentials (the adopted
-agents answer it over mutual TLS), hosts its store on another port, and `adopt()` takes over every running agent with its address; a SIGKILL of an adopted worker (not
-our child) is a DIED event through its pidfd, saying its status is not ours; restart brings it
-back as our own child (JOINED); shutdown stops the adopted agents too (Stop RPC) and the stores
-are removed; a pid file naming a reused pid (another start time) or an exited process is not
-adopted; adopt() on a backend that did not ask for the old credentials is refused.
+agents answer it over mutual TLS), hosts its store on another port, and `adopt()` takes over
+every running agent with its address; a SIGKILL of an adopted worker (not our child) is a DIED
+event through its pidfd, saying its status is not ours; restart brings it back as our own
+child (JOINED); shutdown stops the adopted agents too (Stop RPC) and the stores are removed; a
+pid file naming a reused pid (another start time) or an exited process is not adopted; adopt()
+on a backend that did not ask for the old credentials is refused.
 """
 
 from __future__ import annotations
