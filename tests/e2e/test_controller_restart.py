@@ -46,7 +46,9 @@ from tests.e2e import local_job
 PR_SET_CHILD_SUBREAPER = 36
 STEPS = 12
 KILL_WITHIN_S = 120.0
-SECOND_RUN_S = 150.0
+# A kill just after a Configure can leave an agent retrying the dead store for 2 x 60 s before
+# it takes the next epoch (docs/local-mode.md): rare, bounded, and slow; the bound allows it.
+SECOND_RUN_S = 240.0
 JOB = """\
 model: tiny
 workers: 3
@@ -60,7 +62,7 @@ snapshots: {{intervalSteps: 1, redundancy: xor}}
 checkpoints: {{dir: {checkpoints}, intervalSteps: 2}}
 faultTolerance: 1
 policy: dynamic
-timeouts: {{heartbeatSeconds: 3, stepSeconds: 10}}
+timeouts: {{heartbeatSeconds: 3, stepSeconds: 10, configureSeconds: 20}}
 """
 
 
