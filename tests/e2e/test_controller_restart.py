@@ -207,7 +207,7 @@ async def test_a_journal_whose_agents_are_gone_starts_the_job_over(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     record = _record()
-    await journal.FileJournal(tmp_path).record(record)
+    await journal.FileJournal(tmp_path, "over").record(record)
     (tmp_path / "workers").mkdir()
     (tmp_path / "workers" / "worker-0.pid").write_text("999999999 1\n")  # long gone
     backend, adopt = await run._backend("over", tmp_path, record)

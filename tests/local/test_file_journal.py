@@ -4,7 +4,7 @@ Covered: a record written and read back is equal (epoch, kind, resume step, plan
 second record replaces the first; the file is 0600 and no temporary file is left beside it; no
 file reads as None and `remove` forgets the record; a truncated file, a file of another format,
 one missing a key and one with a bad plan each fail with JournalCorrupt naming the file and the
-way out.
+way out; another job's record fails with JournalOfAnotherJob naming both jobs.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ def _record(epoch: int = 3) -> ports.EpochRecord:
 
 @pytest.mark.asyncio
 async def test_a_record_round_trips_and_a_later_one_replaces_it(tmp_path: Path) -> None:
-    log = journal.FileJournal(tmp_path)
+    log = journal.FileJournal(tmp_path, "tiny")
     assert log.read() is None
     first = _record()
     await log.record(first)
@@ -52,7 +52,7 @@ async def test_a_record_round_trips_and_a_later_one_replaces_it(tmp_path: Path) 
 
 def _damaged(change: Callable[[dict[str, object]], object]) -> bytes:
     """A valid record's file with `change` applied to its JSON object."""
-    document = json.loads(journal.encode(_record()))
+    document = json.loads(journal.encode(_record(), "tiny"))
     change(document)
     return json.dumps(document).encode()
 
@@ -60,7 +60,7 @@ def _damaged(change: Callable[[dict[str, object]], object]) -> bytes:
 @pytest.mark.parametrize(
     ("data", "message"),
     [
-        pytest.param(journal.encode(_record())[:40], "Unterminated string", id="a truncated file"),
+        pytest.param(journal.encode(_record(), "tiny")[:40], "Unterminated", id="truncated"),
         pytest.param(_damaged(lambda d: d.update(format="x")), "not a planaria-journal", id="x"),
         pytest.param(_damaged(lambda d: d.pop("profile")), "no key 'profile'", id="no profile"),
         pytest.param(_damaged(lambda d: d.update(plan="CAD/")), "Error", id="a bad plan"),
@@ -73,6 +73,13 @@ def test_a_corrupt_file_names_itself_and_the_way_out(
     path = tmp_path / journal.FILE_NAME
     path.write_bytes(data)
     with pytest.raises(journal.JournalCorrupt, match=message) as caught:
-        journal.FileJournal(tmp_path).read()
+        journal.FileJournal(tmp_path, "tiny").read()
     assert str(path) in str(caught.value) and "delete it to start the job over" in str(caught.value)
     assert isinstance(caught.value, ValueError)
+
+
+@pytest.mark.asyncio
+async def test_another_jobs_record_names_both_jobs(tmp_path: Path) -> None:
+    await journal.FileJournal(tmp_path, "tiny").record(_record())
+    with pytest.raises(journal.JournalOfAnotherJob, match="job 'tiny', not 'other': give --name"):
+        journal.FileJournal(tmp_path, "other").read()

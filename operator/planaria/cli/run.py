@@ -190,7 +190,7 @@ async def _run_job(
 
     failures = [faults.parse_failure(text) for text in options.failures]
     mtbf = faults.parse_mtbf(options.mtbf) if options.mtbf else None
-    journal = local_journal.FileJournal(options.out)
+    journal = local_journal.FileJournal(options.out, settings.name)
     backend, adopted = await _backend(
         settings.name, options.out, journal.read(), snapshot_base=options.snapshot_base
     )
