@@ -1,10 +1,11 @@
 """The run directory's journal (`planaria.local.journal.FileJournal`).
 
-Covered: a record written and read back is equal (epoch, kind, resume step, plan, profile); a
-second record replaces the first; the file is 0600 and no temporary file is left beside it; no
-file reads as None and `remove` forgets the record; a truncated file, a file of another format,
-one missing a key and one with a bad plan each fail with JournalCorrupt naming the file and the
-way out; another job's record fails with JournalOfAnotherJob naming both jobs.
+Covered: a record written and read back is equal (epoch, kind, resume step, plan, profile, the
+layer copies, the planned flag); a second record replaces the first; the file is 0600 and no
+temporary file is left beside it; no file reads as None and `remove` forgets the record; a
+truncated file, a file of another format, one missing a field, one with a bad plan and one
+with a bad epoch each fail with JournalCorrupt naming the file and the way out; another job's
+record fails with JournalOfAnotherJob naming both jobs.
 """
 
 from __future__ import annotations
@@ -28,8 +29,17 @@ def _record(epoch: int = 3) -> ports.EpochRecord:
     assert settings.profile is not None
     planner = planning.Planner(settings.profile, settings)
     move = planner.best(frozenset(plan.WorkerId(w) for w in range(8)), "initial")
+    copies = (
+        plan.LayerTransfer(layer=2, destination=plan.WorkerId(5), sources=(plan.WorkerId(1),)),
+    )
     return ports.EpochRecord(
-        epoch=epoch, plan=move.plan, kind="dynamic", resume_step=41, profile=settings.profile
+        epoch=epoch,
+        plan=move.plan,
+        kind="dynamic",
+        resume_step=41,
+        profile=settings.profile,
+        transfers=copies,
+        planned=True,
     )
 
 
@@ -41,7 +51,8 @@ async def test_a_record_round_trips_and_a_later_one_replaces_it(tmp_path: Path) 
     await log.record(first)
     back = log.read()
     assert back == first and back is not None and back.plan == first.plan
-    later = dataclasses.replace(first, epoch=4, kind="reroute", resume_step=57)
+    assert back.transfers == first.transfers and back.planned
+    later = dataclasses.replace(first, epoch=4, kind="reroute", resume_step=57, planned=False)
     await log.record(later)
     assert log.read() == later
     assert [p.name for p in tmp_path.iterdir()] == [journal.FILE_NAME]  # no temporary left
@@ -62,8 +73,10 @@ def _damaged(change: Callable[[dict[str, object]], object]) -> bytes:
     [
         pytest.param(journal.encode(_record(), "tiny")[:40], "Unterminated", id="truncated"),
         pytest.param(_damaged(lambda d: d.update(format="x")), "not a planaria-journal", id="x"),
-        pytest.param(_damaged(lambda d: d.pop("profile")), "no key 'profile'", id="no profile"),
-        pytest.param(_damaged(lambda d: d.update(plan="CAD/")), "Error", id="a bad plan"),
+        pytest.param(
+            _damaged(lambda d: d.pop("profile")), "no text field 'profile'", id="no profile"
+        ),
+        pytest.param(_damaged(lambda d: d.update(plan="CAD/")), "journal.json", id="a bad plan"),
         pytest.param(_damaged(lambda d: d.update(epoch="x")), "invalid literal", id="bad epoch"),
     ],
 )

@@ -6,14 +6,10 @@ run (`ports.Journal`, `Controller(adopt=...)`; docs/local-mode.md).
     await journal.record(entry)          # before the epoch's Configures go out
     entry = journal.read()               # the next controller: the EpochRecord, or None
 
-`<run_dir>/journal.json` holds one JSON object (the same content as the operator's state
-ConfigMap, `planaria.kube.journal`):
-
-    format, version        "planaria-journal", 1
-    job                    the job's name (a run directory holds one job's agents)
-    epoch, kind, resumeStep  the record's scalars
-    profile                the planner's profile as its file's text (`profile_file`)
-    plan                   the plan, `planaria.v1.Plan` serialized (`planner_codec`), base64
+`<run_dir>/journal.json` holds one JSON object: `format` "planaria-journal", `version` 1, `job`
+(the job's name: a run directory holds one job's agents) and the record's text fields, the same
+as the operator's state ConfigMap holds (`planaria.spec.epoch_record`: epoch, kind, planned,
+resumeStep, profile, plan, transfers), so a successor can open the epoch again word for word.
 
 A record replaces the file atomically (a temporary file written, fsynced, renamed over it, the
 folder fsynced), mode 0600: a reader sees the old record or the new one, never a torn one.
@@ -27,25 +23,18 @@ OSErrors (the controller logs a failed record and goes on, ports.Journal).
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import json
 import os
 from pathlib import Path
-from typing import Any
-
-from google.protobuf import message as protobuf
 
 from planaria.control import ports
-from planaria.spec import profile_file
-from planaria.v1 import agent_pb2
-from planaria.wire import errors as wire_errors
-from planaria.wire import planner_codec
+from planaria.spec import epoch_record
 
 FILE_NAME = "journal.json"
 FORMAT = "planaria-journal"
 VERSION = 1
 FILE_MODE = 0o600
+FIX = "delete it to start the job over"
 
 
 class JournalCorrupt(ValueError):
@@ -58,54 +47,29 @@ class JournalOfAnotherJob(ValueError):
 
 def encode(entry: ports.EpochRecord, job: str) -> bytes:
     """The journal file's bytes for `entry`, an epoch of job `job`."""
-    plan = planner_codec.encode_plan(entry.plan).SerializeToString()
-    document = {
-        "format": FORMAT,
-        "version": VERSION,
-        "job": job,
-        "epoch": entry.epoch,
-        "kind": entry.kind,
-        "resumeStep": entry.resume_step,
-        "profile": profile_file.render_profile(entry.profile),
-        "plan": base64.b64encode(plan).decode("ascii"),
-    }
+    document = {"format": FORMAT, "version": VERSION, "job": job, **epoch_record.encode(entry)}
     return json.dumps(document, indent=1).encode()
 
 
 def decode(data: bytes, source: str, job: str) -> ports.EpochRecord:
     """The record of job `job` in a journal file's bytes; JournalCorrupt names `source` when it
     is bad, JournalOfAnotherJob when it is another job's."""
-    fix = "delete it to start the job over"
     try:
-        document: dict[str, Any] = json.loads(data)
-        if document.get("format") != FORMAT or document.get("version") != VERSION:
-            raise JournalCorrupt(f"{source}: not a {FORMAT} version {VERSION} file; {fix}")
-        if document["job"] != job:
-            raise JournalOfAnotherJob(
-                f"{source} records job {document['job']!r}, not {job!r}: give --name "
-                f"{document['job']} to continue it, or another --out"
-            )
-        message = agent_pb2.Plan.FromString(base64.b64decode(document["plan"], validate=True))
-        return ports.EpochRecord(
-            epoch=int(document["epoch"]),
-            plan=planner_codec.decode_plan(message),
-            kind=str(document["kind"]),
-            resume_step=int(document["resumeStep"]),
-            profile=profile_file.parse_profile(document["profile"], source=f"{source} profile"),
+        document = json.loads(data)
+    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError
+        raise JournalCorrupt(f"{source}: {exc}; {FIX}") from exc
+    header = (document.get("format"), document.get("version")) if isinstance(document, dict) else ()
+    if header != (FORMAT, VERSION):
+        raise JournalCorrupt(f"{source}: not a {FORMAT} version {VERSION} file; {FIX}")
+    if document.get("job") != job:
+        raise JournalOfAnotherJob(
+            f"{source} records job {document.get('job')!r}, not {job!r}: give --name "
+            f"{document.get('job')} to continue it, or another --out"
         )
-    except (JournalCorrupt, JournalOfAnotherJob):
-        raise
-    except KeyError as exc:
-        raise JournalCorrupt(f"{source}: no key {exc}; {fix}") from exc
-    except (
-        ValueError,  # json.JSONDecodeError and UnicodeDecodeError are ValueErrors
-        TypeError,
-        AttributeError,  # a JSON document that is not an object
-        binascii.Error,
-        protobuf.DecodeError,
-        wire_errors.WireError,
-    ) as exc:
-        raise JournalCorrupt(f"{source}: {exc}; {fix}") from exc
+    try:
+        return epoch_record.decode(document, source)
+    except epoch_record.EpochRecordError as exc:
+        raise JournalCorrupt(str(exc)) from exc
 
 
 class FileJournal:
