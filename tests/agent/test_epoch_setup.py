@@ -7,15 +7,21 @@ step -> KEPT (no copy); held at another step -> this worker's own store rebuilds
 (one flipped byte, caught by the checksum) -> the peer's store rebuilds it (PEER_SNAPSHOT),
 bit-exactly; both corrupted and no checkpoint -> SnapshotUnavailableError naming the layer,
 the step and what each tier said; step 0 with nothing held -> INITIAL; the setup report's tier
-is the costliest tier used.
+is the costliest tier used. A store that is gone (its controller died) fails the connection
+within about twice the rendezvous's timeout, not the store client's minute; a live one
+connects.
 """
 
 from __future__ import annotations
 
+import datetime
+import socket
+import time
 from pathlib import Path
 
 import pytest
 import torch
+from torch._C import _distributed_c10d as c10d
 
 from planaria.agent import (
     data,
@@ -131,3 +137,32 @@ def test_the_report_names_the_costliest_tier() -> None:
     )
     assert epoch_setup.costliest([]) is Tier.KEPT
     assert epoch_setup.costliest([Tier.INITIAL, Tier.CHECKPOINT]) is Tier.INITIAL
+
+
+def _rendezvous(port: int, timeout_s: float) -> messages.Rendezvous:
+    return messages.Rendezvous(
+        store_host="127.0.0.1",
+        store_port=port,
+        key_prefix="epoch-1",
+        rank=0,
+        world_size=1,
+        backend=messages.Backend.GLOO,
+        timeout_s=timeout_s,
+    )
+
+
+def test_a_store_that_is_gone_fails_the_connection_within_the_rendezvous_timeout() -> None:
+    with socket.socket() as probe:  # a port nothing listens on once the probe closes
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    started = time.monotonic()
+    with pytest.raises(RuntimeError):  # torch's DistNetworkError
+        epoch_setup.connect_store(_rendezvous(port, 0.5))
+    assert time.monotonic() - started < 5.0  # not 2 x STORE_TIMEOUT_S
+
+
+def test_a_live_store_connects() -> None:
+    server = c10d.TCPStore("127.0.0.1", 0, None, True, datetime.timedelta(seconds=5), False)
+    client = epoch_setup.connect_store(_rendezvous(server.port, 0.5))
+    client.set("k", "v")
+    assert server.get("k") == b"v"

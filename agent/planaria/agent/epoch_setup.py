@@ -113,9 +113,14 @@ class Ready:
 
 def connect_store(rendezvous: messages.Rendezvous) -> c10d.Store:
     """A client of the controller's rendezvous store (unprefixed: `form` and the failure flag
-    add their prefixes)."""
-    timeout = datetime.timedelta(seconds=STORE_TIMEOUT_S)
-    return c10d.TCPStore(rendezvous.store_host, rendezvous.store_port, None, False, timeout)
+    add their prefixes). Connecting is bounded by the rendezvous's timeout: torch retries a
+    refused connection for twice the client's timeout, and a store that died with its
+    controller must not keep the agent from the successor's next epoch for minutes. The
+    client's own operations then wait up to STORE_TIMEOUT_S."""
+    connect = datetime.timedelta(seconds=min(STORE_TIMEOUT_S, rendezvous.timeout_s))
+    store = c10d.TCPStore(rendezvous.store_host, rendezvous.store_port, None, False, connect)
+    store.set_timeout(datetime.timedelta(seconds=STORE_TIMEOUT_S))
+    return store
 
 
 def form(

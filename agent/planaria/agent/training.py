@@ -139,14 +139,20 @@ class Training:
             base=self.base,
             checkpoint_dir=config.settings.checkpoint_dir,
         )
-        ready = epoch_setup.set_up(
-            config=config,
-            job=job,
-            holding=self.holding,
-            stores=stores,
-            store=self._store_client(config.rendezvous),
-            device=self.device,
-        )
+        try:
+            ready = epoch_setup.set_up(
+                config=config,
+                job=job,
+                holding=self.holding,
+                stores=stores,
+                store=self._store_client(config.rendezvous),
+                device=self.device,
+            )
+        except BaseException:
+            # The store may be the cause (its controller died, and a successor may listen at
+            # the same address: an operator container restarted in its pod): connect afresh.
+            self._stores.clear()
+            raise
         self.epoch, self.config = ready.epoch, config
         self.holding = epoch_setup.Holding(layers=ready.layers, step=config.resume_step)
         flag = c10d.PrefixStore(config.rendezvous.key_prefix, self._store_client(config.rendezvous))
@@ -367,6 +373,7 @@ class Training:
     def _store_client(self, rendezvous: messages.Rendezvous) -> c10d.Store:
         key = (rendezvous.store_host, rendezvous.store_port)
         if key not in self._stores:
+            self._stores.clear()  # one controller at a time: an older store's client goes
             self._stores[key] = epoch_setup.connect_store(rendezvous)
         return self._stores[key]
 
