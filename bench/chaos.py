@@ -14,7 +14,9 @@ with the controller's log and every worker's, is kept and printed). `--kind K` r
 seeds whose drawn kind is K: the first `--trials` of them from `--seed` on, each with the
 schedule it has in a mixed run, so a seed replays the same either way. Partition seeds need
 network namespaces (root, iproute2: `tests/chaos/netns.py`); where there are none they are
-left out, and the run says so.
+left out, and the run says so. `--kind controller` runs `tests/chaos/controller_kill.py`'s
+trials instead (`planaria run` SIGKILLed at a seeded moment and run again; seeds taken in order,
+never part of a mixed run: each starts two controllers).
 
 Printed: one line per trial, then per fault kind: trials, faults injected, Succeeded (survived),
 Suspended with a checkpoint, Suspended without one (no checkpoint written yet), Failed, hangs,
@@ -42,7 +44,7 @@ import uuid
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from tests.chaos import netns, trials
+from tests.chaos import controller_kill, netns, trials
 
 SHM = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
 COLUMNS = (
@@ -78,7 +80,9 @@ def _arguments(argv: Sequence[str] | None) -> argparse.Namespace:
     return args
 
 
-def one_trial(seed: int, root: Path, corpus: Path, keep: bool) -> dict[str, object]:
+def one_trial(
+    seed: int, root: Path, corpus: Path, keep: bool, kind: str | None = None
+) -> dict[str, object]:
     """Run one trial in this process; its record as plain data (`TrialResult` fields)."""
     workdir = root / f"seed-{seed}"
     shm = SHM / f"planaria-chaos-{seed}-{uuid.uuid4().hex[:8]}"
@@ -89,7 +93,8 @@ def one_trial(seed: int, root: Path, corpus: Path, keep: bool) -> dict[str, obje
     planaria.setLevel(logging.INFO)
     planaria.addHandler(log)
     try:
-        result = asyncio.run(trials.run_trial(seed, workdir, shm, corpus=corpus))
+        run = controller_kill.run_trial if kind == trials.Kind.CONTROLLER else trials.run_trial
+        result = asyncio.run(run(seed, workdir, shm, corpus=corpus))
     finally:
         planaria.removeHandler(log)
         log.close()
@@ -109,7 +114,7 @@ def _run(args: argparse.Namespace, root: Path) -> list[dict[str, object]]:
     context = multiprocessing.get_context("spawn")  # no torch or asyncio state forked
     records = []
     with concurrent.futures.ProcessPoolExecutor(args.jobs, mp_context=context) as pool:
-        futures = [pool.submit(one_trial, s, root, corpus, args.keep) for s in seeds]
+        futures = [pool.submit(one_trial, s, root, corpus, args.keep, args.kind) for s in seeds]
         try:
             for future in concurrent.futures.as_completed(futures):
                 records.append(future.result())
@@ -126,6 +131,8 @@ def chosen_seeds(first: int, count: int, kind: str | None) -> list[int]:
     missing = netns.unavailable()
     if missing and kind == trials.Kind.PARTITION:
         raise SystemExit(f"bench.chaos: partition trials cannot run here: {missing}")
+    if kind == trials.Kind.CONTROLLER:  # its own draw (controller_kill.draw): every seed
+        return list(range(first, first + count))
     seeds: list[int] = []
     seed = first
     while len(seeds) < count:

@@ -51,7 +51,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
-from typing import cast
 
 from planaria.agent import checkpoints
 from planaria.local import adoption, journal
@@ -62,7 +61,7 @@ from tests.e2e import local_job
 
 # trials.Kind has no member for this trial yet (tests/chaos/trials.py is not this module's to
 # change): the value is the string bench.chaos groups by.
-KIND = cast(trials.Kind, getattr(trials.Kind, "CONTROLLER", "controller"))
+KIND = trials.Kind.CONTROLLER
 CONTROLLER = plan.WorkerId(-1)  # the controller, in `trials.Event.worker`
 PR_SET_CHILD_SUBREAPER = 36
 POLL_S = 0.005

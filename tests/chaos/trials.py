@@ -75,6 +75,9 @@ class Kind(StrEnum):
     # One worker's traffic dropped both ways (`netns`) for `Draw.cut_s`, then let through: it
     # ran all along and comes back in a stale epoch. Drawn apart too (PARTITION_SHARE).
     PARTITION = "partition"
+    # `planaria run` itself SIGKILLed and run again (tests/chaos/controller_kill.py, its own
+    # harness); only with `bench.chaos --kind controller`: a trial starts two controllers.
+    CONTROLLER = "controller"
 
 
 class Outcome(StrEnum):
@@ -84,7 +87,7 @@ class Outcome(StrEnum):
     HUNG = "Hung"
 
 
-KINDS = tuple(k for k in Kind if k not in (Kind.STALL, Kind.PARTITION))  # drawn first
+KINDS = tuple(k for k in Kind if k not in (Kind.STALL, Kind.PARTITION, Kind.CONTROLLER))
 STALL_SHARE = 1 / 7
 PARTITION_SHARE = 1 / 7  # of the seeds not stalled
 KEPT_CUT_SHARE = 1 / 4  # of the partitions: never healed, the job ends around the lost worker
