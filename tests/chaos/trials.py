@@ -26,7 +26,7 @@ The invariant (`TrialResult.problems` lists every breach; the outcome checks are
   `keep_snapshots=False`); after a partition, its namespace and links are gone (`netns`).
 
 Only `Kind.PARTITION` trials make a network namespace (which needs root); the others run
-everything on loopback. Not here: killing the controller itself (docs/chaos.md).
+everything on loopback. Not here: killing the controller itself (`controller_kill`).
 """
 
 from __future__ import annotations
