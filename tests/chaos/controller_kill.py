@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import json
 import os
 import random
@@ -47,7 +46,6 @@ import shutil
 import signal
 import sys
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -63,7 +61,6 @@ from tests.e2e import local_job
 # change): the value is the string bench.chaos groups by.
 KIND = trials.Kind.CONTROLLER
 CONTROLLER = plan.WorkerId(-1)  # the controller, in `trials.Event.worker`
-PR_SET_CHILD_SUBREAPER = 36
 POLL_S = 0.005
 INTERRUPT_GRACE_S = 60.0
 _DELAY_S = {"setup": 1.0, "training": 0.6, "recovering": 0.5}  # 12 steps: ~1.2 s
@@ -116,22 +113,10 @@ async def run_trial(
     corpus = corpus or trials.write_corpus(workdir)
     trial = _Trial(draw(seed, shape), shape, workdir, shm_base, corpus)
     try:
-        with _subreaper():
+        with processes.subreaper():
             return await trial.run()
     finally:
         shutil.rmtree(shm_base, ignore_errors=True)
-
-
-@contextlib.contextmanager
-def _subreaper() -> Iterator[None]:
-    """This process as the child subreaper of its descendants (module docstring)."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
-        raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER)")
-    try:
-        yield
-    finally:
-        libc.prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
 
 
 class _Trial:
@@ -166,7 +151,7 @@ class _Trial:
             code = ended if ended is not None else await self._second_run()
         finally:
             self._record_pids()
-            _reap(set(self.pids.started))
+            processes.reap(set(self.pids.started))
         return self._result(code, time.monotonic() - self.started)
 
     async def _first_run(self) -> int | None:
@@ -252,7 +237,7 @@ class _Trial:
         leaked = self.pids.leaked()
         if leaked:
             problems.append(f"processes left: {list(leaked)}")
-            _kill(leaked)
+            processes.kill(leaked)
         left = sorted(str(p) for p in self.shm_base.rglob("*")) if self.shm_base.exists() else []
         if left:
             problems.append(f"snapshot stores left: {left[:5]}")
@@ -357,28 +342,3 @@ def _outcome(code: int | None) -> trials.Outcome:
     if code == 0:
         return trials.Outcome.SUCCEEDED
     return trials.Outcome.FAILED
-
-
-def _reap(pids: set[int], timeout_s: float = 10.0) -> None:
-    """Reap the old controller's agents (our children through the subreaper) once they have
-    exited; a pid that is not our child is skipped. Blocks: the trial's run is over."""
-    pending, deadline = set(pids), time.monotonic() + timeout_s
-    while pending and time.monotonic() < deadline:
-        for pid in sorted(pending):
-            try:
-                done = os.waitpid(pid, os.WNOHANG)[0] != 0
-            except ChildProcessError:
-                done = True
-            if done:
-                pending.discard(pid)
-        if pending:
-            time.sleep(0.05)
-
-
-def _kill(pids: tuple[int, ...]) -> None:
-    """What a failed trial left: killed and reaped, so the next trial starts clean (it is
-    reported)."""
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-    _reap(set(pids))

@@ -10,14 +10,61 @@ while any member of the session lives, so a member whose leader is gone is still
 
 Linux only (it reads /proc); elsewhere nothing is found, which the tests would notice by never
 recording a pid.
+
+A SIGKILLed controller's agents are re-parented to the nearest child subreaper, else to PID 1,
+which in a container may reap nobody: `subreaper()` makes this process theirs while a test
+runs, `reap` collects the exited ones and `kill` ends what a failed run left.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import contextlib
+import ctypes
+import os
+import signal
+import time
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 PROC = Path("/proc")
+PR_SET_CHILD_SUBREAPER = 36  # prctl(2)
+
+
+@contextlib.contextmanager
+def subreaper() -> Iterator[None]:
+    """This process as the child subreaper of its descendants (OSError where refused)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER)")
+    try:
+        yield
+    finally:
+        libc.prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
+
+
+def reap(pids: Iterable[int], timeout_s: float = 10.0) -> None:
+    """Reap those of `pids` that are our children (through the subreaper) once they exited,
+    waiting at most `timeout_s`; a pid that is not our child is skipped."""
+    pending, deadline = set(pids), time.monotonic() + timeout_s
+    while pending and time.monotonic() < deadline:
+        for pid in sorted(pending):
+            try:
+                done = os.waitpid(pid, os.WNOHANG)[0] != 0
+            except ChildProcessError:
+                done = True
+            if done:
+                pending.discard(pid)
+        if pending:
+            time.sleep(0.05)
+
+
+def kill(pids: Iterable[int]) -> None:
+    """SIGKILL and reap what a failed run left (it is reported as leaked anyway)."""
+    left = tuple(pids)
+    for pid in left:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    reap(left)
 
 
 def stat(pid: int) -> tuple[str, int, int] | None:

@@ -20,8 +20,6 @@ one's included, reaps nobody, which would leave zombies that are no fault of the
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import json
 import os
 import re
@@ -43,7 +41,6 @@ from planaria.spec import job, job_file
 from tests.chaos import invariant, processes
 from tests.e2e import local_job
 
-PR_SET_CHILD_SUBREAPER = 36
 STEPS = 12
 KILL_WITHIN_S = 120.0
 # A kill just after a Configure can leave an agent retrying the dead store for 2 x 60 s before
@@ -69,13 +66,11 @@ timeouts: {{heartbeatSeconds: 3, stepSeconds: 10, configureSeconds: 20}}
 @pytest.fixture
 def subreaper() -> Iterator[None]:
     """This process as the child subreaper of its descendants while the test runs."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
-        pytest.skip(f"prctl(PR_SET_CHILD_SUBREAPER): errno {ctypes.get_errno()}")
     try:
-        yield
-    finally:
-        libc.prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
+        with processes.subreaper():
+            yield
+    except OSError as exc:
+        pytest.skip(f"no child subreaper here: {exc}")
 
 
 def _job_file(tmp_path: Path, corpus: Path) -> Path:
@@ -138,29 +133,6 @@ def _run_again(command: list[str], log: Path) -> tuple[int, str]:
     return code, log.read_text()
 
 
-def _reap(pids: set[int], timeout_s: float = 10.0) -> None:
-    """Reap the adopted agents (our children through the subreaper) once they have exited;
-    a pid that is not our child (the second controller's own) is skipped."""
-    pending, deadline = set(pids), time.monotonic() + timeout_s
-    while pending and time.monotonic() < deadline:
-        for pid in sorted(pending):
-            try:
-                done = os.waitpid(pid, os.WNOHANG)[0] != 0
-            except ChildProcessError:
-                done = True
-            if done:
-                pending.discard(pid)
-        time.sleep(0.05 if pending else 0)
-
-
-def _kill(leaked: tuple[int, ...]) -> None:
-    """After a failed run: kill what is left (the test fails anyway)."""
-    for pid in leaked:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-    _reap(set(leaked))
-
-
 @pytest.mark.usefixtures("subreaper")
 def test_a_controller_killed_mid_recovery_is_adopted_by_the_next_and_the_job_ends_exact(
     tmp_path: Path, corpus: Path, shm: Path
@@ -175,9 +147,9 @@ def test_a_controller_killed_mid_recovery_is_adopted_by_the_next_and_the_job_end
         code, said = _run_again(command, tmp_path / "second.log")
         _agents(out, recorder)
     finally:
-        _reap(set(recorder.started))
+        processes.reap(set(recorder.started))
         leaked = recorder.leaked()
-        _kill(leaked)
+        processes.kill(leaked)
     assert code == 0, said
     adopting = re.search(r"adopting epoch (\d+) from a previous controller \((\d) agents", said)
     assert adopting is not None and int(adopting[1]) >= 2 and int(adopting[2]) >= 1, said
