@@ -8,8 +8,8 @@ import asyncio
 import dataclasses
 from collections.abc import Callable
 
-from planaria.control import controller, settings, status
-from planaria.planner import accelerators, profile, shapes, synthetic
+from planaria.control import controller, planning, ports, settings, status
+from planaria.planner import accelerators, plan, profile, shapes, synthetic
 from planaria.wire import messages
 from tests.control import fakes
 
@@ -35,6 +35,31 @@ def training(**changes: object) -> messages.TrainingSettings:
         redundancy=messages.RedundancyMode.XOR,
     )
     return dataclasses.replace(base, **changes)  # type: ignore[arg-type]
+
+
+def epoch_record(epoch: int = 3) -> ports.EpochRecord:
+    """A journal's record: the templates' best plan over 8 workers, with copies, planned (every
+    field away from its default, so a codec that drops one fails a round trip)."""
+    chosen = job()
+    assert chosen.profile is not None
+    move = planning.Planner(chosen.profile, chosen).best(
+        frozenset(plan.WorkerId(w) for w in range(8)), "initial"
+    )
+    copies = (
+        plan.LayerTransfer(layer=2, destination=plan.WorkerId(5), sources=(plan.WorkerId(1),)),
+        plan.LayerTransfer(
+            layer=0, destination=plan.WorkerId(0), sources=(plan.WorkerId(2), plan.WorkerId(3))
+        ),
+    )
+    return ports.EpochRecord(
+        epoch=epoch,
+        plan=move.plan,
+        kind="dynamic",
+        resume_step=41,
+        profile=chosen.profile,
+        transfers=copies,
+        planned=True,
+    )
 
 
 def job(**changes: object) -> settings.JobSettings:

@@ -13,38 +13,14 @@ import dataclasses
 
 import pytest
 
-from planaria.control import planning, ports
 from planaria.kube import constants, journal, pods
-from planaria.planner import plan
 from tests.control import scenarios
 
 OWNER = pods.Owner(name="tiny", namespace="ml", uid="u-1")
 
 
-def _record() -> ports.EpochRecord:
-    settings = scenarios.job()
-    assert settings.profile is not None
-    planner = planning.Planner(settings.profile, settings)
-    move = planner.best(frozenset(plan.WorkerId(w) for w in range(8)), "initial")
-    copies = (
-        plan.LayerTransfer(layer=2, destination=plan.WorkerId(5), sources=(plan.WorkerId(1),)),
-        plan.LayerTransfer(
-            layer=0, destination=plan.WorkerId(0), sources=(plan.WorkerId(2), plan.WorkerId(3))
-        ),
-    )
-    return ports.EpochRecord(
-        epoch=3,
-        plan=move.plan,
-        kind="dynamic",
-        resume_step=41,
-        profile=settings.profile,
-        transfers=copies,
-        planned=True,
-    )
-
-
 def test_an_epoch_record_round_trips_through_the_configmap() -> None:
-    entry = _record()
+    entry = scenarios.epoch_record()
     body = journal.configmap(OWNER, entry)
     assert body["metadata"]["name"] == constants.state_configmap_name("tiny")
     assert body["metadata"]["ownerReferences"][0]["uid"] == "u-1"
@@ -55,19 +31,19 @@ def test_an_epoch_record_round_trips_through_the_configmap() -> None:
 
 
 def test_a_record_without_copies_round_trips() -> None:
-    entry = dataclasses.replace(_record(), transfers=(), planned=False)
+    entry = dataclasses.replace(scenarios.epoch_record(), transfers=(), planned=False)
     assert journal.decode(journal.configmap(OWNER, entry)) == entry
 
 
 def test_a_configmap_without_the_plan_names_what_is_missing() -> None:
-    body = journal.configmap(OWNER, _record())
+    body = journal.configmap(OWNER, scenarios.epoch_record())
     del body["data"]["plan"]
     with pytest.raises(journal.JournalError, match="tiny-state: no text field 'plan'"):
         journal.decode(body)
 
 
 def test_a_configmap_with_a_bad_plan_says_to_start_over() -> None:
-    body = journal.configmap(OWNER, _record())
+    body = journal.configmap(OWNER, scenarios.epoch_record())
     body["data"]["plan"] = base64.b64encode(b"\x08\x00\xff").decode()
     with pytest.raises(journal.JournalError, match="delete it to start the job over"):
         journal.decode(body)
@@ -78,14 +54,14 @@ def test_a_configmap_with_a_bad_plan_says_to_start_over() -> None:
     [("transfers", "not base64!"), ("transfers", base64.b64encode(b"\xff\xff").decode())],
 )
 def test_a_configmap_with_a_bad_copy_says_to_start_over(field: str, value: str) -> None:
-    body = journal.configmap(OWNER, _record())
+    body = journal.configmap(OWNER, scenarios.epoch_record())
     body["data"][field] = value
     with pytest.raises(journal.JournalError, match="tiny-state: .*delete it to start the job over"):
         journal.decode(body)
 
 
 def test_a_configmap_with_a_bad_planned_flag_names_it() -> None:
-    body = journal.configmap(OWNER, _record())
+    body = journal.configmap(OWNER, scenarios.epoch_record())
     body["data"]["planned"] = "yes"
     with pytest.raises(journal.JournalError, match="planned must be true or false"):
         journal.decode(body)

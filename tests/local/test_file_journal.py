@@ -18,36 +18,15 @@ from pathlib import Path
 
 import pytest
 
-from planaria.control import planning, ports
 from planaria.local import journal
-from planaria.planner import plan
 from tests.control import scenarios
-
-
-def _record(epoch: int = 3) -> ports.EpochRecord:
-    settings = scenarios.job()
-    assert settings.profile is not None
-    planner = planning.Planner(settings.profile, settings)
-    move = planner.best(frozenset(plan.WorkerId(w) for w in range(8)), "initial")
-    copies = (
-        plan.LayerTransfer(layer=2, destination=plan.WorkerId(5), sources=(plan.WorkerId(1),)),
-    )
-    return ports.EpochRecord(
-        epoch=epoch,
-        plan=move.plan,
-        kind="dynamic",
-        resume_step=41,
-        profile=settings.profile,
-        transfers=copies,
-        planned=True,
-    )
 
 
 @pytest.mark.asyncio
 async def test_a_record_round_trips_and_a_later_one_replaces_it(tmp_path: Path) -> None:
     log = journal.FileJournal(tmp_path, "tiny")
     assert log.read() is None
-    first = _record()
+    first = scenarios.epoch_record()
     await log.record(first)
     back = log.read()
     assert back == first and back is not None and back.plan == first.plan
@@ -63,7 +42,7 @@ async def test_a_record_round_trips_and_a_later_one_replaces_it(tmp_path: Path) 
 
 def _damaged(change: Callable[[dict[str, object]], object]) -> bytes:
     """A valid record's file with `change` applied to its JSON object."""
-    document = json.loads(journal.encode(_record(), "tiny"))
+    document = json.loads(journal.encode(scenarios.epoch_record(), "tiny"))
     change(document)
     return json.dumps(document).encode()
 
@@ -71,7 +50,9 @@ def _damaged(change: Callable[[dict[str, object]], object]) -> bytes:
 @pytest.mark.parametrize(
     ("data", "message"),
     [
-        pytest.param(journal.encode(_record(), "tiny")[:40], "Unterminated", id="truncated"),
+        pytest.param(
+            journal.encode(scenarios.epoch_record(), "tiny")[:40], "Unterminated", id="truncated"
+        ),
         pytest.param(_damaged(lambda d: d.update(format="x")), "not a planaria-journal", id="x"),
         pytest.param(
             _damaged(lambda d: d.pop("profile")), "no text field 'profile'", id="no profile"
@@ -93,6 +74,6 @@ def test_a_corrupt_file_names_itself_and_the_way_out(
 
 @pytest.mark.asyncio
 async def test_another_jobs_record_names_both_jobs(tmp_path: Path) -> None:
-    await journal.FileJournal(tmp_path, "tiny").record(_record())
+    await journal.FileJournal(tmp_path, "tiny").record(scenarios.epoch_record())
     with pytest.raises(journal.JournalOfAnotherJob, match="job 'tiny', not 'other': give --name"):
         journal.FileJournal(tmp_path, "other").read()
