@@ -77,6 +77,7 @@ class FakeAgent:
     alive: bool = True
     hung: bool = False
     stalls: bool = False  # Configure never answers (a wedged RPC)
+    slow_until: float | None = None  # until then it does not notice a lost peer (`slow`)
     epoch: int = 0
     state: messages.AgentState = messages.AgentState.IDLE
     step: int = 0
@@ -271,6 +272,11 @@ class FakeCluster:
         """The worker stops stepping and heartbeating; its stream stays open."""
         self.agent(worker).hung = True
 
+    def slow(self, worker: int, seconds: float) -> None:
+        """For `seconds` the worker keeps heartbeating RUNNING in its epoch without noticing
+        a lost peer (an agent blocked in a set-up or a collective), then stops as usual."""
+        self.agent(worker).slow_until = self.clock.now + seconds
+
     def notice(self, worker: int) -> None:
         self._events.put_nowait(
             ports.WorkerEvent(kind=ports.EventKind.PREEMPTION_NOTICE, worker=plans.WorkerId(worker))
@@ -385,7 +391,8 @@ class FakeCluster:
             config = agent.config
             assert config is not None
             if gone:
-                agent.latch(messages.ErrorKind.PEER_LOST, f"peer {gone[0].id} lost")
+                if agent.slow_until is None or self.clock.now >= agent.slow_until:
+                    agent.latch(messages.ErrorKind.PEER_LOST, f"peer {gone[0].id} lost")
                 continue
             agent.waiting_since = (
                 agent.waiting_since if agent.waiting_since is not None else self.clock.now

@@ -5,7 +5,9 @@ steps); a preemption notice answered ahead of the death (planned switch, no lost
 later death needs no recovery), and the death coming before the switch (recovered from the
 plan the workers still hold, also when the agents set the switch up short of its
 step); losing more workers than any plan needs -> Suspended with the
-checkpoint step, then a resume from that checkpoint when workers return; a layer whose every
+checkpoint step, then a resume from that checkpoint when workers return; workers a recovery
+counted failed only because they stopped late (still blocked, heartbeating) -> Suspended, then
+taken back as arrivals once they stop, and the job resumes and succeeds; a layer whose every
 replica is lost, rebuilt from peers' snapshots (PEER_SNAPSHOT) or, without redundancy, found
 in no tier -> Suspended and resumed from the persistent checkpoint at once; two GPUs per
 node under every policy (a death, then the worker's return).
@@ -133,6 +135,24 @@ async def test_too_few_workers_suspend_the_job_until_workers_return() -> None:
     resumed = run.controller.recoveries[-1]
     assert resumed.kind == "resume" and resumed.tier in SNAPSHOT_TIERS
     assert run.cluster.sent[resumed.epoch][0].resume_step == 20
+    final = await run.finish()
+    assert final.phase is status.Phase.SUCCEEDED and final.step == 60
+
+
+async def test_workers_that_stopped_too_late_for_a_recovery_are_taken_back_once_stopped() -> None:
+    # 20 MiB per GPU: no template plan on fewer than 6 workers. Five workers keep running past
+    # the settle bound (step + heartbeat timeouts, 3 s) after worker 7 dies: the recovery
+    # counts them failed, two survivors hold no plan, and the job is Suspended with 7 live.
+    run = scenarios.Run(_checkpointed_job(profile=scenarios.small_profile(20), policy="dynamic"))
+    await run.until(lambda: run.step() >= 23)
+    for worker in range(5):
+        run.cluster.slow(worker, 6.0)
+    run.cluster.kill(7)
+    await run.until(lambda: run.controller.status.phase is status.Phase.SUSPENDED)
+    assert "no plan for the 2 surviving workers" in run.controller.status.message
+    await run.until(lambda: run.controller.status.phase is status.Phase.RUNNING)
+    resumed = run.controller.recoveries[-1]
+    assert resumed.kind == "resume" and 7 not in run.cluster.sent[resumed.epoch][0].plan.workers
     final = await run.finish()
     assert final.phase is status.Phase.SUCCEEDED and final.step == 60
 

@@ -118,6 +118,10 @@ class Controller:
         self._snapshot_failed = False  # ... and failed: the next resume uses the checkpoint
         self._unheard_since: float | None = None  # a resume waits for returning workers' beats
         self._was_live: set[plans.WorkerId] = set()  # live at the previous pass
+        # Live workers a recovery counted failed only because they had not stopped in time
+        # (a set-up still blocked on the epoch before, on a loaded machine): arrivals once
+        # their heartbeat shows them stopped.
+        self._slow: set[plans.WorkerId] = set()
         self._lead_scale = 1  # doubles after a planned switch that came too late
         self._stall_since: float | None = None  # a resume waits for a stall to end
 
@@ -288,14 +292,21 @@ class Controller:
         await self._publish()
 
     def _note_returns(self, now: float) -> None:
-        """Workers heard again after a silence (a stalled machine, a stopped process) count as
-        arrivals when the running plan does not hold them: a scale-up or a resume may use them.
-        (Restarted processes arrive through the backend's JOINED events instead.)"""
+        """Workers heard again after a silence (a stalled machine, a stopped process), and
+        slow workers now stopped (`_slow`), count as arrivals when the running plan does not
+        hold them: a scale-up or a resume may use them. (Restarted processes arrive through the
+        backend's JOINED events instead.)"""
         live = self._roster.live(now)
         held = set(self._epochs.plan.workers) if self._epochs.plan is not None else set()
-        returned = live - self._was_live - held
-        if self._phase is statuses.Phase.SUSPENDED:
-            returned = live - self._was_live
+        stopped = {
+            w
+            for w in self._slow & live
+            if (b := self._roster.beats.get(w)) is not None and b.state in membership.SETTLED
+        }
+        self._slow -= stopped
+        returned = (live - self._was_live) | stopped
+        if self._phase is not statuses.Phase.SUSPENDED:
+            returned -= held
         self._arrivals |= returned & set(self._lines.agents)
         self._was_live = live
 
@@ -313,6 +324,7 @@ class Controller:
         late = await self._settle(running, epoch)
         now = self._clock.monotonic()
         found = failures.assess(self._roster, running, epoch, late, now)
+        self._slow = late - self._roster.gone(late, now)
         if found.state_lost and not missed:  # (a missed switch's setups latch it, short of it)
             lost = "a layer's state is in no recovery tier (replica, snapshot or checkpoint)"
             self._suspend(running, lost, retry=True)
