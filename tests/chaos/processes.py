@@ -24,9 +24,9 @@ import os
 import signal
 import time
 from collections.abc import Iterable, Iterator
-from pathlib import Path
 
-PROC = Path("/proc")
+from planaria.local import adoption
+
 PR_SET_CHILD_SUBREAPER = 36  # prctl(2)
 
 
@@ -67,17 +67,6 @@ def kill(pids: Iterable[int]) -> None:
     reap(left)
 
 
-def stat(pid: int) -> tuple[str, int, int] | None:
-    """(state letter, session id, start time) of `pid`, None when it does not exist."""
-    try:
-        text = (PROC / str(pid) / "stat").read_text()
-    except (FileNotFoundError, ProcessLookupError):
-        return None
-    # The command name (field 2) is in parentheses and may hold spaces: split after it.
-    fields = text[text.rindex(")") + 2 :].split()
-    return fields[0], int(fields[3]), int(fields[19])
-
-
 class Recorder:
     """Every (pid, start time) seen (module docstring)."""
 
@@ -86,8 +75,8 @@ class Recorder:
 
     def add(self, pids: Iterable[int]) -> None:
         for pid in pids:
-            if pid not in self.started and (found := stat(pid)) is not None:
-                self.started[pid] = found[2]
+            if pid not in self.started and (found := adoption.stat(pid)) is not None:
+                self.started[pid] = found.started
 
     def leaked(self) -> tuple[int, ...]:
         """Recorded processes still there, and any process in their sessions, sorted."""
@@ -96,9 +85,9 @@ class Recorder:
 
     def _in_sessions(self) -> set[int]:
         found = set()
-        for entry in PROC.iterdir():
-            info = stat(int(entry.name)) if entry.name.isdigit() else None
-            if info is not None and self._ours(info[1]):
+        for entry in adoption.PROC.iterdir():
+            info = adoption.stat(int(entry.name)) if entry.name.isdigit() else None
+            if info is not None and self._ours(info.session):
                 found.add(int(entry.name))
         return found
 
@@ -107,5 +96,5 @@ class Recorder:
 
 
 def _start(pid: int) -> int | None:
-    found = stat(pid)
-    return None if found is None else found[2]
+    found = adoption.stat(pid)
+    return None if found is None else found.started

@@ -33,7 +33,7 @@ SHM = Path("/dev/shm/planaria")
 def _exists(pid: int) -> bool:
     """Whether `pid` is a live (not zombie) process."""
     found = adoption.stat(pid)
-    return found is not None and found[0] != "Z"
+    return found is not None and found.state != "Z"
 
 
 async def _beat(backend: local_backend.LocalBackend, worker: plan.WorkerId) -> None:

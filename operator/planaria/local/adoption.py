@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import os
 import signal
+from dataclasses import dataclass
 from pathlib import Path
 
 from planaria.planner import plan
@@ -33,22 +34,32 @@ SUFFIX = ".pid"
 _GONE = frozenset({"Z", "X"})  # zombie, dead: exited, whoever reaps them
 
 
-def stat(pid: int) -> tuple[str, int] | None:
-    """(state letter, start time) of `pid`, None when there is no such process."""
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Stat:
+    """What `/proc/<pid>/stat` says of a process: its state letter ("R", "S", "Z", ...), its
+    session id and its start time (clock ticks since boot)."""
+
+    state: str
+    session: int
+    started: int
+
+
+def stat(pid: int) -> Stat | None:
+    """`pid`'s `Stat`, None when there is no such process."""
     try:
         text = (PROC / str(pid) / "stat").read_text()
     except (FileNotFoundError, ProcessLookupError):
         return None
     # The command name (field 2) is in parentheses and may hold spaces: split after it.
     fields = text[text.rindex(")") + 2 :].split()
-    return fields[0], int(fields[19])
+    return Stat(state=fields[0], session=int(fields[3]), started=int(fields[19]))
 
 
 def write(path: Path, pid: int) -> None:
     """Record `pid` with its start time in `path` (nothing when it already exited)."""
     found = stat(pid)
     if found is not None:
-        path.write_text(f"{pid} {found[1]}\n")
+        path.write_text(f"{pid} {found.started}\n")
 
 
 def read(path: Path) -> tuple[int, int] | None:
@@ -79,7 +90,7 @@ def read_port(path: Path) -> int | None:
 def alive(pid: int, started: int) -> bool:
     """Whether the process started at `started` with id `pid` still runs (not a zombie)."""
     found = stat(pid)
-    return found is not None and found[1] == started and found[0] not in _GONE
+    return found is not None and found.started == started and found.state not in _GONE
 
 
 def running(folder: Path) -> dict[plan.WorkerId, tuple[int, int]]:
