@@ -218,24 +218,14 @@ class Controller:
             self._suspend(record.plan, unknown, retry=False)
             return
         summary = statuses.plan_summary(record.plan, record.kind)
-        unsettled = self._not_running_in(record)
+        live = self._roster.live(self._clock.monotonic())
+        unsettled = self._epochs.not_running() & live
         if unsettled and not record.planned:
             await self._reopen(record, unsettled)
             return
         self._set(statuses.Phase.RECOVERING, f"adopting epoch {record.epoch}: {summary}")
         if await self._epochs.commit():
             self._set(statuses.Phase.RUNNING, f"epoch {record.epoch} running: {summary}")
-
-    def _not_running_in(self, record: ports.EpochRecord) -> set[plans.WorkerId]:
-        """The live workers of `record`'s plan not (yet) training in its epoch."""
-        live = self._roster.live(self._clock.monotonic())
-        return {
-            w
-            for w in set(record.plan.workers) & live
-            if (b := self._roster.beats.get(w)) is None
-            or b.epoch != record.epoch
-            or b.state not in (messages.AgentState.RUNNING, messages.AgentState.FINISHED)
-        }
 
     async def _reopen(self, record: ports.EpochRecord, unsettled: set[plans.WorkerId]) -> None:
         """The predecessor stopped while opening `record`'s epoch (after a failure, at the start

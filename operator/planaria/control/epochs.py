@@ -204,7 +204,7 @@ class Driver:
             now = self._clock.monotonic()
             if self._roster.gone(workers, now) or self._roster.failed_in(workers, epoch):
                 return False
-            late = {w for w in workers if not self._running_in(w, epoch)}
+            late = self.not_running()
             if not late:
                 self._roster.switching = set()
                 return True
@@ -260,6 +260,12 @@ class Driver:
         if not ack.accepted:
             LOG.warning("worker %d refused epoch %d: %s", config.worker, config.epoch, ack.reason)
         return ack.accepted
+
+    def not_running(self) -> set[plans.WorkerId]:
+        """The workers of the current plan not (yet) training in the current epoch."""
+        if self.plan is None:
+            return set()
+        return {w for w in self.plan.workers if not self._running_in(w, self.epoch)}
 
     def _running_in(self, worker: plans.WorkerId, epoch: int) -> bool:
         beat = self._roster.beat(worker, epoch)
