@@ -10,12 +10,15 @@ instruction set is `planaria.planner.instructions`):
                             `model.micro_batch_loss` to the worker's share of the step's loss
     Backward(g, [a, b))     from the loss (b == L) or from the received gradient; parameter
                             gradients accumulate, summed over micro-batches as in the reference
+                            (in float32, or in float64 in exact mode: `reduction`)
     Send*(to, g, tag)       isend of g's output activation / input gradient; awaited before
                             the optimizer step (or at the end of the step)
     Recv*(from, g, tag)     irecv into a fresh [B, T, d_model] buffer, awaited at once
     AllReduce(layers, grp)  the layers' gradients as one flat bucket (zeros where this worker
-                            computed none), SUM over the group's subgroup (Oobleck §6.1)
-    OptimizerStep(layers)   each layer's own AdamW steps, then its gradients are cleared
+                            computed none), SUM over the group's subgroup (Oobleck §6.1); in
+                            exact mode the float64 sums, rounded once afterwards
+    OptimizerStep(layers)   each layer's own AdamW steps, then its gradients are cleared (exact
+                            mode rounds the sums no AllReduce took first, before the hook)
     Snapshot(layers)        a marker, reported in the StepResult for the snapshot writer
 
 The commit barrier: right before the first OptimizerStep of a step (after the hook's call for
@@ -72,9 +75,8 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
-from torch import nn
 
-from planaria.agent import data, groups, held_layers, model, reference
+from planaria.agent import data, groups, held_layers, model, reduction, reference
 from planaria.planner import errors, instructions, plan, schedule
 from planaria.wire import messages
 
@@ -234,6 +236,7 @@ class Executor:
         config = job.config
         self.message_shape = (config.micro_batch_size, config.shape.seq_len, config.shape.d_model)
         self.latched: StepError | None = None
+        self.sums = reduction.GradientSums(config.reduction)
         layers.clear_grads()  # an aborted step of an earlier epoch may have left some
 
     def run_step(self, step: int, before: Hook | None = None) -> StepResult:
@@ -241,10 +244,16 @@ class Executor:
         when an earlier step aborted, or a new one when this step does."""
         if self.latched is not None:
             raise self.latched
+        with reduction.compute_threads(self.job.config.reduction):
+            return self._run_step(step, before)
+
+    def _run_step(self, step: int, before: Hook | None) -> StepResult:
         state = _StepState(batch=self.job.sampler.global_batch(step))
         seconds = dict.fromkeys(Op, 0.0)
         started = time.perf_counter()
         for index, op in enumerate(self.stream.instructions):
+            if isinstance(op, instructions.OptimizerStep):  # the hook sees the step's gradients
+                self.sums.settle(self.layers.parameters(op.layers))
             if before is not None:
                 before(step, index, op)
             t0 = time.perf_counter()
@@ -330,6 +339,7 @@ class Executor:
             torch.autograd.backward(out)
         else:
             torch.autograd.backward(out, _take(state.grads, g, "gradient", op))
+        self.sums.absorb(self.layers.parameters(range(op.layer_start, op.layer_stop)))
 
     def _micro_batch(self, state: _StepState, g: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Token ids and targets of global micro-batch g, on the layers' device."""
@@ -357,13 +367,12 @@ class Executor:
 
     def _all_reduce(self, op: instructions.AllReduce) -> None:
         params = self.layers.parameters(op.layers)
-        flat = torch.cat([_grad_or_zeros(p).reshape(-1) for p in params])
+        flat = self.sums.bucket(params)
         group = self.epoch.group(groups.ranks_of(op.group, self.ranks))
         reduce = dist.ReduceOp.SUM  # summed, never averaged: see the module docstring
         work = self._call(None, lambda: dist.all_reduce(flat, reduce, group, async_op=True))
         self._wait(work, None, collective=True)
-        for p, chunk in zip(params, torch.split(flat, [p.numel() for p in params]), strict=True):
-            p.grad = chunk.view_as(p)
+        self.sums.unpack(params, flat)
 
     def _commit_barrier(self, state: _StepState) -> None:
         """Every worker of the epoch reaches this step's first optimizer step, or none passes
@@ -458,10 +467,6 @@ def _input_grad(state: _StepState, g: int) -> torch.Tensor:
     received = state.inputs.pop(g)
     assert received.grad is not None, "SendGrad follows the Backward that computes it"
     return received.grad
-
-
-def _grad_or_zeros(p: nn.Parameter) -> torch.Tensor:
-    return p.grad if p.grad is not None else torch.zeros_like(p)
 
 
 def _stream_of(sched: schedule.Schedule, worker: plan.WorkerId) -> schedule.WorkerStream:

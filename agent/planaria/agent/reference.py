@@ -8,7 +8,8 @@ floating-point sums are taken):
    pipeline);
 3. for each micro-batch, in order: forward through all planner layers, `model.micro_batch_loss`
    (token cross-entropy summed, divided by B * seq_len), backward; gradients accumulate, so each
-   parameter's gradient is the sum over micro-batches;
+   parameter's gradient is the sum over micro-batches (in float32, or in exact mode in float64,
+   rounded once: `reduction.GradientSums`, the executor's very object);
 4. every layer's own AdamW (`model.make_optimizer`) steps once, and gradients are cleared.
 
 The step's loss is the sum of the micro-batch losses: the mean token loss of the global batch.
@@ -24,8 +25,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from planaria.agent import data, model
+from planaria.agent import data, model, reduction
 from planaria.planner import shapes
+from planaria.wire import messages
 
 
 class TrainingConfigError(ValueError):
@@ -36,8 +38,9 @@ class TrainingConfigError(ValueError):
 class TrainingConfig:
     """What fixes a training run's semantics: model, seed, batch sizes, optimizer.
 
-    `seed` seeds both the layers' initial parameters and the sampler. Raises TrainingConfigError
-    when a size is < 1 or the global batch is not a multiple of the micro-batch.
+    `seed` seeds both the layers' initial parameters and the sampler; `reduction` says how
+    gradients are summed (`planaria.agent.reduction`). Raises TrainingConfigError when a size
+    is < 1 or the global batch is not a multiple of the micro-batch.
     """
 
     shape: shapes.ModelShape
@@ -45,6 +48,7 @@ class TrainingConfig:
     global_batch_size: int
     micro_batch_size: int
     optimizer: model.OptimizerConfig = field(default_factory=model.OptimizerConfig)
+    reduction: messages.Reduction = messages.Reduction.FAST
 
     def __post_init__(self) -> None:
         if self.seed < 0:
@@ -68,10 +72,16 @@ class ReferenceTrainer:
 
     Call `step(0)`, `step(1)`, ... in order; each returns that step's loss. Layer `i`'s module,
     optimizer and state are `layers[i]`, `optimizers[i]`, `layer_state(i)`.
+    `reverse_micro_batches` runs each step's micro-batches last to first: the same training
+    with the gradients summed in another order, which measures how much summation order alone
+    moves the result (`comparison.SensitivityBounds`); in exact mode it changes nothing.
     """
 
-    def __init__(self, config: TrainingConfig, tokens: data.Tokens) -> None:
+    def __init__(
+        self, config: TrainingConfig, tokens: data.Tokens, *, reverse_micro_batches: bool = False
+    ) -> None:
         self.config = config
+        self.reverse_micro_batches = reverse_micro_batches
         self.dataset = data.TokenDataset(tokens=tokens, seq_len=config.shape.seq_len)
         self.sampler = data.Sampler(
             num_samples=self.dataset.num_samples,
@@ -83,17 +93,27 @@ class ReferenceTrainer:
 
     def step(self, step_index: int) -> float:
         """Train on step `step_index`'s global batch; returns its mean token loss."""
+        with reduction.compute_threads(self.config.reduction):
+            return self._step(step_index)
+
+    def _step(self, step_index: int) -> float:
         config = self.config
         (micro_batches,) = self.sampler.split(
             step_index, config.micro_batch_size, [config.num_micro_batches]
         )
+        if self.reverse_micro_batches:
+            micro_batches = micro_batches[::-1]
+        sums = reduction.GradientSums(config.reduction)
+        params = [p for layer in self.layers for p in layer.parameters()]
         loss = 0.0
         for samples in micro_batches:
             inputs, targets = self.dataset.batch(samples)
             logits = model.run_layers(self.layers, inputs)
             micro_loss = model.micro_batch_loss(logits, targets, config.global_batch_size)
             torch.autograd.backward(micro_loss)
+            sums.absorb(params)
             loss += micro_loss.item()
+        sums.settle(params)
         for optimizer in self.optimizers:
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)

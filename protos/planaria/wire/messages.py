@@ -90,6 +90,19 @@ class RedundancyMode(StrEnum):
     RECOMPUTE = "recompute"
 
 
+class Reduction(StrEnum):
+    """How gradients are summed over micro-batches and workers (agent.proto, docs/numerics.md).
+
+    FAST sums float32 gradients in whatever order the plan computes them: the parameters equal
+    a fault-free run's up to float32 summation order. EXACT adds each micro-batch's gradient
+    into a float64 sum, all-reduces in float64 and rounds once to the parameter dtype before the
+    optimizer step: the parameters do not depend on the plan, rerouting or failures.
+    """
+
+    FAST = "fast"
+    EXACT = "exact"
+
+
 class Backend(StrEnum):
     """The torch.distributed backend of an epoch's process group."""
 
@@ -195,6 +208,7 @@ class TrainingSettings:
     redundancy: RedundancyMode
     checkpoint_dir: str = ""
     checkpoint_interval_steps: int = 0
+    reduction: Reduction = Reduction.FAST
 
     def __post_init__(self) -> None:
         if not self.model:
