@@ -263,6 +263,7 @@ def training_settings(global_batch_size: int) -> st.SearchStrategy[messages.Trai
         device=st.sampled_from(messages.Device),
         snapshot_interval_steps=st.integers(min_value=0, max_value=1000),
         redundancy=st.sampled_from(messages.RedundancyMode),
+        reduction=st.sampled_from(messages.Reduction),
     ).flatmap(_with_checkpoints)
 
 
@@ -784,6 +785,7 @@ def job_spec_documents(draw: st.DrawFn) -> dict[str, object]:
         "globalBatchSize": micro * draw(st.integers(1, 8)),
         "seed": draw(st.integers(0, 2**64 - 1)),
         "device": draw(st.sampled_from(["cpu", "cuda"])),
+        "reduction": draw(st.sampled_from(["fast", "exact"])),
         "faultTolerance": draw(st.integers(0, nodes - 1)),
         "policy": draw(st.sampled_from(["adaptive", "dynamic", "reroute"])),
         "mtbfSeconds": draw(st.floats(1.0, 1e6)),

@@ -236,6 +236,11 @@ REFUSED = {
         "spec.failures.0.time: -5 is less than the minimum of 0",
         "pydantic",
     ),
+    "a reduction that is neither fast nor exact": (
+        {"reduction": "float64"},
+        "spec.reduction: 'float64' is not one of ['fast', 'exact']",
+        "pydantic",
+    ),
     "a nodeSelector key that is no label key": (
         {"pod": {"nodeSelector": {"-gpu": "a100"}}},
         "spec.pod.nodeSelector: a nodeSelector key is not a label key (prefix/name of letters, "
@@ -281,6 +286,7 @@ CHANGES: dict[str, Any] = {
     "optimizer": {"lr": 0.01},
     "data": {"maxBytes": 1000},
     "device": "cuda",
+    "reduction": "exact",
     "snapshots": {"intervalSteps": 2},
     "checkpoints": {"dir": "/ckpt"},
     "faultTolerance": 2,

@@ -2,9 +2,10 @@
 
 Covers: training on a named corpus prints a header, one line per --log-every steps (and the
 last step) with step, loss and samples/s, and a summary with the loss change; the default
-corpus (standard library) is used without --corpus; bad input (unknown model, missing or empty
-corpus, a global batch the micro-batch does not divide, out-of-range numbers) is one line on
-stderr with exit status 2; building the command parser does not import torch.
+corpus (standard library) is used without --corpus; --reduction exact trains too and another
+value is refused by the parser; bad input (unknown model, missing or empty corpus, a global
+batch the micro-batch does not divide, out-of-range numbers) is one line on stderr with exit
+status 2; building the command parser does not import torch.
 """
 
 from __future__ import annotations
@@ -46,6 +47,17 @@ def test_without_a_corpus_it_trains_on_the_standard_library(
     args = ["reference", "--max-corpus-bytes", "20000", "--steps", "1", "--global-batch", "2"]
     assert main.main([*args, "--micro-batch", "1"]) == 0
     assert "on 20,000 bytes (312 samples of 64 tokens)" in capsys.readouterr().out
+
+
+def test_exact_reduction_trains_and_an_unknown_one_is_refused(
+    corpus: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main.main(["reference", "--corpus", str(corpus), *FAST, "--reduction", "exact"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1].startswith("done: 5 steps")
+    with pytest.raises(SystemExit) as exited:
+        main.main(["reference", "--reduction", "float64"])
+    assert exited.value.code == 2
+    assert "argument --reduction: invalid choice: 'float64'" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(

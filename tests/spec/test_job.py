@@ -7,9 +7,9 @@ field, cross-field rules, failures, names, not YAML, nested past the YAML parser
 not a mapping, missing file) reported as one line with the field path as written in the file
 and a fix; an offending value made of shared YAML aliases shown without expanding it;
 durations; conversion to the controller's JobSettings (corpus default, NCCL on cuda,
-checkpoints only when both dir and interval are given); a fuzz of random documents: parsing
-raises nothing but JobSpecError with a path, and any spec that parses converts to settings;
-every spec field has a description and is documented in docs/running.md.
+checkpoints only when both dir and interval are given, the gradient reduction); a fuzz of random
+documents: parsing raises nothing but JobSpecError with a path, and any spec that parses
+converts to settings; every spec field has a description and is documented in docs/running.md.
 """
 
 from __future__ import annotations
@@ -64,6 +64,7 @@ def test_an_empty_file_is_the_default_spec() -> None:
     assert spec.global_batch_size % spec.micro_batch_size == 0
     assert spec.snapshots.interval_steps == 1 and spec.snapshots.redundancy == "copy"
     assert spec.policy is job_settings.Policy.ADAPTIVE and spec.failures == []
+    assert spec.reduction is job.Reduction.FAST
 
 
 def test_camel_case_and_snake_case_names_are_both_accepted() -> None:
@@ -104,6 +105,7 @@ def test_overrides_replace_the_files_values_and_are_checked_the_same_way() -> No
         ("device: gpu", r"^job.yaml: device: must be one of 'cpu' or 'cuda'"),
         ("policy: random", r"^job.yaml: policy: must be one of 'adaptive'"),
         ("snapshots: {redundancy: raid}", r"^job.yaml: snapshots.redundancy: must be one of"),
+        ("reduction: float64", r"^job.yaml: reduction: must be one of 'fast' or 'exact'"),
         ("data: {corpusPaths: []}", r"^job.yaml: data.corpusPaths: must not be empty"),
         ("seed: 1.5", r"^job.yaml: seed: must be a whole number"),
         ("gpusPerNode: true", r"^job.yaml: gpusPerNode: must be a whole number \(got true\)"),
@@ -190,6 +192,7 @@ def test_settings_take_every_field_and_the_corpus_default() -> None:
     assert out.training.data.corpus_paths == ("/stdlib",)
     assert out.backend is messages.Backend.GLOO and out.policy == "adaptive"
     assert out.training.redundancy is messages.RedundancyMode.COPY
+    assert out.training.reduction is messages.Reduction.FAST
     assert out.training.checkpoint_dir == "" and out.training.checkpoint_interval_steps == 0
 
 
@@ -204,6 +207,14 @@ def test_settings_of_a_cuda_job_with_corpus_and_checkpoints() -> None:
     assert out.training.data.max_bytes == 1000
     assert (out.training.checkpoint_dir, out.training.checkpoint_interval_steps) == ("/ckpt", 10)
     assert out.policy == "reroute" and out.mtbf_s == 60.0
+
+
+@pytest.mark.parametrize("reduction", list(job.Reduction), ids=lambda r: f"reduction {r}")
+def test_the_reduction_reaches_the_training_settings(reduction: job.Reduction) -> None:
+    spec = _parse(f"reduction: {reduction}").spec
+    assert spec.reduction is reduction
+    out = job.to_settings(spec, "job", "/stdlib")
+    assert out.training.reduction is messages.Reduction(reduction.value)
 
 
 def test_settings_refuse_a_bad_name() -> None:
@@ -221,6 +232,7 @@ _KEYS = st.sampled_from(
         "globalBatchSize",
         "seed",
         "device",
+        "reduction",
         "policy",
         "mtbfSeconds",
         "faultTolerance",
@@ -232,7 +244,7 @@ _LEAVES = (
     | st.booleans()
     | st.integers(min_value=-3, max_value=2**66)
     | st.floats(allow_nan=True)
-    | st.sampled_from(["tiny", "cpu", "cuda", "reroute", "90s", "", "x"])
+    | st.sampled_from(["tiny", "cpu", "cuda", "reroute", "exact", "90s", "", "x"])
 )
 _NESTED = {
     "optimizer": st.dictionaries(st.sampled_from(["lr", "beta1", "eps", "weightDecay"]), _LEAVES),

@@ -1,15 +1,17 @@
 """The codec translates every contract message and its dataclass both ways, and rejects bad input.
 
 Covers: round trips (dataclass -> message -> bytes -> message -> dataclass equals the original)
-for plans, layer transfers, worker configs (Configure), heartbeats (Watch), profiles, snapshot
-state, profile orders, snapshot loads, acknowledgements and the one-value requests; every proto
-enum value has a dataclass member and back; decoding malformed messages (missing sub-messages,
-empty or non-contiguous stages, inconsistent plans, transfers to non-holders, unspecified and
-unknown enum values, out-of-range scalars) raises the WireError subclass that names the field.
+for plans, layer transfers, worker configs (Configure, with either gradient reduction),
+heartbeats (Watch), profiles, snapshot state, profile orders, snapshot loads, acknowledgements
+and the one-value requests; every proto enum value has a dataclass member and back; decoding
+malformed messages (missing sub-messages, empty or non-contiguous stages, inconsistent plans,
+transfers to non-holders, unspecified and unknown enum values, out-of-range scalars) raises the
+WireError subclass that names the field.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from enum import StrEnum
 from typing import TypeVar
@@ -141,6 +143,7 @@ ENUMS = [
     (pb.AgentState, codec.STATES, messages.AgentState),
     (pb.ErrorKind, codec.ERROR_KINDS, messages.ErrorKind),
     (pb.RedundancyMode, codec.REDUNDANCY_MODES, messages.RedundancyMode),
+    (pb.Reduction, codec.REDUCTIONS, messages.Reduction),
     (pb.Backend, codec.BACKENDS, messages.Backend),
     (pb.Device, codec.DEVICES, messages.Device),
 ]
@@ -210,6 +213,13 @@ def _configure_request() -> pb.ConfigureRequest:
 
 def test_the_fixed_config_is_valid_and_round_trips() -> None:
     assert codec.decode_worker_config(_over_the_wire(_configure_request())) == _config()
+
+
+@pytest.mark.parametrize("reduction", list(messages.Reduction), ids=lambda r: f"{r} reduction")
+def test_the_reduction_survives_the_wire(reduction: messages.Reduction) -> None:
+    settings = dataclasses.replace(_config().settings, reduction=reduction)
+    msg = _over_the_wire(codec.encode_settings(settings))
+    assert codec.decode_settings(msg).reduction is reduction
 
 
 @pytest.mark.parametrize("field", ["plan", "rendezvous", "settings"])
@@ -338,8 +348,9 @@ def test_a_nan_timeout_is_refused() -> None:
         ("rendezvous", "backend", "ConfigureRequest.rendezvous.backend"),
         ("settings", "device", "ConfigureRequest.settings.device"),
         ("settings", "redundancy", "ConfigureRequest.settings.redundancy"),
+        ("settings", "reduction", "ConfigureRequest.settings.reduction"),
     ],
-    ids=["backend", "device", "redundancy"],
+    ids=["backend", "device", "redundancy", "reduction"],
 )
 @pytest.mark.parametrize("value", [0, 99], ids=["unspecified", "unknown to this version"])
 def test_an_enum_that_is(message: str, field: str, path: str, value: int) -> None:

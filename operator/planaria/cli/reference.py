@@ -2,14 +2,15 @@
 
     planaria reference [--model NAME] [--corpus PATH [PATH ...]] [--max-corpus-bytes N]
                        [--steps N] [--global-batch B] [--micro-batch b] [--seed S] [--lr X]
-                       [--log-every K]
+                       [--reduction {fast,exact}] [--log-every K]
 
 Runs the agent's reference trainer (`planaria.agent.reference`), the oracle that distributed
 runs are compared against, and prints step, loss and samples/s every K steps, then a summary.
-Without --corpus it trains on the Python standard library's sources. torch is imported only
-inside the handler so that `planaria --help` stays fast. User errors are ValueErrors
-(ReferenceCommandError here; the planner's for an unknown model; the agent's data errors for a
-missing or empty corpus), printed by `planaria.cli.main` as one line with exit status 2.
+Without --corpus it trains on the Python standard library's sources; --reduction sums the
+gradients as a job's `reduction` does (docs/numerics.md). torch is imported only inside the
+handler so that `planaria --help` stays fast. User errors are ValueErrors (ReferenceCommandError
+here; the planner's for an unknown model; the agent's data errors for a missing or empty
+corpus), printed by `planaria.cli.main` as one line with exit status 2.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import time
 from typing import TYPE_CHECKING
 
 from planaria.planner import shapes
+from planaria.wire import messages
 
 if TYPE_CHECKING:  # torch-heavy: imported for real only inside the handler
     from planaria.agent import reference
@@ -67,6 +69,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         metavar="X",
         help=f"AdamW learning rate ({DEFAULT_LR:g})",
     )
+    parser.add_argument(
+        "--reduction",
+        choices=[r.value for r in messages.Reduction],
+        default=messages.Reduction.FAST.value,
+        help="how gradients are summed: fast (float32, in order) or exact (float64 sums, one "
+        f"rounding; docs/numerics.md) ({messages.Reduction.FAST.value})",
+    )
     _int(parser, "--log-every", "K", DEFAULT_LOG_EVERY, "print a line every K steps")
     parser.set_defaults(handler=run)
 
@@ -93,6 +102,7 @@ def run(args: argparse.Namespace) -> int:
         global_batch_size=args.global_batch,
         micro_batch_size=args.micro_batch,
         optimizer=model.OptimizerConfig(lr=args.lr),
+        reduction=messages.Reduction(args.reduction),
     )
     trainer = reference.ReferenceTrainer(config, tokens)
     print(

@@ -124,6 +124,13 @@ class Redundancy(StrEnum):
     RECOMPUTE = "recompute"
 
 
+class Reduction(StrEnum):
+    """How gradients are summed over micro-batches and workers (docs/numerics.md)."""
+
+    FAST = "fast"
+    EXACT = "exact"
+
+
 class SnapshotSpec(_Model):
     """Host-memory snapshots (REFT), the cheap recovery tier behind live replicas."""
 
@@ -253,6 +260,12 @@ class JobSpec(_Model):
     optimizer: OptimizerSpec = _field(OptimizerSpec(), "AdamW hyper-parameters.")
     data: DataSpec = _field(DataSpec(), "Training text.")
     device: Literal["cpu", "cuda"] = _field("cpu", "Where workers compute (cuda uses NCCL).")
+    reduction: Reduction = _field(
+        Reduction.FAST,
+        "How gradients are summed: fast (float32, in the plan's order) or exact (float64 sums, "
+        "one rounding: parameters bitwise independent of the plan and of failures; see "
+        "docs/numerics.md).",
+    )
     snapshots: SnapshotSpec = _field(SnapshotSpec(), "Host-memory snapshots.")
     checkpoints: CheckpointSpec = _field(CheckpointSpec(), "Persistent checkpoints.")
     fault_tolerance: Count = _field(
@@ -440,4 +453,5 @@ def _training(spec: JobSpec, corpus_default: str) -> messages.TrainingSettings:
         redundancy=messages.RedundancyMode(spec.snapshots.redundancy.value),
         checkpoint_dir=spec.checkpoints.dir if spec.checkpoints.interval_steps else "",
         checkpoint_interval_steps=spec.checkpoints.interval_steps if spec.checkpoints.dir else 0,
+        reduction=messages.Reduction(spec.reduction.value),
     )

@@ -122,6 +122,40 @@ REDUNDANCY_MODE_RECOMPUTE: RedundancyMode.ValueType  # 4
 """Optimizer state of peers is recomputed from gradient shards (REFT AOR)."""
 Global___RedundancyMode: _TypeAlias = RedundancyMode  # noqa: Y015
 
+class _Reduction:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _ReductionEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Reduction.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    REDUCTION_UNSPECIFIED: _Reduction.ValueType  # 0
+    """Not set: invalid."""
+    REDUCTION_FAST: _Reduction.ValueType  # 1
+    """float32 gradients summed in the plan's order: equal to a fault-free run up to float32
+    summation order.
+    """
+    REDUCTION_EXACT: _Reduction.ValueType  # 2
+    """Each micro-batch's gradient added into a float64 sum, all-reduced in float64 and rounded
+    once to the parameter dtype before the optimizer step: parameters bitwise independent of
+    the plan, rerouting and failures.
+    """
+
+class Reduction(_Reduction, metaclass=_ReductionEnumTypeWrapper):
+    """Reduction is how gradients are summed over micro-batches and workers (docs/numerics.md)."""
+
+REDUCTION_UNSPECIFIED: Reduction.ValueType  # 0
+"""Not set: invalid."""
+REDUCTION_FAST: Reduction.ValueType  # 1
+"""float32 gradients summed in the plan's order: equal to a fault-free run up to float32
+summation order.
+"""
+REDUCTION_EXACT: Reduction.ValueType  # 2
+"""Each micro-batch's gradient added into a float64 sum, all-reduced in float64 and rounded
+once to the parameter dtype before the optimizer step: parameters bitwise independent of
+the plan, rerouting and failures.
+"""
+Global___Reduction: _TypeAlias = Reduction  # noqa: Y015
+
 class _RecoveryTier:
     ValueType = _typing.NewType("ValueType", _builtins.int)
     V: _TypeAlias = ValueType  # noqa: Y015
@@ -574,6 +608,7 @@ class TrainingSettings(_message.Message):
     REDUNDANCY_FIELD_NUMBER: _builtins.int
     CHECKPOINT_DIR_FIELD_NUMBER: _builtins.int
     CHECKPOINT_INTERVAL_STEPS_FIELD_NUMBER: _builtins.int
+    REDUCTION_FIELD_NUMBER: _builtins.int
     model: _builtins.str
     """Name of the model shape (planaria.planner.shapes), e.g. "tiny"."""
     seed: _builtins.int
@@ -593,6 +628,11 @@ class TrainingSettings(_message.Message):
     checkpoint_interval_steps: _builtins.int
     """Steps between persistent checkpoints, each copied from a complete host-memory snapshot
     without stopping training; 0 means none. A multiple of snapshot_interval_steps.
+    """
+    reduction: Global___Reduction.ValueType
+    """How gradients are summed over micro-batches and workers: FAST (float32, in the plan's
+    order) or EXACT (float64 sums, one rounding: parameters bitwise independent of the plan,
+    rerouting and failures); see docs/numerics.md.
     """
     @_builtins.property
     def optimizer(self) -> Global___OptimizerSettings:
@@ -615,10 +655,11 @@ class TrainingSettings(_message.Message):
         redundancy: Global___RedundancyMode.ValueType = ...,
         checkpoint_dir: _builtins.str = ...,
         checkpoint_interval_steps: _builtins.int = ...,
+        reduction: Global___Reduction.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "optimizer", b"optimizer"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_dir", b"checkpoint_dir", "checkpoint_interval_steps", b"checkpoint_interval_steps", "data", b"data", "device", b"device", "global_batch_size", b"global_batch_size", "model", b"model", "optimizer", b"optimizer", "redundancy", b"redundancy", "seed", b"seed", "snapshot_interval_steps", b"snapshot_interval_steps"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_dir", b"checkpoint_dir", "checkpoint_interval_steps", b"checkpoint_interval_steps", "data", b"data", "device", b"device", "global_batch_size", b"global_batch_size", "model", b"model", "optimizer", b"optimizer", "reduction", b"reduction", "redundancy", b"redundancy", "seed", b"seed", "snapshot_interval_steps", b"snapshot_interval_steps"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

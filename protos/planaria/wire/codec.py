@@ -74,6 +74,7 @@ STATES = _EnumCodec(pb.AgentState.Value, "AGENT_STATE_", messages.AgentState)
 ERROR_KINDS = _EnumCodec(pb.ErrorKind.Value, "ERROR_KIND_", messages.ErrorKind)
 TIERS = _EnumCodec(pb.RecoveryTier.Value, "RECOVERY_TIER_", messages.RecoveryTier)
 REDUNDANCY_MODES = _EnumCodec(pb.RedundancyMode.Value, "REDUNDANCY_MODE_", messages.RedundancyMode)
+REDUCTIONS = _EnumCodec(pb.Reduction.Value, "REDUCTION_", messages.Reduction)
 BACKENDS = _EnumCodec(pb.Backend.Value, "BACKEND_", messages.Backend)
 DEVICES = _EnumCodec(pb.Device.Value, "DEVICE_", messages.Device)
 
@@ -171,6 +172,7 @@ def encode_settings(settings: messages.TrainingSettings) -> pb.TrainingSettings:
         redundancy=REDUNDANCY_MODES.encode(settings.redundancy),
         checkpoint_dir=settings.checkpoint_dir,
         checkpoint_interval_steps=settings.checkpoint_interval_steps,
+        reduction=REDUCTIONS.encode(settings.reduction),
     )
 
 
@@ -194,6 +196,7 @@ def decode_settings(
         corpus = messages.DataSettings(corpus_paths=tuple(data.corpus_paths), max_bytes=max_bytes)
     device = DEVICES.decode(msg.device, f"{path}.device")
     redundancy = REDUNDANCY_MODES.decode(msg.redundancy, f"{path}.redundancy")
+    reduction = REDUCTIONS.decode(msg.reduction, f"{path}.reduction")
     with errors.at(path):
         return messages.TrainingSettings(
             model=msg.model,
@@ -206,6 +209,7 @@ def decode_settings(
             redundancy=redundancy,
             checkpoint_dir=msg.checkpoint_dir,
             checkpoint_interval_steps=msg.checkpoint_interval_steps,
+            reduction=reduction,
         )
 
 
