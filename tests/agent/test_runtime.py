@@ -1,7 +1,8 @@
 """The agent runtime (planaria.agent.runtime) against the reference trainer, its oracle.
 
 Covers, across worker processes (gloo on loopback, tests/agent/runtime_cluster.py): a first
-epoch from the seed (INITIAL) trains exactly like the reference; a data-parallel worker killed
+epoch from the seed (INITIAL) trains exactly like the reference (exact mode: every comparison
+is bit for bit, `comparison.compare`, losses included); a data-parallel worker killed
 (SIGKILL) before its update leaves both survivors FAILED with PEER_LOST at the same committed
 step, and they go on over the survivors with their layers KEPT, losslessly; a re-split of 2x2
 stages into 1x3 copies exactly the missing layers' bytes from live replicas (LIVE_REPLICA, one
@@ -24,10 +25,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-import torch
 from torch._C import _distributed_c10d as c10d
 
 from planaria.agent import (
+    comparison,
     data,
     layer_transfer,
     model,
@@ -43,7 +44,6 @@ from tests.agent import runtime_cluster
 State = messages.AgentState
 Tier = messages.RecoveryTier
 W = plan.WorkerId
-RTOL, ATOL = 1e-5, 1e-6
 Stages = list[tuple[int, int, int]]
 
 
@@ -64,6 +64,7 @@ def _settings(corpus: Path, **changes: object) -> messages.TrainingSettings:
         "device": messages.Device.CPU,
         "snapshot_interval_steps": 1,
         "redundancy": messages.RedundancyMode.XOR,
+        "reduction": messages.Reduction.EXACT,  # every comparison below is bit for bit
     }
     values.update(changes)
     return messages.TrainingSettings(**values)  # type: ignore[arg-type]
@@ -113,12 +114,8 @@ def _assert_like_reference(
 ) -> None:
     got = runtime_states.read_final_states(job, base, p, step)
     want, _ = runtime_states.reference_states(settings, p.micro_batch_size, step)
-    assert sorted(got) == sorted(want)
-    for index, state in got.items():
-        for kind in ("parameters", "exp_avg", "exp_avg_sq"):
-            for a, b in zip(getattr(state, kind), getattr(want[index], kind), strict=True):
-                torch.testing.assert_close(a, b, rtol=RTOL, atol=ATOL)
-        assert [s.item() for s in state.steps] == [step] * len(state.steps)
+    result = comparison.compare(got, want)  # step counts included
+    assert result.equal, result.describe()
 
 
 @pytest.fixture
@@ -165,7 +162,7 @@ def test_a_first_epoch_from_the_seed_trains_like_the_reference(
     _, losses = runtime_states.reference_states(settings, 1, 4)
     for beat in beats.values():
         assert beat.last_committed_step == 4 and beat.samples_processed == 16
-        assert beat.loss == pytest.approx(losses[-1], rel=1e-5)
+        assert beat.loss == losses[-1]
         assert beat.setup is not None and beat.setup.tier is Tier.INITIAL
         assert beat.snapshot.latest_step == 4
     _assert_like_reference("job", cluster.base, p, settings, 4)
