@@ -5,23 +5,25 @@
 
 Trial i runs seed `--seed + i` (`tests/chaos/trials.py`: one seeded fault schedule against the
 controller core, a LocalBackend and real agent processes training the tiny GPT with gloo) and
-checks its invariant: Succeeded equal to the fault-free reference, or Suspended with a clear
-message and a persistent checkpoint equal to the reference at its step; no hang past the bound;
-no leaked process or shared-memory store. `--jobs` trials run at once in separate processes
-(on 2 cores, 1 keeps the heartbeat timings honest). A trial that breaks the invariant is printed
-with its seed at once; replay it alone with `--trials 1 --seed S --keep` (its run directory,
-with the controller's log and every worker's, is kept and printed). `--kind K` runs only the
-seeds whose drawn kind is K: the first `--trials` of them from `--seed` on, each with the
-schedule it has in a mixed run, so a seed replays the same either way. Partition seeds need
-network namespaces (root, iproute2: `tests/chaos/netns.py`); where there are none they are
-left out, and the run says so. `--kind controller` runs `tests/chaos/controller_kill.py`'s
-trials instead (`planaria run` SIGKILLed at a seeded moment and run again; seeds taken in order,
-never part of a mixed run: each starts two controllers).
+checks its invariant: Succeeded bitwise equal to the fault-free reference (the trials train in
+exact reduction mode), or Suspended with a clear message and a persistent checkpoint equal to
+the reference at its step; no hang past the bound; no leaked process or shared-memory store.
+`--jobs` trials run at once in separate processes (on 2 cores, 1 keeps the heartbeat timings
+honest). A trial that breaks the invariant is printed with its seed at once; replay it alone
+with `--trials 1 --seed S --keep` (its run directory, with the controller's log and every
+worker's, is kept and printed). `--kind K` runs only the seeds whose drawn kind is K: the first
+`--trials` of them from `--seed` on, each with the schedule it has in a mixed run, so a seed
+replays the same either way. Partition seeds need network namespaces (root, iproute2:
+`tests/chaos/netns.py`); where there are none they are left out, and the run says so. `--kind
+controller` runs `tests/chaos/controller_kill.py`'s trials instead (`planaria run` SIGKILLed at
+a seeded moment and run again; seeds taken in order, never part of a mixed run: each starts two
+controllers).
 
 Printed: one line per trial, then per fault kind: trials, faults injected, Succeeded (survived),
 Suspended with a checkpoint, Suspended without one (no checkpoint written yet), Failed, hangs,
-parameter mismatches, leaked processes, leaked segments and leaked network namespaces or links
-(partitions), and the mean trial seconds.
+differing elements (layer states against the reference, summed over the trials: any is a
+breach), leaked processes, leaked segments and leaked network namespaces or links (partitions),
+and the mean trial seconds.
 `--json` writes every trial's record and the totals.
 """
 
@@ -56,7 +58,7 @@ COLUMNS = (
     "susp-ckpt",
     "failed",
     "hangs",
-    "mismatch",
+    "differing",
     "leak-pids",
     "leak-shm",
     "leak-net",
@@ -167,7 +169,6 @@ def summarize(records: Iterable[dict[str, object]]) -> dict[str, dict[str, float
 
 def _count(row: dict[str, float], record: dict[str, object]) -> None:
     outcome, checkpoint = record["outcome"], record["checkpoint_step"]
-    problems = [str(p) for p in record["problems"]]  # type: ignore[attr-defined]
     row["trials"] += 1
     row["faults"] += float(str(record["injected"]))
     row["survived"] += outcome == "Succeeded"
@@ -175,7 +176,8 @@ def _count(row: dict[str, float], record: dict[str, object]) -> None:
     row["susp-ckpt"] += outcome == "Suspended" and checkpoint is None
     row["failed"] += outcome == "Failed"
     row["hangs"] += outcome == "Hung"
-    row["mismatch"] += any("differ from the reference" in p for p in problems)
+    differing = record["differing"]  # None: not compared (the outcome's problem says why)
+    row["differing"] += differing if isinstance(differing, int) else 0
     row["leak-pids"] += len(record["leaked_pids"])  # type: ignore[arg-type]
     row["leak-shm"] += len(record["leaked_shm"])  # type: ignore[arg-type]
     row["leak-net"] += len(record["leaked_net"])  # type: ignore[arg-type]

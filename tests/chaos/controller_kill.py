@@ -24,7 +24,7 @@ itself a child subreaper for the trial and reaps them, as init would.
 
 The invariant, as `trials`'s: the job ends Succeeded at the last step and the persistent
 checkpoint of that step (written before the agents report finished) equals the fault-free
-reference within `local_job.RTOL` (`invariant.compare`); no hang past the bound; afterwards no
+reference bitwise (exact reduction, `invariant.compare`); no hang past the bound; afterwards no
 agent process of either controller (pids with their start times, and their sessions:
 `processes.Recorder`) and nothing under the trial's snapshot base is left. A run that ends
 Suspended waits for workers that never return, so it ends by the bound: this trial's schedule
@@ -233,7 +233,7 @@ class _Trial:
         said = _text(self.workdir / "second.log") or _text(self.workdir / "first.log")
         outcome = _outcome(code)
         problems: list[str] = []
-        mismatch = self._check(outcome, said, problems)
+        differing = self._check(outcome, said, problems)
         leaked = self.pids.leaked()
         if leaked:
             problems.append(f"processes left: {list(leaked)}")
@@ -251,14 +251,14 @@ class _Trial:
             step=_last_progress_text(said)[1],
             moves=tuple(re.findall(r"recovery \d+: \S+ -> (\S+),", said)),
             wall_s=wall_s,
-            mismatch=mismatch,
+            differing=differing,
             checkpoint_step=None,
             leaked_pids=leaked,
             leaked_shm=tuple(left),
             problems=tuple(problems),
         )
 
-    def _check(self, outcome: trials.Outcome, said: str, problems: list[str]) -> float | None:
+    def _check(self, outcome: trials.Outcome, said: str, problems: list[str]) -> int | None:
         """Succeeded at the last step, its checkpoint equal to the reference."""
         if outcome is trials.Outcome.HUNG:
             problems.append(f"not ended within {self.shape.bound_s:g} s: {said[-300:]!r}")
@@ -291,6 +291,7 @@ def _job_yaml(schedule: Draw, shape: trials.Shape, corpus: Path, checkpoint_dir:
             # Fixed-point: YAML reads 1e-06 (no dot) as a string.
             f"optimizer: {{lr: {training.optimizer.lr:.10f}, eps: {training.optimizer.eps:.10f}}}",
             f"data: {{corpusPaths: [{corpus}]}}",
+            f"reduction: {training.reduction}",
             f"snapshots: {{intervalSteps: 1, redundancy: {schedule.redundancy}}}",
             f"checkpoints: {{dir: {checkpoint_dir}, intervalSteps: 2}}",
             f"faultTolerance: {shape.fault_tolerance}",

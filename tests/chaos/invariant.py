@@ -3,12 +3,13 @@
 `succeeded` checks the final states read from the snapshot stores at the last step; `suspended`
 checks that the status message says why and where the job would resume, and that the
 persistent checkpoint it names loads and equals the reference at that step. Both return the
-largest relative error found (None when nothing could be compared) and append every breach to
+number of elements that differ (None when nothing could be compared) and append every breach to
 `problems`, so a trial reports all of them at once instead of the first.
 
-The error is local_job's norm, ||a - b|| / ||b|| per tensor (parameters and AdamW moments),
-against `local_job.RTOL`. Reference runs are cached per process: settings that do not change
-the numbers (redundancy, checkpoints) are left out of the key.
+Equal means bitwise (`comparison.compare` without bounds: parameters, AdamW moments and step
+counts): the trials train in exact reduction mode (`local_job.training`), whose result depends
+on neither the plan nor the faults. Reference runs are cached per process: settings that do not
+change the numbers (redundancy, checkpoints) are left out of the key.
 
 Not here: running the trial and the leak checks (`trials`, `processes`).
 """
@@ -20,9 +21,7 @@ import functools
 from collections.abc import Mapping
 from pathlib import Path
 
-import torch
-
-from planaria.agent import checkpoints, model, runtime_states
+from planaria.agent import checkpoints, comparison, model, runtime_states
 from planaria.control import status as statuses
 from planaria.wire import messages
 from tests.e2e import local_job
@@ -35,7 +34,7 @@ def succeeded(
     states: States | None,
     settings: local_job.job_settings.JobSettings,
     problems: list[str],
-) -> float | None:
+) -> int | None:
     """Succeeded at the last step with every layer equal to the reference's there."""
     if status.step != settings.steps:
         problems.append(f"Succeeded at step {status.step}, not {settings.steps}")
@@ -50,7 +49,7 @@ def suspended(
     checkpoint_dir: Path,
     settings: local_job.job_settings.JobSettings,
     problems: list[str],
-) -> float | None:
+) -> int | None:
     """A clear message; the checkpoint it names loads and equals the reference."""
     message, step = status.message, status.checkpoint_step
     if not message.startswith("suspended: ") or "workers are live" not in message:
@@ -71,29 +70,13 @@ def suspended(
 
 def compare(
     got: States, settings: local_job.job_settings.JobSettings, step: int, problems: list[str]
-) -> float | None:
-    """The largest relative error of `got` against the reference at `step`."""
-    want = reference(settings.training, settings.micro_batch_size, step)
-    if sorted(got) != sorted(want):
-        problems.append(f"layers {sorted(got)} at step {step}, not {sorted(want)}")
-        return None
-    error = max(relative_error(got[i], want[i]) for i in want)
-    if error > local_job.RTOL:
-        problems.append(f"parameters differ from the reference at step {step}: {error:.2e}")
-    stale = sorted(i for i, s in got.items() if any(t.item() != step for t in s.steps))
-    if stale:
-        problems.append(f"layers {stale} are not at step {step}")
-    return error
-
-
-def relative_error(a: model.LayerState, b: model.LayerState) -> float:
-    """The largest ||a - b|| / ||b|| over the parameters and AdamW moments."""
-    errors = [
-        float(torch.linalg.vector_norm(x - y) / torch.linalg.vector_norm(y))
-        for kind in ("parameters", "exp_avg", "exp_avg_sq")
-        for x, y in zip(getattr(a, kind), getattr(b, kind), strict=True)
-    ]
-    return max(errors)
+) -> int | None:
+    """How many elements of `got` differ from the reference at `step` (None when layers are
+    missing or unexpected: not every layer could be compared)."""
+    found = comparison.compare(got, reference(settings.training, settings.micro_batch_size, step))
+    if not found.equal:
+        problems.append(f"states differ from the reference at step {step}: {found.describe()}")
+    return None if found.missing or found.extra else found.num_differing
 
 
 def reference(

@@ -15,11 +15,11 @@ fault lands depends on the machine's timing, and each `Event` records the phase,
 committed step it met.
 
 The invariant (`TrialResult.problems` lists every breach; the outcome checks are `invariant`):
-- the job ends Succeeded with every layer (parameters and AdamW moments) equal to the fault-free
-  `ReferenceTrainer`'s within `local_job.RTOL` in norm, read from the snapshot stores while the
-  finished agents are still up (`_FinalStates`, a status sink), or it ends Suspended with a
-  message that says why and where it resumes, and then the persistent checkpoint it names
-  loads and equals the reference at that step;
+- the job ends Succeeded with every layer (parameters, AdamW moments and step counts) bitwise
+  equal to the fault-free `ReferenceTrainer`'s (the trials train in exact reduction mode), read
+  from the snapshot stores while the finished agents are still up (`_FinalStates`, a status
+  sink), or it ends Suspended with a message that says why and where it resumes, and then the
+  persistent checkpoint it names loads and equals the reference at that step;
 - it ends within `Shape.bound_s` (else it is cancelled, shut down and counted `Outcome.HUNG`);
 - afterwards no process the backend ever started runs or lingers as a zombie, nor any process
   of their sessions, and the trial's shared-memory base is empty (the backend removes its stores:
@@ -172,7 +172,7 @@ class TrialResult:
     step: int
     moves: tuple[str, ...]  # the kind of every recovery and planned move ("dynamic", "scale-up")
     wall_s: float
-    mismatch: float | None  # max relative error against the reference (None: not compared)
+    differing: int | None  # elements unequal to the reference's (None: not compared)
     checkpoint_step: int | None
     leaked_pids: tuple[int, ...]
     leaked_shm: tuple[str, ...]
@@ -185,10 +185,11 @@ class TrialResult:
 
     def describe(self) -> str:
         events = "; ".join(e.describe() for e in self.events) or "no fault landed"
-        error = "-" if self.mismatch is None else f"{self.mismatch:.1e}"
+        differing = "-" if self.differing is None else str(self.differing)
         head = (
             f"seed {self.seed} {self.kind} ({self.redundancy}): {self.outcome} at step "
-            f"{self.step} in {self.wall_s:.1f}s, error {error}, moves {list(self.moves)}; {events}"
+            f"{self.step} in {self.wall_s:.1f}s, {differing} differing, moves {list(self.moves)}; "
+            f"{events}"
         )
         return "\n  ".join([head, *self.problems])
 
@@ -484,7 +485,7 @@ class _Trial:
     def _result(self, outcome: Outcome, wall_s: float) -> TrialResult:
         status = self.controller.status
         problems: list[str] = []
-        mismatch = self._check_outcome(outcome, status, problems)
+        differing = self._check_outcome(outcome, status, problems)
         leaked_pids = self.pids.leaked()
         leaked_shm = tuple(sorted(str(p) for p in self.shm_base.glob("*")))
         if leaked_pids:
@@ -501,7 +502,7 @@ class _Trial:
             step=status.step,
             moves=tuple(r.kind for r in self.controller.recoveries),
             wall_s=wall_s,
-            mismatch=mismatch,
+            differing=differing,
             checkpoint_step=status.checkpoint_step,
             leaked_pids=leaked_pids,
             leaked_shm=leaked_shm,
@@ -510,7 +511,7 @@ class _Trial:
 
     def _check_outcome(
         self, outcome: Outcome, status: statuses.JobStatus, problems: list[str]
-    ) -> float | None:
+    ) -> int | None:
         if outcome is Outcome.SUCCEEDED:
             if self.sink.error:
                 problems.append(self.sink.error)

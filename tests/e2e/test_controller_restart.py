@@ -7,7 +7,7 @@ step 3 (--fail); its controller SIGKILLed as soon as the journal holds the recov
 (after the record, while the Configures go out: mid-recovery); the same command again says it
 adopts the journalled epoch from the agents still running, drops the --fail the old process
 already fired, and ends Succeeded; the persistent checkpoint of the last step equals the
-fault-free reference (1e-5 relative, as tests/chaos/invariant.py compares); afterwards no
+fault-free reference bitwise (exact reduction; tests/chaos/invariant.py compares); afterwards no
 agent process of either controller remains (pids checked with their start times, and their
 sessions), the job's /dev/shm stores and the journal are gone. Also, in process: a second
 controller of a run directory is refused while the first holds its lock, naming its pid; a
@@ -39,7 +39,6 @@ from planaria.control import ports
 from planaria.local import adoption, journal
 from planaria.spec import job, job_file
 from tests.chaos import invariant, processes
-from tests.e2e import local_job
 
 STEPS = 12
 KILL_WITHIN_S = 120.0
@@ -55,6 +54,7 @@ globalBatchSize: 4
 seed: 5
 optimizer: {{lr: 0.003, eps: 0.000001}}
 data: {{corpusPaths: [{corpus}]}}
+reduction: exact
 snapshots: {{intervalSteps: 1, redundancy: xor}}
 checkpoints: {{dir: {checkpoints}, intervalSteps: 2}}
 faultTolerance: 1
@@ -158,8 +158,8 @@ def test_a_controller_killed_mid_recovery_is_adopted_by_the_next_and_the_job_end
     settings = job.to_settings(job_file.load_job(job_path).spec, name, str(corpus))
     problems: list[str] = []
     states = checkpoints.load_checkpoint(tmp_path / "checkpoints", STEPS)
-    error = invariant.compare(states, settings, STEPS, problems)
-    assert not problems and error is not None and error <= local_job.RTOL, problems
+    differing = invariant.compare(states, settings, STEPS, problems)
+    assert not problems and differing == 0, problems
     assert leaked == () and not (shm / name).exists()
     assert not (out / journal.FILE_NAME).exists()
 

@@ -84,9 +84,6 @@ async def _hand_over(
 async def test_a_successor_adopts_the_running_agents(
     corpus: Path, shm: Path, tmp_path: Path
 ) -> None:
-    # Short runs: Adam amplifies float summation-order noise (1e-6 relative after 12 steps,
-    # 4e-4 after 24 between two groupings of the reference trainer alone), so the 1e-5
-    # comparison is meaningful only for about a dozen steps.
     settings = local_job.job("adopt-steady", local_job.training(corpus), steps=12)
     job, journal = local_job.LocalJob(settings, tmp_path / "run", shm), Journal()
     pids: dict[plan.WorkerId, int] = {}

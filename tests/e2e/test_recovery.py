@@ -2,14 +2,15 @@
 `planaria agent` processes over gRPC (the local backend), the real clock, the tiny model.
 
 Covered: a killed worker -> the job goes on without restarting the survivors (same pids) and
-its final parameters and optimizer moments equal the fault-free ReferenceTrainer's; two failures
-in quick succession; a failure while the controller reconfigures after another; losing more
-workers than the fault tolerance -> a persistent checkpoint, Suspended, then resumed when the
-workers return, still equal; a single pipeline (DP=1: the device too small for one worker) that
-loses a stage goes on with fewer stages, the lost layers rebuilt from the host-memory snapshots
-(a snapshot tier), still equal; and a single-worker job whose killed worker is restarted
-and reloads its own snapshot (LOCAL_SNAPSHOT tier). Final states are read
-from the agents' snapshot stores at the last step (`planaria.agent.runtime_states`).
+its final parameters and optimizer moments equal the fault-free ReferenceTrainer's bitwise (the
+jobs train in exact reduction mode: `local_job.assert_like_reference`); two failures in quick
+succession; a failure while the controller reconfigures after another; losing more workers
+than the fault tolerance -> a persistent checkpoint, Suspended, then resumed when the workers
+return, still equal; a single pipeline (DP=1: the device too small for one worker) that loses a
+stage goes on with fewer stages, the lost layers rebuilt from the host-memory snapshots (a
+snapshot tier), still equal; and a single-worker job whose killed worker is restarted and
+reloads its own snapshot (LOCAL_SNAPSHOT tier). Final states are read from the agents' snapshot
+stores at the last step (`planaria.agent.runtime_states`).
 """
 
 from __future__ import annotations
