@@ -7,12 +7,12 @@ Trains the fault-free reference trainer (the tiny GPT, global batch 4, AdamW) tw
 process, once with micro-batches of 1 sample and once of 2: the same samples and the same
 mathematics, the gradients only summed in another grouping. After each given number of steps it
 reports the largest relative difference, in norm, of any parameter tensor of any layer:
-||a - b|| / ||b||. The lossless tests once compared a distributed run with the reference at
-1e-5 relative; this showed for how many steps that bound separated a correct run (summation
-order only) from a lost or repeated step (about 1e-3 and up), and why the tests now train in
-exact reduction mode and compare bit for bit (docs/numerics.md). Adam divides by the root of the second
-moment, so elements whose gradients are near zero turn rounding noise into full-size updates,
-and the difference grows by roughly an order of magnitude every few steps.
+||a - b|| / ||b||. The lossless tests once compared a distributed run with the reference at 1e-5
+relative; this showed for how many steps that bound separated a correct run (summation order
+only) from a lost or repeated step (about 1e-3 and up), and why the tests now train in exact
+reduction mode and compare bit for bit (docs/numerics.md). Adam divides by the root of the
+second moment, so elements whose gradients are near zero turn rounding noise into full-size
+updates, and the difference grows by roughly an order of magnitude every few steps.
 """
 
 from __future__ import annotations
