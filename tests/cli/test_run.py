@@ -6,7 +6,11 @@ and times relative to the start, recoveries.json, summary.md's table and goodput
 fault-free estimate, a timeline PNG that is a real, non-trivial image); a history without
 recoveries or full-strength steps; the report of a real controller run through two failures
 (the controller's in-memory cluster, simulated time); `execute` running a job with an injector
-beside it, then stopping the backend and writing the report; plain progress lines (step lines
+beside it, then stopping the backend and writing the report; a real SIGINT during `execute`
+(the run's interrupt handlers on this loop) cancelling the job, stopping the backend and writing
+a report whose first line says it was interrupted, while a signal after the job ended leaves
+its outcome; the summary's first line naming the outcome; progress that outlives its terminal
+(failed writes end the rendering, not the run); plain progress lines (step lines
 throttled, a line per phase change and per recovery) and the live panel rendered to text; bad
 job files and options exit 2 with one line naming the field path, before any worker starts;
 the demo job file is valid; every `planaria run` option is documented in docs/running.md.
@@ -18,9 +22,12 @@ import argparse
 import asyncio
 import contextlib
 import csv
+import dataclasses
 import io
 import json
+import os
 import re
+import signal
 import struct
 from collections.abc import Callable
 from pathlib import Path
@@ -28,7 +35,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from planaria.cli import main, progress, run, run_report
+from planaria.cli import main, progress, run, run_checks, run_interrupts, run_report
 from planaria.control import status as statuses
 from planaria.planner import plan as plans
 from planaria.spec import job_file
@@ -340,3 +347,89 @@ async def test_execute_runs_the_job_with_the_injector_and_writes_the_report(
     assert written == sorted(run_report.REPORT_FILES)
     assert "recovery 1: worker 3 lost" in stream.getvalue()
     assert "Succeeded" in stream.getvalue().splitlines()[-1]
+
+
+def test_the_summary_says_in_its_first_line_how_the_run_ended() -> None:
+    history = _history()
+    assert run_report.summary(history).splitlines()[0] == (
+        "# Run of job `tiny-job`: Succeeded at step 120"
+    )
+    stopped = dataclasses.replace(
+        history, final=_status(statuses.Phase.RUNNING, 3, 8), interrupted_by="SIGTERM"
+    )
+    lines = run_report.summary(stopped).splitlines()
+    assert lines[0] == "# Run of job `tiny-job`: Interrupted by SIGTERM at step 3"
+    assert lines[2].startswith("**Interrupted by SIGTERM** at step 3 after ")
+    assert lines[3].startswith("Stopped by SIGTERM while Running: the job did not finish")
+
+
+async def _execute_until(
+    tmp_path: Path, signal_at_step: int | None, steps: int = 30
+) -> tuple[statuses.JobStatus, run_interrupts.Interrupts, fakes.FakeCluster]:
+    """`execute` on the fake cluster with the run's interrupt handlers, SIGINT sent to this
+    process once the job committed `signal_at_step` (never when None)."""
+    clock, sink = fakes.ManualClock(), scenarios.Sink()
+    cluster = fakes.FakeCluster(clock)
+    interrupts = run_interrupts.Interrupts()
+    with interrupts.installed():
+        task = asyncio.ensure_future(
+            run.execute(
+                scenarios.job(steps=steps),
+                cluster,
+                clock=clock,
+                sink=sink,
+                out=tmp_path / "out",
+                interrupts=interrupts,
+            )
+        )
+        sent = False
+        while not task.done():
+            assert clock.now < 120.0, "the job did not end"
+            step = sink.published[-1].step if sink.published else 0
+            if signal_at_step is not None and not sent and step >= signal_at_step:
+                os.kill(os.getpid(), signal.SIGINT)  # handled on this loop, not KeyboardInterrupt
+                sent = True
+            await clock.advance(0.05)
+    return task.result(), interrupts, cluster
+
+
+@pytest.mark.asyncio
+async def test_a_signal_during_execute_stops_the_job_and_the_report_says_so(
+    tmp_path: Path,
+) -> None:
+    final, interrupts, cluster = await _execute_until(tmp_path, signal_at_step=5)
+    assert final.phase is statuses.Phase.RUNNING and 5 <= final.step < 30
+    assert interrupts.interrupted(final.phase) is signal.SIGINT and cluster.shut
+    assert run_interrupts.exit_status(signal.SIGINT) == 130
+    first = (tmp_path / "out" / "summary.md").read_text(encoding="utf-8").splitlines()[0]
+    assert first == f"# Run of job `test`: Interrupted by SIGINT at step {final.step}"
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handlers removed
+
+
+@pytest.mark.asyncio
+async def test_a_job_that_ends_before_any_signal_keeps_its_outcome(tmp_path: Path) -> None:
+    final, interrupts, _ = await _execute_until(tmp_path, signal_at_step=None, steps=8)
+    assert final.phase is statuses.Phase.SUCCEEDED and interrupts.signum is None
+    interrupts.signum = signal.SIGTERM  # as if one came while the agents were being stopped
+    assert interrupts.interrupted(final.phase) is None
+
+
+def test_the_default_snapshot_base_is_the_backends() -> None:
+    from planaria.local import backend  # torch: only in this test
+
+    assert run_checks.DEFAULT_SNAPSHOT_BASE == backend.DEFAULT_SNAPSHOT_BASE
+
+
+class _HungUp(io.StringIO):
+    """A terminal closed under the run: every write fails as a hung-up tty's does (EIO)."""
+
+    def write(self, text: str) -> int:
+        raise OSError(5, "Input/output error")
+
+
+@pytest.mark.parametrize("live", [False, True], ids=["plain lines", "the live panel"])
+def test_a_terminal_that_went_away_ends_the_progress_not_the_job(live: bool) -> None:
+    sink = progress.Progress(steps=30, live=live, stream=_HungUp(), every_s=0.0)
+    for step in (1, 2):
+        asyncio.run(sink.publish(_status(statuses.Phase.RUNNING, step, 8)))
+    sink.close()

@@ -2,7 +2,8 @@
 every worker and hosts the store here; connect reaches an agent (its heartbeats arrive); a
 SIGKILL is reported DIED with the signal; restart brings the same worker id back (JOINED, a new
 pid); shutdown stops everything, is idempotent, ends the event stream and leaves no process and
-no /dev/shm/planaria/<job> directory behind (unless asked to keep the stores); bad restarts
+no /dev/shm/planaria/<job> directory behind (unless asked to keep the stores), also when its
+first caller is cancelled, and kill_all SIGKILLs every agent at once (a forced stop); bad restarts
 and kills are refused; agents serve mutual TLS only (the job's credentials in <run_dir>/tls,
 0700 folders and 0600 files; a plaintext client cannot connect)."""
 
@@ -110,6 +111,27 @@ async def test_restarting_a_live_worker_or_killing_a_dead_one_is_refused(
     with pytest.raises(local_backend.LocalBackendError, match="does not run"):
         backend.kill(W(5))
     assert backend.pids[W(2)] == pid
+
+
+@pytest.mark.asyncio
+async def test_kill_all_skips_the_graces_and_a_cancelled_shutdown_still_finishes(
+    tmp_path: Path,
+) -> None:
+    base = tmp_path / "shm"
+    pool = local_backend.LocalBackend(job="cut", run_dir=tmp_path / "run", snapshot_base=base)
+    await pool.start([W(0), W(1)])
+    pids, events = dict(pool.pids), pool.events()
+    pool.kill_all()  # a second interrupt: no Stop RPC, no grace
+    died = sorted([await _next(events), await _next(events)], key=lambda e: e.worker)
+    assert [(e.worker, "SIGKILL" in e.detail) for e in died] == [(W(0), True), (W(1), True)]
+    assert (base / "cut").is_dir()
+    first = asyncio.ensure_future(pool.shutdown())
+    await asyncio.sleep(0)
+    first.cancel()  # its caller interrupted: the shutdown goes on, the next call awaits it
+    await asyncio.wait_for(pool.shutdown(), 10.0)
+    assert first.cancelled() and not any(_exists(p) for p in pids.values())
+    assert not (base / "cut").exists()
+    pool.kill_all()  # nothing left to kill: a no-op
 
 
 @pytest.mark.asyncio

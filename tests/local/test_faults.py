@@ -1,13 +1,16 @@
 """Failure injection (planaria.local.faults): the --fail / --mtbf syntax, with round trips and
-random garbage (hypothesis), one-line errors naming the bad part; the Injector against a fake
-target: step and time triggers fire once, a random worker is a live one chosen by the seed, a
-dead worker is skipped, the MTBF clock kills at exponential intervals (the same seed, the same
-kills), a rejoin restarts the worker, and the task ends when the job does."""
+random garbage (hypothesis), one-line errors naming the bad part; no worker is a random one, as
+in the job file; `parse_failures` refuses a worker or step the job lacks with the job file's
+own words (the same rule decides both), and `from_spec` takes a file entry as it is; the
+Injector against a fake target: step and time triggers fire once, a random worker is a live one
+chosen by the seed, a dead worker is skipped, the MTBF clock kills at exponential intervals (the
+same seed, the same kills), a rejoin restarts the worker, and the task ends when the job does."""
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import signal
 
 import pytest
@@ -17,6 +20,7 @@ from hypothesis import strategies as st
 from planaria.control import status as statuses
 from planaria.local import faults
 from planaria.planner import plan
+from planaria.spec import job, job_file
 
 W = plan.WorkerId
 
@@ -40,7 +44,6 @@ def test_a_time_failure_reads_its_unit(seconds: int, unit: str) -> None:
 @pytest.mark.parametrize(
     ("text", "words"),
     [
-        ("step=40", "no worker"),
         ("worker=3", "exactly one of step"),
         ("step=4:time=5s:worker=1", "exactly one of step"),
         ("step=0:worker=1", "step is '0'"),
@@ -71,6 +74,50 @@ def test_any_text_parses_or_says_why(text: str) -> None:
         assert str(exc)
     else:
         assert (failure.step is None) != (failure.time_s is None)
+
+
+def test_no_worker_is_a_random_one_as_in_the_job_file() -> None:
+    assert faults.parse_failure("step=40") == faults.Failure(step=40, worker=None)
+    entry = job.FailureSpec(step=40)
+    assert faults.from_spec(entry) == faults.parse_failure("step=40:worker=random")
+
+
+@pytest.mark.parametrize(
+    ("text", "entry"),
+    [
+        ("step=2:worker=7", {"step": 2, "worker": 7}),
+        ("step=20:worker=1", {"step": 20, "worker": 1}),
+        ("step=25", {"step": 25}),
+        ("time=5s:worker=3", {"time": "5s", "worker": 3}),
+    ],
+    ids=[
+        "a worker the job lacks",
+        "a step at the last one",
+        "a step past the last one",
+        "a time trigger of a worker the job lacks",
+    ],
+)
+def test_a_flag_and_a_file_entry_are_refused_alike(text: str, entry: dict[str, object]) -> None:
+    document = "workers: 3\nsteps: 20\n"
+    with pytest.raises(faults.FaultSyntaxError) as flag:
+        faults.parse_failures([text], workers=3, steps=20)
+    with pytest.raises(job.JobSpecError) as file:
+        job_file.parse_job(f"{document}failures: [{json.dumps(entry)}]\n", source="job.yaml")
+    flag_problem = str(flag.value).removeprefix(f"--fail {text!r}: ")
+    file_problem = str(file.value).split(": ", 2)[2]
+    assert flag_problem == file_problem and "\n" not in flag_problem
+    assert "give" in flag_problem
+
+
+def test_failures_the_job_can_reach_pass_and_file_entries_convert() -> None:
+    texts = ["step=19:worker=2", "time=1.5m", "step=1:worker=0:rejoin=5s"]
+    parsed = faults.parse_failures(texts, workers=3, steps=20)
+    assert parsed == [faults.parse_failure(t) for t in texts]
+    entries = [job.FailureSpec(step=19, worker=2), job.FailureSpec(time="1.5m")]
+    entries.append(job.FailureSpec(step=1, worker=0, rejoin_seconds=5.0))
+    assert [faults.from_spec(e) for e in entries] == parsed
+    # a file's `time: 0` and `rejoinSeconds` convert as they are, never through the flag syntax
+    assert faults.from_spec(job.FailureSpec(time=0)).time_s == 0.0
 
 
 def test_mtbf_reads_durations_and_refuses_others() -> None:

@@ -7,6 +7,8 @@ Two renderings of the same `control.status.JobStatus`:
   recovery, and a step line at most every `every_s` seconds, so a log stays readable.
 
 `line`, `recovery_line` and `panel` are pure, so both renderings are tested without a terminal.
+A terminal that went away (a write fails: EIO after SIGHUP closed it, EPIPE) ends the rendering,
+never the job: the run goes on to stop its agents and write its report.
 """
 
 from __future__ import annotations
@@ -86,11 +88,20 @@ class Progress:
         self._phase: statuses.Phase | None = None
         self._recoveries = 0
         self._printed_at = float("-inf")
+        self._gone = False  # the terminal went away: nothing more is drawn
         if self._live is not None:
             self._live.start()
 
     async def publish(self, status: object) -> None:
         assert isinstance(status, statuses.JobStatus)
+        if self._gone:
+            return
+        try:
+            self._render(status)
+        except OSError:
+            self._gone = True
+
+    def _render(self, status: statuses.JobStatus) -> None:
         elapsed = time.monotonic() - self._started
         recovered = status.recoveries > self._recoveries and status.last_recovery is not None
         if recovered and status.last_recovery is not None:
@@ -114,4 +125,7 @@ class Progress:
 
     def close(self) -> None:
         if self._live is not None:
-            self._live.stop()
+            try:
+                self._live.stop()
+            except OSError:
+                self._gone = True

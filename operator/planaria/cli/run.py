@@ -11,7 +11,11 @@ process per worker and hosts the epochs' rendezvous store; the fault injector
 flags ask; the controller core (`planaria.control.controller`) drives the job on the real clock
 and publishes its status to the terminal (`planaria.cli.progress`) and, with --metrics-port, to
 Prometheus; the report (`planaria.cli.run_report`) is written to --out when the job ends, also
-after Ctrl-C or a failure.
+after a failure or a signal. Every option is checked before anything starts
+(`planaria.cli.run_checks`), so a refused command leaves nothing behind. SIGINT (Ctrl-C),
+SIGTERM and SIGHUP stop the run alike (`planaria.cli.run_interrupts`): the agents are stopped,
+the snapshot stores removed and the report, marked interrupted, written; a second signal kills
+the agents at once.
 
 A controller killed with SIGKILL leaves its agents training (docs/local-mode.md, "A controller
 killed and started again"). Each epoch is journalled in --out (`planaria.local.journal`) before
@@ -21,7 +25,8 @@ agents the journal's epoch left running and continues the job; with a journal bu
 agent it starts the job over, saying so.
 
 Exit status: 0 Succeeded, 1 Failed, 2 a bad job file or option (a ValueError, printed as one
-line by `planaria.cli.main`), 130 interrupted.
+line by `planaria.cli.main`), 128 + the signal's number when a signal ended the run: 130
+SIGINT, 143 SIGTERM, 129 SIGHUP.
 """
 
 from __future__ import annotations
@@ -32,13 +37,13 @@ import contextlib
 import fcntl
 import logging
 import os
+import signal
 import sys
 from collections.abc import Awaitable, Callable, Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from planaria.cli import progress, run_report
+from planaria.cli import progress, run_checks, run_interrupts, run_report
 from planaria.control import clock, ports
 from planaria.control import controller as controllers
 from planaria.control import metrics as job_metrics
@@ -52,10 +57,7 @@ if TYPE_CHECKING:  # torch and processes: imported when a job runs (_run_job)
 
 EXIT_FAILED = 1
 LOCK_FILE = "controller.lock"
-
-
-class RunCommandError(ValueError):
-    """An option of `planaria run` out of range; names the option and the fix."""
+RunCommandError = run_checks.RunCommandError
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -97,25 +99,15 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 def run(args: argparse.Namespace) -> int:
     loaded = job_file.load_job(args.job, overrides=_overrides(args))
     name = args.name or loaded.name
-    settings = job.to_settings(loaded.spec, name, _corpus_default())
-    failures = [*(_failure_text(f) for f in loaded.spec.failures), *args.fail]
-    if args.metrics_port is not None and not 0 <= args.metrics_port <= 65535:
-        raise RunCommandError(f"--metrics-port {args.metrics_port}: give a port in [0, 65535]")
-    out = Path(args.out) if args.out else Path("runs") / name
     live = not args.no_progress and sys.stdout.isatty()
+    options = run_checks.options(args, loaded, name, live=live)  # before anything starts
+    settings = job.to_settings(loaded.spec, name, _corpus_default())
     # The controller and the backend log what they work around (a refused Configure, a worker
     # left out); say whose line it is.
     logging.basicConfig(format="planaria run: %(name)s: %(message)s", level=logging.WARNING)
-    options = _Options(
-        failures=tuple(failures),
-        mtbf=args.mtbf,
-        out=out,
-        live=live,
-        snapshot_base=Path(args.snapshot_base) if args.snapshot_base else None,
-    )
-    out.mkdir(parents=True, exist_ok=True)
-    with _run_lock(out):
-        return asyncio.run(_run_job(settings, options, args.metrics_port))
+    options.out.mkdir(parents=True, exist_ok=True)
+    with _run_lock(options.out):
+        return asyncio.run(_run_job(settings, options))
 
 
 @contextlib.contextmanager
@@ -124,7 +116,12 @@ def _run_lock(out: Path) -> Iterator[None]:
     kernel releases an flock when its holder dies, SIGKILL included, so a lock is never stale;
     the descriptor is not inherited by the agents (Python opens it close-on-exec)."""
     path = out / LOCK_FILE
-    descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    except OSError as exc:
+        raise RunCommandError(
+            f"{path}: cannot open the run's lock ({exc.strerror}); give another --out"
+        ) from None
     try:
         try:
             fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -152,24 +149,6 @@ def _corpus_default() -> str:
     return str(data.default_corpus_root())
 
 
-def _failure_text(failure: job.FailureSpec) -> str:
-    """A spec failure in the --fail syntax, so both go through one parser."""
-    trigger = f"step={failure.step}" if failure.step is not None else f"time={failure.time_s}s"
-    rejoin = "" if failure.rejoin_seconds is None else f":rejoin={failure.rejoin_seconds}s"
-    return f"{trigger}:worker={failure.worker}{rejoin}"
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class _Options:
-    """What the run needs besides the settings."""
-
-    failures: tuple[str, ...]
-    mtbf: str | None
-    out: Path
-    live: bool
-    snapshot_base: Path | None  # None: the backend's default
-
-
 class _Sinks:
     """Publishes every status to several sinks (the terminal, Prometheus)."""
 
@@ -181,28 +160,58 @@ class _Sinks:
             await sink.publish(status)
 
 
-async def _run_job(
-    settings: job_settings.JobSettings, options: _Options, metrics_port: int | None
-) -> int:
-    """Compose the local backend, the fault injector and the sinks, and run the job."""
+async def _run_job(settings: job_settings.JobSettings, options: run_checks.Options) -> int:
+    """Compose the local backend, the fault injector and the sinks, and run the job; returns
+    the exit status."""
+    interrupts = run_interrupts.Interrupts()
+    with interrupts.installed():
+        final = await _compose(settings, options, interrupts)
+    where = f"report in {options.out}/ ({', '.join(run_report.REPORT_FILES)})"
+    signum = interrupts.interrupted(final.phase)
+    outcome = final.phase.value if signum is None else f"Interrupted by {signum.name}"
+    _say(f"planaria run: {outcome} at step {final.step}; {where}")
+    if signum is not None:
+        return run_interrupts.exit_status(signum)
+    return 0 if final.phase is statuses.Phase.SUCCEEDED else EXIT_FAILED
+
+
+def _say(text: str) -> None:
+    """Print `text` on stdout. A terminal gone (closed after SIGHUP: EIO; a closed pipe) costs
+    only the line: stdout then points at /dev/null, so the interpreter's last flush of what is
+    left in its buffer cannot fail and change the exit status either."""
+    try:
+        print(text, flush=True)
+    except OSError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
+async def _compose(
+    settings: job_settings.JobSettings,
+    options: run_checks.Options,
+    interrupts: run_interrupts.Interrupts,
+) -> statuses.JobStatus:
+    """The job run on the local backend with the injector and the sinks; its final status."""
     from planaria.local import faults  # processes: only when a job runs
     from planaria.local import journal as local_journal
 
-    failures = [faults.parse_failure(text) for text in options.failures]
-    mtbf = faults.parse_mtbf(options.mtbf) if options.mtbf else None
     journal = local_journal.FileJournal(options.out, settings.name)
     backend, adopted = await _backend(
-        settings.name, options.out, journal.read(), snapshot_base=options.snapshot_base
+        settings.name,
+        options.out,
+        journal.read(),
+        snapshot_base=options.snapshot_base,
+        on_backend=lambda made: interrupts.on_force(made.kill_all),
     )
+    failures = list(options.failures)
     if adopted is not None:
         failures = _not_yet_due(failures, adopted.resume_step)
-    injector = faults.Injector(backend, failures, mtbf=mtbf, seed=settings.training.seed)
+    injector = faults.Injector(backend, failures, mtbf=options.mtbf_s, seed=settings.training.seed)
     terminal = progress.Progress(steps=settings.steps, live=options.live)
     sinks: list[ports.StatusSink] = [terminal]
     server = None
-    if metrics_port is not None:
+    if options.metrics_port is not None:
         metrics = job_metrics.MetricsSink(settings.name)
-        server = job_metrics.serve(metrics, metrics_port)
+        server = job_metrics.serve(metrics, options.metrics_port)
         sinks.append(metrics)
     try:
         final = await execute(
@@ -214,28 +223,37 @@ async def _run_job(
             inject=injector.run,
             journal=journal,
             adopt=adopted,
+            interrupts=interrupts,
         )
-        journal.remove()  # every agent is stopped: nothing is left to adopt
+        if interrupts.interrupted(final.phase) is None:
+            journal.remove()  # every agent is stopped: nothing is left to adopt
     finally:
         terminal.close()  # before any line of ours, or the live panel is drawn again below it
         if server is not None:
             server.shutdown()
-    names = ", ".join(run_report.REPORT_FILES)
-    where = f"report in {options.out}/ ({names})"
-    print(f"planaria run: {final.phase.value} at step {final.step}; {where}")
-    return 0 if final.phase is statuses.Phase.SUCCEEDED else EXIT_FAILED
+    return final
 
 
 async def _backend(
-    job_name: str, out: Path, record: ports.EpochRecord | None, snapshot_base: Path | None = None
+    job_name: str,
+    out: Path,
+    record: ports.EpochRecord | None,
+    snapshot_base: Path | None = None,
+    on_backend: Callable[[local_backend.LocalBackend], None] = lambda made: None,
 ) -> tuple[local_backend.LocalBackend, ports.EpochRecord | None]:
     """The run's backend, and the journalled epoch to adopt when a previous controller of `out`
     left agents of it running (module docstring); otherwise a fresh backend and None, after
-    stopping any agent left without a journal (its controller died before the first epoch)."""
+    stopping any agent left without a journal (its controller died before the first epoch).
+    `on_backend` is told of every backend made (a forced stop kills their agents)."""
     from planaria.local import adoption
     from planaria.local import backend as local_backend
 
     base = snapshot_base or local_backend.DEFAULT_SNAPSHOT_BASE
+
+    def fresh() -> local_backend.LocalBackend:
+        made = local_backend.LocalBackend(job=job_name, run_dir=out, snapshot_base=base)
+        on_backend(made)
+        return made
 
     if not adoption.running(out / "workers"):
         if record is not None:
@@ -243,8 +261,9 @@ async def _backend(
                 f"planaria run: {out} holds epoch {record.epoch} of a previous controller, but "
                 "none of its agents runs: starting the job over"
             )
-        return local_backend.LocalBackend(job=job_name, run_dir=out, snapshot_base=base), None
+        return fresh(), None
     previous = local_backend.LocalBackend(job=job_name, run_dir=out, snapshot_base=base, adopt=True)
+    on_backend(previous)
     taken = previous.adopt()
     if record is not None and taken:
         print(
@@ -257,7 +276,7 @@ async def _backend(
         "journalled epoch; starting the job over"
     )
     await previous.shutdown()
-    return local_backend.LocalBackend(job=job_name, run_dir=out, snapshot_base=base), None
+    return fresh(), None
 
 
 def _not_yet_due(failures: list[faults.Failure], resume_step: int) -> list[faults.Failure]:
@@ -286,22 +305,39 @@ async def execute(
     inject: Inject | None = None,
     journal: ports.Journal | None = None,
     adopt: ports.EpochRecord | None = None,
+    interrupts: run_interrupts.Interrupts | None = None,
 ) -> statuses.JobStatus:
     """Run the job on `backend` to its end, with `inject` (given a way to read the job's status)
     running alongside, then write the report to `out`; returns the final status. The report is
-    written also after Ctrl-C or an error, once every worker is stopped. `journal` records
-    every epoch; `adopt` continues a previous controller's epoch (its agents still run)."""
+    written also after an error or an interrupt, once every worker is stopped. `journal` records
+    every epoch; `adopt` continues a previous controller's epoch (its agents still run);
+    `interrupts` may cancel the job (run_interrupts): the status is then the one it was
+    cancelled in, and the report says which signal ended it."""
     controller = controllers.Controller(
         settings, backend, clock=clock, sink=sink, journal=journal, adopt=adopt
     )
     started = clock.monotonic()
+    driving = asyncio.ensure_future(_drive(controller, inject))
+    if interrupts is not None:
+        interrupts.guard(driving)
     try:
-        await _drive(controller, inject)
+        await driving
+    except asyncio.CancelledError:
+        # An interrupt cancelled the job (not this task's caller): the stop and report follow.
+        if interrupts is None or interrupts.signum is None or _cancelling():
+            raise
     finally:
         ended = clock.monotonic()  # the workers' shutdown is not part of the run
         await backend.shutdown()
-        _report(settings, controller, out, started, ended)
+        signum = interrupts.interrupted(controller.status.phase) if interrupts else None
+        _report(settings, controller, out, started, ended, signum)
     return controller.status
+
+
+def _cancelling() -> bool:
+    """Whether the running task itself is being cancelled (by its caller)."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
 
 
 def _report(
@@ -310,6 +346,7 @@ def _report(
     out: Path,
     started_s: float,
     finished_s: float,
+    interrupted_by: signal.Signals | None,
 ) -> None:
     final = controller.status
     history = run_report.History(
@@ -320,6 +357,7 @@ def _report(
         recoveries=controller.recoveries,
         started_s=started_s,
         finished_s=finished_s,
+        interrupted_by=interrupted_by.name if interrupted_by else None,
     )
     run_report.write_report(history, out)
 

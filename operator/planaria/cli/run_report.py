@@ -38,7 +38,8 @@ REPORT_FILES = ("summary.md", "timeline.png", "metrics.csv", "metrics.json", "re
 @dataclass(frozen=True, slots=True, kw_only=True)
 class History:
     """What a run leaves behind: the job, its final status, the controller's step and recovery
-    records, and the run's start and end on the controller's clock."""
+    records, the run's start and end on the controller's clock, and the name of the signal that
+    ended it before the job did (None when the job ended on its own)."""
 
     job: str
     global_batch_size: int
@@ -47,6 +48,15 @@ class History:
     recoveries: tuple[statuses.Recovery, ...]
     started_s: float
     finished_s: float
+    interrupted_by: str | None = None
+
+    @property
+    def outcome(self) -> str:
+        """`Succeeded`, `Failed`, or `Interrupted by SIGTERM` (the phase is then the one the
+        job was stopped in)."""
+        if self.interrupted_by is None:
+            return self.final.phase.value
+        return f"Interrupted by {self.interrupted_by}"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -140,15 +150,20 @@ def recovery_rows(history: History) -> list[dict[str, Any]]:
 
 
 def summary(history: History) -> str:
-    """summary.md: outcome, recoveries, goodput."""
+    """summary.md: outcome (in the first line too), recoveries, goodput."""
     final, good = history.final, goodput(history)
     lines = [
-        f"# Run of job `{history.job}`",
+        f"# Run of job `{history.job}`: {history.outcome} at step {final.step}",
         "",
-        f"**{final.phase.value}** at step {final.step} after {good.wall_s:.1f} s "
+        f"**{history.outcome}** at step {final.step} after {good.wall_s:.1f} s "
         f"(epoch {final.epoch}, plan `{final.plan or '-'}`, "
         f"{final_workers(history)} of {final.total_workers} workers training at the end).",
     ]
+    if history.interrupted_by is not None:
+        lines.append(
+            f"Stopped by {history.interrupted_by} while {final.phase.value}: the job did not "
+            "finish; its agents were stopped and its snapshot stores removed."
+        )
     if final.message:
         lines.append(f"Last message: {final.message}")
     lines += ["", "## Recoveries", "", *_recovery_table(history), "", "## Goodput", ""]

@@ -131,7 +131,7 @@ def _decorate(history: run_report.History, figure: Any, axes: Any) -> None:
     final, good = history.final, run_report.goodput(history)
     ratio = f" ({good.ratio:.0%} of fault-free)" if good.ratio is not None else ""
     figure.suptitle(
-        f"{history.job}: {final.phase.value} at step {final.step} in {good.wall_s:.0f} s, "
+        f"{history.job}: {history.outcome} at step {final.step} in {good.wall_s:.0f} s, "
         f"{len(history.recoveries)} recoveries; while training "
         f"{good.training_samples_per_s:.0f} samples/s{ratio}",
         fontsize=11,

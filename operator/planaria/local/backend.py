@@ -6,6 +6,7 @@
     backend.kill(1)                         # SIGKILL: a DIED event follows
     await backend.restart(1)                # a JOINED event once it serves again
     await backend.shutdown()                # Stop RPC, SIGTERM, SIGKILL; stores removed
+    backend.kill_all()                      # SIGKILL every agent now (a forced stop)
 
 The rendezvous store of every epoch (a torch c10d TCPStore on 127.0.0.1, a free port) lives in this
 process, as the harness of the executor hosts it: never in a worker, so a worker's death never takes
@@ -28,7 +29,9 @@ reach loopback ports too.
 
 Shutdown stops every agent (Stop RPC, then SIGTERM, then SIGKILL after the grace), reaps them,
 releases the store and removes the job's host-memory snapshot stores
-(`<snapshot_base>/<job>/`) unless `keep_snapshots`.
+(`<snapshot_base>/<job>/`) unless `keep_snapshots`; it runs as one task that cancelling its
+caller does not stop (a later call awaits the same task). `kill_all` SIGKILLs every agent at
+once, for a shutdown that must not wait for the graces.
 
 Adoption (a controller killed and started again, docs/local-mode.md): each agent's pid and start
 time go to `<run_dir>/workers/worker-W.pid` (`planaria.local.adoption`), the store's port to
@@ -160,6 +163,7 @@ class LocalBackend:
         self._workers: dict[plan.WorkerId, _Worker] = {}
         self._events: asyncio.Queue[ports.WorkerEvent | None] = asyncio.Queue()
         self._closed = False
+        self._shutdown: asyncio.Task[None] | None = None
         port_file = run_dir / STORE_PORT_FILE
         self._store: c10d.TCPStore | None = _open_store(
             avoid=adoption.read_port(port_file) if adopt else None
@@ -191,10 +195,15 @@ class LocalBackend:
         return ports.until_closed(self._events)
 
     async def shutdown(self) -> None:
-        """Stop and reap every agent, release the store, remove the job's stores; idempotent."""
-        if self._closed:
-            return
-        self._closed = True
+        """Stop and reap every agent, release the store, remove the job's stores; idempotent.
+        The work is one task that a cancelled caller does not cancel: every later call awaits
+        the same task, so an interrupt during a shutdown never leaves an agent or a store."""
+        if self._shutdown is None:
+            self._closed = True
+            self._shutdown = asyncio.ensure_future(self._shut_down())
+        await asyncio.shield(self._shutdown)
+
+    async def _shut_down(self) -> None:
         await asyncio.gather(*(self._stop(w, r) for w, r in self._workers.items()))
         self._events.put_nowait(None)
         self._store = None  # the TCPStore's server ends with its last reference
@@ -247,6 +256,15 @@ class LocalBackend:
         if not self.running(worker):
             raise LocalBackendError(f"worker {worker} does not run; kill a running worker")
         self._workers[worker].process.send_signal(signum)
+
+    def kill_all(self) -> None:
+        """SIGKILL every running agent now, without the Stop RPC and the graces (a second
+        interrupt of `planaria run`); DIED events follow, and `shutdown` still reaps them and
+        removes the stores."""
+        for record in self._workers.values():
+            if not record.ended.is_set():
+                with contextlib.suppress(ProcessLookupError):
+                    record.process.kill()
 
     async def restart(self, worker: plan.WorkerId) -> None:
         """Start `worker` again (same id, same snapshot store); JOINED once it serves."""

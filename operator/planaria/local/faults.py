@@ -3,17 +3,22 @@
     --fail step=40:worker=3            SIGKILL worker 3 once the job has committed step 40
     --fail time=90s:worker=random      SIGKILL a random live worker 90 s into the run
     --fail step=20:worker=1:rejoin=5s  ... and start it again 5 s later (a returning worker)
+    --fail step=40                     a random live worker, as the job file's default
     --mtbf 60s                         SIGKILL random live workers at exponential intervals
                                        with mean 60 s (seeded: the same run kills the same way)
 
-Durations are seconds with an optional unit: `90`, `90s`, `1.5m`, `2h`. `Injector.run` is an
+Durations are seconds with an optional unit: `90`, `90s`, `1.5m`, `2h`. `parse_failures` checks
+each `--fail` against the job with the job file's own rule (`planaria.spec.job.failure_problems`:
+a worker the job has, a step before its last), so a flag and a file entry are refused alike;
+`from_spec` takes a job file's entry (already checked) as it is. `Injector.run` is an
 asyncio task beside the controller: it reads the job's status (a callable the runner gives it)
 every poll, fires each failure once when its step is committed or its time has passed, and
 ends when the job ends or is cancelled. A failure whose worker is not running when it fires is
 skipped (logged): the worker is already gone. Exponential inter-arrival times model failures
 as a Poisson process, the assumption behind Odyssey eq. 8's mean time to the next failure.
 
-Errors: `FaultSyntaxError` (a ValueError) names the bad part of the text and the fix.
+Errors: `FaultSyntaxError` (a ValueError) names the bad part of the text, or the worker or step
+the job lacks, and the fix.
 """
 
 from __future__ import annotations
@@ -31,17 +36,19 @@ from typing import Protocol
 
 from planaria.control import status as statuses
 from planaria.planner import plan
+from planaria.spec import job
 
 LOG = logging.getLogger(__name__)
 POLL_S = 0.05
 _UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0}
 _DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([smh]?)\s*$")
 _TERMINAL = frozenset({statuses.Phase.SUCCEEDED, statuses.Phase.FAILED})
-SYNTAX = "step=N:worker=W|random[:rejoin=S] or time=S:worker=W|random[:rejoin=S]"
+SYNTAX = "step=N[:worker=W|random][:rejoin=S] or time=S[:worker=W|random][:rejoin=S]"
 
 
 class FaultSyntaxError(ValueError):
-    """A failure or MTBF text that does not parse; says which part and how to write it."""
+    """A failure or MTBF text that does not parse, or a failure the job cannot reach; says
+    which part and what to write instead."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -93,8 +100,34 @@ def parse_mtbf(text: str) -> float:
     return parse_duration(text, "--mtbf")
 
 
+def parse_failures(texts: Sequence[str], *, workers: int, steps: int) -> list[Failure]:
+    """Every `--fail` text parsed and checked against a job of `workers` and `steps` by the
+    job file's rule (module docstring); the first problem raises FaultSyntaxError."""
+    failures = []
+    for text in texts:
+        failure = parse_failure(text)
+        problems = job.failure_problems(
+            step=failure.step, worker=failure.worker, workers=workers, steps=steps
+        )
+        if problems:
+            raise FaultSyntaxError(f"--fail {text!r}: {problems[0][1]}")
+        failures.append(failure)
+    return failures
+
+
+def from_spec(failure: job.FailureSpec) -> Failure:
+    """A job file's failure entry (checked with the file) as the injector's `Failure`."""
+    return Failure(
+        step=failure.step,
+        time_s=failure.time_s,
+        worker=plan.WorkerId(failure.worker) if isinstance(failure.worker, int) else None,
+        rejoin_after_s=failure.rejoin_seconds,
+    )
+
+
 def parse_failure(text: str) -> Failure:
-    """`step=40:worker=3`, `time=90s:worker=random`, with an optional `:rejoin=5s`."""
+    """`step=40:worker=3`, `time=90s:worker=random`, with an optional `:rejoin=5s`; no worker
+    is a random one, as in the job file. Syntax only: `parse_failures` checks the job too."""
     fields: dict[str, str] = {}
     for part in text.split(":"):
         key, sep, value = part.partition("=")
@@ -113,8 +146,6 @@ def parse_failure(text: str) -> Failure:
 
 
 def _failure(text: str, fields: dict[str, str]) -> Failure:
-    if "worker" not in fields:
-        raise FaultSyntaxError(f"--fail {text!r}: no worker; add :worker=W or :worker=random")
     if ("step" in fields) == ("time" in fields):
         raise FaultSyntaxError(f"--fail {text!r}: give exactly one of step=N or time=S")
     rejoin = fields.get("rejoin")
@@ -123,7 +154,7 @@ def _failure(text: str, fields: dict[str, str]) -> Failure:
         time_s=parse_duration(fields["time"], f"--fail {text!r}: time")
         if "time" in fields
         else None,
-        worker=_worker(text, fields["worker"]),
+        worker=_worker(text, fields.get("worker", "random")),
         rejoin_after_s=parse_duration(rejoin, f"--fail {text!r}: rejoin") if rejoin else None,
     )
 

@@ -383,22 +383,38 @@ def _check_recovery(spec: JobSpec) -> list[tuple[str, str]]:
 def _check_failures(spec: JobSpec) -> list[tuple[str, str]]:
     problems: list[tuple[str, str]] = []
     for i, failure in enumerate(spec.failures):
-        if isinstance(failure.worker, int) and failure.worker >= spec.workers:
-            problems.append(
-                (
-                    f"failures.{i}.worker",
-                    f"worker {failure.worker} does not exist (workers 0..{spec.workers - 1}); "
-                    "give one of them or 'random'",
-                )
+        worker = failure.worker if isinstance(failure.worker, int) else None
+        for field, problem in failure_problems(
+            step=failure.step, worker=worker, workers=spec.workers, steps=spec.steps
+        ):
+            problems.append((f"failures.{i}.{field}", problem))
+    return problems
+
+
+def failure_problems(
+    *, step: int | None, worker: int | None, workers: int, steps: int
+) -> list[tuple[str, str]]:
+    """What keeps an injected failure (a step trigger or None, a worker id or None for a random
+    one) from happening in a job of `workers` and `steps`, as (field, problem and fix); empty
+    when it can happen. The one rule for the job file's `failures` and `planaria run --fail`
+    (`planaria.local.faults.parse_failures`): a step trigger fires once that step is committed,
+    so one at or past the last step never fires."""
+    problems: list[tuple[str, str]] = []
+    if worker is not None and worker >= workers:
+        problems.append(
+            (
+                "worker",
+                f"worker {worker} does not exist (workers 0..{workers - 1}); "
+                "give one of them or 'random'",
             )
-        if failure.step is not None and failure.step >= spec.steps:
-            problems.append(
-                (
-                    f"failures.{i}.step",
-                    f"step {failure.step} is not before the last step {spec.steps}; "
-                    "give a step the job will reach",
-                )
+        )
+    if step is not None and step >= steps:
+        problems.append(
+            (
+                "step",
+                f"step {step} is not before the last step {steps}; give a step the job will reach",
             )
+        )
     return problems
 
 

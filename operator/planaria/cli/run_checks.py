@@ -1,0 +1,98 @@
+"""What `planaria run` checks before anything starts, and the options it hands on.
+
+    options = run_checks.options(args, loaded, name)   # RunCommandError, FaultSyntaxError
+
+Every option is refused here, with one line naming it and what to change, before the run
+directory is made, the lock taken or an agent started, so a refused command leaves nothing on
+disk: the failures (`--fail` parsed and checked against the job by the job file's own rule,
+`planaria.local.faults.parse_failures`; the file's entries were checked when it was loaded),
+`--mtbf`, `--metrics-port`, and the two directories, `--out` and `--snapshot-base`.
+
+A directory is checked by trying it, not with `os.access`: the missing folders are made, a
+temporary file is created in the last and everything made is removed again. root passes every
+permission check, yet cannot create a folder under /proc or on a read-only mount, nor under a
+file; trying finds all of these, and finds a directory root may write as usable, as it is.
+
+Errors: `RunCommandError` (a ValueError: `planaria.cli.main` prints it as one line, exit 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from planaria.local import faults
+from planaria.spec import job_file
+
+DEFAULT_SNAPSHOT_BASE = Path("/dev/shm/planaria")  # = planaria.local.backend's (torch-free here)
+
+
+class RunCommandError(ValueError):
+    """An option of `planaria run` out of range; names the option and the fix."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Options:
+    """What the run needs besides the job's settings, every part checked."""
+
+    failures: tuple[faults.Failure, ...]  # the file's, then the --fail flags'
+    mtbf_s: float | None
+    out: Path
+    live: bool
+    snapshot_base: Path
+    metrics_port: int | None
+
+
+def options(
+    args: argparse.Namespace, loaded: job_file.JobFile, name: str, *, live: bool
+) -> Options:
+    """`planaria run`'s options for the job `loaded` (named `name`), or the first problem."""
+    spec = loaded.spec
+    failures = [faults.from_spec(f) for f in spec.failures]
+    failures += faults.parse_failures(args.fail, workers=spec.workers, steps=spec.steps)
+    mtbf_s = faults.parse_mtbf(args.mtbf) if args.mtbf is not None else None
+    if args.metrics_port is not None and not 0 <= args.metrics_port <= 65535:
+        raise RunCommandError(f"--metrics-port {args.metrics_port}: give a port in [0, 65535]")
+    out = Path(args.out) if args.out else Path("runs") / name
+    base = Path(args.snapshot_base) if args.snapshot_base else DEFAULT_SNAPSHOT_BASE
+    check_directory(out, "--out", default=not args.out)
+    check_directory(base, "--snapshot-base", default=not args.snapshot_base)
+    return Options(
+        failures=tuple(failures),
+        mtbf_s=mtbf_s,
+        out=out,
+        live=live,
+        snapshot_base=base,
+        metrics_port=args.metrics_port,
+    )
+
+
+def check_directory(path: Path, option: str, *, default: bool = False) -> None:
+    """RunCommandError unless `path` (given as `option`, or its default) is a directory this
+    process can create files in, or can be made one; leaves the file system as it found it
+    (module docstring)."""
+    made: list[Path] = []
+    what = f"{option} {path}" + (" (the default)" if default else "")
+    fix = f"give {option} a directory you can write"
+    try:
+        for folder in (*reversed(path.parents), path):
+            if folder.is_dir():
+                continue
+            if folder.exists() or folder.is_symlink():
+                raise RunCommandError(f"{what}: {folder} is not a directory; {fix}")
+            folder.mkdir()
+            made.append(folder)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as exc:
+        where = exc.filename or path
+        raise RunCommandError(
+            f"{what}: cannot create or write {where} ({exc.strerror}); {fix}"
+        ) from None
+    finally:
+        for folder in reversed(made):
+            with contextlib.suppress(OSError):
+                folder.rmdir()
