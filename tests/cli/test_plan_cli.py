@@ -3,10 +3,11 @@
 Covers: the text report lists the templates, the chosen instantiation with its batch split and
 the runner-up, and with --failed the reinstantiated plan; --json prints the documented document
 (every field of docs/planner.md present, numbers consistent with the planner's own result);
---gpu-memory-gib changes n0; every bad input (missing or malformed options, a micro-batch that
-is not the profile's, failed nodes outside the cluster or repeated, a missing profile file, an
+--gpu-memory-gib changes n0; every bad input (malformed options, a micro-batch that is not the
+profile's, failed nodes outside the cluster or repeated, a missing profile file, an
 undistributable global batch, too few nodes for the fault tolerance) is one line on stderr with
-exit status 2 and no traceback, also from a real subprocess.
+exit status 2 and no traceback, also from a real subprocess; the required options are required in
+the usage, and all missing ones are named in one argparse error with exit status 2.
 """
 
 from __future__ import annotations
@@ -102,7 +103,6 @@ def test_less_gpu_memory_raises_n0(profile_path: Path, capsys: pytest.CaptureFix
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        pytest.param({"--nodes": None}, "--nodes is required", id="a missing option"),
         pytest.param({"--nodes": "five"}, "--nodes must be a whole number", id="not a number"),
         pytest.param({"--gpus-per-node": "0"}, "--gpus-per-node must be >= 1", id="no GPUs"),
         pytest.param(
@@ -147,6 +147,22 @@ def test_bad_input_is_one_line_with_exit_status_2(
     err = capsys.readouterr().err
     assert err.startswith("planaria: error: ") and message in err
     assert err.count("\n") == 1
+
+
+def test_every_missing_required_option_is_named_in_one_usage_error(
+    profile_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main.main(["plan", "--nodes", "5", "--micro-batch", "2"])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    usage = " ".join(line.strip() for line in err.splitlines() if "error:" not in line)
+    assert usage.startswith("usage: planaria plan [-h] --profile FILE --nodes N --gpus-per-node M")
+    errors = [line for line in err.splitlines() if "error:" in line]
+    assert errors == [
+        "planaria plan: error: the following arguments are required: --profile, "
+        "--gpus-per-node, --fault-tolerance, --global-batch"
+    ]
 
 
 def test_the_console_script_exits_2_without_a_traceback(profile_path: Path) -> None:

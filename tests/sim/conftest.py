@@ -23,7 +23,8 @@ def tiny_scenario(trace: traces.Trace | None = None) -> scenarios.Scenario:
         num_nodes=NUM_NODES,
         micro_batch_size=1,
         global_batch=16,
-        trace=lambda seed: trace or traces.per_device(NUM_NODES, 0.5, 4 * 3600.0, seed),
+        horizon_s=4 * 3600.0,
+        trace=lambda seed, horizon_s: trace or traces.per_device(NUM_NODES, 0.5, horizon_s, seed),
         time_to_failure=lambda live: 3600.0 / (0.5 * max(live, 1)),
     )
 

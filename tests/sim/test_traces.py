@@ -4,9 +4,13 @@ Covers: every generator is deterministic for a seed and differs across seeds; pe
 traces fail each node at most once, within the horizon; per-cluster traces end with exactly
 min_nodes live, at the horizon; spot traces keep 1..N nodes live and join only absent ones
 (hypothesis over every generator: events ordered, within the horizon); the mean gap of a long
-per-cluster trace is near its MTBF. CSV traces: a valid file round-trips; a bad header, event,
-number, negative time or decreasing times is a SimInputError naming the line; generator inputs
-out of range are errors naming the field.
+per-cluster trace is near its MTBF; a per-cluster trace given a horizon stops failing there and
+ends at it. CSV traces: a valid file round-trips, ending at its last event or at the horizon
+given; a header alone with a horizon is a trace without events; a bad header, event, number,
+negative time, decreasing times, an event after the horizon, a node outside the cluster, a
+failure of a failed node or a join of a live one is a SimInputError naming the line; a header
+alone without a horizon is an error asking for one; generator inputs out of range are errors
+naming the field.
 """
 
 from __future__ import annotations
@@ -47,6 +51,16 @@ def test_per_cluster_runs_until_min_nodes_remain() -> None:
     assert trace.horizon_s == trace.events[-1].time_s
 
 
+def test_per_cluster_with_a_horizon_stops_failing_there() -> None:
+    open_ended = traces.per_cluster(30, 3600.0, 15, seed=2)
+    capped = traces.per_cluster(30, 3600.0, 15, seed=2, horizon_s=7200.0)
+    assert capped.horizon_s == 7200.0
+    assert capped.events == tuple(e for e in open_ended.events if e.time_s <= 7200.0)
+    longer = traces.per_cluster(30, 3600.0, 15, seed=2, horizon_s=open_ended.horizon_s * 2)
+    assert longer.events == open_ended.events  # the floor stops the failures, not the run
+    assert longer.horizon_s == open_ended.horizon_s * 2
+
+
 def test_per_cluster_gaps_average_the_mtbf() -> None:
     trace = traces.per_cluster(2001, 600.0, 1, seed=5)
     times = [0.0] + [e.time_s for e in trace.events]
@@ -85,6 +99,16 @@ def test_csv_round_trip(tmp_path: Path) -> None:
         (30.0, traces.Kind.FAIL, 1),
     ]
     assert trace.horizon_s == 30.0
+    assert traces.read_csv(path, num_nodes=4, horizon_s=3600.0).horizon_s == 3600.0
+
+
+def test_a_header_alone_is_a_fault_free_trace_of_the_horizon(tmp_path: Path) -> None:
+    path = tmp_path / "empty.csv"
+    path.write_text("time,event,node\n")
+    trace = traces.read_csv(path, num_nodes=4, horizon_s=7200.0)
+    assert trace.events == () and trace.horizon_s == 7200.0
+    with pytest.raises(errors.SimInputError, match="no event after time 0 ends the run"):
+        traces.read_csv(path, num_nodes=4)
 
 
 @pytest.mark.parametrize(
@@ -96,6 +120,22 @@ def test_csv_round_trip(tmp_path: Path) -> None:
         ("time,event,node\n10,fail\n", "line 2: give three fields"),
         ("time,event,node\n-1,fail,3\n", "line 2: time must be finite seconds >= 0"),
         ("time,event,node\n10,fail,1\n5,fail,2\n", "line 3: times must not decrease"),
+        (
+            "time,event,node\n10,fail,1\n20,fail,999\n",
+            r"line 3: node 999 is not in the cluster \(nodes 0..3\)",
+        ),
+        ("time,event,node\n10,fail,4\n", r"line 2: node 4 is not in the cluster"),
+        ("time,event,node\n10,join,9\n", r"line 2: node 9 is not in the cluster"),
+        (
+            "time,event,node\n10,fail,1\n20,join,1\n30,fail,1\n40,fail,1\n",
+            "line 5: node 1 already failed at line 4",
+        ),
+        ("time,event,node\n10,join,2\n", "line 2: node 2 cannot join, it is live from the start"),
+        (
+            "time,event,node\n10,fail,2\n20,join,2\n30,join,2\n",
+            "line 4: node 2 cannot join, it is live since line 3",
+        ),
+        ("time,event,node\n10,fail,2\n7201,fail,3\n", "line 3: time 7201 s is after the horizon"),
     ],
     ids=[
         "a wrong header is refused",
@@ -104,13 +144,20 @@ def test_csv_round_trip(tmp_path: Path) -> None:
         "a short row is refused",
         "a negative time is refused",
         "decreasing times are refused",
+        "a failure of a node outside the cluster is refused",
+        "the first id past the cluster is refused",
+        "a join of a node outside the cluster is refused",
+        "a second failure without a join between is refused",
+        "a join of a node live from the start is refused",
+        "a join of a node that already joined is refused",
+        "an event after the horizon is refused",
     ],
 )
 def test_csv_errors_name_the_line(tmp_path: Path, text: str, message: str) -> None:
     path = tmp_path / "bad.csv"
     path.write_text(text)
     with pytest.raises(errors.SimInputError, match=message):
-        traces.read_csv(path, num_nodes=4)
+        traces.read_csv(path, num_nodes=4, horizon_s=7200.0)
 
 
 def test_missing_csv_is_an_input_error(tmp_path: Path) -> None:

@@ -1,8 +1,12 @@
 """Entry point of the `planaria` command; see the package docstring for how commands plug in.
 
-Errors: any `ValueError` raised by a command (our user-input errors and pydantic's
-ValidationError subclass it) is printed as `planaria: error: ...` with exit status 2; the full
-traceback is shown only with `--debug` or PLANARIA_DEBUG=1.
+Every command's help gets the shared formatter (defaults shown) and its examples as epilog
+(`helptext`), so that no command module repeats them.
+
+Errors: a missing or malformed option is argparse's usage error (every missing required option
+in one line, exit status 2); any `ValueError` raised by a command (our user-input errors and
+pydantic's ValidationError subclass it) is printed as `planaria: error: ...` with exit status 2;
+the full traceback is shown only with `--debug` or PLANARIA_DEBUG=1.
 """
 
 from __future__ import annotations
@@ -14,7 +18,17 @@ from collections.abc import Callable, Sequence
 
 import pydantic
 
-from planaria.cli import agent, operator, plan, profile, reference, run, simulate, version
+from planaria.cli import (
+    agent,
+    helptext,
+    operator,
+    plan,
+    profile,
+    reference,
+    run,
+    simulate,
+    version,
+)
 
 # The command modules, in the order `planaria --help` lists them.
 COMMANDS: tuple[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None], ...] = (
@@ -35,13 +49,18 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="planaria",
         description="Resilient pipeline + data parallel training: plan, profile, run, operate.",
+        epilog="`planaria COMMAND --help` shows a command's options, defaults and an example.",
     )
     parser.add_argument(
         "--debug", action="store_true", help="show full tracebacks instead of one-line errors"
     )
+    version.add_flag(parser)
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for register in COMMANDS:
         register(subparsers)
+    for name, command in subparsers.choices.items():
+        command.formatter_class = helptext.Formatter
+        command.epilog = helptext.epilog(name)
     return parser
 
 

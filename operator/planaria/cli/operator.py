@@ -78,7 +78,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def _port(parser: argparse.ArgumentParser, flag: str, default: int, text: str) -> None:
-    parser.add_argument(flag, type=int, default=default, metavar="P", help=f"{text} ({default})")
+    parser.add_argument(flag, type=int, default=default, metavar="P", help=text)
 
 
 def run(args: argparse.Namespace) -> int:

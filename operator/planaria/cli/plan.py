@@ -34,7 +34,7 @@ GIB = 2**30
 
 
 class PlanCommandError(ValueError):
-    """An option is missing, malformed or inconsistent; the message names it and the fix."""
+    """An option is malformed or inconsistent; the message names it and the fix."""
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -45,15 +45,27 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "highest-throughput instantiation on the nodes with its batch distribution (§4.2), "
         "and with --failed, reinstantiate after those nodes fail (§5.1).",
     )
-    parser.add_argument("--profile", metavar="FILE", help="profile file (planaria profile)")
-    parser.add_argument("--nodes", metavar="N", help="nodes in the cluster, >= 1")
-    parser.add_argument("--gpus-per-node", metavar="M", help="GPUs per node, >= 1")
-    parser.add_argument(
-        "--fault-tolerance", metavar="F", help="simultaneous pipeline failures to survive, >= 0"
+    # Required options are argparse's: a missing one is reported with all the others missing.
+    required = parser.add_argument_group("required options")
+    required.add_argument(
+        "--profile", required=True, metavar="FILE", help="profile file (planaria profile)"
     )
-    parser.add_argument("--global-batch", metavar="B", help="global batch size (sequences)")
-    parser.add_argument(
-        "--micro-batch", metavar="b", help="micro-batch size; must equal the profile's"
+    required.add_argument("--nodes", required=True, metavar="N", help="nodes in the cluster, >= 1")
+    required.add_argument("--gpus-per-node", required=True, metavar="M", help="GPUs per node, >= 1")
+    required.add_argument(
+        "--fault-tolerance",
+        required=True,
+        metavar="F",
+        help="simultaneous pipeline failures to survive, >= 0",
+    )
+    required.add_argument(
+        "--global-batch", required=True, metavar="B", help="global batch size (sequences)"
+    )
+    required.add_argument(
+        "--micro-batch",
+        required=True,
+        metavar="b",
+        help="micro-batch size; must equal the profile's",
     )
     parser.add_argument(
         "--gpu-memory-gib", metavar="G", help="memory per GPU in GiB (default: the profile's)"
@@ -67,7 +79,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def run(args: argparse.Namespace) -> int:
-    profile_path = _required(args.profile, "--profile")
+    profile_path: str = args.profile
     num_nodes = _whole(args.nodes, "--nodes", minimum=1)
     gpus = _whole(args.gpus_per_node, "--gpus-per-node", minimum=1)
     f = _whole(args.fault_tolerance, "--fault-tolerance", minimum=0)
@@ -106,14 +118,7 @@ def run(args: argparse.Namespace) -> int:
 # -- options ------------------------------------------------------------------------------
 
 
-def _required(value: str | None, flag: str) -> str:
-    if value is None:
-        raise PlanCommandError(f"{flag} is required; give it a value")
-    return value
-
-
-def _whole(value: str | None, flag: str, *, minimum: int) -> int:
-    text = _required(value, flag)
+def _whole(text: str, flag: str, *, minimum: int) -> int:
     try:
         number = int(text)
     except ValueError:

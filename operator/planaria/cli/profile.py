@@ -5,6 +5,8 @@
                      --out FILE
     planaria profile --check FILE
 
+Each mode's required options are checked before anything runs, all at once, as argparse's own
+usage error (exit status 2): argparse cannot make an option required only in one mode.
 Measuring runs the agent's profiler (torch) on this machine; it is imported only when measuring
 because torch is slow to import. Synthetic profiles come from `planaria.planner.synthetic`.
 Every user error is a ValueError (ProfileCommandError here, or the planner's and the file
@@ -14,6 +16,7 @@ format's), which `planaria.cli.main` prints as one line with exit status 2.
 from __future__ import annotations
 
 import argparse
+import functools
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -24,6 +27,19 @@ from planaria.spec import profile_file
 
 DEFAULT_REPEATS = 5
 DEFAULT_WARMUP = 2
+# What each mode (the dest of its flag) needs besides itself.
+NEEDS: dict[str, tuple[str, ...]] = {
+    "model": ("--micro-batch", "--out"),
+    "synthetic": ("--accelerator", "--micro-batch", "--out"),
+    "check": (),
+}
+USAGE = (
+    "%(prog)s [-h] --model NAME --micro-batch B --out FILE [--repeats R] [--warmup W] "
+    "[--device DEV]\n"
+    "       %(prog)s [-h] --synthetic MODEL --accelerator NAME --micro-batch B --out FILE "
+    "[--gpus-per-node M]\n"
+    "       %(prog)s [-h] --check FILE"
+)
 
 
 class ProfileCommandError(ValueError):
@@ -36,6 +52,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="measure, synthesise or check a profile file (per-layer costs for the planner)",
         description="Write a profile of a model (measured on this machine, or analytic for a "
         "named accelerator), or validate an existing profile file.",
+        usage=USAGE,
     )
     mode = parser.add_mutually_exclusive_group(required=True)
     mode.add_argument("--model", metavar="NAME", help="measure this named model on this machine")
@@ -52,16 +69,25 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "accelerator's usual node)",
     )
     parser.add_argument(
-        "--repeats", metavar="R", help=f"with --model: timed runs per layer ({DEFAULT_REPEATS})"
+        "--repeats",
+        metavar="R",
+        help=f"with --model: timed runs per layer (default: {DEFAULT_REPEATS})",
     )
     parser.add_argument(
-        "--warmup", metavar="W", help=f"with --model: untimed runs first ({DEFAULT_WARMUP})"
+        "--warmup",
+        metavar="W",
+        help=f"with --model: untimed runs first (default: {DEFAULT_WARMUP})",
     )
-    parser.add_argument("--device", metavar="DEV", help="with --model: torch device (cpu)")
-    parser.set_defaults(handler=run)
+    parser.add_argument("--device", metavar="DEV", help="with --model: torch device (default: cpu)")
+    parser.set_defaults(handler=functools.partial(run, parser=parser))
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, *, parser: argparse.ArgumentParser) -> int:
+    """Check the mode's required options (a usage error naming all missing ones), then run it."""
+    mode = next(m for m in NEEDS if getattr(args, m) is not None)
+    missing = [flag for flag in NEEDS[mode] if getattr(args, flag[2:].replace("-", "_")) is None]
+    if missing:
+        parser.error(f"the following arguments are required with --{mode}: {', '.join(missing)}")
     if args.check is not None:
         return _check(args)
     if args.synthetic is not None:
@@ -85,12 +111,10 @@ def _check(args: argparse.Namespace) -> int:
 def _synthesize(args: argparse.Namespace) -> int:
     _reject(args, ("repeats", "warmup", "device"))
     shape = shapes.named(args.synthetic)
-    if args.accelerator is None:
-        raise ProfileCommandError(f"--synthetic needs --accelerator; choose one of: {_known()}")
     accelerator = accelerators.named(args.accelerator)
-    micro_batch = _positive(args.micro_batch, "--micro-batch", required=True)
+    micro_batch = _positive(args.micro_batch, "--micro-batch")
     gpus = _positive(args.gpus_per_node, "--gpus-per-node", accelerator.default_gpus_per_node)
-    out = _required(args.out, "--out")
+    out: str = args.out
     result = synthetic.synthesize(shape, accelerator, micro_batch, gpus)
     profile_file.dump_profile(result, out, assumptions=synthetic.assumptions(accelerator, gpus))
     print(summarize(result))
@@ -101,11 +125,11 @@ def _synthesize(args: argparse.Namespace) -> int:
 def _measure(args: argparse.Namespace) -> int:
     _reject(args, ("accelerator", "gpus_per_node"))
     shape = shapes.named(args.model)
-    micro_batch = _positive(args.micro_batch, "--micro-batch", required=True)
+    micro_batch = _positive(args.micro_batch, "--micro-batch")
     repeats = _positive(args.repeats, "--repeats", DEFAULT_REPEATS)
     warmup = _count(args.warmup, "--warmup", DEFAULT_WARMUP)
     device: str = args.device or "cpu"
-    out = _required(args.out, "--out")
+    out: str = args.out
     # Imported here: torch takes seconds to import and only measuring needs it.
     from planaria.agent import profiler
 
@@ -119,10 +143,6 @@ def _measure(args: argparse.Namespace) -> int:
     return 0
 
 
-def _known() -> str:
-    return ", ".join(sorted(accelerators.NAMED_ACCELERATORS))
-
-
 def _reject(args: argparse.Namespace, options: Sequence[str]) -> None:
     mode = "--check" if args.check else "--synthetic" if args.synthetic else "--model"
     for option in options:
@@ -131,32 +151,23 @@ def _reject(args: argparse.Namespace, options: Sequence[str]) -> None:
             raise ProfileCommandError(f"{flag} does not apply to {mode}; leave it out")
 
 
-def _required(value: str | None, flag: str) -> str:
-    if value is None:
-        raise ProfileCommandError(f"{flag} is required here; give it a value")
-    return value
-
-
-def _positive(
-    value: str | None, flag: str, default: int | None = None, *, required: bool = False
-) -> int:
-    number = _whole(value, flag, default, required=required)
+def _positive(value: str | None, flag: str, default: int | None = None) -> int:
+    number = _whole(value, flag, default)
     if number < 1:
         raise ProfileCommandError(f"{flag} must be >= 1 (got {number})")
     return number
 
 
 def _count(value: str | None, flag: str, default: int) -> int:
-    number = _whole(value, flag, default, required=False)
+    number = _whole(value, flag, default)
     if number < 0:
         raise ProfileCommandError(f"{flag} must be >= 0 (got {number})")
     return number
 
 
-def _whole(value: str | None, flag: str, default: int | None, *, required: bool) -> int:
+def _whole(value: str | None, flag: str, default: int | None) -> int:
     if value is None:
-        if required or default is None:
-            raise ProfileCommandError(f"{flag} is required here; give a whole number >= 1")
+        assert default is not None, f"{flag} is required (NEEDS) and was checked by run"
         return default
     try:
         return int(value)

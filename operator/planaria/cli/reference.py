@@ -46,9 +46,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         description="Single-process training with gradient accumulation: the oracle that "
         "distributed runs must match. Prints step, loss and samples/s, then a summary.",
     )
-    parser.add_argument(
-        "--model", default=DEFAULT_MODEL, metavar="NAME", help=f"named model ({DEFAULT_MODEL})"
-    )
+    parser.add_argument("--model", default=DEFAULT_MODEL, metavar="NAME", help="named model")
     parser.add_argument(
         "--corpus",
         nargs="+",
@@ -67,23 +65,21 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         type=float,
         default=DEFAULT_LR,
         metavar="X",
-        help=f"AdamW learning rate ({DEFAULT_LR:g})",
+        help="AdamW learning rate",
     )
     parser.add_argument(
         "--reduction",
         choices=[r.value for r in messages.Reduction],
         default=messages.Reduction.FAST.value,
         help="how gradients are summed: fast (float32, in order) or exact (float64 sums, one "
-        f"rounding; docs/numerics.md) ({messages.Reduction.FAST.value})",
+        "rounding; docs/numerics.md)",
     )
     _int(parser, "--log-every", "K", DEFAULT_LOG_EVERY, "print a line every K steps")
     parser.set_defaults(handler=run)
 
 
 def _int(parser: argparse.ArgumentParser, flag: str, metavar: str, default: int, text: str) -> None:
-    parser.add_argument(
-        flag, type=int, default=default, metavar=metavar, help=f"{text} ({default})"
-    )
+    parser.add_argument(flag, type=int, default=default, metavar=metavar, help=text)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -13,10 +13,16 @@
 
 Eq. 8's expected time to the next failure is the scenario's own rate: per device times live
 devices, or the cluster's mean gap.
+
+Each scenario's `horizon_s` is its paper's (9 h, 12 h; infinite for the Oobleck scenarios, whose
+traces end at the last failure) and `with_horizon` replaces it (`planaria simulate --hours`).
+Descriptions leave the horizon out: the caller states the traces' own.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -28,8 +34,9 @@ HOUR_S = 3600.0
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Scenario:
-    """A named setup: `trace(seed)` draws its failures; `time_to_failure(live nodes)` is eq.
-    8's T_next."""
+    """A named setup: `trace(seed, horizon_s)` draws its failures until `horizon_s` seconds
+    (infinite: until the scenario's failure floor); `time_to_failure(live nodes)` is eq. 8's
+    T_next."""
 
     name: str
     description: str
@@ -38,8 +45,19 @@ class Scenario:
     num_nodes: int
     micro_batch_size: int
     global_batch: int
-    trace: Callable[[int], traces.Trace]
+    horizon_s: float
+    trace: Callable[[int, float], traces.Trace]
     time_to_failure: Callable[[int], float]
+
+    def draw(self, seed: int) -> traces.Trace:
+        """The trace of `seed` over this scenario's horizon."""
+        return self.trace(seed, self.horizon_s)
+
+    def with_horizon(self, horizon_s: float) -> Scenario:
+        """This scenario simulated for `horizon_s` seconds; raises SimInputError unless > 0."""
+        if not (math.isfinite(horizon_s) and horizon_s > 0):
+            raise errors.SimInputError(f"the horizon is {horizon_s:g} s; give hours > 0")
+        return dataclasses.replace(self, horizon_s=horizon_s)
 
     def job(self, model: str | None = None) -> planning.Job:
         """The job: a synthetic profile of `model` (default: the scenario's) on its accelerator."""
@@ -54,13 +72,14 @@ def _odyssey() -> Scenario:
     rate = 0.1  # per device per hour (Odyssey §V-B)
     return Scenario(
         name="odyssey",
-        description="Odyssey §V-B: 32 devices, 10%/device/hour, 9 h",
+        description="Odyssey §V-B: 32 devices, 10%/device/hour",
         model="gpt3-6.7b",
         accelerator="a100-80gb",
         num_nodes=32,
         micro_batch_size=1,
         global_batch=64,
-        trace=lambda seed: traces.per_device(32, rate, 9 * HOUR_S, seed),
+        horizon_s=9 * HOUR_S,
+        trace=lambda seed, horizon_s: traces.per_device(32, rate, horizon_s, seed),
         time_to_failure=lambda live: HOUR_S / (rate * max(live, 1)),
     )
 
@@ -74,7 +93,8 @@ def _oobleck(label: str, mtbf_s: float) -> Scenario:
         num_nodes=30,
         micro_batch_size=2,
         global_batch=1024,
-        trace=lambda seed: traces.per_cluster(30, mtbf_s, 15, seed),
+        horizon_s=math.inf,
+        trace=lambda seed, horizon_s: traces.per_cluster(30, mtbf_s, 15, seed, horizon_s),
         time_to_failure=lambda live: mtbf_s,
     )
 
@@ -83,13 +103,14 @@ def _spot(label: str, mtbf_s: float) -> Scenario:
     return Scenario(
         name=f"spot-{label}",
         description=f"Oobleck §7.3: 30 nodes, {label} preemptions every {mtbf_s / 60:.1f} min "
-        "and additions, 12 h",
+        "and additions",
         model="gpt3-2.7b",
         accelerator="a100-80gb",
         num_nodes=30,
         micro_batch_size=2,
         global_batch=1024,
-        trace=lambda seed: traces.spot(30, mtbf_s, 12 * HOUR_S, seed),
+        horizon_s=12 * HOUR_S,
+        trace=lambda seed, horizon_s: traces.spot(30, mtbf_s, horizon_s, seed),
         time_to_failure=lambda live: mtbf_s,
     )
 

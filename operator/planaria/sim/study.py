@@ -45,7 +45,7 @@ def run(
     if not seeds and given is None:
         raise errors.SimInputError("give at least one seed (--seeds 1 or more)")
     planner = planner or planning.Planner(scenario.job(model))
-    drawn = (given,) if given is not None else tuple(scenario.trace(s) for s in seeds)
+    drawn = (given,) if given is not None else tuple(scenario.draw(s) for s in seeds)
     runs: dict[str, list[engine.Run]] = {n: [] for n in names}
     start = time.perf_counter()
     for done, trace in enumerate(drawn, start=1):
