@@ -18,7 +18,7 @@ sensitivity to summation order (`comparison.SensitivityBounds`); two epochs in t
 processes, the second with fewer ranks (a worker leaves, its micro-batches rerouted), continue
 the run bit for bit; a worker asked to keep layers it does not hold reports an invalid
 configuration; a worker killed mid-step makes every survivor report a latched PeerLostError
-within 10 s, and the survivors then regroup with fewer ranks and continue bit for bit; a
+(not a timeout), and the survivors then regroup with fewer ranks and continue bit for bit; a
 worker killed right before its optimizer step (before the commit barrier) leaves every
 survivor at the same committed step.
 """
@@ -28,7 +28,6 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import signal
-import time
 from collections.abc import Iterator
 
 import pytest
@@ -434,12 +433,12 @@ def test_a_killed_worker_is_reported_by_every_survivor_who_then_regroup(
 ) -> None:
     config = _config(SYMMETRIC)
     with harness.LocalCluster(workers=range(4), tokens=tokens, timeout_s=30.0) as four:
-        started = time.monotonic()
         crash = harness.Fault(step=2, index=1, signal=signal.SIGKILL)
         failed = four.run(config, SYMMETRIC, range(100), faults={3: crash})
-        assert time.monotonic() - started < 10  # far below the 30 s timeout: no hang
         assert failed.lost == (3,)
         assert sorted(failed.errors) == [0, 1, 2]
+        # PEER_LOST, not TIMEOUT: every survivor learnt of the death from the closed
+        # connection, not by waiting out the 30 s timeout (no wall-clock bound needed)
         assert all(e.kind is messages.ErrorKind.PEER_LOST for e in failed.errors.values())
         assert all(e.step == 2 for e in failed.errors.values())
         assert failed.steps == (0, 1) and set(failed.committed.values()) == {2}
