@@ -1,35 +1,40 @@
 """The agent runtime (planaria.agent.runtime) against the reference trainer, its oracle.
 
 Covers, across worker processes (gloo on loopback, tests/agent/runtime_cluster.py): a first
-epoch from the seed (INITIAL) trains exactly like the reference (exact mode: every comparison
-is bit for bit, `comparison.compare`, losses included); a data-parallel worker killed
-(SIGKILL) before its update leaves both survivors FAILED with PEER_LOST at the same committed
-step, and they go on over the survivors with their layers KEPT, losslessly; a re-split of 2x2
-stages into 1x3 copies exactly the missing layers' bytes from live replicas (LIVE_REPLICA, one
-layer from two sources) and goes on losslessly; a killed pipeline stage restarted as a fresh
-process reloads its own snapshot (LOCAL_SNAPSHOT) while the survivor rolls back a step from
-its own, losslessly; with RECOMPUTE redundancy a restarted data-parallel replica rebuilds
-its layers from its own shard plus its host-recomputed copy of the peer's (LOCAL_SNAPSHOT),
-losslessly. In this process (a one-rank epoch): a corrupted snapshot shard is caught
-by its checksum and the persistent checkpoint is used instead (CHECKPOINT), losslessly; with
-no tier left the agent latches SNAPSHOT_UNAVAILABLE and is FAILED; configure refusals (wrong
+epoch from the seed (INITIAL) trains exactly like the reference (exact mode: every comparison is
+bit for bit, `comparison.compare`, losses included); a data-parallel worker killed (SIGKILL)
+before its update leaves both survivors FAILED with PEER_LOST at the same committed step, and
+they go on over the survivors with their layers KEPT, losslessly; a re-split of 2x2 stages into
+1x3 copies exactly the missing layers' bytes from live replicas (LIVE_REPLICA, one layer from
+two sources) and goes on losslessly; a killed pipeline stage restarted as a fresh process
+reloads its own snapshot (LOCAL_SNAPSHOT) while the survivor rolls back a step from its own,
+losslessly; with RECOMPUTE redundancy a restarted data-parallel replica rebuilds its layers from
+its own shard plus its host-recomputed copy of the peer's (LOCAL_SNAPSHOT), losslessly. In this
+process (a one-rank epoch): a corrupted snapshot shard is caught by its checksum and the
+persistent checkpoint is used instead (CHECKPOINT), losslessly; with no tier left the agent
+latches SNAPSHOT_UNAVAILABLE and is FAILED; an error of the agent's own is latched with the kind
+the controller acts on (a missing corpus INVALID_DATA, an unknown model INVALID_CONFIG, memory
+running out in a step OUT_OF_MEMORY, a step's ValueError INTERNAL); configure refusals (wrong
 worker, stale epoch, a running agent asked to resume at or before its step), pause/resume and
 stop. Final states are read from the snapshot stores (runtime_states.read_final_states).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+import torch
 from torch._C import _distributed_c10d as c10d
 
 from planaria.agent import (
     comparison,
     data,
+    executor,
     layer_transfer,
     model,
     runtime,
@@ -137,6 +142,8 @@ def _start_epoch(
         rendezvous = cluster.rendezvous(p, w, epoch)
         ack = cluster.configure(w, _config(rendezvous, p, w, settings, **kwargs))  # type: ignore[arg-type]
         assert ack.accepted, ack.reason
+    if epoch > 1:  # until an agent takes the Configure up, it shows the old epoch's FAILED
+        cluster.wait(p.workers, lambda beat: beat.epoch == epoch)
 
 
 def _finished(beat: messages.Heartbeat) -> bool:
@@ -350,6 +357,80 @@ def test_a_corrupted_shard_falls_back_to_the_checkpoint_and_then_to_nothing(
     (error,) = beat.errors
     assert error.kind is messages.ErrorKind.SNAPSHOT_UNAVAILABLE
     assert "layer 3" in error.message and "step 6" in error.message
+
+
+def _raise_at(step: int, error: Exception) -> executor.Hook:
+    """A hook raising `error` while step `step` trains (the executor counts steps from 0)."""
+
+    def hook(at: int, index: int, op: object) -> None:
+        if at + 1 == step:
+            raise error
+
+    return hook
+
+
+@pytest.mark.parametrize(
+    ("changes", "hook", "kind", "said", "step"),
+    [
+        (
+            {"data": messages.DataSettings(corpus_paths=("/planaria-missing/corpus.txt",))},
+            None,
+            messages.ErrorKind.INVALID_DATA,
+            "corpus path '/planaria-missing/corpus.txt' does not exist; name a file or directory",
+            0,
+        ),
+        (
+            {"model": "nope"},
+            None,
+            messages.ErrorKind.INVALID_CONFIG,
+            "PlanInputError: unknown model 'nope'; choose one of: ",
+            0,
+        ),
+        (
+            {},
+            _raise_at(2, torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2 GiB")),
+            messages.ErrorKind.OUT_OF_MEMORY,
+            "OutOfMemoryError: CUDA out of memory. Tried to allocate 2 GiB (at ",
+            2,
+        ),
+        (
+            {},
+            _raise_at(2, ValueError("a bug")),
+            messages.ErrorKind.INTERNAL,
+            "ValueError: a bug (at ",
+            2,
+        ),
+    ],
+    ids=[
+        "a corpus path that does not exist is invalid data, said as the data module says it",
+        "a model the agent does not know is an invalid configuration",
+        "memory running out in a step is out of memory",
+        "a ValueError in a step is internal, not the configuration's",
+    ],
+)
+def test_an_error_of_the_agents_own_is_latched_with_its_kind(
+    tmp_path: Path,
+    store: c10d.TCPStore,
+    corpus: Path,
+    changes: dict[str, object],
+    hook: executor.Hook | None,
+    kind: messages.ErrorKind,
+    said: str,
+    step: int,
+) -> None:
+    settings = dataclasses.replace(_settings(corpus), **changes)  # type: ignore[arg-type]
+    agent = runtime.Runtime(worker=W(0), job="solo", snapshot_base=tmp_path, hook=hook)
+    agent.start()
+    try:
+        assert agent.configure(_solo_config(store, settings, epoch=1, resume=0, stop=4)).accepted
+        beat = _wait(agent, lambda b: b.state in (State.FINISHED, State.FAILED))
+    finally:
+        agent.close()
+    assert beat.state is State.FAILED
+    (error,) = beat.errors
+    assert (error.kind, error.step) == (kind, step)
+    assert error.message.startswith(said), error.message
+    assert beat.last_committed_step == max(0, step - 1)
 
 
 def test_configure_refusals_pause_resume_and_stop(

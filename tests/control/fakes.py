@@ -5,7 +5,8 @@ steps with a commit barrier, recovery tiers, snapshots and checkpoints) in simul
     ManualClock   time moves only when a test calls `advance`; sleepers wake in order.
     FakeCluster   a `ports.Backend`: starts FakeAgents, hosts a (pretend) store, reports events;
                   steps every epoch's group every `step_s` simulated seconds; the test injects
-                  deaths (`kill`), hangs, latched errors, preemption notices and joins.
+                  deaths (`kill`), hangs, latched errors (in a step, or at every set-up
+                  of a worker: `setup_errors`), preemption notices and joins.
     FakeAgent     a `ports.Agent`: Watch heartbeats every interval, Configure per the rules.
 
 The cluster records what a test checks: every Configure sent per epoch (ranks), and every
@@ -197,6 +198,8 @@ class FakeCluster:
     `drop_pending_on_failure`: an agent whose step fails forgets a planned switch it accepted;
     False keeps it, so the agent then sets the switch's epoch up short of its step and latches
     SNAPSHOT_UNAVAILABLE (what the agent runtime does at the time of writing).
+    `setup_errors`: {worker: (kind, message)} that the worker latches at every set-up instead of
+    running (a corpus it cannot read, a device it lacks); a test may change it as the run goes.
     """
 
     def __init__(
@@ -209,6 +212,7 @@ class FakeCluster:
         configure_delay_s: float = 0.0,
         peer_snapshots: bool = True,
         drop_pending_on_failure: bool = True,
+        setup_errors: dict[int, tuple[messages.ErrorKind, str]] | None = None,
     ) -> None:
         self.clock = clock
         self.step_s = step_s
@@ -217,6 +221,7 @@ class FakeCluster:
         self.configure_delay_s = configure_delay_s  # a Configure's way to the agent (load)
         self.peer_snapshots = peer_snapshots
         self.drop_pending_on_failure = drop_pending_on_failure
+        self.setup_errors = dict(setup_errors or {})
         self.agents: dict[plans.WorkerId, FakeAgent] = {}
         self.shm: dict[plans.WorkerId, tuple[int, frozenset[int]]] = {}
         # The store's other slot: the snapshot before the latest (REFT's double buffer).
@@ -297,6 +302,9 @@ class FakeCluster:
         """Set `agent` up for `config`: find each layer's state, cheapest tier first."""
         agent.pending, agent.errors, agent.waiting_since = None, (), None
         agent.epoch, agent.config = config.epoch, config
+        if agent.id in self.setup_errors:  # the layers stay as they were
+            agent.latch(*self.setup_errors[agent.id])
+            return
         roles = transfers.roles(config.plan).get(agent.id, frozenset())
         tiers = []
         for layer in sorted(roles):

@@ -2,7 +2,8 @@
 
 Covers: the plan summary ("[4,4,3] dynamic"), every phase's conditions (Ready only when
 training at full strength, Degraded when short of workers, Recovering and Suspended with their
-reasons and the message), and the last recovery and count carried over.
+reasons and the message, Failed with the controller's reason and the message, or a generic
+reason when none was given), and the last recovery and count carried over.
 """
 
 from __future__ import annotations
@@ -102,6 +103,16 @@ def test_the_plan_summary_counts_each_pipelines_workers_and_names_the_move() -> 
             0,
             {"Ready": ("False", "Starting"), "Suspended": ("False", "Feasible")},
         ),
+        (
+            status.Phase.FAILED,
+            8,
+            {"Ready": ("False", "Failed"), "Failed": ("True", "Failed")},
+        ),
+        (
+            status.Phase.RUNNING,
+            8,
+            {"Failed": ("False", "NoPermanentError")},
+        ),
     ],
     ids=[
         "running at full strength is ready",
@@ -110,6 +121,8 @@ def test_the_plan_summary_counts_each_pipelines_workers_and_names_the_move() -> 
         "suspended says so",
         "succeeded is complete",
         "pending is starting",
+        "failed without a reason given says Failed",
+        "running has no permanent error",
     ],
 )
 def test_conditions_follow_the_phase_and_strength(
@@ -118,7 +131,17 @@ def test_conditions_follow_the_phase_and_strength(
     value = status.compute(_view(phase, live))
     found = _conditions(value)
     assert {k: found[k] for k in expected} == expected
-    assert [c.type for c in value.conditions] == ["Ready", "Degraded", "Recovering", "Suspended"]
+    types = [c.type for c in value.conditions]
+    assert types == ["Ready", "Degraded", "Recovering", "Suspended", "Failed"]
+
+
+def test_a_failed_job_says_why_in_its_failed_condition() -> None:
+    cause = "workers 0,1: the job's data cannot be read: corpus path '/x' does not exist"
+    view = _view(status.Phase.FAILED, message=cause, failure_reason="InvalidData")
+    by_type = {c.type: c for c in status.compute(view).conditions}
+    failed = by_type["Failed"]
+    assert (failed.status, failed.reason, failed.message) == ("True", "InvalidData", cause)
+    assert by_type["Suspended"].status == "False" and by_type["Suspended"].message == ""
 
 
 def test_a_true_condition_carries_the_message_and_degraded_counts_workers() -> None:

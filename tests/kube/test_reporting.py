@@ -7,7 +7,8 @@ kept while a condition's status stays and renewed when it flips; the Invalid sta
 fix; `StatusWriter` writes at most once per interval unless the phase changed, skips equal
 statuses, flushes the held-back one, offsets the recovery count by the previous status', sends
 Recovered / PlanChanged / Succeeded Events only after a successful write, and survives a failed
-write (retrying with the next status).
+write (retrying with the next status); a job failed on an agent's error carries its cause in
+the message, the Failed condition (with the controller's reason) and a Warning Event.
 """
 
 from __future__ import annotations
@@ -67,7 +68,7 @@ def test_a_running_status_is_valid_against_the_crd_model() -> None:
     assert model.phase == "Running" and model.observed_generation == 4
     assert model.workers_ready == "3/3" and model.step == 5 and model.total_steps == 10
     types = [c.type for c in model.conditions]
-    assert types == [reporting.SPEC_VALID, "Ready", "Degraded", "Recovering", "Suspended"]
+    assert types == [reporting.SPEC_VALID, "Ready", "Degraded", "Recovering", "Suspended", "Failed"]
     assert all(c.observed_generation == 4 for c in model.conditions)
     assert model.last_recovery is not None
     assert model.last_recovery.tier == "live_replica"
@@ -187,3 +188,19 @@ async def test_a_successor_counts_recoveries_on_from_the_previous_status() -> No
     await writer.publish(_status(Phase.RUNNING, recoveries=(RECOVERY,)))
     assert target.writes[-1]["recoveries"] == 3
     assert [e[1] for e in target.events] == ["Recovered"]
+
+
+@pytest.mark.asyncio
+async def test_a_job_failed_on_an_agents_error_says_why_in_its_status_and_an_event() -> None:
+    target = _Target()
+    writer = target.writer()
+    await writer.publish(_status(Phase.PROFILING))
+    cause = "workers 0,1: the job's data cannot be read: corpus path '/x' does not exist"
+    await writer.publish(_status(Phase.FAILED, message=cause, failure_reason="InvalidData"))
+    body = target.writes[-1]
+    model = _valid(body)
+    assert model.phase == "Failed" and model.message == cause
+    failed = {c.type: c for c in model.conditions}["Failed"]
+    assert (failed.status, failed.reason, failed.message) == ("True", "InvalidData", cause)
+    assert model.completion_time is not None
+    assert target.events[-1] == ("Warning", "Failed", cause)

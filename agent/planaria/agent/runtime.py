@@ -22,6 +22,10 @@ step c and its loss (the whole step's loss: the commit barrier sums every worker
 samples processed (c x global batch), the last step's timings, the snapshot store's state, the
 errors latched in this epoch, how the epoch was set up and the latest persistent checkpoint.
 
+Errors never end the thread: a set-up's or a step's is latched (state FAILED) with the kind the
+controller acts on, a peer's as the executor or the set-up classed it, the worker's own by
+`_own_error` (docs/agent.md, "Errors").
+
 Not here: epoch setup and tiers (`epoch_setup`), layer copies (`layer_transfer`), steps,
 snapshots and checkpoints (`training`), gRPC (`service`).
 """
@@ -35,7 +39,9 @@ import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
-from planaria.agent import epoch_setup, executor, profiler, training
+import torch
+
+from planaria.agent import data, epoch_setup, executor, profiler, training
 from planaria.planner import plan, profile, shapes
 from planaria.wire import messages
 
@@ -351,11 +357,8 @@ class Runtime:
         except epoch_setup.SetupError as exc:
             self._fail(exc.kind, str(exc), config.resume_step)
             return
-        except ValueError as exc:  # our input errors: a plan this executor cannot run
-            self._fail(messages.ErrorKind.INVALID_CONFIG, _described(exc), config.resume_step)
-            return
         except Exception as exc:  # keep serving: the controller reads the latched error
-            self._fail(messages.ErrorKind.INTERNAL, _described(exc), config.resume_step)
+            self._fail(*_own_error(exc, setting_up=True), config.resume_step)
             return
         self._publish(state=State.RUNNING, step=config.resume_step, setup=report, loss=None)
 
@@ -369,7 +372,7 @@ class Runtime:
             return
         except Exception as exc:
             self._training.end_epoch(failed=True)
-            self._fail(messages.ErrorKind.INTERNAL, _described(exc), attempted)
+            self._fail(*_own_error(exc, setting_up=False), attempted)
             return
         self._training.poll_checkpoint()
         self._publish(step=done.step, loss=done.loss, timings=done.timings)
@@ -414,6 +417,22 @@ class Runtime:
         for name, value in changes.items():
             setattr(self._shown, name, value)
         self._cond.notify_all()
+
+
+def _own_error(exc: Exception, *, setting_up: bool) -> tuple[messages.ErrorKind, str]:
+    """The kind and message to latch for `exc`, an error of this worker's own, not a peer's
+    (docs/agent.md, "Errors"): a corpus that cannot be read (INVALID_DATA, in the data
+    module's words, which say what to change), memory that ran out (OUT_OF_MEMORY), a set-up
+    that cannot use the settings or the plan (INVALID_CONFIG: our input errors are
+    ValueErrors; a step's ValueError is not one), anything else a bug or a broken device
+    (INTERNAL). All but INVALID_DATA say where they were raised."""
+    if isinstance(exc, data.CorpusError):
+        return messages.ErrorKind.INVALID_DATA, str(exc)
+    if isinstance(exc, torch.OutOfMemoryError | MemoryError):
+        return messages.ErrorKind.OUT_OF_MEMORY, _described(exc)
+    if setting_up and isinstance(exc, ValueError):
+        return messages.ErrorKind.INVALID_CONFIG, _described(exc)
+    return messages.ErrorKind.INTERNAL, _described(exc)
 
 
 def _described(exc: BaseException) -> str:

@@ -3,7 +3,8 @@
 Two renderings of the same `control.status.JobStatus`:
 - live (a terminal, without --no-progress): a rich panel redrawn in place with the phase, a step
   bar, loss, samples/s, workers, the plan and the recoveries so far, the last one broken down;
-- plain (not a terminal, or --no-progress): one line when the phase changes, a line per
+- plain (not a terminal, or --no-progress): one line when the phase changes (and the
+  controller's message under it when the job is Suspended or Failed: why), a line per
   recovery, and a step line at most every `every_s` seconds, so a log stays readable.
 
 `line`, `recovery_line` and `panel` are pure, so both renderings are tested without a terminal.
@@ -24,6 +25,9 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 
 from planaria.control import status as statuses
+
+# Phases whose plain line is followed by the controller's message: what stopped the training.
+_EXPLAINED = (statuses.Phase.SUSPENDED, statuses.Phase.FAILED)
 
 
 def line(status: statuses.JobStatus, steps: int, elapsed_s: float) -> str:
@@ -114,9 +118,11 @@ class Progress:
         self._print_plain(status, elapsed, recovered)
 
     def _print_plain(self, status: statuses.JobStatus, elapsed: float, recovered: bool) -> None:
-        changed = recovered or status.phase is not self._phase
-        if changed or elapsed - self._printed_at >= self._every_s:
+        entered = status.phase is not self._phase
+        if recovered or entered or elapsed - self._printed_at >= self._every_s:
             self._echo(line(status, self._steps, elapsed))
+            if entered and status.phase in _EXPLAINED and status.message:
+                self._echo(f"  {status.message}")
             self._printed_at = elapsed
             self._phase = status.phase
 

@@ -169,7 +169,7 @@ async def _run_job(settings: job_settings.JobSettings, options: run_checks.Optio
     where = f"report in {options.out}/ ({', '.join(run_report.REPORT_FILES)})"
     signum = interrupts.interrupted(final.phase)
     outcome = final.phase.value if signum is None else f"Interrupted by {signum.name}"
-    _say(f"planaria run: {outcome} at step {final.step}; {where}")
+    _say(f"planaria run: {run_report.ending(outcome, final)}; {where}")
     if signum is not None:
         return run_interrupts.exit_status(signum)
     return 0 if final.phase is statuses.Phase.SUCCEEDED else EXIT_FAILED

@@ -58,6 +58,20 @@ class History:
             return self.final.phase.value
         return f"Interrupted by {self.interrupted_by}"
 
+    @property
+    def ending(self) -> str:
+        """How the run ended, as the summary's first line and the console's last say it."""
+        return ending(self.outcome, self.final)
+
+
+def ending(outcome: str, final: statuses.JobStatus) -> str:
+    """`outcome` at the final step; a failed job's with its cause (the controller's message,
+    which names the workers and what they latched)."""
+    said = f"{outcome} at step {final.step}"
+    if outcome == statuses.Phase.FAILED.value and final.message:
+        said += f": {final.message}"
+    return said
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Goodput:
@@ -153,7 +167,7 @@ def summary(history: History) -> str:
     """summary.md: outcome (in the first line too), recoveries, goodput."""
     final, good = history.final, goodput(history)
     lines = [
-        f"# Run of job `{history.job}`: {history.outcome} at step {final.step}",
+        f"# Run of job `{history.job}`: {history.ending}",
         "",
         f"**{history.outcome}** at step {final.step} after {good.wall_s:.1f} s "
         f"(epoch {final.epoch}, plan `{final.plan or '-'}`, "

@@ -20,7 +20,12 @@ agent, broken streams, backend events), looks at the epoch, acts, and publishes 
 - a suspended epoch whose workers were only silent (a stalled machine) and still train in it:
   Running again, in the same epoch;
 - no plan for the survivors, or a layer no recovery tier holds: Suspended, until workers join
-  or an older checkpoint can be resumed.
+  or an older checkpoint can be resumed;
+- an error of the job's own latched by any worker (`membership.PERMANENT`: the settings, plan
+  or data cannot be used): Failed at once with the agent's message, without waiting for the
+  others to settle; errors of a worker's own (INTERNAL, OUT_OF_MEMORY) that leave no survivor:
+  the live workers that latched them survive instead and try again from their committed step,
+  OWN_ERROR_RETRIES times from one step, then Failed with the message.
 Every wait is bounded by the job's timeouts, so a second failure during a recovery, an agent
 that never answers, or one that hangs leads to a new epoch, never a hang.
 
@@ -37,7 +42,8 @@ times) run a plan the successor does not know: the job is Suspended, saying so. 
 predecessor go without stopping anything.
 
 Errors: `run` returns the final status; a permanent error (the profile or the first plan does
-not fit the job) ends in phase Failed with its message.
+not fit the job, an agent's error above) ends in phase Failed with its message, and the status'
+Failed condition gives its reason.
 """
 
 from __future__ import annotations
@@ -65,6 +71,11 @@ DEFAULT_TIME_TO_FAILURE_S = 3600.0  # eq. 8's T_next before any failure is seen,
 PROFILE_REPEATS = 3
 JOURNAL_ATTEMPTS = 3  # a journal write is retried this often before the epoch opens anyway
 JOURNAL_RETRY_S = 0.2
+# An epoch no worker survived, whose live workers latched errors of their own (INTERNAL,
+# OUT_OF_MEMORY), is retried with them this often from one step before the job fails: a
+# transient fault (a device reset, memory another process held) passes, a deterministic one
+# comes back.
+OWN_ERROR_RETRIES = 1
 Unbounded = connections.Unbounded
 
 
@@ -108,6 +119,8 @@ class Controller:
         self._planner: planning.Planner | None = None
         self._phase = statuses.Phase.PENDING
         self._message = "starting workers"
+        self._reason = ""  # the Failed condition's reason, once the job failed
+        self._retries = (0, 0)  # own-error retries: (the step they resume from, how many)
         self._started_at = clock.monotonic()
         self._failures = 0
         self._arrivals: set[plans.WorkerId] = set()
@@ -171,7 +184,7 @@ class Controller:
             while self._phase not in (statuses.Phase.SUCCEEDED, statuses.Phase.FAILED):
                 await self._pass()
         except (errors.PlannerError, ValueError, Unbounded) as exc:
-            self._set(statuses.Phase.FAILED, str(exc))
+            self._fail(failures.JobError(reason=_reason(exc), message=str(exc)))
         finally:
             if self._detached:
                 await self._lines.release()
@@ -305,6 +318,10 @@ class Controller:
     async def _recover(self) -> None:
         """A failure in the running epoch: settle, assess, decide, open the next epoch."""
         running, epoch, noticed = self._running(), self._epochs.epoch, self._clock.monotonic()
+        fatal = failures.job_error(self._roster, running.workers, epoch, membership.PERMANENT)
+        if fatal is not None:  # the job's own error: no plan avoids it, so no need to settle
+            self._fail(fatal)
+            return
         missed = self._epochs.switch_missed()
         if missed:  # recover from the plan the workers still hold
             running = self._epochs.fall_back()
@@ -315,6 +332,11 @@ class Controller:
         now = self._clock.monotonic()
         found = failures.assess(self._roster, running, epoch, late, now)
         self._slow = late - self._roster.gone(late, now)
+        if not found.survivors:
+            retry = self._retried(running, epoch, found)
+            if retry is None:
+                return
+            found = retry
         if found.state_lost and not missed:  # (a missed switch's setups latch it, short of it)
             lost = "a layer's state is in no recovery tier (replica, snapshot or checkpoint)"
             self._suspend(running, lost, retry=True)
@@ -360,10 +382,14 @@ class Controller:
         """The planner's move, or None after suspending when it has none."""
         assert self._planner is not None, "deciding needs the planner"
         if not found.survivors:
-            self._suspend(running, "every worker of the plan is lost", retry=False)
+            lost = failures.without_survivors(self._roster, found.failed, now)
+            self._suspend(running, lost, retry=False)
             return None
         if not found.failed:  # all alive, yet the group broke: the same plan regroups
             reason = "every worker is alive but the epoch's group broke; the same plan regroups"
+            own = self._roster.errors(running.workers, self._epochs.epoch, membership.OWN_FAULTS)
+            if own:
+                reason = "every worker latched an error of its own; the same plan tries again"
             return planning.Move(plan=running, transfers=(), kind="restart", reason=reason)
         live = self._roster.live(now)
         spare = live - set(running.workers)
@@ -378,6 +404,39 @@ class Controller:
             self._suspend(running, what, retry=False)
             return None
         return dataclasses.replace(move, kind="restart", reason=f"{refused}; {move.reason}")
+
+    def _retried(
+        self, running: plans.Plan, epoch: int, found: failures.Assessment
+    ) -> failures.Assessment | None:
+        """No worker of `epoch` survived: when the live ones latched errors of their own (none
+        permanent), they survive it instead and try again (`failures.retried`), at most
+        OWN_ERROR_RETRIES times from one step; past that the job fails with their error (None).
+        `found` itself when none of them is live."""
+        live = self._roster.live(self._clock.monotonic())
+        own = self._roster.own_faults(running.workers, epoch) & live
+        if not own:
+            return found
+        retry = failures.retried(self._roster, found, own, epoch)
+        step, tries = self._retries
+        tries = tries + 1 if step == retry.resume_step else 1
+        self._retries = (retry.resume_step, tries)
+        error = failures.job_error(self._roster, own, epoch, membership.OWN_FAULTS)
+        assert error is not None, "a worker with an own fault latched an error of its own"
+        if tries > OWN_ERROR_RETRIES:
+            tried = "1 retry" if OWN_ERROR_RETRIES == 1 else f"{OWN_ERROR_RETRIES} retries"
+            again = f"after {tried} from step {retry.resume_step}"
+            self._fail(dataclasses.replace(error, message=f"{error.message} ({again})"))
+            return None
+        LOG.warning(
+            "no worker survived epoch %d, each latched an error of its own; they try again from "
+            "step %d (%d of %d): %s",
+            epoch,
+            retry.resume_step,
+            tries,
+            OWN_ERROR_RETRIES,
+            error.message,
+        )
+        return retry
 
     def _resume_for(
         self, running: plans.Plan, move: planning.Move | None, found: failures.Assessment
@@ -678,6 +737,12 @@ class Controller:
 
     # -- status -------------------------------------------------------------------------------
 
+    def _fail(self, error: failures.JobError) -> None:
+        """End the job Failed with `error` (the run loop stops after this pass)."""
+        self._reason = error.reason
+        self._history.pending = None
+        self._set(statuses.Phase.FAILED, error.message)
+
     def _set(self, phase: statuses.Phase, message: str) -> None:
         if (phase, message) != (self._phase, self._message):
             LOG.info("%s: %s", phase, message)
@@ -704,11 +769,19 @@ class Controller:
             recoveries=tuple(self._history.recoveries),
             message=self._message,
             checkpoint_step=self._checkpoint,
+            failure_reason=self._reason,
         )
 
     async def _publish(self) -> None:
         if self._sink is not None:
             await self._sink.publish(self.status)
+
+
+def _reason(exc: Exception) -> str:
+    """The Failed condition's reason for an error that ended `run`."""
+    if isinstance(exc, errors.PlannerError):
+        return "NoFeasiblePlan"
+    return "Unresponsive" if isinstance(exc, Unbounded) else "InvalidJob"
 
 
 def _complete_everywhere(

@@ -6,10 +6,16 @@ still not settled past the bound) and the survivors (stopped on a lost or hung p
 lockstep commit barrier leaves them all at the same last committed step c, or some at c + 1
 when the death hit the barrier itself), and takes the resume step as the survivors' oldest
 committed step: rolling the others back one step is covered by their own snapshots.
+
+An error an agent latched of its own is read here too: `job_error` words one that ends the job
+(a permanent kind, or one that came back after the bounded retry) for the status, `retried`
+makes the live workers of an epoch that no one survived its survivors for that retry, and
+`without_survivors` says truthfully why no worker survived (lost, or alive but given up on).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Collection
 from dataclasses import dataclass
 
@@ -55,6 +61,81 @@ def assess(
         resume_step=resume,
         state_lost=messages.ErrorKind.SNAPSHOT_UNAVAILABLE in roster.latched(survivors, epoch),
     )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobError:
+    """An agent's error that ends the job: the Failed condition's CamelCase `reason` and the
+    status message, which names the workers and says what they latched."""
+
+    reason: str
+    message: str
+
+
+REASONS = {
+    messages.ErrorKind.INVALID_DATA: "InvalidData",
+    messages.ErrorKind.INVALID_CONFIG: "InvalidConfig",
+    messages.ErrorKind.OUT_OF_MEMORY: "OutOfMemory",
+    messages.ErrorKind.INTERNAL: "AgentError",
+}
+_WHAT = {
+    messages.ErrorKind.INVALID_DATA: "the job's data cannot be read",
+    messages.ErrorKind.INVALID_CONFIG: "the job's settings or plan cannot be used",
+    messages.ErrorKind.OUT_OF_MEMORY: "out of memory",
+    messages.ErrorKind.INTERNAL: "an internal error",
+}
+
+
+def job_error(
+    roster: membership.Roster,
+    workers: Collection[plans.WorkerId],
+    epoch: int,
+    kinds: Collection[messages.ErrorKind],
+) -> JobError | None:
+    """The error of one of `kinds` that the lowest of `workers` latched in `epoch`, naming
+    every worker that latched the same (None when none did)."""
+    latched = roster.errors(workers, epoch, kinds)
+    if not latched:
+        return None
+    first = latched[0][1]
+    same = sorted({w for w, e in latched if (e.kind, e.message) == (first.kind, first.message)})
+    who = f"worker {same[0]}" if len(same) == 1 else f"workers {','.join(map(str, same))}"
+    what = _WHAT.get(first.kind, first.kind.value)
+    return JobError(
+        reason=REASONS.get(first.kind, "AgentError"), message=f"{who}: {what}: {first.message}"
+    )
+
+
+def retried(
+    roster: membership.Roster, found: Assessment, own: Collection[plans.WorkerId], epoch: int
+) -> Assessment:
+    """`found`, an epoch no worker survived, with the live workers that latched an error of
+    their own (`own`) taken as its survivors: they hold their layers at their last committed
+    step, the oldest of which is where the retry resumes."""
+    committed = roster.committed(own, epoch)
+    resume = min(committed, default=0)
+    return dataclasses.replace(
+        found,
+        failed=found.failed - frozenset(own),
+        survivors=frozenset(own),
+        newest_step=max(committed, default=resume),
+        resume_step=resume,
+    )
+
+
+def without_survivors(
+    roster: membership.Roster, failed: Collection[plans.WorkerId], now: float
+) -> str:
+    """Why no worker of a plan survived, truthfully: "lost" only for the dead and silent."""
+    lost = sorted(w for w in failed if w in roster.dead or roster.silent(w, now))
+    kept = sorted(set(failed) - set(lost))
+    if not kept:
+        return "every worker of the plan is lost"
+    alive = (
+        f"workers {kept} are alive but were given up on (a refused or unanswered Configure, "
+        "or not stopped in time)"
+    )
+    return f"workers {lost} are lost and {alive}" if lost else f"every worker failed: {alive}"
 
 
 def unsettled(

@@ -54,8 +54,12 @@ OWN_FAULTS = frozenset(
         messages.ErrorKind.INTERNAL,
         messages.ErrorKind.INVALID_CONFIG,
         messages.ErrorKind.OUT_OF_MEMORY,
+        messages.ErrorKind.INVALID_DATA,
     }
 )
+# These are the job's, not the worker's: its settings, plan or data, the same whichever worker
+# tries, so no recovery can avoid them and the job fails (docs/controller.md).
+PERMANENT = frozenset({messages.ErrorKind.INVALID_CONFIG, messages.ErrorKind.INVALID_DATA})
 SETTLED = frozenset(
     {messages.AgentState.FAILED, messages.AgentState.FINISHED, messages.AgentState.PAUSED}
 )
@@ -142,6 +146,18 @@ class Roster:
         """The kinds of errors `workers` latched in `epoch`."""
         beats = (self.beat(w, epoch) for w in workers)
         return {e.kind for b in beats if b is not None for e in b.errors}
+
+    def errors(
+        self, workers: Iterable[plans.WorkerId], epoch: int, kinds: Collection[messages.ErrorKind]
+    ) -> list[tuple[plans.WorkerId, messages.LatchedError]]:
+        """The errors of `kinds` that `workers` latched in `epoch`, by worker id."""
+        return [
+            (w, e)
+            for w in sorted(workers)
+            if (b := self.beat(w, epoch)) is not None
+            for e in b.errors
+            if e.kind in kinds
+        ]
 
     def own_faults(self, workers: Iterable[plans.WorkerId], epoch: int) -> set[plans.WorkerId]:
         """Workers that latched an error of their own (not a lost peer) in `epoch`."""

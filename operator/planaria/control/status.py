@@ -36,6 +36,7 @@ class ConditionType(StrEnum):
     DEGRADED = "Degraded"  # training with fewer workers than the job asked for
     RECOVERING = "Recovering"  # a failure or a join is being handled
     SUSPENDED = "Suspended"  # no feasible plan: waiting for workers
+    FAILED = "Failed"  # ended on a permanent error, the reason saying which kind
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -123,6 +124,7 @@ class View:
     recoveries: tuple[Recovery, ...]
     message: str
     checkpoint_step: int | None = None
+    failure_reason: str = ""  # CamelCase, why the job Failed ("" until it did)
 
 
 def plan_summary(plan: plans.Plan | None, kind: str) -> str:
@@ -153,7 +155,7 @@ def compute(view: View) -> JobStatus:
 
 
 def conditions(view: View) -> tuple[Condition, ...]:
-    """Ready, Degraded, Recovering and Suspended, each True or False with a reason."""
+    """Ready, Degraded, Recovering, Suspended and Failed, each True or False with a reason."""
     training = view.phase is Phase.RUNNING
     short = view.live_workers < view.total_workers
     return (
@@ -169,6 +171,12 @@ def conditions(view: View) -> tuple[Condition, ...]:
             ConditionType.SUSPENDED,
             view.phase is Phase.SUSPENDED,
             "NoFeasiblePlan" if view.phase is Phase.SUSPENDED else "Feasible",
+            view,
+        ),
+        _condition(
+            ConditionType.FAILED,
+            view.phase is Phase.FAILED,
+            (view.failure_reason or "Failed") if view.phase is Phase.FAILED else "NoPermanentError",
             view,
         ),
     )

@@ -259,16 +259,22 @@ class _ErrorKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorKind.V
     ERROR_KIND_TIMEOUT: _ErrorKind.ValueType  # 2
     """A blocking wait (collective, rendezvous, transfer) ran past its timeout."""
     ERROR_KIND_INTERNAL: _ErrorKind.ValueType  # 3
-    """A bug or unexpected exception in the agent."""
+    """A bug or unexpected exception in the agent, or a broken device."""
     ERROR_KIND_INVALID_CONFIG: _ErrorKind.ValueType  # 4
-    """The configuration cannot be carried out on this worker."""
+    """The job's settings or plan cannot be carried out: permanent, the job fails."""
     ERROR_KIND_OUT_OF_MEMORY: _ErrorKind.ValueType  # 5
     """The accelerator or host ran out of memory."""
     ERROR_KIND_SNAPSHOT_UNAVAILABLE: _ErrorKind.ValueType  # 6
     """A snapshot needed for recovery is not held here."""
+    ERROR_KIND_INVALID_DATA: _ErrorKind.ValueType  # 7
+    """The job's training data cannot be read (a missing path, an empty corpus): permanent, the
+    job fails.
+    """
 
 class ErrorKind(_ErrorKind, metaclass=_ErrorKindEnumTypeWrapper):
-    """ErrorKind classifies latched errors for the controller's recovery decision."""
+    """ErrorKind classifies latched errors for the controller's recovery decision (docs/controller.md,
+    "Errors an agent latches of its own").
+    """
 
 ERROR_KIND_UNSPECIFIED: ErrorKind.ValueType  # 0
 """Not set: invalid."""
@@ -277,13 +283,17 @@ ERROR_KIND_PEER_LOST: ErrorKind.ValueType  # 1
 ERROR_KIND_TIMEOUT: ErrorKind.ValueType  # 2
 """A blocking wait (collective, rendezvous, transfer) ran past its timeout."""
 ERROR_KIND_INTERNAL: ErrorKind.ValueType  # 3
-"""A bug or unexpected exception in the agent."""
+"""A bug or unexpected exception in the agent, or a broken device."""
 ERROR_KIND_INVALID_CONFIG: ErrorKind.ValueType  # 4
-"""The configuration cannot be carried out on this worker."""
+"""The job's settings or plan cannot be carried out: permanent, the job fails."""
 ERROR_KIND_OUT_OF_MEMORY: ErrorKind.ValueType  # 5
 """The accelerator or host ran out of memory."""
 ERROR_KIND_SNAPSHOT_UNAVAILABLE: ErrorKind.ValueType  # 6
 """A snapshot needed for recovery is not held here."""
+ERROR_KIND_INVALID_DATA: ErrorKind.ValueType  # 7
+"""The job's training data cannot be read (a missing path, an empty corpus): permanent, the
+job fails.
+"""
 Global___ErrorKind: _TypeAlias = ErrorKind  # noqa: Y015
 
 @_typing.final

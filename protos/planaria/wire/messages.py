@@ -71,7 +71,14 @@ def costliest_tier(tiers: Iterable[RecoveryTier]) -> RecoveryTier:
 
 
 class ErrorKind(StrEnum):
-    """Kinds of errors an agent latches for the controller's recovery decision."""
+    """Kinds of errors an agent latches for the controller's recovery decision (agent.proto).
+
+    PEER_LOST and TIMEOUT: a peer died or hangs, this worker survives it. INTERNAL and
+    OUT_OF_MEMORY: this worker is broken (a bug, a device, its memory). INVALID_CONFIG and
+    INVALID_DATA: the job's settings, plan or data cannot be used, whichever worker tries.
+    SNAPSHOT_UNAVAILABLE: a layer's state is in no recovery tier here. How the controller acts
+    on each: docs/controller.md, "Errors an agent latches of its own".
+    """
 
     PEER_LOST = "peer_lost"
     TIMEOUT = "timeout"
@@ -79,6 +86,7 @@ class ErrorKind(StrEnum):
     INVALID_CONFIG = "invalid_config"
     OUT_OF_MEMORY = "out_of_memory"
     SNAPSHOT_UNAVAILABLE = "snapshot_unavailable"
+    INVALID_DATA = "invalid_data"
 
 
 class RedundancyMode(StrEnum):
