@@ -4,11 +4,13 @@ Covers: a recovery is timed at the first committed step of its epoch but recorde
 every worker of the epoch has reported its setup, so the costliest tier is the one a late
 worker needed (a roll-back from peers' snapshots), not the first worker's (kept); without the
 late report it is recorded SETUP_REPORTS_WAIT_S after the first step with those it has; a new
-failure after the epoch resumed is a new recovery, not merged into the old one; `settle`
-records a resumed recovery when the job ends.
+failure after the epoch resumed is a new recovery, not merged into the old one (a record merged
+with a failure is not `planned`); `settle` records a resumed recovery when the job ends.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 from planaria.control import history, status
 from planaria.planner import plan
@@ -93,3 +95,13 @@ def test_settle_records_a_resumed_recovery_when_the_job_ends() -> None:
     _observe(h, 11.0, _beat(0, 50, Tier.KEPT), _beat(1, 49, None))
     h.settle()
     assert len(h.recoveries) == 1
+
+
+def test_a_failure_merged_into_a_planned_switch_is_no_longer_planned() -> None:
+    h = history.History(global_batch=8)
+    planned = dataclasses.replace(_record(10.0), failed=(), kind="scale-up", planned=True)
+    h.begin(planned, now=10.5, resume_step=49)
+    h.begin(_record(10.8), now=11.0, resume_step=49)  # a worker died before it resumed
+    h.begin(planned, now=11.2, resume_step=49)  # and a planned switch followed, unresumed
+    assert h.pending is not None
+    assert not h.pending.record.planned and h.pending.record.failed == (W(3),)

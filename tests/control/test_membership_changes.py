@@ -47,6 +47,7 @@ async def test_a_joined_worker_is_added_back_at_a_future_step_boundary() -> None
     await run.until(lambda: len(run.controller.recoveries) == 2)
     grown = run.controller.recoveries[1]
     assert grown.kind == "scale-up" and grown.failed == () and grown.lost_steps == 0
+    assert grown.planned and not run.controller.recoveries[0].planned
     plan = run.controller.plan
     assert plan is not None and len(plan.workers) == 8 and 3 in plan.workers
     switch = run.cluster.sent[grown.epoch][0].resume_step
@@ -68,7 +69,7 @@ async def test_a_preemption_notice_moves_the_job_before_the_worker_goes() -> Non
     run.cluster.notice(5)
     await run.until(lambda: len(run.controller.recoveries) == 1)
     [moved] = run.controller.recoveries
-    assert moved.failed == (5,) and moved.lost_steps == 0
+    assert moved.failed == (5,) and moved.lost_steps == 0 and moved.planned
     assert run.cluster.sent[moved.epoch][0].resume_step > noticed_at
     plan = run.controller.plan
     assert plan is not None and 5 not in plan.workers
@@ -104,7 +105,7 @@ async def test_a_switch_set_up_short_of_its_step_is_recovered_from_the_previous_
     final = await run.finish()
     assert final.phase is status.Phase.SUCCEEDED and final.step == 80
     [recovered] = run.controller.recoveries
-    assert recovered.failed == (5,) and recovered.kind != "resume"
+    assert recovered.failed == (5,) and recovered.kind != "resume" and not recovered.planned
     assert run.ranks_ok() == [] and run.cluster.violations == []
 
 

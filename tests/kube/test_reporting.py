@@ -6,7 +6,9 @@ reason; workersReady; startTime once Running, completionTime at the end); lastTr
 kept while a condition's status stays and renewed when it flips; the Invalid status says what to
 fix; `StatusWriter` writes at most once per interval unless the phase changed, skips equal
 statuses, flushes the held-back one, offsets the recovery count by the previous status', sends
-Recovered / PlanChanged / Succeeded Events only after a successful write, and survives a failed
+Recovered / PlanChanged / Succeeded Events only after a successful write (a scale-up is
+ScaledUp, a planned move Moved, a resume "with no worker lost"; none says "losing workers []"),
+rounds samplesPerSecond to one decimal for the printer column, and survives a failed
 write (retrying with the next status); a job failed on an agent's error carries its cause in
 the message, the Failed condition (with the controller's reason) and a Warning Event.
 """
@@ -204,3 +206,65 @@ async def test_a_job_failed_on_an_agents_error_says_why_in_its_status_and_an_eve
     assert (failed.status, failed.reason, failed.message) == ("True", "InvalidData", cause)
     assert model.completion_time is not None
     assert target.events[-1] == ("Warning", "Failed", cause)
+
+
+def test_samples_per_second_is_rounded_to_one_decimal_for_the_printer_column() -> None:
+    body = reporting.status_body(
+        _status(samples_per_s=1234.5678901234567), generation=1, total_steps=10, at=T0
+    )
+    assert body["samplesPerSecond"] == 1234.6 and str(body["samplesPerSecond"]) == "1234.6"
+    assert _valid(body).samples_per_second == 1234.6
+    column = next(c for c in crd.PRINTER_COLUMNS if c["name"] == "Samples/s")
+    assert column["jsonPath"] == ".status.samplesPerSecond"
+
+
+SCALE_UP = statuses.Recovery(
+    started_s=20.0,
+    failed=(),
+    epoch=3,
+    tier=messages.RecoveryTier.KEPT,
+    kind="scale-up",
+    reason="workers [3] joined: [4,4] is the templates' best plan",
+    planned=True,
+)
+PREEMPTION = statuses.Recovery(
+    started_s=30.0,
+    failed=(2,),  # type: ignore[arg-type]
+    epoch=4,
+    tier=messages.RecoveryTier.KEPT,
+    kind="reroute",
+    reason="preemption notice for worker(s) [2]: reroute keeps every layer",
+    planned=True,
+)
+RESUME = statuses.Recovery(
+    started_s=40.0,
+    failed=(),
+    epoch=5,
+    tier=messages.RecoveryTier.CHECKPOINT,
+    kind="resume",
+    reason="resumed from checkpoint at step 30: [2,2] dynamic",
+)
+
+
+@pytest.mark.parametrize(
+    ("recovery", "reason", "words", "not_words"),
+    [
+        (RECOVERY, "Recovered", ["recovery 1: dynamic", "after losing workers [1]"], []),
+        (SCALE_UP, "ScaledUp", ["scaled up (epoch 3", "workers [3] joined"], ["losing"]),
+        (PREEMPTION, "Moved", ["planned reroute move away from workers [2]"], ["losing"]),
+        (RESUME, "Recovered", ["resume from tier checkpoint with no worker lost"], ["losing"]),
+    ],
+)
+@pytest.mark.asyncio
+async def test_recovery_events_are_worded_for_what_happened(
+    recovery: statuses.Recovery, reason: str, words: list[str], not_words: list[str]
+) -> None:
+    target = _Target()
+    writer = target.writer()
+    await writer.publish(_status())
+    await writer.publish(_status(Phase.RECOVERING, recoveries=(recovery,), plan=None))
+    [(kind, sent, message)] = [e for e in target.events if e[1] != "PlanChanged"]
+    assert (kind, sent) == ("Normal", reason)
+    assert all(w in message for w in words), message
+    assert not any(w in message for w in not_words), message
+    assert "[]" not in message

@@ -518,6 +518,7 @@ class Controller:
             tier=messages.RecoveryTier.KEPT,
             kind=move.kind,
             reason=reason,
+            planned=True,
         )
 
     def _switch_step(self) -> int | None:

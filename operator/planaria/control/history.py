@@ -61,6 +61,7 @@ class History:
                 detect_s=previous.record.detect_s,
                 plan_s=previous.record.plan_s + record.plan_s,
                 lost_steps=max(previous.record.lost_steps, record.lost_steps),
+                planned=previous.record.planned and record.planned,
             )
         self.pending = Pending(
             record=record, death_at=death_at, configured_at=now, resume_step=resume_step

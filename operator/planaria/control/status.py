@@ -53,11 +53,13 @@ class Condition:
 class Recovery:
     """One recovery (or planned reconfiguration): when it started (clock seconds), the workers
     lost, the epoch it opened, the costliest tier any worker needed, the kind of move
-    ("dynamic", "reroute", "restart", "scale-up", "preemption", "resume"), the planner's reason,
-    and its seconds: death to noticed (`detect_s`), deciding (`plan_s`), the workers' slowest
-    regroup and transfer, Configure to the first step committed in the new epoch (`resume_s`),
-    and `total_s` from the death to that step. `lost_steps` were committed before and trained
-    again; `transferred_bytes` moved between workers."""
+    ("dynamic", "reroute", "restart", "scale-up", "resume"), the planner's reason, and its
+    seconds: death to noticed (`detect_s`), deciding (`plan_s`), the workers' slowest regroup
+    and transfer, Configure to the first step committed in the new epoch (`resume_s`), and
+    `total_s` from the death to that step. `lost_steps` were committed before and trained
+    again; `transferred_bytes` moved between workers. `planned`: a switch at a future step
+    boundary that lost nothing (a scale-up, or a move away from workers with a preemption
+    notice, which `failed` then names)."""
 
     started_s: float
     failed: tuple[plans.WorkerId, ...]
@@ -73,6 +75,7 @@ class Recovery:
     total_s: float = 0.0
     lost_steps: int = 0
     transferred_bytes: int = 0
+    planned: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

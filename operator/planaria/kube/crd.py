@@ -223,7 +223,12 @@ class StatusModel(_StatusPart):
     step: int = _f(0, "Last committed step.", ge=0)
     total_steps: int = _f(0, "spec.steps.", ge=0)
     loss: float | None = _f(None, "Training loss of the last committed step.")
-    samples_per_second: float = _f(0.0, "Throughput over the last steps.", ge=0)
+    samples_per_second: float = _f(
+        0.0,
+        "Throughput over the last steps, rounded to one decimal (the exact value is the "
+        "planaria_samples_per_second metric).",
+        ge=0,
+    )
     live_workers: int = _f(0, "Workers alive now.", ge=0)
     workers: int = _f(0, "Workers at full strength (spec.workers).", ge=0)
     workers_ready: str = _f("", 'Live over full strength, e.g. "7/8" (printer column).')
@@ -258,7 +263,7 @@ PRINTER_COLUMNS = (
     _column("Workers", ".status.workersReady", "string", "Live workers over full strength."),
     _column("Plan", ".status.plan", "string", "The running plan."),
     _column("Step", ".status.step", "integer", "Last committed step."),
-    _column("Samples/s", ".status.samplesPerSecond", "number", "Recent throughput."),
+    _column("Samples/s", ".status.samplesPerSecond", "number", "Recent throughput, one decimal."),
     _column("Recoveries", ".status.recoveries", "integer", "Recoveries so far."),
     _column("Age", ".metadata.creationTimestamp", "date", "Time since creation."),
 )

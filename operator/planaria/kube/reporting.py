@@ -13,9 +13,13 @@ status of a spec that cannot run: phase Invalid and SpecValid False with what to
 
 `StatusWriter.publish` writes at most once per `min_interval_s` (default 1 s) unless the phase
 changed, skips a status equal to the last one written, and only after a write succeeded sends
-the Events it implies: `Recovered` for each new recovery, `PlanChanged` when the plan summary
-changed, `Succeeded` / `Failed` at the end. An operator restarted mid-job starts the recovery
-count from the previous status' (`recoveries_offset`), since its controller counts anew.
+the Events it implies: for each new recovery `Recovered` (workers lost), `ScaledUp` (workers
+added at a planned step) or `Moved` (a planned move away from workers with a preemption
+notice), worded by `recovery_event`; `PlanChanged` when the plan summary changed, `Succeeded` /
+`Failed` at the end. `samplesPerSecond` is rounded to one decimal for `kubectl get` (printer
+columns cannot format numbers); the exact value is the `planaria_samples_per_second` metric.
+An operator restarted mid-job starts the recovery count from the previous status'
+(`recoveries_offset`), since its controller counts anew.
 
 Errors: a failed write (`api.KubeError`) is logged and retried with the next status; the
 controller never sees it (the job goes on, the status catches up).
@@ -120,7 +124,7 @@ def status_body(
         "step": status.step,
         "totalSteps": total_steps,
         "loss": status.loss,
-        "samplesPerSecond": max(0.0, status.samples_per_s),
+        "samplesPerSecond": round(max(0.0, status.samples_per_s), 1),
         "liveWorkers": status.live_workers,
         "workers": status.total_workers,
         "workersReady": f"{status.live_workers}/{status.total_workers}",
@@ -159,6 +163,26 @@ def invalid_body(
         "conditions": listed,
         "message": f"invalid spec: {message}",
     }
+
+
+def recovery_event(recovery: statuses.Recovery, *, count: int, plan: str) -> tuple[str, str]:
+    """The (reason, message) of the Event for `recovery`, the job's `count`th, now on `plan`:
+    a planned scale-up, a planned move, or a recovery from lost workers (or from none, e.g. a
+    resume after a suspension)."""
+    where = f"epoch {recovery.epoch}, plan {plan or '-'}"
+    if recovery.planned and recovery.kind == "scale-up":
+        return "ScaledUp", f"scaled up ({where}): {recovery.reason}"
+    if recovery.planned:
+        workers = [int(w) for w in recovery.failed]
+        return "Moved", (
+            f"planned {recovery.kind} move away from workers {workers}, nothing lost "
+            f"({where}): {recovery.reason}"
+        )
+    lost = f"after losing workers {[int(w) for w in recovery.failed]}"
+    return "Recovered", (
+        f"recovery {count}: {recovery.kind} from tier {recovery.tier.value} "
+        f"{lost if recovery.failed else 'with no worker lost'} ({where}): {recovery.reason}"
+    )
 
 
 class StatusWriter:
@@ -222,18 +246,16 @@ class StatusWriter:
             self._pending = status
             return
         before, self._written, self._last_write = self._written, body, self._clock()
-        self._announce(before, body)
+        self._announce(before, body, status.last_recovery)
 
-    def _announce(self, before: Mapping[str, Any], after: Json) -> None:
-        if after["recoveries"] > int(before.get("recoveries") or 0) and after["lastRecovery"]:
-            last = after["lastRecovery"]
-            self._emit(
-                "Normal",
-                "Recovered",
-                f"recovery {after['recoveries']}: {last['kind']} from tier {last['tier']} after "
-                f"losing workers {last['failedWorkers']} (epoch {last['epoch']}): "
-                f"{last['reason']}",
+    def _announce(
+        self, before: Mapping[str, Any], after: Json, recovery: statuses.Recovery | None
+    ) -> None:
+        if recovery is not None and after["recoveries"] > int(before.get("recoveries") or 0):
+            reason, message = recovery_event(
+                recovery, count=after["recoveries"], plan=after["plan"] or ""
             )
+            self._emit("Normal", reason, message)
         if after["plan"] and after["plan"] != before.get("plan"):
             self._emit("Normal", "PlanChanged", f"epoch {after['epoch']}: plan {after['plan']}")
         if after["phase"] != before.get("phase") and after["phase"] in _ENDED:
