@@ -58,6 +58,19 @@ def reap(pids: Iterable[int], timeout_s: float = 10.0) -> None:
             time.sleep(0.05)
 
 
+def agents_of(name: str) -> list[int]:
+    """Pids of every `planaria agent` process of job `name` on this machine."""
+    found = []
+    for entry in adoption.PROC.iterdir():
+        try:
+            words = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"agent" in words and name.encode() in words:
+            found.append(int(entry.name))
+    return found
+
+
 def kill(pids: Iterable[int]) -> None:
     """SIGKILL and reap what a failed run left (it is reported as leaked anyway)."""
     left = tuple(pids)

@@ -47,19 +47,6 @@ def _job(folder: Path, text: str = SMALL) -> Path:
     return path
 
 
-def _agents_of(name: str) -> list[int]:
-    """Pids of every `planaria agent` process of job `name` on this machine."""
-    found = []
-    for entry in adoption.PROC.iterdir():
-        try:
-            words = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"agent" in words and name.encode() in words:
-            found.append(int(entry.name))
-    return found
-
-
 def _refused(folder: Path, *extra: str, prefix: tuple[str, ...] = ()) -> str:
     """Run `planaria run folder/job.yaml ...extra` (under `prefix`), which must be refused;
     returns its error line, after checking exit 2 within the bound, no traceback, nothing on
@@ -74,7 +61,7 @@ def _refused(folder: Path, *extra: str, prefix: tuple[str, ...] = ()) -> str:
     assert done.stdout == "" and "Traceback" not in done.stderr
     assert done.stderr.startswith("planaria: error: ") and done.stderr.count("\n") == 1
     assert sorted(folder.rglob("*")) == before  # no --out, lock, store or probe left
-    assert not (Path("/dev/shm/planaria") / name).exists() and not _agents_of(name)
+    assert not (Path("/dev/shm/planaria") / name).exists() and not processes.agents_of(name)
     return done.stderr.removeprefix("planaria: error: ").rstrip("\n")
 
 
@@ -243,7 +230,7 @@ def test_a_signal_stops_every_agent_removes_the_store_and_reports_it(
         left = recorder.leaked()
         processes.kill(left)
     assert run.returncode == status
-    assert left == () and not _agents_of(name) and not (shm / name).exists()
+    assert left == () and not processes.agents_of(name) and not (shm / name).exists()
     said = f"planaria run: Interrupted by {signals[0].name} at step "
     last = rest.splitlines()[-1]
     assert last.startswith(said) and f"; report in {out}/ (summary.md, " in last, last

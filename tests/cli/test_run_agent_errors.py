@@ -28,7 +28,6 @@ import pytest
 
 from planaria.cli import progress, run_report
 from planaria.control import status as statuses
-from planaria.local import adoption
 from tests.chaos import processes
 
 BOUND_S = 90.0
@@ -54,19 +53,6 @@ def _empty_directory(folder: Path) -> tuple[Path, str]:
     return path, f"corpus '{path}' is empty: no non-empty files"
 
 
-def _agents_of(name: str) -> list[int]:
-    """Pids of every `planaria agent` process of job `name` on this machine."""
-    found = []
-    for entry in adoption.PROC.iterdir():
-        try:
-            words = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"agent" in words and name.encode() in words:
-            found.append(int(entry.name))
-    return found
-
-
 @pytest.mark.parametrize(
     "corpus",
     [_missing, _empty_file, _empty_directory],
@@ -89,7 +75,7 @@ def test_a_corpus_the_agents_cannot_read_fails_the_run_and_says_why(
             argv, cwd=tmp_path, capture_output=True, text=True, timeout=BOUND_S, check=False
         )
     finally:
-        left = _agents_of(name)
+        left = processes.agents_of(name)
         processes.kill(left)  # what a failed run left, so it does not outlive the test
     assert done.returncode == 1, done.stdout + done.stderr
     cause = f"workers 0,1: the job's data cannot be read: {problem}"
