@@ -387,8 +387,7 @@ class Controller:
             return None
         if not found.failed:  # all alive, yet the group broke: the same plan regroups
             reason = "every worker is alive but the epoch's group broke; the same plan regroups"
-            own = self._roster.errors(running.workers, self._epochs.epoch, membership.OWN_FAULTS)
-            if own:
+            if self._roster.own_faults(running.workers, self._epochs.epoch):
                 reason = "every worker latched an error of its own; the same plan tries again"
             return planning.Move(plan=running, transfers=(), kind="restart", reason=reason)
         live = self._roster.live(now)
