@@ -5,7 +5,8 @@ patternProperties, no properties beside additionalProperties, no null defaults);
 JobSpec and StatusModel appears with its description; the schema's defaults, applied to an empty
 spec, give exactly the model's defaults; every CEL rule compiles with cel-python and writes
 regular expressions only in raw strings (cel-go refuses `\\d` in a plain string); the example
-jobs (examples/, manifests/examples/) pass the schema and every rule; each cross-field rule of
+jobs (examples/, manifests/examples/) pass the schema and every rule; every integer bound is within 2**53 - 1 (a real API server refuses
+2**63 - 1); each cross-field rule of
 `job.check` and each failure rule rejects a crafted spec with its message, and `check` or
 pydantic refuses the same spec; every field but pod and failures is immutable on update, and
 pod and failures may change; the job name rule; a full status validates against the status
@@ -83,6 +84,9 @@ def test_every_schema_node_is_structural(path: str, node: dict[str, Any]) -> Non
     assert "default" not in node or node["default"] is not None
     if isinstance(node.get("exclusiveMinimum"), bool):
         assert "minimum" in node
+    # A real kube-apiserver compares bounds as float64 and refuses 2**63 - 1 as a maximum.
+    for bound in ("minimum", "maximum"):
+        assert abs(node.get(bound, 0)) <= 2**53 - 1, f"{path}: {bound} {node[bound]}"
 
 
 def _rules() -> list[str]:

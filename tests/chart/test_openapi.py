@@ -44,7 +44,7 @@ def test_each_construct_has_its_structural_form() -> None:
     }
     assert properties["positive"]["minimum"] == 0
     assert properties["positive"]["exclusiveMinimum"] is True
-    assert properties["huge"]["maximum"] == openapi.MAX_INT64
+    assert properties["huge"]["maximum"] == openapi.MAX_INTEGER
     assert "exclusiveMaximum" not in properties["huge"]
     assert properties["only"]["enum"] == ["one"]
     assert properties["counts"]["additionalProperties"] == {"type": "integer"}

@@ -108,6 +108,7 @@ def test_overrides_replace_the_files_values_and_are_checked_the_same_way() -> No
         ("reduction: float64", r"^job.yaml: reduction: must be one of 'fast' or 'exact'"),
         ("data: {corpusPaths: []}", r"^job.yaml: data.corpusPaths: must not be empty"),
         ("seed: 1.5", r"^job.yaml: seed: must be a whole number"),
+        ("seed: 9007199254740992", r"^job.yaml: seed: must be <= 9007199254740991"),
         ("gpusPerNode: true", r"^job.yaml: gpusPerNode: must be a whole number \(got true\)"),
         ("workers: 4.0", r"^job.yaml: workers: must be a whole number \(got 4.0\)"),
         ("optimizer: {lr: '0.1'}", r"^job.yaml: optimizer.lr: must be a number \(got \"0.1\"\)"),

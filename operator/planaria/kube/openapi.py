@@ -1,7 +1,7 @@
 """pydantic's JSON Schema (2020-12) as a structural OpenAPI v3.0 schema, the dialect a
 CustomResourceDefinition takes: every node typed, $refs inlined, `X | None` as `nullable`,
 `int | str` as `x-kubernetes-int-or-string`, exclusive bounds as boolean flags, maps as
-`additionalProperties`, null defaults dropped, integer bounds within int64; titles dropped,
+`additionalProperties`, null defaults dropped, integer bounds within 2**53 - 1; titles dropped,
 descriptions and defaults kept.
 
 What does not live here: the CRD itself and its CEL rules (`planaria.kube.crd`).
@@ -20,9 +20,12 @@ from typing import Any
 
 import pydantic
 
-# The API server stores integers as int64: bounds pydantic states beyond that (uint64 fields)
-# cannot be reached through the API anyway, and a float64 `maximum` above it would be inexact.
-MAX_INT64 = 2**63 - 1
+from planaria.wire import messages
+
+# The API server compares integer bounds as float64: a `maximum` of 2**63 - 1 rounds to 2**63 and
+# the server refuses the CRD ("should be less than or equal to -9223372036854775808"). Bounds are
+# kept within what a JSON number carries exactly.
+MAX_INTEGER = messages.MAX_JSON_INTEGER
 # Keywords copied unchanged from pydantic's schema into the structural one.
 _KEPT = frozenset(
     {
@@ -135,7 +138,7 @@ def _strip_none(value: Any) -> Any:
 def _bounded(node: dict[str, Any]) -> dict[str, Any]:
     if node.get("type") == "integer":
         for key in ("minimum", "maximum"):
-            if key in node and node[key] > MAX_INT64:
-                node[key] = MAX_INT64
+            if key in node and node[key] > MAX_INTEGER:
+                node[key] = MAX_INTEGER
                 node.pop("exclusiveMaximum", None)
     return node

@@ -110,9 +110,9 @@ class DataSpec(_Model):
         "Python standard library's *.py sources on each worker.",
         min_length=1,
     )
-    max_bytes: Annotated[int, pydantic.Field(strict=True, ge=1, le=messages.MAX_UINT64)] | None = (
-        _field(None, "Read at most this many bytes of the corpus.")
-    )
+    max_bytes: (
+        Annotated[int, pydantic.Field(strict=True, ge=1, le=messages.MAX_JSON_INTEGER)] | None
+    ) = _field(None, "Read at most this many bytes of the corpus.")
 
 
 class Redundancy(StrEnum):
@@ -255,7 +255,11 @@ class JobSpec(_Model):
         32, "Samples per step, a multiple of microBatchSize; never changes with the plan."
     )
     seed: int = _field(
-        0, "Seed of the parameters and of the sample order.", strict=True, ge=0, lt=2**64
+        0,
+        "Seed of the parameters and of the sample order.",
+        strict=True,
+        ge=0,
+        le=messages.MAX_JSON_INTEGER,
     )
     optimizer: OptimizerSpec = _field(OptimizerSpec(), "AdamW hyper-parameters.")
     data: DataSpec = _field(DataSpec(), "Training text.")

@@ -27,6 +27,10 @@ from planaria.planner import plan as plans
 # The largest value a uint32 / uint64 field of the contract can carry.
 MAX_UINT32 = 2**32 - 1
 MAX_UINT64 = 2**64 - 1
+# The largest integer a JSON number carries exactly (a float64 mantissa), and so the largest a
+# user-facing field may take: the Kubernetes API server compares schema bounds as float64, and
+# 2**63 - 1 rounds up to 2**63 there (the CRD with such a `maximum` is refused).
+MAX_JSON_INTEGER = 2**53 - 1
 
 
 class AgentState(StrEnum):
