@@ -5,12 +5,12 @@ patternProperties, no properties beside additionalProperties, no null defaults);
 JobSpec and StatusModel appears with its description; the schema's defaults, applied to an empty
 spec, give exactly the model's defaults; every CEL rule compiles with cel-python and writes
 regular expressions only in raw strings (cel-go refuses `\\d` in a plain string); the example
-jobs (examples/, manifests/examples/) pass the schema and every rule; every integer bound is within 2**53 - 1 (a real API server refuses
-2**63 - 1); each cross-field rule of
-`job.check` and each failure rule rejects a crafted spec with its message, and `check` or
-pydantic refuses the same spec; every field but pod and failures is immutable on update, and
-pod and failures may change; the job name rule; a full status validates against the status
-schema, conditions are a map keyed by type, and every printer column names a status field.
+jobs (examples/, manifests/examples/) pass the schema and every rule; every integer bound is
+within 2**53 - 1 (a real API server refuses 2**63 - 1); each cross-field rule of `job.check` and
+each failure rule rejects a crafted spec with its message, and `check` or pydantic refuses the
+same spec; every field but pod and failures is immutable on update, and pod and failures may
+change; the job name rule; a full status validates against the status schema, conditions are a
+map keyed by type, and every printer column names a status field.
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@ anything starts, and signals that stop a run cleanly.
 
 Covers: a `--fail` naming a worker the job lacks, a step past the last, bad `--fail` and
 `--mtbf` text, and an unusable `--out` or `--snapshot-base` (a file, a path under a file, a
-path under /proc, a read-only directory) each exit 2 within the bound with one line
+path under /proc, a read-only directory), and `device: cuda` where no GPU is visible, each exit
+2 within the bound with one line
 (`planaria: error: ...`: what is wrong and what to give instead, no traceback), leaving no run
 directory, lock, snapshot store or agent process; a failure in the job file is refused in the
 words the same `--fail` gets. SIGTERM to a training run (one agent: a short start), and SIGHUP
@@ -102,6 +103,25 @@ def test_a_failure_in_the_file_is_refused_as_the_same_flag_is(tmp_path: Path) ->
     _job(tmp_path, SMALL + "failures: [{step: 2, worker: 7}]\n")
     line = _refused(tmp_path, *_inside(tmp_path))
     assert line == f"{tmp_path / 'job.yaml'}: failures.0.worker: {MISSING_WORKER}"
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("device: cuda\n", "device: cuda, but no GPU is visible here (torch sees 0 CUDA devices)"),
+    ],
+    ids=["a cuda job where no GPU is visible"],
+)
+def test_a_device_the_machine_lacks_is_refused_before_anything_starts(
+    tmp_path: Path, text: str, expected: str
+) -> None:
+    _job(tmp_path, SMALL + text)
+    hidden = ("env", "CUDA_VISIBLE_DEVICES=")  # no GPU visible, on any machine
+    line = _refused(tmp_path, *_inside(tmp_path), prefix=hidden)
+    assert line.startswith(f"{tmp_path / 'job.yaml'}: {expected}"), line
+    assert line.endswith(
+        "give device: cpu, or run on a machine with a GPU and a CUDA build of torch"
+    )
 
 
 def _a_file(folder: Path) -> str:

@@ -39,7 +39,7 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -49,6 +49,7 @@ from planaria.control import controller as controllers
 from planaria.control import metrics as job_metrics
 from planaria.control import settings as job_settings
 from planaria.control import status as statuses
+from planaria.planner import plan
 from planaria.spec import job, job_file
 
 if TYPE_CHECKING:  # torch and processes: imported when a job runs (_run_job)
@@ -201,6 +202,7 @@ async def _compose(
         journal.read(),
         snapshot_base=options.snapshot_base,
         on_backend=lambda made: interrupts.on_force(made.kill_all),
+        device=(settings.training.device.value, options.gpus),
     )
     failures = list(options.failures)
     if adopted is not None:
@@ -240,18 +242,28 @@ async def _backend(
     record: ports.EpochRecord | None,
     snapshot_base: Path | None = None,
     on_backend: Callable[[local_backend.LocalBackend], None] = lambda made: None,
+    device: tuple[str, Mapping[plan.WorkerId, str]] = ("cpu", {}),
 ) -> tuple[local_backend.LocalBackend, ports.EpochRecord | None]:
     """The run's backend, and the journalled epoch to adopt when a previous controller of `out`
     left agents of it running (module docstring); otherwise a fresh backend and None, after
     stopping any agent left without a journal (its controller died before the first epoch).
-    `on_backend` is told of every backend made (a forced stop kills their agents)."""
-    from planaria.local import adoption
+    `on_backend` is told of every backend made (a forced stop kills their agents). `device`:
+    the job's device and each worker's GPU (`planaria.local.devices`); restarted workers start
+    on it too."""
+    from planaria.local import adoption, devices
     from planaria.local import backend as local_backend
 
     base = snapshot_base or local_backend.DEFAULT_SNAPSHOT_BASE
+    agent_args, placement = devices.launch(*device)
 
     def fresh() -> local_backend.LocalBackend:
-        made = local_backend.LocalBackend(job=job_name, run_dir=out, snapshot_base=base)
+        made = local_backend.LocalBackend(
+            job=job_name,
+            run_dir=out,
+            snapshot_base=base,
+            agent_args=agent_args,
+            placement=placement,
+        )
         on_backend(made)
         return made
 
@@ -262,7 +274,14 @@ async def _backend(
                 "none of its agents runs: starting the job over"
             )
         return fresh(), None
-    previous = local_backend.LocalBackend(job=job_name, run_dir=out, snapshot_base=base, adopt=True)
+    previous = local_backend.LocalBackend(
+        job=job_name,
+        run_dir=out,
+        snapshot_base=base,
+        agent_args=agent_args,
+        placement=placement,
+        adopt=True,
+    )
     on_backend(previous)
     taken = previous.adopt()
     if record is not None and taken:

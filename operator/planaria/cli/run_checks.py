@@ -6,7 +6,8 @@ Every option is refused here, with one line naming it and what to change, before
 directory is made, the lock taken or an agent started, so a refused command leaves nothing on
 disk: the failures (`--fail` parsed and checked against the job by the job file's own rule,
 `planaria.local.faults.parse_failures`; the file's entries were checked when it was loaded),
-`--mtbf`, `--metrics-port`, and the two directories, `--out` and `--snapshot-base`.
+`--mtbf`, `--metrics-port`, the two directories, `--out` and `--snapshot-base`, and the job's
+device: `device: cuda` needs a GPU per worker on this machine (`planaria.local.devices`).
 
 A directory is checked by trying it, not with `os.access`: the missing folders are made, a
 temporary file is created in the last and everything made is removed again. root passes every
@@ -20,11 +21,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import tempfile
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from planaria.local import faults
+from planaria.local import devices, faults
+from planaria.planner import plan
 from planaria.spec import job_file
 
 DEFAULT_SNAPSHOT_BASE = Path("/dev/shm/planaria")  # = planaria.local.backend's (torch-free here)
@@ -44,13 +48,34 @@ class Options:
     live: bool
     snapshot_base: Path
     metrics_port: int | None
+    gpus: dict[plan.WorkerId, str] = field(default_factory=dict)  # cuda: each worker's GPU
+
+
+def cuda_device_count() -> int:
+    """How many CUDA devices torch sees here (0 with a CPU build of torch)."""
+    import torch  # only for a cuda job: the checks of a cpu job stay torch-free
+
+    return int(torch.cuda.device_count())
 
 
 def options(
-    args: argparse.Namespace, loaded: job_file.JobFile, name: str, *, live: bool
+    args: argparse.Namespace,
+    loaded: job_file.JobFile,
+    name: str,
+    *,
+    live: bool,
+    gpu_count: Callable[[], int] = cuda_device_count,
 ) -> Options:
-    """`planaria run`'s options for the job `loaded` (named `name`), or the first problem."""
+    """`planaria run`'s options for the job `loaded` (named `name`), or the first problem;
+    `gpu_count` says how many GPUs this machine shows (asked only for a cuda job)."""
     spec = loaded.spec
+    gpus: dict[plan.WorkerId, str] = {}
+    if spec.device == "cuda":
+        try:
+            visible = devices.visible_gpus(os.environ, count=gpu_count())
+            gpus = devices.assign(workers=spec.workers, gpus=visible)
+        except devices.DeviceError as exc:
+            raise RunCommandError(f"{args.job}: {exc}") from None
     failures = [faults.from_spec(f) for f in spec.failures]
     failures += faults.parse_failures(args.fail, workers=spec.workers, steps=spec.steps)
     mtbf_s = faults.parse_mtbf(args.mtbf) if args.mtbf is not None else None
@@ -67,6 +92,7 @@ def options(
         live=live,
         snapshot_base=base,
         metrics_port=args.metrics_port,
+        gpus=gpus,
     )
 
 
