@@ -1,13 +1,13 @@
 """The Dockerfile, checked statically (no Docker in CI): what the chart and the CLI rely on.
 
-Covers: two stages, build and runtime, the runtime copying the build's virtual environment;
-the TORCH build argument (cpu by default) with torch pinned to pyproject's version in both the
-cpu and the cuda branch, the cpu branch from the CPU wheel index; all three source folders of the
-namespace package copied; a numeric non-root USER equal to the chart's runAsUser (pod and
-container) and to the user the image creates; `ENTRYPOINT ["planaria"]` naming the console script
-pyproject declares; HOME, TMPDIR, the caches and matplotlib's config under /tmp (the chart's only
-writable mount) and no bytecode written at run time; .dockerignore keeps .venv, runs, tests and
-.git out of the build context.
+Covers: two stages, build and runtime, the runtime copying the build's virtual environment; the
+TORCH build argument (cpu by default) with torch pinned to the version the install script puts
+in place (within pyproject's range) in both the cpu and the cuda branch, the cpu branch from the
+CPU wheel index; all three source folders of the namespace package copied; a numeric non-root
+USER equal to the chart's runAsUser (pod and container) and to the user the image creates;
+`ENTRYPOINT ["planaria"]` naming the console script pyproject declares; HOME, TMPDIR, the caches
+and matplotlib's config under /tmp (the chart's only writable mount) and no bytecode written at
+run time; .dockerignore keeps .venv, runs, tests and .git out of the build context.
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ import tomllib
 from pathlib import Path
 
 import yaml
+from packaging.specifiers import SpecifierSet
+from packaging.version import Version
 
 from planaria.kube import constants
 
@@ -52,9 +54,13 @@ def _args(stage: str, word: str) -> list[str]:
 
 
 def _torch_pin() -> str:
+    """The torch version the install script puts in place (what CI tests), checked to lie in
+    the range pyproject declares."""
+    (pin,) = set(re.findall(r"torch==([\w.+]+)", (ROOT / "scripts" / "setup.sh").read_text()))
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    (pin,) = [str(d) for d in pyproject["project"]["dependencies"] if d.startswith("torch")]
-    return pin.removeprefix("torch==")
+    (wanted,) = [d for d in pyproject["project"]["dependencies"] if d.startswith("torch")]
+    assert Version(pin) in SpecifierSet(wanted.removeprefix("torch")), (pin, wanted)
+    return pin
 
 
 def test_a_build_stage_and_a_runtime_stage_that_copies_its_environment() -> None:
