@@ -56,7 +56,8 @@ def _args(stage: str, word: str) -> list[str]:
 def _torch_pin() -> str:
     """The torch version the install script puts in place (what CI tests), checked to lie in
     the range pyproject declares."""
-    (pin,) = set(re.findall(r"torch==([\w.+]+)", (ROOT / "scripts" / "setup.sh").read_text()))
+    script = (ROOT / "scripts" / "setup.sh").read_text()
+    (pin,) = {str(found) for found in re.findall(r"torch==([\w.+]+)", script)}
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
     (wanted,) = [d for d in pyproject["project"]["dependencies"] if d.startswith("torch")]
     assert Version(pin) in SpecifierSet(wanted.removeprefix("torch")), (pin, wanted)
