@@ -203,3 +203,81 @@ def _record() -> ports.EpochRecord:
     return ports.EpochRecord(
         epoch=2, plan=move.plan, kind="dynamic", resume_step=7, profile=settings.profile
     )
+
+
+# A steady job for the kill in the middle of training: long enough that the kill lands well
+# before the end, short enough for CI (tiny model, one snapshot and a checkpoint at the end).
+STEADY_STEPS = 240
+KILL_AFTER_STEP = 25
+STEADY = """\
+model: tiny
+workers: 3
+steps: {steps}
+microBatchSize: 1
+globalBatchSize: 4
+seed: 7
+optimizer: {{lr: 0.003, eps: 0.000001}}
+data: {{corpusPaths: [{corpus}]}}
+reduction: exact
+snapshots: {{intervalSteps: 1, redundancy: copy}}
+checkpoints: {{dir: {checkpoints}, intervalSteps: {steps}}}
+faultTolerance: 1
+timeouts: {{heartbeatSeconds: 3, stepSeconds: 10, configureSeconds: 20}}
+"""
+PROGRESS = re.compile(r"Running +step (\d+)/")
+
+
+def _kill_while_training(command: list[str], log: Path) -> int:
+    """Run `command` until its progress shows step KILL_AFTER_STEP or later committed, then
+    SIGKILL it; returns the last step it showed."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    with open(log, "wb") as sink:
+        first = subprocess.Popen(command, env=env, stdout=sink, stderr=subprocess.STDOUT)
+    shown = 0
+    try:
+        deadline = time.monotonic() + KILL_WITHIN_S
+        while shown < KILL_AFTER_STEP:
+            assert first.poll() is None, f"it ended first: {log.read_text()}"
+            assert time.monotonic() < deadline, f"no progress: {log.read_text()}"
+            time.sleep(0.05)
+            shown = max((int(m) for m in PROGRESS.findall(log.read_text())), default=0)
+    finally:
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+    return shown
+
+
+@pytest.mark.usefixtures("subreaper")
+def test_a_controller_killed_while_training_is_adopted_without_losing_progress(
+    tmp_path: Path, corpus: Path, shm: Path
+) -> None:
+    """#19: the successor resumes from the step the agents committed, not from step 0, and the
+    job still ends equal to the fault-free reference, bit for bit."""
+    name, out = f"steady-{uuid.uuid4().hex[:8]}", tmp_path / "run"
+    job_path = tmp_path / "job.yaml"
+    text = STEADY.format(steps=STEADY_STEPS, corpus=corpus, checkpoints=tmp_path / "checkpoints")
+    job_path.write_text(text)
+    command = [
+        *(sys.executable, "-m", "planaria", "run", str(job_path), "--out", str(out)),
+        *("--name", name, "--no-progress", "--snapshot-base", str(shm)),
+    ]
+    recorder = processes.Recorder()
+    try:
+        shown = _kill_while_training(command, tmp_path / "first.log")
+        assert _agents(out, recorder), "the SIGKILLed controller left no agent running"
+        code, said = _run_again(command, tmp_path / "second.log")
+        _agents(out, recorder)
+    finally:
+        processes.reap(set(recorder.started))
+        leaked = recorder.leaked()
+        processes.kill(leaked)
+    assert code == 0, said
+    assert re.search(r"adopting epoch 1 from a previous controller \(3 agents", said), said
+    assert f"Succeeded at step {STEADY_STEPS}" in said, said
+    trained = [int(row.split(",")[1]) for row in (out / "metrics.csv").read_text().split()[1:]]
+    assert trained and min(trained) > shown, (shown, trained[:5], said)  # no step trained again
+    settings = job.to_settings(job_file.load_job(job_path).spec, name, str(corpus))
+    problems: list[str] = []
+    states = checkpoints.load_checkpoint(tmp_path / "checkpoints", STEADY_STEPS)
+    assert invariant.compare(states, settings, STEADY_STEPS, problems) == 0 and not problems
+    assert leaked == () and not (shm / name).exists()

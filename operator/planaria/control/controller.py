@@ -232,7 +232,10 @@ class Controller:
             return
         summary = statuses.plan_summary(record.plan, record.kind)
         live = self._roster.live(self._clock.monotonic())
-        unsettled = self._epochs.not_running() & live
+        # Workers that failed in the epoch trained in it (or tried to): a failure to recover
+        # from, at the step they committed (the next pass), not an epoch to open again.
+        failed = self._roster.failed_in(record.plan.workers, record.epoch)
+        unsettled = (self._epochs.not_running() - failed) & live
         if unsettled and not record.planned:
             await self._reopen(record, unsettled)
             return
