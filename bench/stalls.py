@@ -1,7 +1,8 @@
 """Unexplained stalls: the largest step gap with no failure next to it, over several runs of a job.
 
     .venv/bin/python bench/stalls.py [--runs 10] [--job examples/tiny-job.yaml]
-                                     [--out bench/results/stalls.json] [-- extra run flags]
+                                     [--out bench/results/stalls.json] [--keep DIR]
+                                     [-- extra run flags]
 
 Each run is `planaria run JOB --no-progress` (the README's main job by default, failures and all)
 in a directory of its own. From its report: metrics.csv (a row per controller pass that saw a
@@ -112,14 +113,16 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=10)
     parser.add_argument("--job", type=Path, default=ROOT / "examples" / "tiny-job.yaml")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "stalls.json")
+    parser.add_argument("--keep", type=Path, help="keep each run's directory under this folder")
     parser.add_argument("extra", nargs="*", help="more `planaria run` flags, after --")
     args = parser.parse_args()
     runs: list[Run] = []
     print("| run | exit | wall s | median step s | largest quiet step s | ratio | at step | at s |")
     print("|---|---|---|---|---|---|---|---|")
-    with tempfile.TemporaryDirectory(prefix="planaria-stalls-") as folder:
+    with tempfile.TemporaryDirectory(prefix="planaria-stalls-") as scratch:
+        folder = args.keep or Path(scratch)
         for index in range(args.runs):
-            each = _one(index, args.job, args.extra, Path(folder))
+            each = _one(index, args.job, args.extra, folder)
             runs.append(each)
             print(
                 f"| {each.run} | {each.exit_code} | {each.wall_s} | {each.median_step_s} | "
