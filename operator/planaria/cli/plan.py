@@ -3,7 +3,7 @@ optionally the plan after some nodes fail.
 
     planaria plan --profile FILE --nodes N --gpus-per-node M --fault-tolerance F
                   --global-batch B --micro-batch b [--gpu-memory-gib G] [--failed 3,7] [--json]
-                  [--explain --mtbf SECONDS]
+                  [--explain --mtbf DURATION]
 
 Text output is for people; `--json` prints one JSON document whose fields are documented in
 docs/planner.md (format `planaria.plan-output`, version 1). The planning itself is
