@@ -5,10 +5,11 @@ Covers: a run without failures is 100% of fault-free whatever its start-up and s
 (hypothesis; the report once divided by time up to the end of shutdown and said 21-40%); a
 failure inside the window costs exactly its seconds; a rollback's retrained steps count once;
 the fault-free rate is samples over seconds at full strength, never across an epoch change nor
-from the controller's per-record rates; under two records there is no goodput and under two
-full-strength records no fault-free rate, said so in summary.md; each recovery's measured rate
-is its epoch's, beside the reason's eq. 8 figure labelled an estimate for one device per worker
-(summary.md and recoveries.json); a reason without an estimate is left as it is.
+from the controller's per-record rates; a ratio above 100% says why; under two records there is
+no goodput and under two full-strength records no fault-free rate, said so in summary.md; each
+recovery's measured rate is its epoch's, beside the reason's eq. 8 figure labelled an estimate
+for one device per worker (summary.md and recoveries.json); a reason without an estimate is left
+as it is.
 """
 
 from __future__ import annotations
@@ -154,6 +155,17 @@ def test_the_summary_states_the_window_and_the_ratio() -> None:
     assert "- goodput: 23.6 samples/s over the steps trained, step 1 to 100 in 134.0 s" in text
     assert "- fault-free: 32.0 samples/s measured over 49.0 s of steps at full strength" in text
     assert "- goodput / fault-free: **74%**" in text
+
+
+def test_a_run_faster_after_losing_workers_says_why_it_is_above_fault_free() -> None:
+    # 8 processes on 2 cores: the 3 left after a failure step faster than the 4 did.
+    steps = [_record(10.0 + i, i + 1) for i in range(10)]
+    steps += [_record(20.0 + i * 0.5, 11 + i, epoch=2, live=3) for i in range(40)]
+    history = _history(steps, finished_s=45.0, recoveries=(_recovery(19.5, 2),))
+    good = run_report.goodput(history)
+    assert good.ratio is not None and good.ratio > 1
+    assert "  (above 100%: steps ran faster after workers were lost" in run_report.summary(history)
+    assert "above 100%" not in run_report.summary(_failed_run())
 
 
 def test_a_reasons_estimate_is_labelled_with_the_measured_rate_beside_it(tmp_path: Path) -> None:
