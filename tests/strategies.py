@@ -1034,3 +1034,20 @@ def label_requirements() -> st.SearchStrategy[tuple[str, str, tuple[str, ...]]]:
         st.lists(_LABEL_VALUES, min_size=1, max_size=3, unique=True).map(tuple),
     )
     return one | bare | sets
+
+
+_DURATION_UNITS_S = (("h", 3600), ("m", 60), ("s", 1), ("ms", 0.001))
+
+
+@st.composite
+def durations(draw: st.DrawFn) -> tuple[str, float]:
+    """A duration text of `planaria.spec.durations`' grammar written from parts (a non-empty
+    subset of the units, largest first; whole or decimal numbers), and its seconds."""
+    units = draw(st.sets(st.sampled_from(_DURATION_UNITS_S), min_size=1))
+    text, seconds = "", 0.0
+    for unit, scale in sorted(units, key=lambda u: -u[1]):
+        whole = draw(st.integers(min_value=0, max_value=999_999_999))
+        fraction = draw(st.one_of(st.just(""), st.from_regex(r"\.[0-9]{0,9}", fullmatch=True)))
+        text += f"{whole}{fraction}{unit}"
+        seconds += float(f"{whole}{fraction}") * scale
+    return text, seconds

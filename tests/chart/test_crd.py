@@ -9,8 +9,9 @@ jobs (examples/, manifests/examples/) pass the schema and every rule; every inte
 within 2**53 - 1 (a real API server refuses 2**63 - 1); each cross-field rule of `job.check` and
 each failure rule rejects a crafted spec with its message, and `check` or pydantic refuses the
 same spec; every field but pod and failures is immutable on update, and pod and failures may
-change; the job name rule; a full status validates against the status schema, conditions are a
-map keyed by type, and every printer column names a status field.
+change; a failure's `time` passes the schema exactly when the model reads it
+(tests/spec/duration_cases.py); the job name rule; a full status validates against the status
+schema, conditions are a map keyed by type, and every printer column names a status field.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from planaria.kube import constants, crd
 from planaria.planner import shapes
 from planaria.spec import job
 from tests.chart import crd_validation
+from tests.spec import duration_cases
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD = crd.crd()
@@ -265,6 +267,25 @@ def test_a_cel_rule_refuses_a_spec_that_check_refuses(
             job.JobSpec.model_validate(spec)
     else:
         assert check_path in [path for path, _ in job.check(job.JobSpec.model_validate(spec))]
+
+
+# Texts Python's re (the oracle's `pattern`) and RE2 read alike; tests/spec checks RE2 on all.
+_DURATIONS = [c for c in duration_cases.CASES if c[0].isascii() and "\n" not in c[0]]
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"), [c[:2] for c in _DURATIONS], ids=[c[2] for c in _DURATIONS]
+)
+def test_a_failure_time_passes_the_schema_exactly_when_the_model_reads_it(
+    text: str, seconds: float | None
+) -> None:
+    spec = {"failures": [{"time": text}]}
+    assert (crd_validation.problems(CRD, spec) == []) == (seconds is not None)
+    if seconds is None:
+        with pytest.raises(pydantic.ValidationError):
+            job.JobSpec.model_validate(spec)
+    else:
+        assert job.JobSpec.model_validate(spec).failures[0].time_s == pytest.approx(seconds)
 
 
 def test_every_cel_rule_has_a_refused_spec() -> None:

@@ -3,9 +3,10 @@ run_report, run_timeline, progress).
 
 Covers: the report written from a synthetic history with two failures (metrics CSV/JSON rows
 and times relative to the start, recoveries.json, summary.md's table and goodput against the
-fault-free estimate, a timeline PNG that is a real, non-trivial image); a history without
+fault-free rate, a timeline PNG that is a real, non-trivial image); a history without
 recoveries or full-strength steps; the report of a real controller run through two failures
-(the controller's in-memory cluster, simulated time); `execute` running a job with an injector
+(the controller's in-memory cluster, simulated time; its reasons' eq. 8 estimates labelled,
+the measured rate beside them); `execute` running a job with an injector
 beside it, then stopping the backend and writing the report; a real SIGINT during `execute`
 (the run's interrupt handlers on this loop) cancelling the job, stopping the backend and writing
 a report whose first line says it was interrupted, while a signal after the job ended leaves
@@ -168,7 +169,7 @@ def test_a_run_without_failures_or_full_strength_says_so() -> None:
     history = _history(recoveries=False, full_strength=False)
     text = run_report.summary(history)
     assert "No failures: the job ran in one epoch." in text
-    assert "fault-free estimate: none" in text
+    assert "fault-free: none measured" in text
     assert run_report.goodput(history).ratio is None
 
 
@@ -298,6 +299,12 @@ async def test_a_report_from_a_controller_run_through_two_failures(tmp_path: Pat
     rows_md = [line for line in summary.splitlines() if re.match(r"^\| \d+ \|", line)]
     assert "**Succeeded** at step 40" in summary and len(rows_md) == 2
     assert rows_md[0].startswith("| 1 | 1.0 | 3 | ")
+    # the controller's own reasons: the eq. 8 figure labelled, the epoch's measured rate beside
+    estimate = re.compile(
+        r"samples/s estimated by Odyssey eq\. 8 for one device per worker "
+        r"\(measured [0-9.]+ samples/s\)"
+    )
+    assert all(estimate.search(row) for row in rows_md)
     assert (tmp_path / "timeline.png").stat().st_size > 30_000
 
 

@@ -1,10 +1,11 @@
 """Failure injection (planaria.local.faults): the --fail / --mtbf syntax, with round trips and
-random garbage (hypothesis), one-line errors naming the bad part; no worker is a random one, as
-in the job file; `parse_failures` refuses a worker or step the job lacks with the job file's
-own words (the same rule decides both), and `from_spec` takes a file entry as it is; the
-Injector against a fake target: step and time triggers fire once, a random worker is a live one
-chosen by the seed, a dead worker is skipped, the MTBF clock kills at exponential intervals (the
-same seed, the same kills), a rejoin restarts the worker, and the task ends when the job does."""
+random garbage (hypothesis), durations read as a job file reads them, one-line errors naming
+the bad part; no worker is a random one, as in the job file; `parse_failures` refuses a worker
+or step the job lacks with the job file's own words (the same rule decides both), and
+`from_spec` takes a file entry as it is; the Injector against a fake target: step and time
+triggers fire once, a random worker is a live one chosen by the seed, a dead worker is skipped,
+the MTBF clock kills at exponential intervals (the same seed, the same kills), a rejoin
+restarts the worker, and the task ends when the job does."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from planaria.control import status as statuses
 from planaria.local import faults
 from planaria.planner import plan
 from planaria.spec import job, job_file
+from tests import strategies
 
 W = plan.WorkerId
 
@@ -33,11 +35,12 @@ def test_a_step_failure_round_trips(step: int, worker: int | None) -> None:
     )
 
 
-@given(seconds=st.integers(1, 10**5), unit=st.sampled_from(["", "s", "m", "h"]))
-def test_a_time_failure_reads_its_unit(seconds: int, unit: str) -> None:
-    scale = {"": 1, "s": 1, "m": 60, "h": 3600}[unit]
-    failure = faults.parse_failure(f"time={seconds}{unit}:worker=2:rejoin=5s")
-    assert failure.time_s == pytest.approx(seconds * scale)
+@given(strategies.durations())
+def test_a_time_failure_reads_durations_as_a_job_file_does(written: tuple[str, float]) -> None:
+    text, seconds = written
+    failure = faults.parse_failure(f"time={text}:worker=2:rejoin=5s")
+    assert failure.time_s == pytest.approx(seconds, rel=1e-12)
+    assert failure.time_s == job.FailureSpec(time=text).time_s
     assert (failure.worker, failure.rejoin_after_s, failure.step) == (W(2), 5.0, None)
 
 
@@ -51,7 +54,8 @@ def test_a_time_failure_reads_its_unit(seconds: int, unit: str) -> None:
         ("step=4:worker=-1", "worker is '-1'"),
         ("step=4:worker=any", "worker is 'any'"),
         ("time=soon:worker=1", "time is 'soon'"),
-        ("time=0s:worker=1", "time is '0s'"),
+        ("time=30s1m:worker=1", "time is '30s1m'; write seconds (90, 1.5) or units"),
+        ("step=4:worker=1:rejoin=0s", "rejoin is '0s'; give seconds > 0"),
         ("step=4:worker=1:rejoin=-2", "rejoin is '-2'"),
         ("step=4:worker=1:node=2", "unknown key 'node'"),
         ("step=4:step=5:worker=1", "step is given twice"),
@@ -116,14 +120,16 @@ def test_failures_the_job_can_reach_pass_and_file_entries_convert() -> None:
     entries = [job.FailureSpec(step=19, worker=2), job.FailureSpec(time="1.5m")]
     entries.append(job.FailureSpec(step=1, worker=0, rejoin_seconds=5.0))
     assert [faults.from_spec(e) for e in entries] == parsed
-    # a file's `time: 0` and `rejoinSeconds` convert as they are, never through the flag syntax
+    # a file's `time: 0` and `rejoinSeconds` convert as they are; the flag reads time 0 alike
     assert faults.from_spec(job.FailureSpec(time=0)).time_s == 0.0
+    assert faults.parse_failure("time=0s").time_s == 0.0
 
 
 def test_mtbf_reads_durations_and_refuses_others() -> None:
     assert faults.parse_mtbf("60s") == 60.0
     assert faults.parse_mtbf("1.5m") == 90.0
-    for bad in ("", "0", "-5s", "inf", "5 days"):
+    assert faults.parse_mtbf("1m30s") == 90.0
+    for bad in ("", "0", "0s", "-5s", "inf", "5 days", "30s1m"):
         with pytest.raises(faults.FaultSyntaxError, match="--mtbf"):
             faults.parse_mtbf(bad)
 

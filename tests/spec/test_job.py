@@ -177,12 +177,8 @@ def test_a_missing_file_says_which_and_where_to_look(tmp_path: Path) -> None:
         job_file.load_job(tmp_path / "absent.yaml")
 
 
-@pytest.mark.parametrize(
-    ("text", "seconds"),
-    [("90s", 90.0), ("2m", 120.0), ("1h", 3600.0), ("500ms", 0.5), ("1.5", 1.5), (7, 7.0)],
-)
-def test_durations_read_as_seconds(text: str | float, seconds: float) -> None:
-    assert job.parse_duration(text) == pytest.approx(seconds)
+def test_a_failure_time_reads_compound_durations() -> None:
+    assert job.FailureSpec(time="1m30s").time_s == 90.0 and job.FailureSpec(time=7).time_s == 7.0
 
 
 def test_settings_take_every_field_and_the_corpus_default() -> None:

@@ -3,7 +3,7 @@ optionally the plan after some nodes fail.
 
     planaria plan --profile FILE --nodes N --gpus-per-node M --fault-tolerance F
                   --global-batch B --micro-batch b [--gpu-memory-gib G] [--failed 3,7] [--json]
-                  [--explain --mtbf SECONDS]
+                  [--explain --mtbf DURATION]
 
 Text output is for people; `--json` prints one JSON document whose fields are documented in
 docs/planner.md (format `planaria.plan-output`, version 1). The planning itself is
@@ -24,7 +24,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from planaria.cli import plan_explain
+from planaria.cli import plan_explain, tables
 from planaria.planner import instantiation, plan, reinstantiation, templates
 from planaria.spec import profile_file
 
@@ -172,12 +172,12 @@ def render(
     sizes = template_set.sizes
     lines = [f"templates (Oobleck §4.1): n0 = {template_set.min_nodes}, sizes {_span(sizes)}"]
     lines.append(f"  {template_set.node_spec.reason}")
-    rows = [("nodes", "stages", "T at 4S", "stages: layers x GPUs, | between nodes")]
-    rows += [
+    header = ("nodes", "stages", "T at 4S", "stages: layers x GPUs, | between nodes")
+    rows = [
         (str(t.num_nodes), str(t.num_stages), _seconds(t.iteration_time_s()), _layout(t))
         for t in template_set.templates
     ]
-    lines += _table(rows)
+    lines += tables.render(header, rows, right={0, 1, 2}, indent="  ")
     lines.append(
         f"plan (Oobleck §4.2): {choice.chosen.instantiation.describe()}, "
         f"{choice.chosen.throughput:.4g} samples/s"
@@ -192,7 +192,8 @@ def render(
 
 
 def _pipelines(result: plan.Plan, times: Sequence[float]) -> list[str]:
-    rows = [("pipeline", "nodes", "stages", "micro-batches", "time")]
+    header = ("pipeline", "nodes", "stages", "micro-batches", "time")
+    rows = []
     for index, (pipeline, time_s) in enumerate(zip(result.pipelines, times, strict=True)):
         nodes = _nodes(result, pipeline)
         rows.append(
@@ -204,15 +205,7 @@ def _pipelines(result: plan.Plan, times: Sequence[float]) -> list[str]:
                 _seconds(time_s),
             )
         )
-    return _table(rows)
-
-
-def _table(rows: Sequence[tuple[str, ...]]) -> list[str]:
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return [
-        "  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
-        for row in rows
-    ]
+    return tables.render(header, rows, right={0, 2, 3, 4}, indent="  ")
 
 
 def _layout(template: templates.Template) -> str:

@@ -1,9 +1,9 @@
 """The `--explain` part of `planaria plan`: the recovery policy's decision after --failed nodes.
 
-    planaria plan ... --failed 3,7 --explain --mtbf SECONDS [--json]
+    planaria plan ... --failed 3,7 --explain --mtbf DURATION [--json]
 
 Ranks rerouting, the DP/PP candidates and the reinstantiations `planaria plan` printed by
-Odyssey eq. 8 for a time to the next failure of --mtbf seconds (`planaria.planner.policy`), and
+Odyssey eq. 8 for a time to the next failure of --mtbf (`planaria.planner.policy`), and
 renders the reason as text or as the `recoveryPolicy` member of the `--json` document (fields in
 docs/policy.md). Option errors are `ExplainError`s (a ValueError): `planaria.cli.main` prints
 them as one line with exit status 2.
@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from planaria.planner import candidates, plan, policy, profile, reinstantiation, screening
+from planaria.spec import durations
 
 
 class ExplainError(ValueError):
@@ -30,7 +31,9 @@ def add_options(parser: argparse.ArgumentParser) -> None:
         help="with --failed: choose between rerouting and re-planning (Odyssey eq. 8) and say why",
     )
     parser.add_argument(
-        "--mtbf", metavar="SECONDS", help="with --explain: the job's mean time between failures"
+        "--mtbf",
+        metavar="DURATION",
+        help="with --explain: the job's mean time between failures (seconds, or e.g. 1h, 90m)",
     )
 
 
@@ -50,13 +53,15 @@ def mtbf(explain: bool, value: str | None, failed: Sequence[int]) -> float | Non
         raise ExplainError("--explain explains recovering from --failed; give --failed too")
     if value is None:
         raise ExplainError(
-            "--explain needs --mtbf SECONDS, the job's mean time between failures (e.g. 3600)"
+            "--explain needs --mtbf DURATION, the job's mean time between failures (e.g. 1h)"
         )
     try:
-        seconds = float(value)
-    except ValueError:
-        raise ExplainError(f"--mtbf must be a number of seconds (got {value!r})") from None
-    if not (math.isfinite(seconds) and seconds > 0):
+        seconds = durations.parse(value)
+    except durations.DurationError:
+        raise ExplainError(
+            f"--mtbf must be a duration (got {value!r}); write {durations.FORMS}"
+        ) from None
+    if seconds == 0:
         raise ExplainError(f"--mtbf must be > 0 seconds (got {value})")
     return seconds
 

@@ -21,6 +21,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from planaria.cli import tables
 from planaria.planner import accelerators, shapes, synthetic
 from planaria.planner import profile as planner_profile
 from planaria.spec import profile_file
@@ -208,14 +209,11 @@ def summarize(result: planner_profile.Profile) -> str:
     m = result.max_gpus_per_stage
     widest = f"fwd {m} GPUs" if m > 1 else "fwd 1 GPU"
     header = ("layers", "count", "fwd 1 GPU", "bwd 1 GPU", widest, "state", "activations")
-    rows: list[tuple[str, ...]] = [header]
-    for group in _groups(result.layers):
-        rows.append(_row(group.label, group.layers, m, mean=True))
+    rows = [_row(group.label, group.layers, m, mean=True) for group in _groups(result.layers)]
     rows.append(_row("total", result.layers, m, mean=False))
-    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)) for row in rows]
+    lines = tables.render(header, rows, right=range(1, len(header)))
     lines.append(_context(result))
-    return "\n".join(line.rstrip() for line in lines)
+    return "\n".join(lines)
 
 
 def _row(

@@ -3,7 +3,9 @@
 Three panels share the time axis (seconds since the run started). Every recovery is a shaded
 band from the death (or the planned switch) to the first step of its new epoch, red for
 failures and green for planned moves (scale-up, preemption), labelled with the failed workers,
-the tier the costliest worker needed, and the seconds it took. Uses matplotlib's Agg backend
+the tier the costliest worker needed, and the seconds it took. Start-up (before the first
+recorded step) and shutdown (after the last) are shaded grey: they lie outside the window
+goodput is measured over (`planaria.cli.run_goodput`). Uses matplotlib's Agg backend
 (no display needed); imported only when a report is written.
 """
 
@@ -69,7 +71,8 @@ def _plot_series(history: run_report.History, axes: Any) -> None:
             good.fault_free_samples_per_s,
             color="grey",
             linestyle=":",
-            label=f"fault-free estimate {good.fault_free_samples_per_s:.0f} samples/s",
+            label=f"fault-free {good.fault_free_samples_per_s:.0f} samples/s "
+            "(measured at full strength)",
         )
         axes[0].legend(loc="lower left", fontsize=8)
     # Headroom for the recovery labels; a one-step spike (a step timed across a gap in the
@@ -129,26 +132,42 @@ def _mark(history: run_report.History, recovery: statuses.Recovery, axes: Any, r
 
 def _decorate(history: run_report.History, figure: Any, axes: Any) -> None:
     final, good = history.final, run_report.goodput(history)
-    ratio = f" ({good.ratio:.0%} of fault-free)" if good.ratio is not None else ""
+    trained = ""
+    if good.training_samples_per_s is not None:
+        trained = f"; goodput {good.training_samples_per_s:.0f} samples/s over the steps trained"
+        if good.ratio is not None:
+            trained += f" ({good.ratio:.0%} of fault-free)"
     figure.suptitle(
         f"{history.job}: {history.outcome} at step {final.step} in {good.wall_s:.0f} s, "
-        f"{len(history.recoveries)} recoveries; while training "
-        f"{good.training_samples_per_s:.0f} samples/s{ratio}",
+        f"{len(history.recoveries)} recoveries{trained}",
         fontsize=11,
     )
-    startup_s = good.wall_s - good.training_s
-    if history.steps and startup_s > 0:
-        for axis in axes:
-            axis.axvspan(0, startup_s, color="grey", alpha=0.08, linewidth=0)
-        axes[2].annotate(
-            "start-up: agents launch,\nprofile, first rendezvous",
-            xy=(startup_s / 2, 0.5),
-            xycoords=("data", "axes fraction"),
-            ha="center",
-            va="center",
-            fontsize=8,
-            color="dimgrey",
-        )
+    if history.steps:
+        end_s = good.wall_s - good.shutdown_s
+        _outside(axes, 0, good.startup_s, "start-up: agents launch,\nprofile, first rendezvous")
+        _outside(axes, end_s, good.wall_s, "shutdown")
+    _labels(axes, good.wall_s)
+    figure.tight_layout()
+
+
+def _outside(axes: Any, start_s: float, end_s: float, label: str) -> None:
+    """Shade a stretch outside the training window (start-up, shutdown) and name it."""
+    if end_s <= start_s:
+        return
+    for axis in axes:
+        axis.axvspan(start_s, end_s, color="grey", alpha=0.08, linewidth=0)
+    axes[2].annotate(
+        label,
+        xy=((start_s + end_s) / 2, 0.5),
+        xycoords=("data", "axes fraction"),
+        ha="center",
+        va="center",
+        fontsize=8,
+        color="dimgrey",
+    )
+
+
+def _labels(axes: Any, wall_s: float) -> None:
     axes[0].set_ylabel("samples / s\n(thin: per step, bold: median of 5)")
     axes[1].set_ylabel("loss (nats/byte)")
     axes[2].set_ylabel("live workers")
@@ -157,5 +176,4 @@ def _decorate(history: run_report.History, figure: Any, axes: Any) -> None:
     )
     for axis in axes:
         axis.grid(True, alpha=0.3)
-        axis.set_xlim(left=0, right=max(good.wall_s, 1e-3))
-    figure.tight_layout()
+        axis.set_xlim(left=0, right=max(wall_s, 1e-3))

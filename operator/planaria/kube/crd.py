@@ -26,7 +26,7 @@ from pydantic import alias_generators
 
 from planaria.kube import constants, openapi
 from planaria.planner import shapes
-from planaria.spec import job
+from planaria.spec import durations, job
 
 # Cost bound for the CEL rules iterating over `failures` (the API server estimates a rule's cost
 # from the list's maxItems; an unbounded list is sized from the 3 MiB request limit).
@@ -34,10 +34,10 @@ MAX_FAILURES = 1000
 # Kubernetes accepts any DNS subdomain as an object name; a job's name also names a Service
 # (a DNS-1035 label: starts with a letter) and pods and Secrets with suffixes.
 JOB_NAME_PATTERN = "^[a-z]([-a-z0-9]*[a-z0-9])?$"
-# The duration text `planaria.spec.job.parse_duration` reads (RE2 and Python agree on it). A
+# The duration text `planaria.spec.durations.parse` reads, from the same expression. A
 # `pattern`, not a CEL rule: the API server bounds each rule's estimated cost, and a regular
 # expression over an unbounded string in each list item exceeds it.
-DURATION_RE2 = r"^\s*(\d+(\.\d*)?|\.\d+)\s*(ms|s|m|h)?\s*$"
+DURATION_RE2 = durations.CRD_PATTERN
 IMMUTABLE_EXCEPT = ("pod", "failures")
 
 

@@ -7,15 +7,16 @@
     --mtbf 60s                         SIGKILL random live workers at exponential intervals
                                        with mean 60 s (seeded: the same run kills the same way)
 
-Durations are seconds with an optional unit: `90`, `90s`, `1.5m`, `2h`. `parse_failures` checks
-each `--fail` against the job with the job file's own rule (`planaria.spec.job.failure_problems`:
-a worker the job has, a step before its last), so a flag and a file entry are refused alike;
-`from_spec` takes a job file's entry (already checked) as it is. `Injector.run` is an
-asyncio task beside the controller: it reads the job's status (a callable the runner gives it)
-every poll, fires each failure once when its step is committed or its time has passed, and
-ends when the job ends or is cancelled. A failure whose worker is not running when it fires is
-skipped (logged): the worker is already gone. Exponential inter-arrival times model failures
-as a Poisson process, the assumption behind Odyssey eq. 8's mean time to the next failure.
+Durations are `planaria.spec.durations`' grammar, as in a job file: `90`, `90s`, `1.5m`, `2h`,
+`1m30s`; a `time` may be 0 (at the start), `rejoin` and `--mtbf` must be above 0. `parse_failures`
+checks each `--fail` against the job with the job file's own rule
+(`planaria.spec.job.failure_problems`: a worker the job has, a step before its last), so a flag and
+a file entry are refused alike; `from_spec` takes a job file's entry (already checked) as it is.
+`Injector.run` is an asyncio task beside the controller: it reads the job's status (a callable the
+runner gives it) every poll, fires each failure once when its step is committed or its time has
+passed, and ends when the job ends or is cancelled. A failure whose worker is not running when it
+fires is skipped (logged): the worker is already gone. Exponential inter-arrival times model
+failures as a Poisson process, the assumption behind Odyssey eq. 8's mean time to the next failure.
 
 Errors: `FaultSyntaxError` (a ValueError) names the bad part of the text, or the worker or step
 the job lacks, and the fix.
@@ -25,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import random
 import re
 import signal
@@ -36,12 +36,10 @@ from typing import Protocol
 
 from planaria.control import status as statuses
 from planaria.planner import plan
-from planaria.spec import job
+from planaria.spec import durations, job
 
 LOG = logging.getLogger(__name__)
 POLL_S = 0.05
-_UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0}
-_DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([smh]?)\s*$")
 _TERMINAL = frozenset({statuses.Phase.SUCCEEDED, statuses.Phase.FAILED})
 SYNTAX = "step=N[:worker=W|random][:rejoin=S] or time=S[:worker=W|random][:rejoin=S]"
 
@@ -86,11 +84,14 @@ class Target(Protocol):
     async def restart(self, worker: plan.WorkerId) -> None: ...
 
 
-def parse_duration(text: str, what: str) -> float:
-    """Seconds from `90`, `90s`, `1.5m`, `2h`; FaultSyntaxError naming `what` otherwise."""
-    match = _DURATION.match(text)
-    value = float(match.group(1)) * _UNITS[match.group(2)] if match else math.nan
-    if not (math.isfinite(value) and value > 0):
+def parse_duration(text: str, what: str, *, positive: bool = True) -> float:
+    """Seconds in `text` (`planaria.spec.durations`), above 0 when `positive`; FaultSyntaxError
+    naming `what` otherwise."""
+    try:
+        value = durations.parse(text)
+    except durations.DurationError as exc:
+        raise FaultSyntaxError(f"{what} is {text!r}; write {durations.FORMS}") from exc
+    if positive and value == 0:
         raise FaultSyntaxError(f"{what} is {text!r}; give seconds > 0 such as 90s, 1.5m or 2h")
     return value
 
@@ -151,7 +152,7 @@ def _failure(text: str, fields: dict[str, str]) -> Failure:
     rejoin = fields.get("rejoin")
     return Failure(
         step=_count(text, "step", fields["step"], 1) if "step" in fields else None,
-        time_s=parse_duration(fields["time"], f"--fail {text!r}: time")
+        time_s=parse_duration(fields["time"], f"--fail {text!r}: time", positive=False)
         if "time" in fields
         else None,
         worker=_worker(text, fields.get("worker", "random")),

@@ -41,15 +41,13 @@ from pydantic import alias_generators
 
 from planaria.control import settings as job_settings
 from planaria.planner import shapes
+from planaria.spec import durations
 from planaria.wire import messages
 
 API_VERSION = "planaria.dev/v1alpha1"
 KIND = "ResilientJob"
 # A Kubernetes object name (RFC 1123 label): it also names the job's snapshot directories.
 NAME_PATTERN = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
-# ASCII, as the API server's RE2 reads the CRD's pattern: Python's \d would take "٣s" (3 s).
-DURATION_PATTERN = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|m|h)?\s*$", re.ASCII)
-_UNIT_S = {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
 
 
 class JobSpecError(ValueError):
@@ -170,7 +168,9 @@ class FailureSpec(_Model):
     step: PositiveInt | None = _field(None, "Kill the worker once the job reaches this step.")
     # int-or-string, as a CRD schema can state it (x-kubernetes-int-or-string).
     time: StrictInt | str | None = _field(
-        None, 'Kill it this long after the run starts: whole seconds or "90s", "1.5m".'
+        None,
+        'Kill it this long after the run starts: whole seconds or a duration such as "90s", '
+        '"1.5m", "1m30s" (units h, m, s, ms, largest first).',
     )
     rejoin_seconds: Seconds | None = _field(
         None, "Start the killed worker again after this many seconds (a returning worker)."
@@ -190,7 +190,7 @@ class FailureSpec(_Model):
     @classmethod
     def _duration(cls, value: int | str | None) -> int | str | None:
         if value is not None:
-            parse_duration(value)
+            durations.parse(value)
         return value
 
     @pydantic.model_validator(mode="after")
@@ -202,7 +202,7 @@ class FailureSpec(_Model):
     @property
     def time_s(self) -> float | None:
         """`time` in seconds (None for a step trigger)."""
-        return None if self.time is None else parse_duration(self.time)
+        return None if self.time is None else durations.parse(self.time)
 
 
 # A Kubernetes resource quantity ("500m", "2", "8Gi", "1.5G"), as the API server parses it.
@@ -306,20 +306,6 @@ class ResilientJob(pydantic.BaseModel):
     kind: Literal["ResilientJob"]
     metadata: Metadata
     spec: JobSpec = JobSpec()
-
-
-def parse_duration(value: str | float) -> float:
-    """Seconds in `value`: a number of seconds, or text such as "90s", "2m", "1h", "500ms"."""
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        seconds = float(value)
-    else:
-        match = DURATION_PATTERN.match(str(value))
-        if match is None:
-            raise ValueError(f"{value!r} is not a duration; write seconds or e.g. 90s, 2m, 1h")
-        seconds = float(match.group(1)) * _UNIT_S[match.group(2)]
-    if not 0 <= seconds < float("inf"):
-        raise ValueError(f"{value!r} is not a duration >= 0")
-    return seconds
 
 
 def check(spec: JobSpec) -> list[tuple[str, str]]:

@@ -1,0 +1,48 @@
+"""The one table of duration texts: what `planaria.spec.durations.parse` reads them as, or None
+where it refuses them. tests/spec checks the parser and the CRD pattern (with RE2) against it,
+tests/chart the CRD as the API server would apply it."""
+
+from __future__ import annotations
+
+# (text, seconds or None for refused, why it is in the table)
+CASES: tuple[tuple[str, float | None, str], ...] = (
+    ("90", 90.0, "plain seconds"),
+    ("1.5", 1.5, "plain fractional seconds"),
+    (".5", 0.5, "a fraction without a leading digit"),
+    ("2.", 2.0, "a number ending in its point"),
+    ("0", 0.0, "zero"),
+    ("90s", 90.0, "seconds with their unit"),
+    ("1.5m", 90.0, "fractional minutes"),
+    ("2h", 7200.0, "hours"),
+    ("500ms", 0.5, "milliseconds"),
+    ("1m30s", 90.0, "a Kubernetes-style compound"),
+    ("1h2m3.5s", 3723.5, "every unit but ms, largest first"),
+    ("1h0m0s", 3600.0, "zero parts in a compound"),
+    ("2h500ms", 7200.5, "a compound skipping units"),
+    ("1m5ms", 60.005, "minutes then milliseconds, not m then s"),
+    ("999999999h", 999999999 * 3600.0, "the largest whole hours"),
+    ("", None, "empty"),
+    ("s", None, "a unit without a number"),
+    ("-5s", None, "negative"),
+    ("+5s", None, "a sign"),
+    ("5 s", None, "a space inside"),
+    (" 5s", None, "a leading space"),
+    ("5s ", None, "a trailing space"),
+    ("1e3", None, "an exponent"),
+    ("5d", None, "days, no unit of ours"),
+    ("5us", None, "microseconds, no unit of ours"),
+    ("5S", None, "an upper-case unit"),
+    ("1m1m", None, "a duplicate unit"),
+    ("30s1m", None, "units out of order"),
+    ("500ms1s", None, "milliseconds before seconds"),
+    ("1m30", None, "a compound ending without a unit"),
+    ("1.2.3s", None, "two points"),
+    (".", None, "a point alone"),
+    ("inf", None, "infinity"),
+    ("nan", None, "not a number"),
+    ("1000000000h", None, "ten digits: beyond the bound"),
+    ("1.0000000001s", None, "ten fraction digits: beyond the bound"),
+    ("\u0663s", None, "a non-ASCII digit"),
+    ("5s\n", None, "a final newline"),
+    ("soon", None, "garbage"),
+)
