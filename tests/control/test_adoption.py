@@ -19,7 +19,7 @@ import contextlib
 
 import pytest
 
-from planaria.control import controller, ports, status
+from planaria.control import controller, epochs, ports, status
 from planaria.wire import messages
 from tests.control import fakes, scenarios
 
@@ -170,4 +170,4 @@ async def test_a_failing_journal_is_retried_and_does_not_stop_the_job() -> None:
     run = _journalled(scenarios.job(steps=20), journal)
     final = await run.finish()
     assert final.phase is status.Phase.SUCCEEDED and journal.records == []
-    assert len(journal.sent_before) == controller.JOURNAL_ATTEMPTS
+    assert len(journal.sent_before) == epochs.JOURNAL_ATTEMPTS
