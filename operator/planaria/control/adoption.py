@@ -7,9 +7,13 @@ hands the record to the epoch driver and answers with the `outcomes.Outcome` of 
 - ADOPT: take the recorded epoch over without a Configure (no step is lost when every worker
   still runs in it) and wait, bounded like any new epoch, until every worker of the plan runs
   in it; a worker that failed meanwhile makes the epoch broken and the usual recovery follows;
-- REOPEN: live workers do not train in the recorded epoch, so the old controller died while
-  opening it; unless it was a planned switch, the same plan, copies and resume step
-  (`reopening`) are opened again as the next epoch, on this controller's store;
+- REOPEN: live workers do not train in the recorded epoch and none committed a step of it,
+  so the old controller died while opening it; unless it was a planned switch, the same plan,
+  copies and resume step (`reopening`) are opened again as the next epoch, on this
+  controller's store. An epoch that committed steps did open (a step commits only when every
+  worker of its group set it up): its workers that stopped since (a peer lost while no
+  controller watched) make it broken once adopted, and the usual recovery resumes from the
+  survivors' committed step instead of retraining from the record's resume step;
 - UNKNOWN_PLAN: agents run an epoch newer than the record (its write failed three times), a
   plan the successor does not know: the job is Suspended, saying so.
 Carrying the decision out (committing, opening, suspending) is the controller's.
@@ -37,16 +41,17 @@ class Takeover(StrEnum):
 
 
 def decide(
-    record: ports.EpochRecord, *, newest: int, unsettled: Set[plans.WorkerId]
+    record: ports.EpochRecord, *, newest: int, unsettled: Set[plans.WorkerId], trained: bool
 ) -> tuple[Takeover, str]:
     """How to take `record`'s epoch over, and why: `newest` is the highest epoch any agent
-    reports, `unsettled` the live workers of the plan not training in the recorded epoch."""
+    reports, `unsettled` the live workers of the plan not training in the recorded epoch,
+    `trained` whether any worker committed a step of it (past its resume step)."""
     if newest > record.epoch:
         return Takeover.UNKNOWN_PLAN, (
             f"the agents run epoch {newest}, newer than the journalled epoch "
             f"{record.epoch} (its record was not written), so their plan is unknown"
         )
-    if unsettled and not record.planned:
+    if unsettled and not record.planned and not trained:
         return Takeover.REOPEN, (
             f"the previous controller stopped while opening epoch {record.epoch}"
         )
@@ -71,7 +76,9 @@ def take_over(
     newest = max((b.epoch for b in roster.beats.values()), default=0)
     driver.adopt(record, newest=newest)
     unsettled = driver.not_running() & roster.live(now)
-    how, why = decide(record, newest=newest, unsettled=unsettled)
+    committed = roster.committed(record.plan.workers, record.epoch)
+    trained = any(step > record.resume_step for step in committed)
+    how, why = decide(record, newest=newest, unsettled=unsettled, trained=trained)
     if how is Takeover.UNKNOWN_PLAN:
         return outcomes.Suspend(running=record.plan, what=why, retry=False)
     if how is Takeover.REOPEN:
