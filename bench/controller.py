@@ -26,7 +26,7 @@ import statistics
 import time
 from pathlib import Path
 
-from planaria.control import planning, settings
+from planaria.control import planning, settings, status
 from planaria.planner import accelerators, profile, shapes, synthetic
 from planaria.planner import plan as plans
 from planaria.wire import messages
@@ -81,7 +81,7 @@ def measure(runs: int) -> list[dict[str, object]]:
             job = _job(name, workers, batch, source, policy.value)
             running = (
                 planning.Planner(source, job)
-                .best([plans.WorkerId(w) for w in range(workers)], "initial")
+                .best([plans.WorkerId(w) for w in range(workers)], status.MoveKind.INITIAL)
                 .plan
             )
             victims = [running.workers[(i * 7) % len(running.workers)] for i in range(runs)]

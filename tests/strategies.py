@@ -13,6 +13,7 @@ Failures (planner transfers, candidates, policy): builders `uniform_profile`, `t
 Wire messages (planaria.wire.messages): `rendezvous`, `training_settings`, `worker_configs`,
 `timings`, `snapshot_states`, `latched_errors`, `heartbeats`.
 Failure traces (planaria.sim): `sim_traces` (per-device, per-cluster and spot traces).
+Suspended jobs (planaria.control.suspension): `suspensions`, `suspension_facts`.
 Bad input (tests/fuzz): `job_spec_documents` (valid job files), `job_spec_mutants` (damaged),
 `job_file_texts` (damaged as text), `mutated_protos` (a message with fields set out of range),
 `mutated_documents` (any JSON-like mapping, mutated below its root).
@@ -31,6 +32,7 @@ from google.protobuf import descriptor, message
 from hypothesis import assume
 from hypothesis import strategies as st
 
+from planaria.control import suspension
 from planaria.planner import plan, profile, shapes
 from planaria.sim import traces
 from planaria.wire import messages
@@ -712,6 +714,50 @@ def membership_changes(
         )
     )
     return sorted(changes)
+
+
+# --- suspended jobs (planaria.control.suspension) -------------------------------------------
+
+_TIMES = st.floats(min_value=0.0, max_value=100.0, allow_nan=False)
+_CHECKPOINTS = st.none() | st.integers(min_value=0, max_value=1000)
+
+
+def suspensions() -> st.SearchStrategy[suspension.Suspension]:
+    """Any suspension value: checkpoints and waits set or not."""
+    return st.builds(
+        suspension.Suspension,
+        checkpoint=_CHECKPOINTS,
+        since_s=_TIMES,
+        retry=st.booleans(),
+        from_snapshot=st.booleans(),
+        snapshot_failed=st.booleans(),
+        unheard_since=st.none() | _TIMES,
+        stall_since=st.none() | _TIMES,
+    )
+
+
+@st.composite
+def suspension_facts(draw: st.DrawFn, num_workers: int = 6) -> suspension.Facts:
+    """What a pass may know while Suspended, over workers 0..num_workers-1: the suspended
+    plan's workers (or none), who of them ran, trains or is silent, consistently with `live`."""
+    workers = [plan.WorkerId(w) for w in range(num_workers)]
+    some = st.frozensets(st.sampled_from(workers))
+    live = draw(some)
+    members = draw(st.none() | some.filter(bool))
+    ran = draw(some) & (members or frozenset())
+    return suspension.Facts(
+        live=live,
+        plan_workers=members,
+        ran=ran,
+        training=draw(some) & ran & live,
+        silent=draw(some) & (members or frozenset()) - live,
+        unheard=draw(st.booleans()),
+        arrived=draw(st.booleans()),
+        infeasible=draw(st.sampled_from(["", "too few nodes"])),
+        min_workers=draw(st.integers(min_value=1, max_value=num_workers)),
+        heartbeat_timeout_s=draw(st.floats(min_value=0.1, max_value=5.0)),
+        step_timeout_s=draw(st.floats(min_value=0.1, max_value=5.0)),
+    )
 
 
 # --- bad input: job specs near the valid space (planaria.spec.job; tests/fuzz) ---------------

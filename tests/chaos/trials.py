@@ -286,8 +286,7 @@ class _FinalStates:
         self.states: dict[int, model.LayerState] | None = None
         self.error = ""
 
-    async def publish(self, status: object) -> None:
-        assert isinstance(status, statuses.JobStatus)
+    async def publish(self, status: statuses.JobStatus) -> None:
         final = self.plan()
         if status.phase is not Phase.SUCCEEDED or self.states is not None or final is None:
             return

@@ -72,7 +72,7 @@ def _recovery(at_s: float, worker: int, epoch: int, lost: int) -> statuses.Recov
         failed=(plans.WorkerId(worker),),
         epoch=epoch,
         tier=messages.RecoveryTier.LIVE_REPLICA,
-        kind="dynamic",
+        kind=statuses.MoveKind.DYNAMIC,
         reason="re-planning beats rerouting | by 3 s over the next hour",
         detect_s=0.3,
         plan_s=0.05,

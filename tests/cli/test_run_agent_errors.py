@@ -103,7 +103,7 @@ def _status(phase: statuses.Phase, message: str) -> statuses.JobStatus:
         live_workers=2,
         total_workers=2,
         plan=None,
-        plan_kind="",
+        plan_kind=statuses.MoveKind.INITIAL,
         recoveries=(),
         message=message,
     )

@@ -43,7 +43,7 @@ def epoch_record(epoch: int = 3) -> ports.EpochRecord:
     chosen = job()
     assert chosen.profile is not None
     move = planning.Planner(chosen.profile, chosen).best(
-        frozenset(plan.WorkerId(w) for w in range(8)), "initial"
+        frozenset(plan.WorkerId(w) for w in range(8)), status.MoveKind.INITIAL
     )
     copies = (
         plan.LayerTransfer(layer=2, destination=plan.WorkerId(5), sources=(plan.WorkerId(1),)),
@@ -54,7 +54,7 @@ def epoch_record(epoch: int = 3) -> ports.EpochRecord:
     return ports.EpochRecord(
         epoch=epoch,
         plan=move.plan,
-        kind="dynamic",
+        kind=status.MoveKind.DYNAMIC,
         resume_step=41,
         profile=chosen.profile,
         transfers=copies,
@@ -84,8 +84,7 @@ class Sink:
     def __init__(self) -> None:
         self.published: list[status.JobStatus] = []
 
-    async def publish(self, value: object) -> None:
-        assert isinstance(value, status.JobStatus)
+    async def publish(self, value: status.JobStatus) -> None:
         self.published.append(value)
 
 

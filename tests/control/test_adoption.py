@@ -4,8 +4,10 @@ Covers: the journal records every epoch before its Configures go out (with the p
 the resume step and the planner's profile); a detached controller leaves the agents training;
 a successor adopting the journalled epoch sends no Configure when every worker still runs in it
 and the job succeeds without a lost step; a worker that died while no controller watched makes
-the adopted epoch broken and the usual recovery follows; agents ahead of the journal (its write
-failed) are caught by the adopted epoch's bounded commit and recovered in an epoch above theirs;
+the adopted epoch broken and the usual recovery follows, from the survivors' committed step
+even when they stopped before the successor came (not from the record's resume step); agents
+ahead of the journal (its write failed) are caught by the adopted epoch's bounded commit and
+recovered in an epoch above theirs;
 a predecessor stopped after journalling a recovery epoch but before its Configures went out:
 the successor opens the same plan, copies and resume step again as the next epoch, at once (no
 wait for a commit that cannot come), and the job succeeds; a journal that raises does not stop
@@ -19,7 +21,7 @@ import contextlib
 
 import pytest
 
-from planaria.control import controller, ports, status
+from planaria.control import controller, epochs, ports, status
 from planaria.wire import messages
 from tests.control import fakes, scenarios
 
@@ -126,6 +128,26 @@ async def test_a_worker_lost_between_controllers_is_recovered_after_adoption() -
     assert 3 not in run.cluster.sent[final.epoch][0].plan.workers
 
 
+async def test_an_epoch_broken_while_no_controller_watched_resumes_where_the_survivors_are() -> (
+    None
+):
+    journal = ListJournal()
+    run = _journalled(scenarios.job(steps=60, policy="dynamic"), journal)
+    await _detach_at(run, 10)
+    run.cluster.kill(3)
+    await run.clock.advance(3.0)  # the successor starts after the survivors stopped
+    assert {a.heartbeat().state for w, a in run.cluster.agents.items() if w != 3} == {
+        messages.AgentState.FAILED
+    }
+    successor = _successor(run, journal.records[-1])
+    final = await successor.finish()
+    assert final.phase is status.Phase.SUCCEEDED and final.step == 60
+    assert final.last_recovery is not None and final.last_recovery.failed == (3,)
+    # Not opened again from the record's step 0: the survivors had committed step 10.
+    assert all(c.resume_step >= 10 for e, sent in run.cluster.sent.items() if e > 1 for c in sent)
+    assert final.recoveries == 1 and final.last_recovery.lost_steps <= 1
+
+
 async def test_agents_ahead_of_the_journal_suspend_the_job_saying_why() -> None:
     journal = ListJournal(fail_from=2)  # epoch 2 opens, but is never journalled
     run = _journalled(scenarios.job(steps=80, policy="dynamic"), journal)
@@ -170,4 +192,4 @@ async def test_a_failing_journal_is_retried_and_does_not_stop_the_job() -> None:
     run = _journalled(scenarios.job(steps=20), journal)
     final = await run.finish()
     assert final.phase is status.Phase.SUCCEEDED and journal.records == []
-    assert len(journal.sent_before) == controller.JOURNAL_ATTEMPTS
+    assert len(journal.sent_before) == epochs.JOURNAL_ATTEMPTS

@@ -15,7 +15,7 @@ import dataclasses
 
 import pytest
 
-from planaria.control import controller, planning, ports, settings, status
+from planaria.control import planning, ports, recovery, settings, status
 from planaria.planner import candidates, policy, screening
 from planaria.planner import plan as plans
 from planaria.wire import messages
@@ -85,7 +85,7 @@ def _expected_adaptive(job: settings.JobSettings, running: plans.Plan) -> str:
     decision, _ = policy.decide(
         candidates.Failure(running=running, failed=frozenset({plans.WorkerId(3)})),
         screening.Estimates(job.profile),
-        controller.DEFAULT_TIME_TO_FAILURE_S,
+        recovery.DEFAULT_TIME_TO_FAILURE_S,
         policy.PolicySettings(),
         given=given,
     )
@@ -271,7 +271,7 @@ async def test_a_planned_switch_that_comes_too_late_is_tried_again_not_blamed() 
     final = await run.finish(limit_s=200)
     assert final.phase is status.Phase.SUCCEEDED, final.message
     assert final.live_workers == 8 and final.recoveries == 2
-    assert run.controller._lead_scale >= 2  # tried again with a longer lead
+    assert run.controller._switches.lead_scale >= 2  # tried again with a longer lead
     switches = sorted(run.cluster.sent)[2:]  # the scale-up's tries: all but the last refused
     assert len(switches) >= 2 and switches[-1] == final.epoch
 

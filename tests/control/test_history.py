@@ -41,7 +41,7 @@ def _record(started: float) -> status.Recovery:
         failed=(W(3),),
         epoch=2,
         tier=Tier.KEPT,
-        kind="reroute",
+        kind=status.MoveKind.REROUTE,
         reason="test",
         detect_s=0.1,
         plan_s=0.01,
@@ -99,7 +99,9 @@ def test_settle_records_a_resumed_recovery_when_the_job_ends() -> None:
 
 def test_a_failure_merged_into_a_planned_switch_is_no_longer_planned() -> None:
     h = history.History(global_batch=8)
-    planned = dataclasses.replace(_record(10.0), failed=(), kind="scale-up", planned=True)
+    planned = dataclasses.replace(
+        _record(10.0), failed=(), kind=status.MoveKind.SCALE_UP, planned=True
+    )
     h.begin(planned, now=10.5, resume_step=49)
     h.begin(_record(10.8), now=11.0, resume_step=49)  # a worker died before it resumed
     h.begin(planned, now=11.2, resume_step=49)  # and a planned switch followed, unresumed

@@ -5,7 +5,9 @@ Covers: deaths from events and broken streams until a join; a stale connection's
 ignored; silence past the heartbeat timeout; which heartbeat counts for an epoch (an older
 one only while switching); the model's checkpoint and snapshot steps as the oldest of the
 workers'; the assessment of a broken epoch (failed, survivors, resume step, own faults, a
-layer in no tier) and the workers not yet settled.
+layer in no tier) and the workers not yet settled; the roster's own changes (joins and
+notices handed out once, workers given up on and excused, returns after a silence and slow
+workers once stopped).
 """
 
 from __future__ import annotations
@@ -137,3 +139,49 @@ def test_a_layer_in_no_tier_is_reported_and_unsettled_workers_are_listed() -> No
     assert failures.unsettled(roster, _plan(0, 1), 2, 0.5) == {1}
     found = failures.assess(roster, _plan(0, 1), 2, {W(1)}, 0.5)
     assert found.state_lost and found.failed == {1}
+
+
+def test_the_roster_hands_out_joins_and_notices_once() -> None:
+    roster = _roster(0, 1, 2)
+    for worker in (2, 1):
+        joined = ports.WorkerEvent(kind=ports.EventKind.JOINED, worker=W(worker))
+        roster.absorb(membership.Event(event=joined), 0.1)
+    assert roster.take_joined() == [2, 1] and roster.take_joined() == []
+    for worker in (0, 1):
+        notice = ports.WorkerEvent(kind=ports.EventKind.PREEMPTION_NOTICE, worker=W(worker))
+        roster.absorb(membership.Event(event=notice), 0.1)
+    assert roster.take_notices([W(1), W(2)]) == {1}
+    assert roster.notices == {0}
+    roster.notice([W(1)])  # a switch that came too late: handled again
+    assert roster.notices == {0, 1}
+
+
+def test_workers_given_up_on_are_not_live_until_excused_or_rejoined() -> None:
+    roster = _roster(0, 1, 2)
+    roster.give_up([W(1), W(2)])
+    assert roster.live(0.1) == {0}
+    roster.excuse([W(1)])
+    roster.connected(W(2), 0.2)
+    assert roster.live(0.2) == {0, 1, 2}
+    roster.lost(W(0), 0.3)
+    assert roster.live(0.3) == {1, 2} and roster.dead == {0: 0.3}
+
+
+def test_returns_are_workers_heard_again_and_slow_workers_now_stopped() -> None:
+    roster = _roster(0, 1, 2)
+    assert roster.returned(0.0) == {0, 1, 2}  # the first call: everyone is new
+    assert roster.returned(0.5) == set()
+    roster.absorb(membership.Beat(worker=W(0), generation=1, heartbeat=_beat(0, 1)), 1.6)
+    roster.absorb(membership.Beat(worker=W(1), generation=1, heartbeat=_beat(1, 1)), 1.6)
+    assert roster.returned(1.6) == set() and roster.live(1.6) == {0, 1}  # 2 went silent
+    roster.absorb(membership.Beat(worker=W(2), generation=1, heartbeat=_beat(2, 1)), 1.7)
+    assert roster.returned(1.7, held=[W(0)]) == {2}  # heard again
+    roster.mark_slow([W(0), W(1)], 1.7)  # late for a recovery, yet alive
+    assert roster.returned(1.8) == set()  # still running
+    roster.absorb(
+        membership.Beat(
+            worker=W(0), generation=1, heartbeat=_beat(0, 1, messages.AgentState.PAUSED)
+        ),
+        1.9,
+    )
+    assert roster.returned(1.9) == {0} and roster.slow == {1}

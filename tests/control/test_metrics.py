@@ -26,7 +26,7 @@ def _status(step: int, recoveries: tuple[status.Recovery, ...] = ()) -> status.J
         live_workers=7,
         total_workers=8,
         plan=None,
-        plan_kind="",
+        plan_kind=status.MoveKind.INITIAL,
         recoveries=recoveries,
         message="",
     )
@@ -39,7 +39,7 @@ def _recovery(total_s: float, lost: int) -> status.Recovery:
         failed=(plans.WorkerId(3),),
         epoch=2,
         tier=messages.RecoveryTier.LIVE_REPLICA,
-        kind="dynamic",
+        kind=status.MoveKind.DYNAMIC,
         reason="r",
         total_s=total_s,
         lost_steps=lost,
@@ -86,10 +86,8 @@ async def test_the_endpoint_serves_the_latest_status_and_counts_recoveries() -> 
 
 
 @pytest.mark.asyncio
-async def test_sinks_keep_separate_registries_and_refuse_other_values() -> None:
+async def test_sinks_keep_separate_registries() -> None:
     one, two = metrics.MetricsSink("a"), metrics.MetricsSink("a")
     await one.publish(_status(5))
     assert one.registry.get_sample_value("planaria_step", {"job": "a"}) == 5
     assert two.registry.get_sample_value("planaria_step", {"job": "a"}) == 0
-    with pytest.raises(TypeError, match="JobStatus"):
-        await one.publish("not a status")

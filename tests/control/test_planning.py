@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from planaria.control import planning
+from planaria.control import planning, status
 from planaria.planner import candidates, errors, policy, screening, transfers
 from planaria.planner import plan as plans
 from tests import strategies
@@ -64,7 +64,7 @@ def _planner(policy_name: str) -> tuple[planning.Planner, plans.Plan]:
     job = scenarios.job(policy=policy_name)
     assert job.profile is not None
     planner = planning.Planner(job.profile, job)
-    running = planner.best([W(w) for w in range(8)], "initial").plan
+    running = planner.best([W(w) for w in range(8)], status.MoveKind.INITIAL).plan
     return planner, running
 
 
@@ -104,7 +104,7 @@ def test_reroute_keeps_the_layout_and_reroutes_the_hole() -> None:
 
 def test_scale_up_copies_only_what_the_new_workers_lack_from_holders_in_the_plan() -> None:
     planner, running = _planner("adaptive")
-    shrunk = planner.best([W(w) for w in range(8) if w != 3], "initial").plan
+    shrunk = planner.best([W(w) for w in range(8) if w != 3], status.MoveKind.INITIAL).plan
     move = planner.grow(shrunk, {W(w) for w in range(8)})
     assert sorted(move.plan.workers) == list(range(8))
     roles = transfers.roles(move.plan)

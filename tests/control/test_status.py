@@ -66,8 +66,8 @@ def _conditions(value: status.JobStatus) -> dict[str, tuple[str, str]]:
 
 
 def test_the_plan_summary_counts_each_pipelines_workers_and_names_the_move() -> None:
-    assert status.plan_summary(_plan(4, 4, 3), "dynamic") == "[4,4,3] dynamic"
-    assert status.plan_summary(None, "dynamic") == ""
+    assert status.plan_summary(_plan(4, 4, 3), status.MoveKind.DYNAMIC) == "[4,4,3] dynamic"
+    assert status.plan_summary(None, status.MoveKind.DYNAMIC) == ""
 
 
 @pytest.mark.parametrize(
@@ -159,7 +159,7 @@ def test_the_last_recovery_and_the_count_come_from_the_history() -> None:
             failed=(plans.WorkerId(i),),
             epoch=i + 1,
             tier=messages.RecoveryTier.LIVE_REPLICA,
-            kind="dynamic",
+            kind=status.MoveKind.DYNAMIC,
             reason="r",
         )
         for i in (1, 2)

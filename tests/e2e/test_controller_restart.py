@@ -35,7 +35,7 @@ import pytest
 
 from planaria.agent import checkpoints
 from planaria.cli import run
-from planaria.control import ports
+from planaria.control import ports, status
 from planaria.local import adoption, journal
 from planaria.spec import job, job_file
 from tests.chaos import invariant, processes
@@ -198,10 +198,14 @@ def _record() -> ports.EpochRecord:
     settings = scenarios.job()
     assert settings.profile is not None
     move = planning.Planner(settings.profile, settings).best(
-        frozenset(plan.WorkerId(w) for w in range(8)), "initial"
+        frozenset(plan.WorkerId(w) for w in range(8)), status.MoveKind.INITIAL
     )
     return ports.EpochRecord(
-        epoch=2, plan=move.plan, kind="dynamic", resume_step=7, profile=settings.profile
+        epoch=2,
+        plan=move.plan,
+        kind=status.MoveKind.DYNAMIC,
+        resume_step=7,
+        profile=settings.profile,
     )
 
 

@@ -87,7 +87,7 @@ def test_the_metrics_endpoint_serves_every_job_once_per_metric() -> None:
                     live_workers=2,
                     total_workers=2,
                     plan=None,
-                    plan_kind="",
+                    plan_kind=statuses.MoveKind.INITIAL,
                     recoveries=(),
                     message="",
                 )

@@ -31,7 +31,7 @@ RECOVERY = statuses.Recovery(
     failed=(1,),  # type: ignore[arg-type]
     epoch=2,
     tier=messages.RecoveryTier.LIVE_REPLICA,
-    kind="dynamic",
+    kind=statuses.MoveKind.DYNAMIC,
     reason="dynamic beats reroute: 1.3x the throughput",
     detect_s=0.2,
     plan_s=0.01,
@@ -223,7 +223,7 @@ SCALE_UP = statuses.Recovery(
     failed=(),
     epoch=3,
     tier=messages.RecoveryTier.KEPT,
-    kind="scale-up",
+    kind=statuses.MoveKind.SCALE_UP,
     reason="workers [3] joined: [4,4] is the templates' best plan",
     planned=True,
 )
@@ -232,7 +232,7 @@ PREEMPTION = statuses.Recovery(
     failed=(2,),  # type: ignore[arg-type]
     epoch=4,
     tier=messages.RecoveryTier.KEPT,
-    kind="reroute",
+    kind=statuses.MoveKind.REROUTE,
     reason="preemption notice for worker(s) [2]: reroute keeps every layer",
     planned=True,
 )
@@ -241,7 +241,7 @@ RESUME = statuses.Recovery(
     failed=(),
     epoch=5,
     tier=messages.RecoveryTier.CHECKPOINT,
-    kind="resume",
+    kind=statuses.MoveKind.RESUME,
     reason="resumed from checkpoint at step 30: [2,2] dynamic",
 )
 

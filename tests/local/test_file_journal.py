@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from planaria.control import status
 from planaria.local import journal
 from tests.control import scenarios
 
@@ -31,7 +32,9 @@ async def test_a_record_round_trips_and_a_later_one_replaces_it(tmp_path: Path) 
     back = log.read()
     assert back == first and back is not None and back.plan == first.plan
     assert back.transfers == first.transfers and back.planned
-    later = dataclasses.replace(first, epoch=4, kind="reroute", resume_step=57, planned=False)
+    later = dataclasses.replace(
+        first, epoch=4, kind=status.MoveKind.REROUTE, resume_step=57, planned=False
+    )
     await log.record(later)
     assert log.read() == later
     assert [p.name for p in tmp_path.iterdir()] == [journal.FILE_NAME]  # no temporary left

@@ -96,8 +96,7 @@ class Progress:
         if self._live is not None:
             self._live.start()
 
-    async def publish(self, status: object) -> None:
-        assert isinstance(status, statuses.JobStatus)
+    async def publish(self, status: statuses.JobStatus) -> None:
         if self._gone:
             return
         try:

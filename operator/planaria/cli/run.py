@@ -156,7 +156,7 @@ class _Sinks:
     def __init__(self, sinks: Sequence[ports.StatusSink]) -> None:
         self._sinks = tuple(sinks)
 
-    async def publish(self, status: object) -> None:
+    async def publish(self, status: statuses.JobStatus) -> None:
         for sink in self._sinks:
             await sink.publish(status)
 

@@ -19,6 +19,8 @@ from typing import TypeVar
 
 from planaria.control import membership, ports
 from planaria.planner import plan as plans
+from planaria.planner import profile as profiles
+from planaria.wire import messages
 
 LOG = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -83,7 +85,7 @@ class Connections:
             )
         except (ports.AgentUnreachable, Unbounded) as exc:
             LOG.warning("worker %d: not reachable: %s", worker, exc)
-            self._roster.dead.setdefault(worker, self._clock.monotonic())
+            self._roster.lost(worker, self._clock.monotonic())
             return False
         old = self._tasks.pop(worker, None)
         if old is not None:
@@ -92,6 +94,17 @@ class Connections:
         generation = self._roster.connected(worker, self._clock.monotonic())
         self._tasks[worker] = asyncio.ensure_future(self._watch(agent, worker, generation))
         return True
+
+    async def profile(
+        self, workers: Iterable[plans.WorkerId], order: messages.ProfileOrder
+    ) -> profiles.Profile:
+        """The model's profile from the lowest of `workers` whose agent measures it within the
+        Configure timeout; Unbounded when none does."""
+        for worker in sorted(workers):
+            with contextlib.suppress(ports.AgentUnreachable, Unbounded):
+                agent = self.agents[worker]
+                return await bounded(self._clock, agent.profile(order), self._timeout_s)
+        raise Unbounded("no agent could profile the model; check that the workers start")
 
     async def next(self, timeout_s: float) -> None:
         """Wait (bounded) for something to arrive, then take all that is queued."""

@@ -6,9 +6,12 @@ under the key prefix "epoch-E" of the backend's store; the group's collectives t
 the job's `step_timeout_s`. Each worker receives only the transfers it takes part in.
 
 `Driver`: the current epoch (plan, number, resume step) and the two halves of opening the
-next: `configure` (every Configure at once, each bounded; running agents of a planned switch
-first, since they must accept before they pass the switch step) and `commit` (wait, bounded,
-until every worker runs in the epoch). Workers that refuse, or never run in time, are marked
+next: `configure` (journal the epoch, then every Configure at once, each bounded; running agents
+of a planned switch first, since they must accept before they pass the switch step) and
+`commit` (wait, bounded, until every worker runs in the epoch). A `ports.Journal` records every
+epoch before its Configures go out, so that a successor controller can adopt it
+(`planaria.control.adoption`); a write is retried JOURNAL_ATTEMPTS times, and a failure is
+logged only: the epoch opens anyway. Workers that refuse, or never run in time, are marked
 faulty in the roster; a death on the way ends the wait early. Deciding what to open is the
 controller's; this is only how.
 """
@@ -18,13 +21,18 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 from planaria.control import connections, history, membership, planning, ports
 from planaria.control import settings as job_settings
+from planaria.control import status as statuses
 from planaria.planner import plan as plans
+from planaria.planner import profile as profiles
 from planaria.wire import messages
 
 LOG = logging.getLogger(__name__)
+JOURNAL_ATTEMPTS = 3  # a journal write is retried this often before the epoch opens anyway
+JOURNAL_RETRY_S = 0.2
 _RAN = (messages.AgentState.RUNNING, messages.AgentState.FINISHED)
 
 
@@ -68,6 +76,17 @@ def configs(
     }
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Opened:
+    """An epoch as it was opened: its number, plan, the kind of move that made the plan, and
+    the step it resumes after."""
+
+    epoch: int
+    plan: plans.Plan
+    kind: statuses.MoveKind
+    resume_step: int
+
+
 class Driver:
     """The current epoch and how the next one is opened (module docstring)."""
 
@@ -80,19 +99,21 @@ class Driver:
         roster: membership.Roster,
         lines: connections.Connections,
         record: history.History,
+        journal: ports.Journal | None = None,
     ) -> None:
         self._job = job
+        self._journal = journal
         self._store = store
         self._clock = clock
         self._roster = roster
         self._lines = lines
         self._history = record
         self.plan: plans.Plan | None = None
-        self.kind = ""
+        self.kind = statuses.MoveKind.INITIAL
         self.epoch = 0  # the epoch of `plan`: its heartbeats are the ones that count
         self.resume_step = 0
         self._opened = 0  # the latest epoch number given out (epochs only ever grow)
-        self._previous: tuple[plans.Plan | None, str, int, int] = (None, "", 0, 0)
+        self._previous: Opened | None = None  # the epoch before a planned switch
         self.planned = False  # the current epoch is a planned switch
         self.refused: set[plans.WorkerId] = set()  # who refused the last epoch's Configure
 
@@ -112,11 +133,24 @@ class Driver:
         """Wait (bounded) for news, take it in, and record the progress: of the previous
         epoch too while its workers train on towards a planned switch."""
         await self._lines.next(timeout_s)
-        previous, _, epoch, resume_step = self._previous
+        previous = self._previous
         if self._roster.switching and previous is not None:
-            self._observe(previous, epoch, resume_step)
+            self._observe(previous.plan, previous.epoch, previous.resume_step)
         if self.plan is not None:
             self._observe(self.plan, self.epoch, self.resume_step)
+
+    async def hear_everyone(self) -> None:
+        """Take in what arrived, then wait (at most a heartbeat timeout) until every connected
+        worker was heard within the timeout: after a long wait of the controller's own (a
+        profile, a predecessor's exit) the roster must not read its queue's age as silence."""
+        deadline = self._clock.monotonic() + self._job.heartbeat_timeout_s
+        await self.next(0)
+        while (now := self._clock.monotonic()) < deadline:
+            connected = set(self._lines.agents) - set(self._roster.dead)
+            fresh = {w for w in connected if not self._roster.silent(w, now)}
+            if fresh == connected and connected <= set(self._roster.beats):
+                return
+            await self.next(min(self._job.heartbeat_interval_s, deadline - now))
 
     def _observe(self, plan: plans.Plan, epoch: int, resume_step: int) -> None:
         beats = (self._roster.beats.get(w) for w in plan.workers)
@@ -159,17 +193,31 @@ class Driver:
         """Take over `record`'s epoch, opened by an earlier controller, without a Configure:
         its workers' heartbeats count from now on. `newest` is the highest epoch any agent
         reports; the next epoch opened is above both, so no agent refuses it as stale."""
-        self._previous = (None, "", 0, 0)
+        self._previous = None
         self.planned = False
         self.plan, self.kind = record.plan, record.kind
         self.epoch, self.resume_step = record.epoch, record.resume_step
         self._opened = max(self._opened, record.epoch, newest)
 
-    async def configure(self, move: planning.Move, resume_step: int, *, planned: bool) -> bool:
-        """Make `move` epoch E+1 resuming after `resume_step` and send its Configures; False
-        when some worker refused or was unreachable (it is faulty or dead in the roster)."""
+    async def configure(
+        self, move: planning.Move, resume_step: int, *, planned: bool, profile: profiles.Profile
+    ) -> bool:
+        """Make `move` epoch E+1 resuming after `resume_step`, journal it (`profile`: the
+        planner's) and send its Configures; False when some worker refused or was unreachable
+        (it is faulty or dead in the roster)."""
+        if self._journal is not None:
+            entry = ports.EpochRecord(
+                epoch=self.next_epoch,
+                plan=move.plan,
+                kind=move.kind,
+                resume_step=resume_step,
+                profile=profile,
+                transfers=move.transfers,
+                planned=planned,
+            )
+            await self._record(self._journal, entry)
         running = set(self.plan.workers) if planned and self.plan is not None else set()
-        self._previous = (self.plan, self.kind, self.epoch, self.resume_step)
+        self._previous = self._opened_now()
         self.planned = planned
         self._opened += 1
         self.epoch = self._opened
@@ -181,12 +229,12 @@ class Driver:
             job=self._job,
             store=self._store,
         )
-        self._roster.switching = running & set(sent)
+        self._roster.switch(running & set(sent))
         self.plan, self.kind, self.resume_step = move.plan, move.kind, resume_step
         first = {w: c for w, c in sent.items() if w in running}
         then = {w: c for w, c in sent.items() if w not in running}
         refused = await self._configure_all(first) | await self._configure_all(then)
-        self._roster.faulty |= refused
+        self._roster.give_up(refused)
         self.refused = refused
         return not refused
 
@@ -206,11 +254,11 @@ class Driver:
                 return False
             late = self.not_running()
             if not late:
-                self._roster.switching = set()
+                self._roster.switch(())
                 return True
             if now >= deadline:
                 LOG.warning("workers %s never ran in epoch %d", sorted(late), epoch)
-                self._roster.faulty |= late
+                self._roster.give_up(late)
                 return False
             await self.next(min(self._job.heartbeat_interval_s, deadline - now))
 
@@ -218,9 +266,9 @@ class Driver:
         """The current epoch is a planned switch that no worker made: none ran in it, none
         committed the switch step in the old one (their old group broke first). A worker
         that set the switch up but still waits for its group does not count."""
-        if not self.planned or self.plan is None or self._previous[0] is None:
+        if not self.planned or self.plan is None or self._previous is None:
             return False
-        workers = {*self.plan.workers, *self._previous[0].workers}
+        workers = {*self.plan.workers, *self._previous.plan.workers}
         beats = [b for w in workers if (b := self._roster.beats.get(w)) is not None]
         ran = any(b.epoch == self.epoch and b.state in _RAN for b in beats)
         reached = any(
@@ -233,11 +281,28 @@ class Driver:
         The epoch number stays; the previous plan's workers' heartbeats count whether they
         are of the old epoch or of the switch's (an agent may set up the switch it accepted
         after its old group broke, short of the switch step)."""
-        previous, kind, _, resume_step = self._previous
+        previous = self._previous
         assert self.planned and previous is not None, "only a planned switch falls back"
-        self.plan, self.kind, self.resume_step, self.planned = previous, kind, resume_step, False
-        self._roster.switching = set(previous.workers)
-        return previous
+        self.plan, self.kind, self.planned = previous.plan, previous.kind, False
+        self.resume_step = previous.resume_step
+        self._roster.switch(previous.plan.workers)
+        return previous.plan
+
+    def _opened_now(self) -> Opened | None:
+        if self.plan is None:
+            return None
+        return Opened(
+            epoch=self.epoch, plan=self.plan, kind=self.kind, resume_step=self.resume_step
+        )
+
+    async def _record(self, journal: ports.Journal, entry: ports.EpochRecord) -> None:
+        for attempt in range(1, JOURNAL_ATTEMPTS + 1):
+            try:
+                await journal.record(entry)
+                return
+            except Exception as exc:  # an adapter's I/O: the job goes on (module docstring)
+                LOG.warning("epoch %d not journalled (try %d): %s", entry.epoch, attempt, exc)
+            await self._clock.sleep(JOURNAL_RETRY_S)
 
     async def _configure_all(
         self, sent: dict[plans.WorkerId, messages.WorkerConfig]
@@ -255,7 +320,7 @@ class Driver:
             )
         except (ports.AgentUnreachable, connections.Unbounded) as exc:
             LOG.warning("worker %d: Configure of epoch %d: %s", config.worker, config.epoch, exc)
-            self._roster.dead.setdefault(config.worker, self._clock.monotonic())
+            self._roster.lost(config.worker, self._clock.monotonic())
             return False
         if not ack.accepted:
             LOG.warning("worker %d refused epoch %d: %s", config.worker, config.epoch, ack.reason)

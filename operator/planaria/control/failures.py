@@ -8,7 +8,8 @@ when the death hit the barrier itself), and takes the resume step as the survivo
 committed step: rolling the others back one step is covered by their own snapshots.
 
 An error an agent latched of its own is read here too: `job_error` words one that ends the job
-(a permanent kind, or one that came back after the bounded retry) for the status, `retried`
+(a permanent kind, or one that came back after the bounded retry) for the status (`ended` one
+that ended the run before any agent's: no plan, no answer, an invalid job), `retried`
 makes the live workers of an epoch that no one survived its survivors for that retry, and
 `without_survivors` says truthfully why no worker survived (lost, or alive but given up on).
 """
@@ -19,7 +20,8 @@ import dataclasses
 from collections.abc import Collection
 from dataclasses import dataclass
 
-from planaria.control import membership
+from planaria.control import connections, membership
+from planaria.planner import errors
 from planaria.planner import plan as plans
 from planaria.wire import messages
 
@@ -147,3 +149,13 @@ def unsettled(
         for w in set(running.workers) - roster.gone(running.workers, now)
         if (b := roster.beat(w, epoch)) is None or b.state not in membership.SETTLED
     }
+
+
+def ended(exc: Exception) -> JobError:
+    """The error that ended a job's run before any agent's: no plan fits (the planner's
+    error), an agent never answered (`connections.Unbounded`), or the job is invalid."""
+    if isinstance(exc, errors.PlannerError):
+        reason = "NoFeasiblePlan"
+    else:
+        reason = "Unresponsive" if isinstance(exc, connections.Unbounded) else "InvalidJob"
+    return JobError(reason=reason, message=str(exc))

@@ -8,7 +8,8 @@ A worker is *dead* from a DIED event or a broken Watch stream until a JOINED eve
 *faulty* when the controller gave up on it (refused or never finished a Configure, past a
 bound) until it joins again; *silent* when no heartbeat came for the job's heartbeat timeout.
 Watch items carry the connection's generation, so a stale stream's end after a re-join is
-ignored.
+ignored. Every change to the view goes through a method of `Roster` (the connections, the epoch
+driver and the controller's concerns ask it; none of them writes its fields).
 """
 
 from __future__ import annotations
@@ -78,6 +79,10 @@ class Roster:
     joined: list[plans.WorkerId] = field(default_factory=list)
     notices: set[plans.WorkerId] = field(default_factory=set)
     switching: set[plans.WorkerId] = field(default_factory=set)
+    # Live workers a recovery counted failed only because they had not stopped in time (a
+    # set-up still blocked on the epoch before, on a loaded machine): returns once stopped.
+    slow: set[plans.WorkerId] = field(default_factory=set)
+    was_live: set[plans.WorkerId] = field(default_factory=set)  # live at the last `returned`
 
     def connected(self, worker: plans.WorkerId, now: float) -> int:
         """A (re)connected agent: alive, its silence counted from now; its new generation."""
@@ -108,6 +113,58 @@ class Roster:
             self.notices.add(event.worker)
         elif event.worker not in self.joined:
             self.joined.append(event.worker)
+
+    def lost(self, worker: plans.WorkerId, now: float) -> None:
+        """`worker` cannot be reached (a failed connect or Configure): dead from `now`."""
+        self.dead.setdefault(worker, now)
+
+    def give_up(self, workers: Iterable[plans.WorkerId]) -> None:
+        """The controller gave up on `workers` (a refused or unanswered Configure, not running
+        in time): faulty until they join again."""
+        self.faulty |= set(workers)
+
+    def excuse(self, workers: Iterable[plans.WorkerId]) -> None:
+        """`workers` were given up on for no fault of theirs (a planned switch that came too
+        late for them): no longer faulty."""
+        self.faulty -= set(workers)
+
+    def switch(self, workers: Iterable[plans.WorkerId]) -> None:
+        """`workers` train on in an older epoch towards a planned switch (empty: none do)."""
+        self.switching = set(workers)
+
+    def take_joined(self) -> list[plans.WorkerId]:
+        """The workers that joined since the last call, in order."""
+        joined, self.joined = self.joined, []
+        return joined
+
+    def take_notices(self, workers: Iterable[plans.WorkerId]) -> set[plans.WorkerId]:
+        """The preemption notices of `workers`, now handled."""
+        noticed = self.notices & set(workers)
+        self.notices -= noticed
+        return noticed
+
+    def notice(self, workers: Iterable[plans.WorkerId]) -> None:
+        """Preemption notices of `workers` to handle (again) at the next pass."""
+        self.notices |= set(workers)
+
+    def mark_slow(self, late: Iterable[plans.WorkerId], now: float) -> None:
+        """Of the workers a recovery counted failed for not stopping in time, the live ones
+        are only slow: they return once their heartbeat shows them stopped (`returned`)."""
+        self.slow = set(late) - self.gone(late, now)
+
+    def returned(self, now: float, held: Iterable[plans.WorkerId] = ()) -> set[plans.WorkerId]:
+        """Workers live now but not at the previous call (heard again after a silence), and
+        slow workers now stopped; of them, those not `held` (by the running plan)."""
+        live = self.live(now)
+        stopped = {
+            w
+            for w in self.slow & live
+            if (b := self.beats.get(w)) is not None and b.state in SETTLED
+        }
+        self.slow -= stopped
+        returned = (live - self.was_live) | stopped
+        self.was_live = live
+        return returned - set(held)
 
     def live(self, now: float) -> set[plans.WorkerId]:
         """Connected workers neither dead, faulty nor silent."""

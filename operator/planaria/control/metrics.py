@@ -71,10 +71,8 @@ class MetricsSink:
         gauge = prometheus_client.Gauge(name, doc, list(labels), registry=self.registry)
         return gauge.labels(**labels)
 
-    async def publish(self, status: object) -> None:
-        """Update the metrics from a `status.JobStatus` (other values are a caller's bug)."""
-        if not isinstance(status, statuses.JobStatus):
-            raise TypeError(f"MetricsSink publishes JobStatus values, not {type(status).__name__}")
+    async def publish(self, status: statuses.JobStatus) -> None:
+        """Update the metrics from `status`."""
         self.update(status)
 
     def update(self, status: statuses.JobStatus) -> None:

@@ -29,6 +29,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from planaria.control import settings as job_settings
+from planaria.control import status as statuses
 from planaria.planner import (
     candidates,
     errors,
@@ -46,13 +47,12 @@ from planaria.planner import plan as plans
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Move:
-    """The next plan, the copies into it (sources all in `plan`), the kind of move ("initial",
-    "dynamic", "reroute", "symmetric", "asymmetric", "scale-up", "resume"), the planner's
+    """The next plan, the copies into it (sources all in `plan`), the kind of move, the planner's
     reason, and whether some layer of the plan has no live source (restored from snapshots)."""
 
     plan: plans.Plan
     transfers: tuple[plans.LayerTransfer, ...]
-    kind: str
+    kind: statuses.MoveKind
     reason: str
     needs_snapshot: bool = False
 
@@ -88,7 +88,7 @@ class Planner:
         f = self._templates.fault_tolerance
         return (f + 1) * self._templates.min_nodes * self._job.gpus_per_node
 
-    def best(self, live: Collection[plans.WorkerId], kind: str) -> Move:
+    def best(self, live: Collection[plans.WorkerId], kind: statuses.MoveKind) -> Move:
         """The templates' best plan over the nodes whose every worker is live (§4.2)."""
         nodes = whole_nodes(live, self._job.gpus_per_node)
         choice = instantiation.choose_plan(
@@ -101,7 +101,7 @@ class Planner:
         the workers by min-cost matching so the running workers keep what they hold and the
         new ones receive copies from the holders."""
         nodes = set(whole_nodes(live, self._job.gpus_per_node))
-        best = self.best(live, "scale-up")
+        best = self.best(live, statuses.MoveKind.SCALE_UP)
         members = set(running.workers)
         spare = [w for w in live if w not in members]
         held = {
@@ -110,7 +110,7 @@ class Planner:
             if w // self._job.gpus_per_node in nodes
         }
         transition = transfers.replan(held, best.plan, self._profile, self._policy.search.overheads)
-        return self._move(transition, "scale-up", best.reason)
+        return self._move(transition, statuses.MoveKind.SCALE_UP, best.reason)
 
     def recover(
         self,
@@ -140,7 +140,7 @@ class Planner:
             "reroute policy (ReCycle): the failed stages' micro-batches go to same-stage "
             f"peers ({len(new.reroutes)} reroute(s))"
         )
-        return Move(plan=new, transfers=(), kind="reroute", reason=reason)
+        return Move(plan=new, transfers=(), kind=statuses.MoveKind.REROUTE, reason=reason)
 
     def _reinstantiated(self, running: plans.Plan, lost: frozenset[plans.WorkerId]) -> Move:
         failed_nodes = {int(running.node_of(w)) for w in lost}
@@ -153,7 +153,7 @@ class Planner:
         transition = transfers.replan(
             held, after.plan, self._profile, self._policy.search.overheads
         )
-        return self._move(transition, "dynamic", after.reason)
+        return self._move(transition, statuses.MoveKind.DYNAMIC, after.reason)
 
     def _decided(
         self,
@@ -173,7 +173,8 @@ class Planner:
             given=self._oobleck_layouts(running, lost),
         )
         choice = decision.choice
-        kind = "dynamic" if choice.kind is candidates.Kind.GIVEN else str(choice.kind)
+        given = choice.kind is candidates.Kind.GIVEN
+        kind = statuses.MoveKind.DYNAMIC if given else statuses.MoveKind(choice.kind.value)
         return self._move(
             choice.transition,
             kind,
@@ -194,7 +195,7 @@ class Planner:
             return []
         return [after.chosen.plan, *(o.plan for o in after.alternatives)]
 
-    def _move(self, transition: transfers.Transition, kind: str, reason: str) -> Move:
+    def _move(self, transition: transfers.Transition, kind: statuses.MoveKind, reason: str) -> Move:
         copies, orphaned = within(transition.transfers, transition.target)
         return Move(
             plan=transition.target,

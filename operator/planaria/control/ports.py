@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Protocol
 
+from planaria.control import status as statuses
 from planaria.planner import plan, profile
 from planaria.wire import messages
 
@@ -150,9 +151,9 @@ class Clock(Protocol):
 
 
 class StatusSink(Protocol):
-    """Receives the job's status (a `planaria.control.status` value) after every pass."""
+    """Receives the job's status after every pass."""
 
-    async def publish(self, status: object) -> None: ...
+    async def publish(self, status: statuses.JobStatus) -> None: ...
 
 
 Transfers = tuple[plan.LayerTransfer, ...]  # (a field of EpochRecord is named `plan`)
@@ -168,7 +169,7 @@ class EpochRecord:
 
     epoch: int
     plan: plan.Plan
-    kind: str
+    kind: statuses.MoveKind
     resume_step: int
     profile: profile.Profile
     transfers: Transfers = ()

@@ -29,6 +29,19 @@ class Phase(StrEnum):
     SUSPENDED = "Suspended"
 
 
+class MoveKind(StrEnum):
+    """How an epoch's plan was made: the kind of move that opened it."""
+
+    INITIAL = "initial"  # the templates' best plan at the start
+    DYNAMIC = "dynamic"  # Oobleck's reinstantiation after a failure (§5.1)
+    REROUTE = "reroute"  # the layout kept, failed stages' micro-batches rerouted (ReCycle)
+    SYMMETRIC = "symmetric"  # Odyssey's DP/PP candidates after a failure
+    ASYMMETRIC = "asymmetric"
+    RESTART = "restart"  # the same plan regroups, or the templates anew over the survivors
+    SCALE_UP = "scale-up"  # a planned switch to a larger plan when workers joined
+    RESUME = "resume"  # out of Suspended, from host-memory snapshots or a checkpoint
+
+
 class ConditionType(StrEnum):
     """The conditions a status always carries, each True or False with a reason."""
 
@@ -65,7 +78,7 @@ class Recovery:
     failed: tuple[plans.WorkerId, ...]
     epoch: int
     tier: messages.RecoveryTier
-    kind: str
+    kind: MoveKind
     reason: str
     detect_s: float = 0.0
     plan_s: float = 0.0
@@ -123,14 +136,14 @@ class View:
     live_workers: int
     total_workers: int
     plan: plans.Plan | None
-    plan_kind: str
+    plan_kind: MoveKind
     recoveries: tuple[Recovery, ...]
     message: str
     checkpoint_step: int | None = None
     failure_reason: str = ""  # CamelCase, why the job Failed ("" until it did)
 
 
-def plan_summary(plan: plans.Plan | None, kind: str) -> str:
+def plan_summary(plan: plans.Plan | None, kind: MoveKind) -> str:
     """ "[4,4,3] dynamic": each pipeline's number of workers, then how the plan was made."""
     if plan is None:
         return ""

@@ -41,6 +41,7 @@ import kopf
 import pydantic
 
 from planaria.control import clock, controller, metrics
+from planaria.control import status as statuses
 from planaria.kube import api, backend, constants, journal, pods, reporting
 from planaria.rpc import tls
 from planaria.spec import job
@@ -224,7 +225,7 @@ class _Sinks:
 
     sinks: tuple[reporting.StatusWriter, metrics.MetricsSink]
 
-    async def publish(self, status: object) -> None:
+    async def publish(self, status: statuses.JobStatus) -> None:
         for sink in self.sinks:
             await sink.publish(status)
 

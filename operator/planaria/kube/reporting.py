@@ -215,8 +215,7 @@ class StatusWriter:
         """The last status written (or the previous one given)."""
         return dict(self._written)
 
-    async def publish(self, status: object) -> None:
-        assert isinstance(status, statuses.JobStatus), "the controller publishes JobStatus"
+    async def publish(self, status: statuses.JobStatus) -> None:
         phase_changed = status.phase.value != self._written.get("phase")
         if not phase_changed and self._clock() - self._last_write < self._min_interval_s:
             self._pending = status

@@ -28,6 +28,7 @@ from collections.abc import Mapping
 from google.protobuf import message as protobuf
 
 from planaria.control import ports
+from planaria.control import status as statuses
 from planaria.spec import profile_file
 from planaria.v1 import agent_pb2
 from planaria.wire import errors as wire_errors
@@ -74,7 +75,7 @@ def decode(fields: Mapping[str, object], source: str) -> ports.EpochRecord:
         return ports.EpochRecord(
             epoch=int(text["epoch"]),
             plan=planner_codec.decode_plan(plan),
-            kind=text["kind"],
+            kind=statuses.MoveKind(text["kind"]),
             resume_step=int(text["resumeStep"]),
             profile=profile_file.parse_profile(text["profile"], source=f"{source} profile"),
             transfers=tuple(planner_codec.decode_transfer(t) for t in transfers),

@@ -1,0 +1,260 @@
+"""Recovery from a broken epoch: settle, assess, decide, and the step training resumes after.
+
+A death (broken Watch, DIED event, silence past the heartbeat timeout, an agent's own latched
+error) or a peer-lost failure breaks the running epoch. `Handler.recover` then
+- fails the job at once on an error of the job's own (`membership.PERMANENT`: the settings, plan
+  or data cannot be used), without waiting for the others to settle;
+- waits (bounded by a step and a heartbeat timeout) until the epoch's other workers settle,
+  and reads the epoch (`failures.assess`): the failed, the survivors, their oldest step;
+- when no worker survived but live ones latched errors of their own (INTERNAL, OUT_OF_MEMORY),
+  takes those as the survivors, OWN_ERROR_RETRIES times from one step, then fails the job;
+- asks the planner per the job's policy (`decide`, pure), with Oobleck's fresh instantiation
+  over the survivors as the last resort, and finds the resume step (`resume_step`, pure): the
+  survivors' oldest committed step, or their newest snapshot complete everywhere when a layer
+  has no live replica.
+It answers with an `outcomes.Outcome` that the controller carries out: open the next epoch,
+suspend, fail, or succeed (the survivors already committed the job's last step). It never opens an
+epoch itself. A missed planned switch recovers from the plan the workers still hold.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Awaitable, Callable
+
+from planaria.control import epochs, failures, history, membership, outcomes, planning, ports
+from planaria.control import settings as job_settings
+from planaria.control import status as statuses
+from planaria.planner import errors, policy
+from planaria.planner import plan as plans
+from planaria.wire import messages
+
+LOG = logging.getLogger(__name__)
+DEFAULT_TIME_TO_FAILURE_S = 3600.0  # eq. 8's T_next before any failure is seen, without mtbf_s
+# An epoch no worker survived, whose live workers latched errors of their own (INTERNAL,
+# OUT_OF_MEMORY), is retried with them this often from one step before the job fails: a
+# transient fault (a device reset, memory another process held) passes, a deterministic one
+# comes back.
+OWN_ERROR_RETRIES = 1
+
+
+class Handler:
+    """Recovers one job's broken epochs (module docstring); counts its failures for Odyssey
+    eq. 8 and its own-error retries."""
+
+    def __init__(
+        self,
+        job: job_settings.JobSettings,
+        clock: ports.Clock,
+        roster: membership.Roster,
+        driver: epochs.Driver,
+        record: history.History,
+    ) -> None:
+        self._job = job
+        self._clock = clock
+        self._roster = roster
+        self._epochs = driver
+        self._history = record
+        self._started_at = clock.monotonic()
+        self._failures = 0
+        self._retries = (0, 0)  # own-error retries: (the step they resume from, how many)
+
+    def time_to_failure(self) -> float:
+        """Odyssey eq. 8's expected time to the next failure (the job's, else observed)."""
+        observed = self._clock.monotonic() - self._started_at
+        if self._job.mtbf_s is None and (self._failures == 0 or observed <= 0):
+            return DEFAULT_TIME_TO_FAILURE_S
+        return policy.time_to_failure_s(
+            mtbf_s=self._job.mtbf_s, num_failures=self._failures, observed_s=observed
+        )
+
+    async def recover(
+        self, planner: planning.Planner, announce: Callable[[str], Awaitable[None]]
+    ) -> outcomes.Outcome:
+        """What to do about the broken running epoch (module docstring); `announce` tells
+        the status that the controller waits for the workers to stop."""
+        assert self._epochs.plan is not None, "a broken epoch has a plan"
+        running, epoch, noticed = self._epochs.plan, self._epochs.epoch, self._clock.monotonic()
+        fatal = failures.job_error(self._roster, running.workers, epoch, membership.PERMANENT)
+        if fatal is not None:  # the job's own error: no plan avoids it, so no need to settle
+            return outcomes.Fail(error=fatal)
+        missed = self._epochs.switch_missed()
+        if missed:  # recover from the plan the workers still hold
+            running = self._epochs.fall_back()
+            self._history.pending = None
+        await announce("a worker failed; waiting for the others to stop")
+        late = await self._settle(running, epoch)
+        now = self._clock.monotonic()
+        found = failures.assess(self._roster, running, epoch, late, now)
+        self._roster.mark_slow(late, now)
+        if not found.survivors:
+            retry = self._retried(running, epoch, found)
+            if not isinstance(retry, failures.Assessment):
+                return retry
+            found = retry
+        if found.state_lost and not missed:  # (a missed switch's setups latch it, short of it)
+            lost = "a layer's state is in no recovery tier (replica, snapshot or checkpoint)"
+            return outcomes.Suspend(running=running, what=lost, retry=True)
+        if found.survivors and found.resume_step >= self._job.steps:
+            return outcomes.Succeed()
+        return self._next_epoch(planner, running, found, noticed, now)
+
+    def _next_epoch(
+        self,
+        planner: planning.Planner,
+        running: plans.Plan,
+        found: failures.Assessment,
+        noticed: float,
+        now: float,
+    ) -> outcomes.Outcome:
+        """The planner's move and its resume step for `found`, as an `Open` (or a Suspend)."""
+        live = self._roster.live(now)
+        move = decide(
+            planner,
+            running,
+            found,
+            live=live,
+            own_faults=bool(self._roster.own_faults(running.workers, self._epochs.epoch)),
+            policy_name=self._job.policy,
+            time_to_failure_s=self.time_to_failure(),
+            lost=failures.without_survivors(self._roster, found.failed, now),
+        )
+        if isinstance(move, outcomes.Suspend):
+            return move
+        snapshot = self._roster.snapshot_step(found.survivors) if move.needs_snapshot else None
+        resume = resume_step(found, move, snapshot, self._job.training)
+        if resume is None:
+            lost = "a lost layer has no live replica and no host-memory snapshot to restore"
+            return outcomes.Suspend(running=running, what=lost, retry=True)
+        if resume < found.resume_step:  # rolled back to a snapshot: live copies are too new
+            move = dataclasses.replace(move, transfers=())
+        self._failures += 1 if found.failed else 0
+        record = statuses.Recovery(
+            started_s=found.death_at,
+            failed=tuple(sorted(found.failed)),
+            epoch=self._epochs.next_epoch,
+            tier=messages.RecoveryTier.KEPT,
+            kind=move.kind,
+            reason=move.reason,
+            detect_s=max(0.0, noticed - found.death_at),
+            plan_s=self._clock.monotonic() - now,
+            lost_steps=found.newest_step - resume,
+        )
+        return outcomes.Open(move=move, resume_step=resume, record=record)
+
+    async def _settle(self, running: plans.Plan, epoch: int) -> set[plans.WorkerId]:
+        """Wait until the epoch's live workers all stopped, at most a step timeout and a
+        heartbeat timeout; the ones still not stopped then."""
+        deadline = self._clock.monotonic() + self._job.step_timeout_s
+        deadline += self._job.heartbeat_timeout_s
+        while True:
+            now = self._clock.monotonic()
+            waiting = failures.unsettled(self._roster, running, epoch, now)
+            if not waiting or now >= deadline:
+                return waiting
+            await self._epochs.next(min(self._job.heartbeat_interval_s, deadline - now))
+
+    def _retried(
+        self, running: plans.Plan, epoch: int, found: failures.Assessment
+    ) -> failures.Assessment | outcomes.Fail:
+        """No worker of `epoch` survived: when the live ones latched errors of their own (none
+        permanent), they survive it instead and try again (`failures.retried`), at most
+        OWN_ERROR_RETRIES times from one step; past that the job fails with their error.
+        `found` itself when none of them is live."""
+        live = self._roster.live(self._clock.monotonic())
+        own = self._roster.own_faults(running.workers, epoch) & live
+        if not own:
+            return found
+        retry = failures.retried(self._roster, found, own, epoch)
+        step, tries = self._retries
+        tries = tries + 1 if step == retry.resume_step else 1
+        self._retries = (retry.resume_step, tries)
+        error = failures.job_error(self._roster, own, epoch, membership.OWN_FAULTS)
+        assert error is not None, "a worker with an own fault latched an error of its own"
+        if tries > OWN_ERROR_RETRIES:
+            tried = "1 retry" if OWN_ERROR_RETRIES == 1 else f"{OWN_ERROR_RETRIES} retries"
+            again = f"after {tried} from step {retry.resume_step}"
+            return outcomes.Fail(
+                error=dataclasses.replace(error, message=f"{error.message} ({again})")
+            )
+        LOG.warning(
+            "no worker survived epoch %d, each latched an error of its own; they try again from "
+            "step %d (%d of %d): %s",
+            epoch,
+            retry.resume_step,
+            tries,
+            OWN_ERROR_RETRIES,
+            error.message,
+        )
+        return retry
+
+
+def decide(
+    planner: planning.Planner,
+    running: plans.Plan,
+    found: failures.Assessment,
+    *,
+    live: set[plans.WorkerId],
+    own_faults: bool,
+    policy_name: str,
+    time_to_failure_s: float,
+    lost: str,
+) -> planning.Move | outcomes.Suspend:
+    """The move after `found` (the planner is pure): the same plan when every worker is alive
+    (`own_faults`: some latched an error of its own), the job's policy's plan, else the
+    templates anew over the survivors; Suspend, saying `lost` or why, when there is none."""
+    if not found.survivors:
+        return outcomes.Suspend(running=running, what=lost, retry=False)
+    if not found.failed:  # all alive, yet the group broke: the same plan regroups
+        reason = "every worker is alive but the epoch's group broke; the same plan regroups"
+        if own_faults:
+            reason = "every worker latched an error of its own; the same plan tries again"
+        return planning.Move(
+            plan=running, transfers=(), kind=statuses.MoveKind.RESTART, reason=reason
+        )
+    spare = live - set(running.workers)
+    try:
+        return planner.recover(running, found.failed, spare, time_to_failure_s)
+    except errors.InfeasibleError as exc:
+        refused = f"the {policy_name} policy has no plan ({exc})"
+    try:  # Oobleck's last resort: instantiate the templates anew over the survivors
+        move = planner.grow(running, live & (found.survivors | spare))
+    except errors.PlannerError as exc:
+        what = f"no plan for the {len(found.survivors)} surviving workers: {exc}"
+        return outcomes.Suspend(running=running, what=what, retry=False)
+    restart = statuses.MoveKind.RESTART
+    return dataclasses.replace(move, kind=restart, reason=f"{refused}; {move.reason}")
+
+
+def resume_step(
+    found: failures.Assessment,
+    move: planning.Move,
+    snapshot: int | None,
+    training: messages.TrainingSettings,
+) -> int | None:
+    """The step the next epoch resumes after: the survivors' oldest committed step, or, when
+    some layer of `move` has no live replica, the survivors' latest common `snapshot` that is
+    complete everywhere (None when there is none at or before their step)."""
+    if not move.needs_snapshot:
+        return found.resume_step
+    if snapshot is not None:
+        snapshot = complete_everywhere(found, snapshot, training)
+    if snapshot is None or snapshot > found.resume_step:
+        return None
+    return snapshot
+
+
+def complete_everywhere(
+    found: failures.Assessment, snapshot: int, training: messages.TrainingSettings
+) -> int:
+    """The newest snapshot step at or before `snapshot` that is complete on every worker, the
+    dead included (their stores hold the lost layers). A writer finishes step t's snapshot
+    before the commit barrier of the next step, so a snapshot older than the survivors' step c
+    is complete everywhere, and so is c when a worker died in the barrier after it (some
+    survivors committed past c). A worker killed while training step c + 1 may still have been
+    writing c's: then the one before it (the other slot of the double buffer) is the safe one."""
+    split = found.newest_step > found.resume_step
+    if snapshot < found.resume_step or split:
+        return snapshot
+    return max(0, snapshot - max(1, training.snapshot_interval_steps))

@@ -1,0 +1,170 @@
+"""Recovery's decisions, tested directly (planaria.control.recovery; the controller's recoveries
+end to end are in test_controller.py and test_membership_changes.py).
+
+Covers: the move after a broken epoch (Suspend when no worker survived, the same plan when all
+are alive, the policy's plan, the templates anew when the policy has none, Suspend when nothing
+fits the survivors); the resume step (the survivors' oldest step; with a layer in no live
+replica, their newest snapshot complete on every worker, never newer than their step); the
+expected time to the next failure before any is seen.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from planaria.control import (
+    connections,
+    epochs,
+    failures,
+    history,
+    membership,
+    outcomes,
+    planning,
+    recovery,
+    settings,
+    status,
+)
+from planaria.planner import plan as plans
+from tests.control import fakes, scenarios
+
+W = plans.WorkerId
+ALL = frozenset(W(w) for w in range(8))
+
+
+def _found(failed: set[int], *, resume: int = 10, newest: int = 10) -> failures.Assessment:
+    lost = frozenset(W(w) for w in failed)
+    return failures.Assessment(
+        failed=lost,
+        survivors=ALL - lost,
+        death_at=1.0,
+        newest_step=newest,
+        resume_step=resume,
+        state_lost=False,
+    )
+
+
+def _planner(policy_name: str = "adaptive") -> tuple[planning.Planner, plans.Plan]:
+    job = scenarios.job(policy=policy_name)
+    assert job.profile is not None
+    planner = planning.Planner(job.profile, job)
+    return planner, planner.best(ALL, status.MoveKind.INITIAL).plan
+
+
+def _decide(
+    found: failures.Assessment, *, policy_name: str = "adaptive", own_faults: bool = False
+) -> planning.Move | outcomes.Suspend:
+    planner, running = _planner(policy_name)
+    return recovery.decide(
+        planner,
+        running,
+        found,
+        live=set(found.survivors),
+        own_faults=own_faults,
+        policy_name=policy_name,
+        time_to_failure_s=3600.0,
+        lost="every worker of the plan is lost",
+    )
+
+
+def _move(*, needs_snapshot: bool) -> planning.Move:
+    _, running = _planner()
+    return planning.Move(
+        plan=running,
+        transfers=(),
+        kind=status.MoveKind.DYNAMIC,
+        reason="",
+        needs_snapshot=needs_snapshot,
+    )
+
+
+def test_no_survivor_suspends_saying_why() -> None:
+    decided = _decide(_found(set(range(8))))
+    assert decided == outcomes.Suspend(
+        running=_planner()[1], what="every worker of the plan is lost", retry=False
+    )
+
+
+@pytest.mark.parametrize(
+    ("own_faults", "words"),
+    [(False, "the same plan regroups"), (True, "latched an error of its own")],
+    ids=["a broken group", "errors of the workers' own"],
+)
+def test_every_worker_alive_regroups_the_same_plan(own_faults: bool, words: str) -> None:
+    decided = _decide(_found(set()), own_faults=own_faults)
+    assert isinstance(decided, planning.Move)
+    assert decided.plan == _planner()[1] and decided.kind is status.MoveKind.RESTART
+    assert words in decided.reason
+
+
+def test_a_lost_worker_gets_the_policys_plan_without_it() -> None:
+    decided = _decide(_found({3}), policy_name="dynamic")
+    assert isinstance(decided, planning.Move) and decided.kind is status.MoveKind.DYNAMIC
+    assert W(3) not in decided.plan.workers
+
+
+def test_without_a_policy_plan_the_templates_start_anew_over_the_survivors() -> None:
+    # Pipelines [0,1] [2,3] [4,5] [6,7]: rerouting cannot cover a stage lost in every
+    # pipeline; the templates fit the four survivors.
+    decided = _decide(_found({0, 2, 4, 6}), policy_name="reroute")
+    assert isinstance(decided, planning.Move) and decided.kind is status.MoveKind.RESTART
+    assert decided.reason.startswith("the reroute policy has no plan")
+    assert set(decided.plan.workers) == {W(1), W(3), W(5), W(7)}
+
+
+def test_too_few_survivors_for_any_plan_suspend() -> None:
+    decided = _decide(_found({0, 1, 2, 3, 4, 5}), policy_name="dynamic")
+    assert isinstance(decided, outcomes.Suspend) and not decided.retry
+    assert "no plan for the 2 surviving workers" in decided.what
+
+
+def test_a_resume_step_is_the_survivors_step_unless_a_layer_needs_a_snapshot() -> None:
+    training = scenarios.training(snapshot_interval_steps=1)
+    found = _found({3}, resume=10)
+    assert recovery.resume_step(found, _move(needs_snapshot=False), None, training) == 10
+    needs = _move(needs_snapshot=True)
+    assert recovery.resume_step(found, needs, None, training) is None  # no snapshot at all
+    assert recovery.resume_step(found, needs, 12, training) is None  # newer than their step
+    assert recovery.resume_step(found, needs, 8, training) == 8  # older ones are complete
+    # Step 10's snapshot may have been half written by a worker killed in step 11.
+    assert recovery.resume_step(found, needs, 10, training) == 9
+    split = _found({3}, resume=10, newest=11)  # died in the barrier after 10: complete
+    assert recovery.resume_step(split, needs, 10, training) == 10
+
+
+@given(
+    resume=st.integers(0, 100),
+    ahead=st.integers(0, 1),
+    snapshot=st.none() | st.integers(0, 120),
+    interval=st.integers(1, 5),
+)
+def test_a_resume_step_is_never_past_the_survivors_oldest_step(
+    resume: int, ahead: int, snapshot: int | None, interval: int
+) -> None:
+    found = _found({3}, resume=resume, newest=resume + ahead)
+    training = scenarios.training(snapshot_interval_steps=interval)
+    step = recovery.resume_step(found, _move(needs_snapshot=True), snapshot, training)
+    assert step is None or 0 <= step <= min(resume, snapshot or 0)
+    if snapshot is None or snapshot > resume + interval:
+        assert step is None
+    elif snapshot <= resume:
+        assert step is not None
+
+
+def test_the_time_to_failure_is_the_default_before_any_failure() -> None:
+    job = scenarios.job()
+    clock = fakes.ManualClock()
+    handler = _handler(job, clock)
+    assert handler.time_to_failure() == recovery.DEFAULT_TIME_TO_FAILURE_S
+
+
+def _handler(job: settings.JobSettings, clock: fakes.ManualClock) -> recovery.Handler:
+    roster = membership.Roster(heartbeat_timeout_s=job.heartbeat_timeout_s)
+    cluster = fakes.FakeCluster(clock)
+    lines = connections.Connections(cluster, clock, roster, interval_s=0.1, timeout_s=1.0)
+    record = history.History(global_batch=job.training.global_batch_size)
+    driver = epochs.Driver(
+        job, store=cluster.store, clock=clock, roster=roster, lines=lines, record=record
+    )
+    return recovery.Handler(job, clock, roster, driver, record)
