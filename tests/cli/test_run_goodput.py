@@ -76,7 +76,7 @@ def _recovery(at_s: float, epoch: int, reason: str = REASON, lost: int = 0) -> s
         failed=(plans.WorkerId(3),),
         epoch=epoch,
         tier=messages.RecoveryTier.LIVE_REPLICA,
-        kind="dynamic",
+        kind=statuses.MoveKind.DYNAMIC,
         reason=reason,
         total_s=5.0,
         lost_steps=lost,
