@@ -11,7 +11,12 @@ fault-free reference bitwise (exact reduction; tests/chaos/invariant.py compares
 agent process of either controller remains (pids checked with their start times, and their
 sessions), the job's /dev/shm stores and the journal are gone. Also, in process: a second
 controller of a run directory is refused while the first holds its lock, naming its pid; a
-journal whose agents are all gone starts the job over, saying so.
+journal whose agents are all gone starts the job over, saying so. A controller SIGKILLed in the
+middle of steady training: the next resumes past the last step the first showed (the whole
+run's steps in metrics.csv never go back: nothing trained again), the result is bitwise the
+reference, and summary.md lists both controllers (RUN/progress.jsonl). SIGTERM mid-training
+(exit 143, no agent left), then the same command: it starts over and says, on the console and
+in summary.md, the step the interrupted run reached.
 
 The test process makes itself a child subreaper while it runs: the old controller's agents are
 re-parented to it, as they would be to init, and it reaps them (PID 1 of some sandboxes, this
@@ -258,13 +263,7 @@ def test_a_controller_killed_while_training_is_adopted_without_losing_progress(
     """#19: the successor resumes from the step the agents committed, not from step 0, and the
     job still ends equal to the fault-free reference, bit for bit."""
     name, out = f"steady-{uuid.uuid4().hex[:8]}", tmp_path / "run"
-    job_path = tmp_path / "job.yaml"
-    text = STEADY.format(steps=STEADY_STEPS, corpus=corpus, checkpoints=tmp_path / "checkpoints")
-    job_path.write_text(text)
-    command = [
-        *(sys.executable, "-m", "planaria", "run", str(job_path), "--out", str(out)),
-        *("--name", name, "--no-progress", "--snapshot-base", str(shm)),
-    ]
+    job_path, command = _steady(tmp_path, corpus, shm, name)
     recorder = processes.Recorder()
     try:
         shown = _kill_while_training(command, tmp_path / "first.log")
@@ -279,9 +278,61 @@ def test_a_controller_killed_while_training_is_adopted_without_losing_progress(
     assert re.search(r"adopting epoch 1 from a previous controller \(3 agents", said), said
     assert f"Succeeded at step {STEADY_STEPS}" in said, said
     trained = [int(row.split(",")[1]) for row in (out / "metrics.csv").read_text().split()[1:]]
-    assert trained and min(trained) > shown, (shown, trained[:5], said)  # no step trained again
+    # The whole run's steps, the first controller's included, never go back: none trained again.
+    assert trained and trained[0] <= shown and trained == sorted(trained), (shown, trained, said)
     settings = job.to_settings(job_file.load_job(job_path).spec, name, str(corpus))
     problems: list[str] = []
     states = checkpoints.load_checkpoint(tmp_path / "checkpoints", STEADY_STEPS)
     assert invariant.compare(states, settings, STEADY_STEPS, problems) == 0 and not problems
     assert leaked == () and not (shm / name).exists()
+    summary = (out / "summary.md").read_text()  # the report covers both controllers
+    assert (
+        "stopped without a report (killed)" in summary and "2. this controller: adopted" in summary
+    )
+
+
+def _steady(tmp_path: Path, corpus: Path, shm: Path, name: str) -> tuple[Path, list[str]]:
+    job_path = tmp_path / "job.yaml"
+    text = STEADY.format(steps=STEADY_STEPS, corpus=corpus, checkpoints=tmp_path / "checkpoints")
+    job_path.write_text(text)
+    command = [
+        *(sys.executable, "-m", "planaria", "run", str(job_path), "--out", str(tmp_path / "run")),
+        *("--name", name, "--no-progress", "--snapshot-base", str(shm)),
+    ]
+    return job_path, command
+
+
+@pytest.mark.usefixtures("subreaper")
+def test_a_run_stopped_by_sigterm_then_run_again_starts_over_and_says_what_it_lost(
+    tmp_path: Path, corpus: Path, shm: Path
+) -> None:
+    """#19: SIGTERM stops the agents (nothing left to adopt); the same command again starts the
+    job over, says so on the console and in its report, with the step the first run reached."""
+    name, out = f"sigterm-{uuid.uuid4().hex[:8]}", tmp_path / "run"
+    _, command = _steady(tmp_path, corpus, shm, name)
+    recorder = processes.Recorder()
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    try:
+        log = tmp_path / "first.log"
+        with open(log, "wb") as sink:
+            first = subprocess.Popen(command, env=env, stdout=sink, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + KILL_WITHIN_S
+        while max((int(m) for m in PROGRESS.findall(log.read_text())), default=0) < 5:
+            assert first.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.05)
+        _agents(out, recorder)
+        first.send_signal(signal.SIGTERM)
+        assert first.wait(60.0) == 143, log.read_text()
+        assert not _agents(out, recorder), "SIGTERM left agents running"
+        code, said = _run_again(command, tmp_path / "second.log")
+        _agents(out, recorder)
+    finally:
+        processes.reap(set(recorder.started))
+        leaked = recorder.leaked()
+        processes.kill(leaked)
+    assert code == 0 and leaked == (), said
+    assert "adopting" not in said
+    lost = re.search(r"started over: the previous run in this directory reached step (\d+)", said)
+    assert lost is not None and int(lost[1]) >= 5, said
+    assert "(Interrupted by SIGTERM at step" in said
+    assert f"This run {lost[0]}" in (out / "summary.md").read_text()

@@ -34,16 +34,18 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import fcntl
 import logging
 import os
 import signal
 import sys
+import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from planaria.cli import progress, run_checks, run_interrupts, run_report
+from planaria.cli import progress, run_checks, run_interrupts, run_log, run_report
 from planaria.control import clock, ports
 from planaria.control import controller as controllers
 from planaria.control import metrics as job_metrics
@@ -208,8 +210,12 @@ async def _compose(
     if adopted is not None:
         failures = _not_yet_due(failures, adopted.resume_step)
     injector = faults.Injector(backend, failures, mtbf=options.mtbf_s, seed=settings.training.seed)
+    before = run_log.before(run_log.read(options.out), adopting=adopted is not None)
+    if before.lost_line():
+        print(f"planaria run: {before.lost_line()}")
+    log = run_log.ProgressLog(options.out, adopted_epoch=adopted.epoch if adopted else None)
     terminal = progress.Progress(steps=settings.steps, live=options.live)
-    sinks: list[ports.StatusSink] = [terminal]
+    sinks: list[ports.StatusSink] = [terminal, log]
     server = None
     if options.metrics_port is not None:
         metrics = job_metrics.MetricsSink(settings.name)
@@ -226,6 +232,8 @@ async def _compose(
             journal=journal,
             adopt=adopted,
             interrupts=interrupts,
+            before=before,
+            log=log,
         )
         if interrupts.interrupted(final.phase) is None:
             journal.remove()  # every agent is stopped: nothing is left to adopt
@@ -325,17 +333,21 @@ async def execute(
     journal: ports.Journal | None = None,
     adopt: ports.EpochRecord | None = None,
     interrupts: run_interrupts.Interrupts | None = None,
+    before: run_log.Before | None = None,
+    log: run_log.ProgressLog | None = None,
 ) -> statuses.JobStatus:
     """Run the job on `backend` to its end, with `inject` (given a way to read the job's status)
     running alongside, then write the report to `out`; returns the final status. The report is
     written also after an error or an interrupt, once every worker is stopped. `journal` records
     every epoch; `adopt` continues a previous controller's epoch (its agents still run);
     `interrupts` may cancel the job (run_interrupts): the status is then the one it was
-    cancelled in, and the report says which signal ended it."""
+    cancelled in, and the report says which signal ended it. `before`: what earlier controllers
+    of the run did (the report covers them too); `log` is told how the run ended, once the
+    report is written."""
     controller = controllers.Controller(
         settings, backend, clock=clock, sink=sink, journal=journal, adopt=adopt
     )
-    started = clock.monotonic()
+    started, started_wall = clock.monotonic(), time.time()
     driving = asyncio.ensure_future(_drive(controller, inject))
     if interrupts is not None:
         interrupts.guard(driving)
@@ -349,7 +361,13 @@ async def execute(
         ended = clock.monotonic()  # the workers' shutdown is not part of the run
         await backend.shutdown()
         signum = interrupts.interrupted(controller.status.phase) if interrupts else None
-        _report(settings, controller, out, started, ended, signum)
+        adopted = adopt.epoch if adopt is not None else None
+        history = _history(
+            settings, controller, (started, started_wall), ended, signum, (before, adopted)
+        )
+        run_report.write_report(history, out)
+        if log is not None:
+            log.end(history.outcome, controller.status.step)
     return controller.status
 
 
@@ -359,26 +377,43 @@ def _cancelling() -> bool:
     return task is not None and task.cancelling() > 0
 
 
-def _report(
+def _history(
     settings: job_settings.JobSettings,
     controller: controllers.Controller,
-    out: Path,
-    started_s: float,
+    started: tuple[float, float],
     finished_s: float,
     interrupted_by: signal.Signals | None,
-) -> None:
-    final = controller.status
-    history = run_report.History(
+    taken_over: tuple[run_log.Before | None, int | None],
+) -> run_report.History:
+    """The run's history for its report: the controller's, after the earlier controllers' steps
+    (`before.earlier`, moved from the wall clock onto the controller's: `started` is the run's
+    start on both), on one time axis from the first controller's start; `taken_over` adds the
+    epoch this controller adopted (None: it started the job)."""
+    started_s, started_wall = started
+    before, adopted = taken_over
+    earlier = before.earlier if before is not None else ()
+    moved = [
+        dataclasses.replace(r, at_s=started_s + (r.at_s - started_wall))
+        for segment in earlier
+        for r in segment.steps
+    ]
+    first_s = started_s + min((s.started_wall_s - started_wall for s in earlier), default=0.0)
+    this = "this controller: " + (f"adopted epoch {adopted}" if adopted else "started the job")
+    if controller.steps:
+        this += f", saw steps {controller.steps[0].step}-{controller.steps[-1].step} committed"
+    return run_report.History(
         job=settings.name,
         global_batch_size=settings.training.global_batch_size,
-        final=final,
-        steps=controller.steps,
+        final=controller.status,
+        steps=(*[r for r in moved if r.at_s < started_s], *controller.steps),
         recoveries=controller.recoveries,
-        started_s=started_s,
+        started_s=min(first_s, started_s),
         finished_s=finished_s,
         interrupted_by=interrupted_by.name if interrupted_by else None,
+        controllers=(*(s.describe() for s in earlier), this) if earlier else (),
+        adopted_at_s=started_s if adopted else None,
+        lost=before.lost_line() if before is not None else None,
     )
-    run_report.write_report(history, out)
 
 
 async def _drive(controller: controllers.Controller, inject: Inject | None) -> None:

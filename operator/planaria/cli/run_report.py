@@ -7,7 +7,8 @@
     DIR/timeline.png                throughput, loss and live workers over time, failures marked
 
 Everything is drawn from the controller's history (`Controller.steps`, `.recoveries`, the final
-status): a pure function of a `History`, so the report of any run, real or synthetic, is tested
+status), with the steps of earlier controllers of the same run (`planaria.cli.run_log`) before
+its own: a pure function of a `History`, so the report of any run, real or synthetic, is tested
 without workers. Times in the files are seconds since the run started (`History.started_s` on
 the controller's clock). matplotlib (Agg) is imported inside `write_timeline`, so importing
 this module stays cheap.
@@ -50,6 +51,12 @@ class History:
     started_s: float
     finished_s: float
     interrupted_by: str | None = None
+    # Earlier controllers of the run (planaria.cli.run_log): one line each, this one's last;
+    # when this controller adopted, the moment it did (on its clock), and when it started the
+    # job over, what that lost.
+    controllers: tuple[str, ...] = ()
+    adopted_at_s: float | None = None
+    lost: str | None = None
 
     @property
     def outcome(self) -> str:
@@ -160,6 +167,15 @@ def summary(history: History) -> str:
         )
     if final.message:
         lines.append(f"Last message: {final.message}")
+    if history.lost:
+        lines.append(f"This run {history.lost}.")
+    if history.controllers:
+        lines += ["", "## Controllers", ""]
+        lines += [f"{i}. {line}" for i, line in enumerate(history.controllers, start=1)]
+        lines.append(
+            "\nThe steps and times above and below cover every controller of the run, on one "
+            "time axis from the first one's start (RUN/progress.jsonl)."
+        )
     lines += ["", "## Recoveries", "", *_recovery_table(history), "", "## Goodput", ""]
     lines += _goodput_lines(good, history)
     return "\n".join(lines) + "\n"

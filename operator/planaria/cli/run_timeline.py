@@ -146,6 +146,13 @@ def _decorate(history: run_report.History, figure: Any, axes: Any) -> None:
         end_s = good.wall_s - good.shutdown_s
         _outside(axes, 0, good.startup_s, "start-up: agents launch,\nprofile, first rendezvous")
         _outside(axes, end_s, good.wall_s, "shutdown")
+    if history.adopted_at_s is not None:
+        at = history.adopted_at_s - history.started_s
+        for axis in axes:
+            axis.axvline(at, color="black", linestyle=":", linewidth=1.2)
+        axes[2].annotate(
+            "controller\nadopted", xy=(at, 0.15), xycoords=("data", "axes fraction"), fontsize=8
+        )
     _labels(axes, good.wall_s)
     figure.tight_layout()
 
