@@ -24,9 +24,10 @@ from planaria.planner import plan as plans
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Open:
     """Open the next epoch with `move`, resuming after `resume_step`; `record` the recovery it
-    makes (None: none, e.g. the first epoch), `why` the status message while it opens ("": the
-    epoch and plan). `planned`: a switch at step `resume_step` while the running epoch trains
-    on towards it."""
+    makes (None: none, e.g. the first epoch); `why` a reason to open that is no recovery (an
+    epoch opened again after a predecessor's stop): the job is Recovering while it opens, as
+    with a record. `planned`: a switch at step `resume_step` while the running epoch trains on
+    towards it."""
 
     move: planning.Move
     resume_step: int
