@@ -35,18 +35,10 @@ from pathlib import Path
 
 import torch
 
-from planaria.agent import (
-    checkpoints,
-    data,
-    epoch_setup,
-    executor,
-    held_layers,
-    layer_transfer,
-    model,
-    reference,
-    snapshot_store,
-    snapshot_writer,
-)
+from planaria.agent.execution import executor, held_layers
+from planaria.agent.recovery import epoch_setup, layer_transfer
+from planaria.agent.state import checkpoints, snapshot_store, snapshot_writer
+from planaria.agent.training import data, model, reference
 from planaria.planner import plan, shapes
 from planaria.wire import messages
 

@@ -37,7 +37,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from planaria.agent import data, model, reference, snapshot_store, snapshot_writer, snapshots
+from planaria.agent.state import snapshot_store, snapshot_writer, snapshots
+from planaria.agent.training import data, model, reference
 from planaria.planner import plan, shapes
 from planaria.wire import messages
 

@@ -1,4 +1,4 @@
-"""The comparator of trained states against the reference (planaria.agent.comparison).
+"""The comparator of trained states against the reference (planaria.agent.training.comparison).
 
 Covers: exact comparison is bitwise (-0.0 is not 0.0, a NaN is reported, step counts count)
 and reports the count and the location of differing elements and missing layers; a bug injected
@@ -15,7 +15,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from planaria.agent import comparison, data, model, reduction, reference
+from planaria.agent.training import comparison, data, model, reduction, reference
 from planaria.planner import shapes
 from planaria.wire import messages
 

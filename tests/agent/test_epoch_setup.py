@@ -23,17 +23,10 @@ import pytest
 import torch
 from torch._C import _distributed_c10d as c10d
 
-from planaria.agent import (
-    data,
-    epoch_setup,
-    executor,
-    held_layers,
-    manifests,
-    model,
-    reference,
-    snapshot_store,
-    snapshot_writer,
-)
+from planaria.agent.execution import executor, held_layers
+from planaria.agent.recovery import epoch_setup
+from planaria.agent.state import manifests, snapshot_store, snapshot_writer
+from planaria.agent.training import data, model, reference
 from planaria.planner import plan, shapes
 from planaria.wire import messages
 

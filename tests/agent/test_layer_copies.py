@@ -1,4 +1,4 @@
-"""Layer copies' byte layout (planaria.agent.layer_transfer), without processes.
+"""Layer copies' byte layout (planaria.agent.recovery.layer_transfer), without processes.
 
 Covers: a trained layer's state (parameters, AdamW moments and step) flattened on a source and
 poured into a destination's template of the same layer, built from another seed, comes back
@@ -14,7 +14,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from planaria.agent import layer_transfer, model, reference
+from planaria.agent.recovery import layer_transfer
+from planaria.agent.training import model, reference
 from planaria.planner import plan, shapes
 
 TINY = shapes.named("tiny")

@@ -1,4 +1,5 @@
-"""The reference trainer (planaria.agent.reference), the oracle distributed runs are held to.
+"""The reference trainer (planaria.agent.training.reference), the oracle distributed runs are held
+to.
 
 Covers: the tiny model's loss falls by at least 30% within 200 steps on the standard library
 corpus; different micro-batch splits of the same global batch give the same parameters in
@@ -15,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from planaria.agent import data, model, reference
+from planaria.agent.training import data, model, reference
 from planaria.planner import shapes
 
 TINY = shapes.named("tiny")

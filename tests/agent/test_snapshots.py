@@ -1,4 +1,5 @@
-"""Sharded snapshots of layer state and their rebuild (planaria.agent.snapshots, snapshot_writer).
+"""Sharded snapshots of layer state and their rebuild (planaria.agent.state.snapshots,
+snapshot_writer).
 
 Covers: sharding groups of a plan are the workers holding each layer (hypothesis over plans),
 tensor-parallel stages are refused; a layer's state of float32/float16/bfloat16/int64 tensors
@@ -24,7 +25,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from planaria.agent import manifests, model, reference, snapshot_store, snapshot_writer, snapshots
+from planaria.agent.state import manifests, snapshot_store, snapshot_writer, snapshots
+from planaria.agent.training import model, reference
 from planaria.planner import plan, shapes
 from planaria.wire import messages
 from tests import strategies

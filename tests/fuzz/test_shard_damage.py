@@ -25,7 +25,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from planaria.agent import data, epoch_setup, executor, reference
+from planaria.agent.execution import executor
+from planaria.agent.recovery import epoch_setup
+from planaria.agent.training import data, reference
 from planaria.planner import shapes
 from planaria.wire import messages
 from tests import strategies

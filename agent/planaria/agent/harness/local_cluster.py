@@ -65,7 +65,8 @@ from types import TracebackType
 import torch
 from torch._C import _distributed_c10d as c10d  # the store classes (see groups.py)
 
-from planaria.agent import data, local_worker, model, reference
+from planaria.agent.harness import local_worker
+from planaria.agent.training import data, model, reference
 from planaria.planner import plan, schedule
 from planaria.wire import messages
 

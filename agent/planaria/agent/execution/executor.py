@@ -32,9 +32,9 @@ global batch's mean token loss), reported as `StepResult.step_loss` on every wor
 
 No division happens at the optimizer step: `model.micro_batch_loss` already divides by
 B_global * T, so gradients summed over whoever computed them are the gradient of the global
-batch's mean loss, exactly as in the reference trainer (`planaria.agent.reference`). A rerouted
-micro-batch (ReCycle, Odyssey §II-C, eq. 12-13) needs nothing special: it appears in the peer's
-stream as a Forward/Backward of the same layer range with sends and receives to the other
+batch's mean loss, exactly as in the reference trainer (`planaria.agent.training.reference`). A
+rerouted micro-batch (ReCycle, Odyssey §II-C, eq. 12-13) needs nothing special: it appears in the
+peer's stream as a Forward/Backward of the same layer range with sends and receives to the other
 pipeline's neighbours, and its gradients land in the peer's accumulated gradients, hence in the
 same per-layer sum.
 
@@ -76,7 +76,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from planaria.agent import data, groups, held_layers, model, reduction, reference
+from planaria.agent.execution import groups, held_layers
+from planaria.agent.training import data, model, reduction, reference
 from planaria.planner import errors, instructions, plan, schedule
 from planaria.wire import messages
 

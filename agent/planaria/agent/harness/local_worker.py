@@ -1,4 +1,5 @@
-"""The worker process of the local harness (`planaria.agent.harness`): what it serves and sends.
+"""The worker process of the local harness (`planaria.agent.harness.local_cluster`): what it serves
+and sends.
 
 A worker process holds one worker id. It reports ready once torch is warm, then serves run
 commands from its pipe until told to stop or until the pipe closes (the parent died): each
@@ -12,7 +13,7 @@ errors (ValueError) as an invalid configuration; a failed rendezvous as a timeou
 as internal, with where it was raised. A `Fault` makes the worker signal itself right before an
 instruction, for failure tests.
 
-Not here: the parent side, the cluster and its results (`planaria.agent.harness`).
+Not here: the parent side, the cluster and its results (`planaria.agent.harness.local_cluster`).
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ from pathlib import Path
 import torch
 from torch._C import _distributed_c10d as c10d  # the store classes (see groups.py)
 
-from planaria.agent import data, executor, groups, held_layers, reference
+from planaria.agent.execution import executor, groups, held_layers
+from planaria.agent.training import data, reference
 from planaria.planner import instructions, plan, schedule
 from planaria.wire import messages
 

@@ -43,7 +43,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from planaria.agent import manifests, model, snapshot_store, snapshots
+from planaria.agent.state import manifests, snapshot_store, snapshots
+from planaria.agent.training import model
 
 LOG = logging.getLogger(__name__)
 _STEP = re.compile(r"^step-(\d+)$")

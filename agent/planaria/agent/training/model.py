@@ -18,8 +18,8 @@ Training semantics shared by the reference trainer and the pipeline executor liv
 and one AdamW per layer (`make_optimizer`), with `LayerState` to copy or snapshot a layer's
 parameters and optimizer state bit-exactly between processes.
 
-Not here: data (`planaria.agent.data`), the training loop (`planaria.agent.reference`),
-schedules and communication (the executor).
+Not here: data (`planaria.agent.training.data`), the training loop
+(`planaria.agent.training.reference`), schedules and communication (the executor).
 
 Errors:
 

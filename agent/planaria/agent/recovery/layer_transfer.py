@@ -34,7 +34,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from planaria.agent import groups, model, reference, snapshots
+from planaria.agent.execution import groups
+from planaria.agent.state import snapshots
+from planaria.agent.training import model, reference
 from planaria.planner import plan
 
 TAG_BASE = 1 << 20  # far above the schedule's tags, which count messages per worker pair

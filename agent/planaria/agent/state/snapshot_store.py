@@ -52,7 +52,7 @@ from typing import Any
 
 import numpy as np
 
-from planaria.agent import manifests, parity
+from planaria.agent.state import manifests, parity
 from planaria.wire import messages
 
 LOG = logging.getLogger(__name__)

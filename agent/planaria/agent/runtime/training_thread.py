@@ -1,7 +1,7 @@
 """The runtime's training-thread state: epochs, layers, steps, snapshots and checkpoints.
 
 `Training` owns everything torch touches and is used from one thread only (the runtime's
-training thread); `planaria.agent.runtime` wraps it with commands, states and heartbeats.
+training thread); `planaria.agent.runtime.runtime` wraps it with commands, states and heartbeats.
 
 Steps: committed step t (t = 1, 2, ...) trains the sampler's global batch t - 1, exactly as the
 reference trainer's `step(t - 1)` does (`snapshot_writer`: "after the reference trainer's
@@ -34,18 +34,10 @@ from pathlib import Path
 import torch.distributed as dist
 from torch._C import _distributed_c10d as c10d  # the store classes (see groups.py)
 
-from planaria.agent import (
-    checkpoints,
-    data,
-    epoch_setup,
-    executor,
-    groups,
-    model,
-    reference,
-    snapshot_store,
-    snapshot_writer,
-    snapshots,
-)
+from planaria.agent.execution import executor, groups
+from planaria.agent.recovery import epoch_setup
+from planaria.agent.state import checkpoints, snapshot_store, snapshot_writer, snapshots
+from planaria.agent.training import data, model, reference
 from planaria.planner import instructions, plan, shapes
 from planaria.wire import messages
 

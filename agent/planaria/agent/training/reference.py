@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from planaria.agent import data, model, reduction
+from planaria.agent.training import data, model, reduction
 from planaria.planner import shapes
 from planaria.wire import messages
 
@@ -39,8 +39,8 @@ class TrainingConfig:
     """What fixes a training run's semantics: model, seed, batch sizes, optimizer.
 
     `seed` seeds both the layers' initial parameters and the sampler; `reduction` says how
-    gradients are summed (`planaria.agent.reduction`). Raises TrainingConfigError when a size
-    is < 1 or the global batch is not a multiple of the micro-batch.
+    gradients are summed (`planaria.agent.training.reduction`). Raises TrainingConfigError when a
+    size is < 1 or the global batch is not a multiple of the micro-batch.
     """
 
     shape: shapes.ModelShape

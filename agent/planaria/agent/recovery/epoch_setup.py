@@ -44,16 +44,10 @@ from pathlib import Path
 import torch
 from torch._C import _distributed_c10d as c10d  # the store classes (see groups.py)
 
-from planaria.agent import (
-    checkpoints,
-    executor,
-    groups,
-    held_layers,
-    layer_transfer,
-    model,
-    snapshot_store,
-    snapshots,
-)
+from planaria.agent.execution import executor, groups, held_layers
+from planaria.agent.recovery import layer_transfer
+from planaria.agent.state import checkpoints, snapshot_store, snapshots
+from planaria.agent.training import model
 from planaria.planner import plan, schedule
 from planaria.wire import messages
 

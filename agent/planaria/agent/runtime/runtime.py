@@ -1,9 +1,9 @@
 """The agent runtime: one worker's training thread, driven by the controller's commands.
 
-The gRPC servicer (`planaria.agent.service`) calls a `Runtime` from its threads; every method
+The gRPC servicer (`planaria.agent.server.service`) calls a `Runtime` from its threads; every method
 is thread-safe and returns at once, except `profile`. Commands only record a request under one
 condition variable; the training thread (the only one touching torch state, through
-`training.Training`) takes them at step boundaries:
+`training_thread.Training`) takes them at step boundaries:
 
     IDLE --configure--> CONFIGURING (TRANSFERRING while layers are copied) --> RUNNING
     RUNNING --> FINISHED (committed stop_step; its snapshot complete)
@@ -41,7 +41,10 @@ from pathlib import Path
 
 import torch
 
-from planaria.agent import data, epoch_setup, executor, profiler, training
+from planaria.agent.execution import executor, profiler
+from planaria.agent.recovery import epoch_setup
+from planaria.agent.runtime import training_thread
+from planaria.agent.training import data
 from planaria.planner import plan, profile, shapes
 from planaria.wire import messages
 
@@ -92,7 +95,7 @@ class Runtime:
         hook: executor.Hook | None = None,
     ) -> None:
         self.worker, self.job, self.device = worker, job, device
-        self._training = training.Training(
+        self._training = training_thread.Training(
             worker=worker, job=job, snapshot_base=snapshot_base, device=device, hook=hook
         )
         self._cond = threading.Condition()
