@@ -66,7 +66,7 @@ from pathlib import Path
 import torch
 
 from planaria.agent.harness import local_cluster
-from planaria.agent.training import data, model, reduction, reference
+from planaria.agent.training import data, model, reduction, reference, semantics
 from planaria.planner import instructions, plan, schedule, shapes
 from planaria.wire import messages
 
@@ -130,8 +130,8 @@ PLANS = {
 }
 
 
-def config_for(mode: messages.Reduction) -> reference.TrainingConfig:
-    return reference.TrainingConfig(
+def config_for(mode: messages.Reduction) -> semantics.TrainingConfig:
+    return semantics.TrainingConfig(
         shape=SHAPE,
         seed=SEED,
         global_batch_size=GLOBAL_BATCH,

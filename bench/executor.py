@@ -50,7 +50,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from planaria.agent.execution import executor, groups, held_layers, profiler
 from planaria.agent.harness import local_cluster
-from planaria.agent.training import data, model, reference
+from planaria.agent.training import data, model, semantics
 from planaria.planner import estimator, plan, profile, schedule, shapes
 from planaria.wire import messages
 
@@ -105,8 +105,8 @@ ESTIMATED = {
 }
 
 
-def config_for(p: plan.Plan) -> reference.TrainingConfig:
-    return reference.TrainingConfig(
+def config_for(p: plan.Plan) -> semantics.TrainingConfig:
+    return semantics.TrainingConfig(
         shape=SHAPE, seed=SEED, global_batch_size=p.global_batch_size, micro_batch_size=MICRO_BATCH
     )
 
@@ -137,7 +137,7 @@ class DdpRank:
         layers = model.build_layers(config.shape, config.seed)
         self.net = DistributedDataParallel(torch.nn.Sequential(*layers))
         self.optimizers = [model.make_optimizer(layer, config.optimizer) for layer in layers]
-        self.job = executor.Job.from_tokens(config, tokens)
+        self.job = semantics.Job.from_tokens(config, tokens)
         self.counts = [pipeline.num_micro_batches for pipeline in p.pipelines]
         self.rank = rank
 
@@ -230,7 +230,7 @@ def compare_cpu_in_process(tokens: data.Tokens, settings: Settings) -> dict[str,
         sched = schedule.compile_schedule(ONE_WORKER)
         config = config_for(ONE_WORKER)
         layers = held_layers.HeldLayers.build(config, range(SHAPE.num_planner_layers))
-        job = executor.Job.from_tokens(config, tokens)
+        job = semantics.Job.from_tokens(config, tokens)
         ours = executor.Executor(
             job=job, sched=sched, worker=plan.WorkerId(0), epoch=epoch, layers=layers
         )

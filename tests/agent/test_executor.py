@@ -37,7 +37,7 @@ from torch._C import _distributed_c10d as c10d
 
 from planaria.agent.execution import executor, groups, held_layers
 from planaria.agent.harness import local_cluster
-from planaria.agent.training import comparison, data, model, reference
+from planaria.agent.training import comparison, data, model, reference, semantics
 from planaria.planner import errors, instructions, plan, schedule, shapes
 from planaria.wire import messages
 from tests import strategies
@@ -61,8 +61,8 @@ def _shape(num_planner_layers: int) -> shapes.ModelShape:
     )
 
 
-def _config(p: plan.Plan, reduction: messages.Reduction = EXACT) -> reference.TrainingConfig:
-    return reference.TrainingConfig(
+def _config(p: plan.Plan, reduction: messages.Reduction = EXACT) -> semantics.TrainingConfig:
+    return semantics.TrainingConfig(
         shape=_shape(p.num_layers),
         seed=SEED,
         global_batch_size=p.global_batch_size,
@@ -135,7 +135,7 @@ def cluster(tokens: data.Tokens) -> Iterator[local_cluster.LocalCluster]:
 
 
 def _reference(
-    config: reference.TrainingConfig,
+    config: semantics.TrainingConfig,
     tokens: data.Tokens,
     steps: int,
     *,
@@ -171,7 +171,7 @@ def _final_states(run: local_cluster.RunResult, num_layers: int) -> dict[int, mo
 
 def _assert_lossless(
     run: local_cluster.RunResult,
-    config: reference.TrainingConfig,
+    config: semantics.TrainingConfig,
     want: tuple[dict[int, model.LayerState], list[float]],
 ) -> None:
     """Bit for bit: the run's states and losses equal the reference's (exact mode)."""
@@ -195,17 +195,17 @@ def _check_lossless(
 
 
 @pytest.fixture
-def solo(tokens: data.Tokens) -> Iterator[tuple[executor.Job, groups.Epoch]]:
+def solo(tokens: data.Tokens) -> Iterator[tuple[semantics.Job, groups.Epoch]]:
     """A one-rank epoch in this process and the job of a one-worker, one-stage plan."""
     store = c10d.TCPStore("127.0.0.1", 0, None, True, datetime.timedelta(seconds=5), False)
     epoch = groups.form_epoch(store, 1, 0, 1, messages.Backend.GLOO, 2.0)
     config = _config(_plan(([(0, 5, (0,))], 3)))
-    yield executor.Job.from_tokens(config, tokens), epoch
+    yield semantics.Job.from_tokens(config, tokens), epoch
     groups.leave_epoch(epoch)
 
 
 def _solo_executor(
-    job: executor.Job, epoch: groups.Epoch, sched: schedule.Schedule
+    job: semantics.Job, epoch: groups.Epoch, sched: schedule.Schedule
 ) -> executor.Executor:
     layers = held_layers.HeldLayers.build(job.config, range(job.config.shape.num_planner_layers))
     return executor.Executor(
@@ -214,7 +214,7 @@ def _solo_executor(
 
 
 def test_one_worker_reproduces_the_reference_bit_for_bit(
-    solo: tuple[executor.Job, groups.Epoch], tokens: data.Tokens
+    solo: tuple[semantics.Job, groups.Epoch], tokens: data.Tokens
 ) -> None:
     job, epoch = solo
     runner = _solo_executor(job, epoch, schedule.compile_schedule(_plan(([(0, 5, (0,))], 3))))
@@ -229,7 +229,7 @@ def test_one_worker_reproduces_the_reference_bit_for_bit(
 
 
 def test_a_communication_failure_aborts_the_step_and_is_latched(
-    solo: tuple[executor.Job, groups.Epoch],
+    solo: tuple[semantics.Job, groups.Epoch],
 ) -> None:
     job, epoch = solo
     whole = {"layer_start": 0, "layer_stop": 5}
@@ -291,14 +291,14 @@ def test_a_communication_failure_aborts_the_step_and_is_latched(
     ],
 )
 def test_inputs_that_do_not_fit_are_refused(
-    solo: tuple[executor.Job, groups.Epoch], change: str, message: str
+    solo: tuple[semantics.Job, groups.Epoch], change: str, message: str
 ) -> None:
     job, epoch = solo
     sched = schedule.compile_schedule(_plan(([(0, 5, (0,))], 3)))
     config, worker = job.config, plan.WorkerId(0)
     layers = held_layers.HeldLayers.build(config, range(5))
     if change == "model":
-        job = executor.Job(
+        job = semantics.Job(
             config=_config(_plan(([(0, 6, (0,))], 3))), dataset=job.dataset, sampler=job.sampler
         )
     elif change == "batch":
@@ -315,7 +315,7 @@ def test_inputs_that_do_not_fit_are_refused(
         executor.Executor(job=job, sched=sched, worker=worker, epoch=epoch, layers=layers)
 
 
-def test_a_stage_of_several_workers_is_refused(solo: tuple[executor.Job, groups.Epoch]) -> None:
+def test_a_stage_of_several_workers_is_refused(solo: tuple[semantics.Job, groups.Epoch]) -> None:
     job, epoch = solo
     tensor_parallel = plan.Plan(
         pipelines=(

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from planaria.agent.harness import local_cluster
-from planaria.agent.training import data, model, reference
+from planaria.agent.training import data, model, semantics
 from planaria.planner import plan, shapes
 from planaria.wire import messages
 
@@ -45,8 +45,8 @@ def _one_pipeline(*workers: int, micro_batches: int = 2) -> plan.Plan:
     )
 
 
-def _config(p: plan.Plan) -> reference.TrainingConfig:
-    return reference.TrainingConfig(
+def _config(p: plan.Plan) -> semantics.TrainingConfig:
+    return semantics.TrainingConfig(
         shape=SHAPE,
         seed=1,
         global_batch_size=p.global_batch_size,

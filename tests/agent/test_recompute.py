@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from planaria.agent.state import parity, snapshot_store, snapshot_writer, snapshots
-from planaria.agent.training import model, reference
+from planaria.agent.training import model, reference, semantics
 from planaria.planner import plan, shapes
 from planaria.wire import messages
 
@@ -28,7 +28,7 @@ GROUPS = {i: tuple(plan.WorkerId(w) for w in range(M)) for i in range(4)}
 
 
 def _trainer() -> reference.ReferenceTrainer:
-    config = reference.TrainingConfig(
+    config = semantics.TrainingConfig(
         shape=MICRO,
         seed=7,
         global_batch_size=4,

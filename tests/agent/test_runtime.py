@@ -32,7 +32,6 @@ import torch
 from torch._C import _distributed_c10d as c10d
 
 from planaria.agent.execution import executor
-from planaria.agent.recovery import layer_transfer
 from planaria.agent.runtime import runtime, runtime_states, training_thread
 from planaria.agent.state import snapshot_store
 from planaria.agent.training import comparison, data, model
@@ -228,7 +227,10 @@ def test_a_re_split_copies_exactly_the_missing_layers_from_live_replicas(
     _start_epoch(cluster, after, settings, epoch=2, resume=2, stop=4, transfers=transfers)
     beats = cluster.wait([0, 1, 2], _finished)
     config = training_thread.training_config(settings, 1)
-    size = {i: layer_transfer.template_state(config, i).nbytes for i in (2, 4, 5)}
+    size = {
+        i: model.initial_state(config.shape, config.seed, i, config.optimizer).nbytes
+        for i in (2, 4, 5)
+    }
     setups = {w: b.setup for w, b in beats.items()}
     assert all(s is not None for s in setups.values())
     tiers = {w: s.tier for w, s in setups.items() if s is not None}
@@ -471,7 +473,10 @@ def test_state_layout_is_model_state_layout() -> None:
         state = model.extract_layer_state(
             index, built, model.make_optimizer(built, config.optimizer)
         )
-        assert layer_transfer.template_state(config, index).nbytes == state.nbytes
+        assert (
+            model.initial_state(config.shape, config.seed, index, config.optimizer).nbytes
+            == state.nbytes
+        )
 
 
 def test_a_running_agent_switches_epochs_at_the_planned_step(

@@ -26,7 +26,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from planaria.agent.state import manifests, snapshot_store, snapshot_writer, snapshots
-from planaria.agent.training import model, reference
+from planaria.agent.training import model, reference, semantics
 from planaria.planner import plan, shapes
 from planaria.wire import messages
 from tests import strategies
@@ -225,7 +225,7 @@ def test_members_that_disagree_are_corrupt(tmp_path: Path) -> None:
 
 
 def _trainer() -> reference.ReferenceTrainer:
-    config = reference.TrainingConfig(shape=MICRO, seed=5, global_batch_size=4, micro_batch_size=2)
+    config = semantics.TrainingConfig(shape=MICRO, seed=5, global_batch_size=4, micro_batch_size=2)
     tokens = np.random.default_rng(0).integers(0, 256, size=20_000, dtype=np.uint8)
     return reference.ReferenceTrainer(config, tokens)
 

@@ -19,6 +19,7 @@ import argparse
 import time
 from typing import TYPE_CHECKING
 
+from planaria.agent.training import semantics
 from planaria.planner import shapes
 from planaria.wire import messages
 
@@ -92,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
         tokens = data.load_default_corpus(max_bytes=args.max_corpus_bytes)
     else:
         tokens = data.load_corpus(args.corpus, max_bytes=args.max_corpus_bytes)
-    config = reference.TrainingConfig(
+    config = semantics.TrainingConfig(
         shape=shape,
         seed=args.seed,
         global_batch_size=args.global_batch,

@@ -77,7 +77,7 @@ import torch
 import torch.distributed as dist
 
 from planaria.agent.execution import groups, held_layers
-from planaria.agent.training import data, model, reduction, reference
+from planaria.agent.training import model, reduction, semantics
 from planaria.planner import errors, instructions, plan, schedule
 from planaria.wire import messages
 
@@ -142,26 +142,6 @@ class StepTimeoutError(StepError):
     kind = messages.ErrorKind.TIMEOUT
 
 
-@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
-class Job:
-    """What fixes training semantics, identical on every worker: configuration and data."""
-
-    config: reference.TrainingConfig
-    dataset: data.TokenDataset
-    sampler: data.Sampler
-
-    @classmethod
-    def from_tokens(cls, config: reference.TrainingConfig, tokens: data.Tokens) -> Job:
-        """The dataset and sampler exactly as `reference.ReferenceTrainer` builds them."""
-        dataset = data.TokenDataset(tokens=tokens, seq_len=config.shape.seq_len)
-        sampler = data.Sampler(
-            num_samples=dataset.num_samples,
-            global_batch_size=config.global_batch_size,
-            seed=config.seed,
-        )
-        return cls(config=config, dataset=dataset, sampler=sampler)
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StepResult:
     """One committed step as this worker saw it.
@@ -220,7 +200,7 @@ class Executor:
     def __init__(
         self,
         *,
-        job: Job,
+        job: semantics.Job,
         sched: schedule.Schedule,
         worker: plan.WorkerId,
         epoch: groups.Epoch,
@@ -482,7 +462,7 @@ def _stream_of(sched: schedule.Schedule, worker: plan.WorkerId) -> schedule.Work
 
 
 def _check_fit(
-    job: Job,
+    job: semantics.Job,
     sched: schedule.Schedule,
     stream: schedule.WorkerStream,
     epoch: groups.Epoch,

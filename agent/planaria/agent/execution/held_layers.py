@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 import torch
 from torch import nn
 
-from planaria.agent.training import model, reference
+from planaria.agent.training import model, semantics
 
 
 class HeldLayers:
@@ -35,7 +35,7 @@ class HeldLayers:
 
     @classmethod
     def build(
-        cls, config: reference.TrainingConfig, indices: Iterable[int], device: str = "cpu"
+        cls, config: semantics.TrainingConfig, indices: Iterable[int], device: str = "cpu"
     ) -> HeldLayers:
         """Layers `indices` freshly initialised from the configuration's seed."""
         shape, target = config.shape, torch.device(device)

@@ -66,7 +66,7 @@ import torch
 from torch._C import _distributed_c10d as c10d  # the store classes (see groups.py)
 
 from planaria.agent.harness import local_worker
-from planaria.agent.training import data, model, reference
+from planaria.agent.training import data, model, semantics
 from planaria.planner import plan, schedule
 from planaria.wire import messages
 
@@ -196,7 +196,7 @@ class LocalCluster:
 
     def run(
         self,
-        config: reference.TrainingConfig,
+        config: semantics.TrainingConfig,
         plan_: plan.Plan,
         steps: Iterable[int],
         *,
@@ -298,7 +298,7 @@ class LocalCluster:
 
     def _command(
         self,
-        config: reference.TrainingConfig,
+        config: semantics.TrainingConfig,
         plan_: plan.Plan,
         steps: tuple[int, ...],
         fresh: bool,

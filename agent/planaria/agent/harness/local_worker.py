@@ -30,7 +30,7 @@ import torch
 from torch._C import _distributed_c10d as c10d  # the store classes (see groups.py)
 
 from planaria.agent.execution import executor, groups, held_layers
-from planaria.agent.training import data, reference
+from planaria.agent.training import data, semantics
 from planaria.planner import instructions, plan, schedule
 from planaria.wire import messages
 
@@ -52,7 +52,7 @@ class RunCommand:
     """Parent to worker: run `steps` of `plan` as epoch `epoch` (None instead: stop)."""
 
     epoch: int
-    config: reference.TrainingConfig
+    config: semantics.TrainingConfig
     plan: plan.Plan
     steps: tuple[int, ...]
     fresh: bool
@@ -158,7 +158,7 @@ class _Runner:
             subgroups=groups.subgroup_ranks(sched),
         )
         try:
-            job = executor.Job.from_tokens(command.config, self.tokens)
+            job = semantics.Job.from_tokens(command.config, self.tokens)
             runner = executor.Executor(
                 job=job, sched=sched, worker=self.worker, epoch=epoch, layers=layers
             )

@@ -37,7 +37,7 @@ from torch._C import _distributed_c10d as c10d  # the store classes (see groups.
 from planaria.agent.execution import executor, groups
 from planaria.agent.recovery import epoch_setup
 from planaria.agent.state import checkpoints, snapshot_store, snapshot_writer, snapshots
-from planaria.agent.training import data, model, reference
+from planaria.agent.training import data, model, semantics
 from planaria.planner import instructions, plan, shapes
 from planaria.wire import messages
 
@@ -61,10 +61,10 @@ class Committed:
 
 def training_config(
     settings: messages.TrainingSettings, micro_batch: int
-) -> reference.TrainingConfig:
+) -> semantics.TrainingConfig:
     """The reference's configuration of a job's settings and a plan's micro-batch size."""
     opt = settings.optimizer
-    return reference.TrainingConfig(
+    return semantics.TrainingConfig(
         shape=shapes.named(settings.model),
         seed=settings.seed,
         global_batch_size=settings.global_batch_size,
@@ -353,13 +353,13 @@ class Training:
 
     # --- job and store --------------------------------------------------------------------
 
-    def _job(self, config: messages.WorkerConfig) -> executor.Job:
+    def _job(self, config: messages.WorkerConfig) -> semantics.Job:
         settings = config.settings
         tokens = self._tokens.get(settings.data)
         if tokens is None:
             tokens = data.load_corpus(settings.data.corpus_paths, max_bytes=settings.data.max_bytes)
             self._tokens = {settings.data: tokens}
-        return executor.Job.from_tokens(
+        return semantics.Job.from_tokens(
             training_config(settings, config.plan.micro_batch_size), tokens
         )
 

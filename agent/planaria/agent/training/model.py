@@ -336,6 +336,16 @@ def extract_layer_state(
     )
 
 
+def initial_state(
+    shape: shapes.ModelShape, seed: int, index: int, optimizer: OptimizerConfig
+) -> LayerState:
+    """Layer `index` as built from `seed`, with a fresh AdamW (zero moments of the parameters'
+    shapes, a 0-d float32 step): the state of step 0, laid out as any trained state of the
+    layer is (a layer copy receives its bytes into it)."""
+    layer = build_layer(shape, seed, index)
+    return extract_layer_state(index, layer, make_optimizer(layer, optimizer))
+
+
 def load_layer_state(
     index: int, layer: nn.Module, optimizer: torch.optim.Optimizer, state: LayerState
 ) -> None:
