@@ -65,7 +65,7 @@ from pathlib import Path
 
 import torch
 
-from planaria.agent.harness import local_cluster
+from planaria.agent.harness import local_cluster, run_results
 from planaria.agent.training import data, model, reduction, reference, semantics
 from planaria.planner import instructions, plan, schedule, shapes
 from planaria.wire import messages
@@ -143,7 +143,7 @@ def config_for(mode: messages.Reduction) -> semantics.TrainingConfig:
 # --- 1. step time on worker processes, 3. bitwise against the reference --------------------------
 
 
-def period_s(run: local_cluster.RunResult) -> float:
+def period_s(run: run_results.RunResult) -> float:
     """The slowest worker's median step time over the steps after the warm-up."""
     return max(statistics.median(steps[WARMUP_STEPS:]) for steps in run.step_s.values())
 
@@ -153,11 +153,11 @@ Samples = dict[str, list[float]]  # "fast_s", "exact_cpu_s", ...: one value per 
 
 def time_plans(
     cluster: local_cluster.LocalCluster, settings: Settings
-) -> tuple[dict[str, Samples], dict[str, dict[str, local_cluster.RunResult]]]:
+) -> tuple[dict[str, Samples], dict[str, dict[str, run_results.RunResult]]]:
     """Per plan its step times (wall and CPU) of every round, and each mode's last run. Rounds
     are the outer loop, so drifting load from elsewhere touches every plan alike."""
     times: dict[str, Samples] = {name: {} for name in PLANS}
-    last: dict[str, dict[str, local_cluster.RunResult]] = {name: {} for name in PLANS}
+    last: dict[str, dict[str, run_results.RunResult]] = {name: {} for name in PLANS}
     for r in range(settings.rounds):
         for name, p in PLANS.items():
             for mode in MODES if r % 2 == 0 else MODES[::-1]:
@@ -179,7 +179,7 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
 
 
-def differing_elements(run: local_cluster.RunResult, trainer: reference.ReferenceTrainer) -> int:
+def differing_elements(run: run_results.RunResult, trainer: reference.ReferenceTrainer) -> int:
     """Elements of every worker's copy of every layer (parameters, moments, step counts) that
     are not bitwise equal to the trainer's."""
     count = 0
@@ -190,13 +190,13 @@ def differing_elements(run: local_cluster.RunResult, trainer: reference.Referenc
     return count
 
 
-def compared_elements(run: local_cluster.RunResult) -> int:
+def compared_elements(run: run_results.RunResult) -> int:
     return sum(t.numel() for s in run.states.values() for ls in s.values() for t in ls.tensors())
 
 
 def step_rows(
     times: dict[str, Samples],
-    last: dict[str, dict[str, local_cluster.RunResult]],
+    last: dict[str, dict[str, run_results.RunResult]],
     trainers: dict[str, reference.ReferenceTrainer],
 ) -> list[dict[str, object]]:
     rows: list[dict[str, object]] = []

@@ -49,7 +49,7 @@ from torch._C import _distributed_c10d as c10d
 from torch.nn.parallel import DistributedDataParallel
 
 from planaria.agent.execution import executor, groups, held_layers, profiler
-from planaria.agent.harness import local_cluster
+from planaria.agent.harness import local_cluster, run_results
 from planaria.agent.training import data, model, semantics
 from planaria.planner import estimator, plan, profile, schedule, shapes
 from planaria.wire import messages
@@ -121,7 +121,7 @@ def period_s(step_s: Sequence[Sequence[float]]) -> float:
 
 def run_ours(
     cluster: local_cluster.LocalCluster, p: plan.Plan, steps: int
-) -> tuple[float, local_cluster.RunResult]:
+) -> tuple[float, run_results.RunResult]:
     run = cluster.run(config_for(p), p, range(steps))
     if not run.ok:
         raise RuntimeError(f"executor run failed: {run.errors} lost {run.lost}")
@@ -212,7 +212,7 @@ def compare_with_ddp(
 
 
 def max_difference(
-    run: local_cluster.RunResult, ddp_parameters: Sequence[npt.NDArray[np.float32]]
+    run: run_results.RunResult, ddp_parameters: Sequence[npt.NDArray[np.float32]]
 ) -> float:
     ours = [p for i in range(SHAPE.num_planner_layers) for p in run.layer_state(i).parameters]
     pairs = zip(ours, ddp_parameters, strict=True)

@@ -35,8 +35,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch._C import _distributed_c10d as c10d
 
-from planaria.agent.execution import executor, groups, held_layers
-from planaria.agent.harness import local_cluster
+from planaria.agent.execution import executor, failures, groups, held_layers
+from planaria.agent.harness import local_cluster, run_results
 from planaria.agent.training import comparison, data, model, reference, semantics
 from planaria.planner import errors, instructions, plan, schedule, shapes
 from planaria.wire import messages
@@ -155,7 +155,7 @@ def _reference(
     return {i: trainer.layer_state(i) for i in layers}, losses
 
 
-def _final_states(run: local_cluster.RunResult, num_layers: int) -> dict[int, model.LayerState]:
+def _final_states(run: run_results.RunResult, num_layers: int) -> dict[int, model.LayerState]:
     """Every layer's state in `run` (its first holder's), with every replica checked equal to
     it bit for bit (the all-reduce leaves them identical)."""
     states = {}
@@ -170,7 +170,7 @@ def _final_states(run: local_cluster.RunResult, num_layers: int) -> dict[int, mo
 
 
 def _assert_lossless(
-    run: local_cluster.RunResult,
+    run: run_results.RunResult,
     config: semantics.TrainingConfig,
     want: tuple[dict[int, model.LayerState], list[float]],
 ) -> None:
@@ -259,12 +259,12 @@ def test_a_communication_failure_aborts_the_step_and_is_latched(
     )
     runner = _solo_executor(job, epoch, sched)
     before = runner.layers.states()
-    with pytest.raises(executor.PeerLostError, match=r"step 4 aborted at instruction #2 RecvGrad"):
+    with pytest.raises(failures.PeerLostError, match=r"step 4 aborted at instruction #2 RecvGrad"):
         runner.run_step(4)
     latched = runner.latched
     assert latched is not None and (latched.step, latched.index, latched.peer) == (4, 2, 0)
     assert latched.latched().kind is messages.ErrorKind.PEER_LOST
-    with pytest.raises(executor.PeerLostError) as again:
+    with pytest.raises(failures.PeerLostError) as again:
         runner.run_step(5)
     assert again.value is latched
     for index, state in runner.layers.states().items():  # no optimizer step happened
@@ -311,7 +311,7 @@ def test_inputs_that_do_not_fit_are_refused(
         sched = schedule.compile_schedule(_plan(([(0, 5, (0,))], 2), ([(0, 5, (1,))], 1)))
     else:
         epoch = dataclasses.replace(epoch, backend=messages.Backend.NCCL)
-    with pytest.raises(executor.ExecutorInputError, match=message):
+    with pytest.raises(failures.ExecutorInputError, match=message):
         executor.Executor(job=job, sched=sched, worker=worker, epoch=epoch, layers=layers)
 
 

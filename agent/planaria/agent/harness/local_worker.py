@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 from torch._C import _distributed_c10d as c10d  # the store classes (see groups.py)
 
-from planaria.agent.execution import executor, groups, held_layers
+from planaria.agent.execution import executor, failures, groups, held_layers
 from planaria.agent.training import data, semantics
 from planaria.planner import instructions, plan, schedule
 from planaria.wire import messages
@@ -133,7 +133,7 @@ class _Runner:
         error = None
         try:
             self._run(command)
-        except executor.StepError as exc:
+        except failures.StepError as exc:
             error = exc.latched()
         except ValueError as exc:  # our input errors: a plan or state that cannot run here
             error = _latched(messages.ErrorKind.INVALID_CONFIG, exc, command)

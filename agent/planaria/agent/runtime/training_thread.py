@@ -189,7 +189,7 @@ class Training:
     # --- steps ----------------------------------------------------------------------------
 
     def run_step(self) -> Committed:
-        """Train and commit the next step (executor.StepError when it aborts)."""
+        """Train and commit the next step (failures.StepError when it aborts)."""
         assert self._executor is not None and self.holding.layers is not None
         t = self.holding.step + 1
         self._snapshot_s, self._hooked = 0.0, False
