@@ -19,7 +19,6 @@ import argparse
 import time
 from typing import TYPE_CHECKING
 
-from planaria.agent.training import semantics
 from planaria.planner import shapes
 from planaria.wire import messages
 
@@ -87,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
     shape = shapes.named(args.model)
     _validate(args)
     # Imported here: torch takes seconds to import and only training needs it.
-    from planaria.agent.training import data, model, reference
+    from planaria.agent.training import data, model, reference, semantics
 
     if args.corpus is None:
         tokens = data.load_default_corpus(max_bytes=args.max_corpus_bytes)
