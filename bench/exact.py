@@ -1,12 +1,12 @@
 """Benchmark: what exact gradient reduction costs against fast, and how often its condition fails.
 
-Exact mode (`messages.Reduction.EXACT`, planaria.agent.reduction) sums each micro-batch's
+Exact mode (`messages.Reduction.EXACT`, planaria.agent.training.reduction) sums each micro-batch's
 float32 gradient into a float64 sum, all-reduces float64 buckets and computes with one intra-op
 thread; fast mode sums float32 gradients in plan order. On model `small` (global batch 32 of
 micro-batches of 4, so 8 per step), this measures, on the real code path:
 
 1. Step time, per plan (data parallel 2x1, a symmetric 2x2 pipeline plan, the 2x2 plan with its
-   failed stage rerouted to the peer), on worker processes of `harness.LocalCluster` (gloo on
+   failed stage rerouted to the peer), on worker processes of `local_cluster.LocalCluster` (gloo on
    loopback, one torch thread per worker, so exact mode's thread pin changes nothing there).
    Rounds of one fast and one exact run of each plan in the same cluster, alternating which
    comes first (AB, BA, AB, ...). A run's step time is the harness's per-step wall time
@@ -34,7 +34,8 @@ micro-batches of 4, so 8 per step), this measures, on the real code path:
 3. Bitwise: the last run of each mode per plan against a reference trainer of the same mode
    (one thread, like the workers), every copy of every layer (`LayerState.tensors()`): the
    number of elements that differ (exact: none is the claim).
-4. The exactness condition of planaria.agent.reduction on real gradients: the reference trains
+4. The exactness condition of planaria.agent.training.reduction on real gradients: the reference
+trains
    in exact mode; for each step every micro-batch's float32 gradient is captured, and for each
    element with n nonzero contributions the span in binary orders between their largest and
    smallest ulp is compared with 29 - ceil(log2 n). Counted: elements where it fails, and
@@ -64,7 +65,8 @@ from pathlib import Path
 
 import torch
 
-from planaria.agent import data, harness, model, reduction, reference
+from planaria.agent.harness import local_cluster, run_results
+from planaria.agent.training import data, model, reduction, reference, semantics
 from planaria.planner import instructions, plan, schedule, shapes
 from planaria.wire import messages
 
@@ -128,8 +130,8 @@ PLANS = {
 }
 
 
-def config_for(mode: messages.Reduction) -> reference.TrainingConfig:
-    return reference.TrainingConfig(
+def config_for(mode: messages.Reduction) -> semantics.TrainingConfig:
+    return semantics.TrainingConfig(
         shape=SHAPE,
         seed=SEED,
         global_batch_size=GLOBAL_BATCH,
@@ -141,7 +143,7 @@ def config_for(mode: messages.Reduction) -> reference.TrainingConfig:
 # --- 1. step time on worker processes, 3. bitwise against the reference --------------------------
 
 
-def period_s(run: harness.RunResult) -> float:
+def period_s(run: run_results.RunResult) -> float:
     """The slowest worker's median step time over the steps after the warm-up."""
     return max(statistics.median(steps[WARMUP_STEPS:]) for steps in run.step_s.values())
 
@@ -150,12 +152,12 @@ Samples = dict[str, list[float]]  # "fast_s", "exact_cpu_s", ...: one value per 
 
 
 def time_plans(
-    cluster: harness.LocalCluster, settings: Settings
-) -> tuple[dict[str, Samples], dict[str, dict[str, harness.RunResult]]]:
+    cluster: local_cluster.LocalCluster, settings: Settings
+) -> tuple[dict[str, Samples], dict[str, dict[str, run_results.RunResult]]]:
     """Per plan its step times (wall and CPU) of every round, and each mode's last run. Rounds
     are the outer loop, so drifting load from elsewhere touches every plan alike."""
     times: dict[str, Samples] = {name: {} for name in PLANS}
-    last: dict[str, dict[str, harness.RunResult]] = {name: {} for name in PLANS}
+    last: dict[str, dict[str, run_results.RunResult]] = {name: {} for name in PLANS}
     for r in range(settings.rounds):
         for name, p in PLANS.items():
             for mode in MODES if r % 2 == 0 else MODES[::-1]:
@@ -177,7 +179,7 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
 
 
-def differing_elements(run: harness.RunResult, trainer: reference.ReferenceTrainer) -> int:
+def differing_elements(run: run_results.RunResult, trainer: reference.ReferenceTrainer) -> int:
     """Elements of every worker's copy of every layer (parameters, moments, step counts) that
     are not bitwise equal to the trainer's."""
     count = 0
@@ -188,13 +190,13 @@ def differing_elements(run: harness.RunResult, trainer: reference.ReferenceTrain
     return count
 
 
-def compared_elements(run: harness.RunResult) -> int:
+def compared_elements(run: run_results.RunResult) -> int:
     return sum(t.numel() for s in run.states.values() for ls in s.values() for t in ls.tensors())
 
 
 def step_rows(
     times: dict[str, Samples],
-    last: dict[str, dict[str, harness.RunResult]],
+    last: dict[str, dict[str, run_results.RunResult]],
     trainers: dict[str, reference.ReferenceTrainer],
 ) -> list[dict[str, object]]:
     rows: list[dict[str, object]] = []
@@ -464,7 +466,7 @@ class Report:
 
 
 def run_all(settings: Settings, tokens: data.Tokens) -> Report:
-    with harness.LocalCluster(workers=range(4), tokens=tokens, timeout_s=120.0) as cluster:
+    with local_cluster.LocalCluster(workers=range(4), tokens=tokens, timeout_s=120.0) as cluster:
         times, last = time_plans(cluster, settings)
     trainers = train_references(tokens, settings.steps)
     return Report(

@@ -1,7 +1,7 @@
 """Benchmark: the schedule executor against torch's DDP, and against the time estimator.
 
 1. Symmetric data parallelism: 2 workers, each the whole model, 4 micro-batches of 4 samples
-   per worker per step. Our executor (planaria.agent.harness) and torch's
+   per worker per step. Our executor (planaria.agent.harness.local_cluster) and torch's
    DistributedDataParallel (gloo, same number of processes, model, data, per-layer AdamW;
    DDP's average turned into a sum by scaling the loss with the world size) run in rounds,
    one after the other; the table gives samples/s of each (medians) and the median over
@@ -48,7 +48,9 @@ import torch.distributed as dist
 from torch._C import _distributed_c10d as c10d
 from torch.nn.parallel import DistributedDataParallel
 
-from planaria.agent import data, executor, groups, harness, held_layers, model, profiler, reference
+from planaria.agent.execution import executor, groups, held_layers, profiler
+from planaria.agent.harness import local_cluster, run_results
+from planaria.agent.training import data, model, semantics
 from planaria.planner import estimator, plan, profile, schedule, shapes
 from planaria.wire import messages
 
@@ -103,8 +105,8 @@ ESTIMATED = {
 }
 
 
-def config_for(p: plan.Plan) -> reference.TrainingConfig:
-    return reference.TrainingConfig(
+def config_for(p: plan.Plan) -> semantics.TrainingConfig:
+    return semantics.TrainingConfig(
         shape=SHAPE, seed=SEED, global_batch_size=p.global_batch_size, micro_batch_size=MICRO_BATCH
     )
 
@@ -118,8 +120,8 @@ def period_s(step_s: Sequence[Sequence[float]]) -> float:
 
 
 def run_ours(
-    cluster: harness.LocalCluster, p: plan.Plan, steps: int
-) -> tuple[float, harness.RunResult]:
+    cluster: local_cluster.LocalCluster, p: plan.Plan, steps: int
+) -> tuple[float, run_results.RunResult]:
     run = cluster.run(config_for(p), p, range(steps))
     if not run.ok:
         raise RuntimeError(f"executor run failed: {run.errors} lost {run.lost}")
@@ -135,7 +137,7 @@ class DdpRank:
         layers = model.build_layers(config.shape, config.seed)
         self.net = DistributedDataParallel(torch.nn.Sequential(*layers))
         self.optimizers = [model.make_optimizer(layer, config.optimizer) for layer in layers]
-        self.job = executor.Job.from_tokens(config, tokens)
+        self.job = semantics.Job.from_tokens(config, tokens)
         self.counts = [pipeline.num_micro_batches for pipeline in p.pipelines]
         self.rank = rank
 
@@ -188,7 +190,7 @@ def run_ddp(tokens: data.Tokens, steps: int) -> tuple[float, list[npt.NDArray[np
 
 
 def compare_with_ddp(
-    cluster: harness.LocalCluster, tokens: data.Tokens, settings: Settings
+    cluster: local_cluster.LocalCluster, tokens: data.Tokens, settings: Settings
 ) -> dict[str, float]:
     """Rounds of (ours, DDP) back to back; the ratio is the median of the rounds' ratios, since
     the two runs of a round see about the same load from whatever else runs here."""
@@ -210,7 +212,7 @@ def compare_with_ddp(
 
 
 def max_difference(
-    run: harness.RunResult, ddp_parameters: Sequence[npt.NDArray[np.float32]]
+    run: run_results.RunResult, ddp_parameters: Sequence[npt.NDArray[np.float32]]
 ) -> float:
     ours = [p for i in range(SHAPE.num_planner_layers) for p in run.layer_state(i).parameters]
     pairs = zip(ours, ddp_parameters, strict=True)
@@ -228,7 +230,7 @@ def compare_cpu_in_process(tokens: data.Tokens, settings: Settings) -> dict[str,
         sched = schedule.compile_schedule(ONE_WORKER)
         config = config_for(ONE_WORKER)
         layers = held_layers.HeldLayers.build(config, range(SHAPE.num_planner_layers))
-        job = executor.Job.from_tokens(config, tokens)
+        job = semantics.Job.from_tokens(config, tokens)
         ours = executor.Executor(
             job=job, sched=sched, worker=plan.WorkerId(0), epoch=epoch, layers=layers
         )
@@ -250,7 +252,7 @@ def compare_cpu_in_process(tokens: data.Tokens, settings: Settings) -> dict[str,
 
 
 def compare_with_estimator(
-    cluster: harness.LocalCluster, settings: Settings
+    cluster: local_cluster.LocalCluster, settings: Settings
 ) -> list[dict[str, object]]:
     """Per plan, rounds of (measure profiles, predict, run); each run is compared with the
     predictions from the profiles measured just before it, and the medians are reported."""
@@ -269,7 +271,7 @@ def compare_with_estimator(
 
 
 def estimate_and_run(
-    cluster: harness.LocalCluster, p: plan.Plan, settings: Settings
+    cluster: local_cluster.LocalCluster, p: plan.Plan, settings: Settings
 ) -> dict[str, float]:
     """One round: the step predicted from a profile measured alone in this process and from
     profiles measured by as many processes at once as the plan has workers, then measured."""
@@ -345,7 +347,7 @@ def main() -> None:
     settings = Settings(rounds=1 if quick else 3, steps=4 if quick else 8, profile_repeats=5)
     tokens = data.load_default_corpus(max_bytes=2_000_000)
     load_before = os.getloadavg()[0]  # other work on this machine skews every figure
-    with harness.LocalCluster(workers=range(5), tokens=tokens, timeout_s=120.0) as cluster:
+    with local_cluster.LocalCluster(workers=range(5), tokens=tokens, timeout_s=120.0) as cluster:
         ddp = compare_with_ddp(cluster, tokens, settings)
         rows = compare_with_estimator(cluster, settings)
     cpu = compare_cpu_in_process(tokens, settings)

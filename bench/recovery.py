@@ -33,7 +33,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from planaria.agent import checkpoints, data, runtime_states
+from planaria.agent.runtime import runtime_states
+from planaria.agent.state import checkpoints
+from planaria.agent.training import data
 from planaria.control import clock, controller, ports
 from planaria.control import settings as job_settings
 from planaria.control import status as statuses

@@ -35,18 +35,10 @@ from pathlib import Path
 
 import torch
 
-from planaria.agent import (
-    checkpoints,
-    data,
-    epoch_setup,
-    executor,
-    held_layers,
-    layer_transfer,
-    model,
-    reference,
-    snapshot_store,
-    snapshot_writer,
-)
+from planaria.agent.execution import held_layers
+from planaria.agent.recovery import epoch_setup, layer_transfer
+from planaria.agent.state import checkpoints, snapshot_store, snapshot_writer
+from planaria.agent.training import data, model, semantics
 from planaria.planner import plan, shapes
 from planaria.wire import messages
 
@@ -54,7 +46,7 @@ Tier = messages.RecoveryTier
 STEP = 1
 
 
-def _trained(config: reference.TrainingConfig) -> dict[int, model.LayerState]:
+def _trained(config: semantics.TrainingConfig) -> dict[int, model.LayerState]:
     """Every layer after one AdamW step on a constant gradient (moments are non-zero)."""
     states = {}
     for i in range(config.shape.num_planner_layers):
@@ -90,7 +82,7 @@ def _write(base: Path, states: dict[int, model.LayerState], ckpt: Path) -> None:
 
 
 def _finder(
-    job: executor.Job, base: Path, own: int, checkpoint: str, step: int
+    job: semantics.Job, base: Path, own: int, checkpoint: str, step: int
 ) -> Callable[[], dict[int, Tier]]:
     store = snapshot_store.SnapshotStore(snapshot_store.store_root("bench", own, base))
     stores = epoch_setup.Stores(own=store, job="bench", base=base, checkpoint_dir=checkpoint)
@@ -113,16 +105,17 @@ def _median_s(run: Callable[[], object], repeats: int) -> tuple[float, object]:
     return statistics.median(times), result
 
 
-def _copy(config: reference.TrainingConfig, states: dict[int, model.LayerState]) -> None:
+def _copy(config: semantics.TrainingConfig, states: dict[int, model.LayerState]) -> None:
     for i, state in states.items():
-        layer_transfer.fill(layer_transfer.template_state(config, i), layer_transfer.flatten(state))
+        template = model.initial_state(config.shape, config.seed, i, config.optimizer)
+        layer_transfer.fill(template, layer_transfer.flatten(state))
 
 
 def measure(shape: str, repeats: int, root: Path) -> list[dict[str, object]]:
-    config = reference.TrainingConfig(
+    config = semantics.TrainingConfig(
         shape=shapes.named(shape), seed=1, global_batch_size=2, micro_batch_size=1
     )
-    job = executor.Job.from_tokens(config, data.load_default_corpus(max_bytes=50_000))
+    job = semantics.Job.from_tokens(config, data.load_default_corpus(max_bytes=50_000))
     states = _trained(config)
     total = sum(s.nbytes for s in states.values())
     base, empty, ckpt = root / "shm", root / "empty", root / "ckpt"

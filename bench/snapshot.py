@@ -37,7 +37,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from planaria.agent import data, model, reference, snapshot_store, snapshot_writer, snapshots
+from planaria.agent.state import snapshot_store, snapshot_writer, snapshots
+from planaria.agent.training import data, model, reference, semantics
 from planaria.planner import plan, shapes
 from planaria.wire import messages
 
@@ -72,7 +73,7 @@ class Bench:
     """One reference trainer and one snapshot writer, stepping with or without a snapshot."""
 
     def __init__(self, shape: shapes.ModelShape, tokens: data.Tokens, mode: Mode, m: int) -> None:
-        config = reference.TrainingConfig(
+        config = semantics.TrainingConfig(
             shape=shape, seed=0, global_batch_size=GLOBAL_BATCH, micro_batch_size=MICRO_BATCH
         )
         self.trainer = reference.ReferenceTrainer(config, tokens)

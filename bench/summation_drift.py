@@ -24,7 +24,8 @@ from pathlib import Path
 
 import torch
 
-from planaria.agent import data, runtime_states
+from planaria.agent.runtime import runtime_states
+from planaria.agent.training import data
 from planaria.wire import messages
 
 GLOBAL_BATCH = 4

@@ -8,8 +8,8 @@
   once: a fake runtime, so only the channel and the codec are timed);
 - watch: opening a Watch stream until its first heartbeat arrives.
 
-The agent is `planaria.agent.service.serve` on 127.0.0.1 in this process (its own thread pool),
-once plaintext and once with `tls_dir`; the client is the controller's grpc.aio client. Both
+The agent is `planaria.agent.server.service.serve` on 127.0.0.1 in this process (its own thread
+pool), once plaintext and once with `tls_dir`; the client is the controller's grpc.aio client. Both
 share one interpreter, so absolute times include GIL hand-offs; the plaintext/TLS ratio is the
 figure to read. Prints median / p90 milliseconds per (case, channel) and writes
 bench/results/tls.json.
@@ -33,7 +33,7 @@ from typing import cast
 import grpc
 import grpc.aio
 
-from planaria.agent import service
+from planaria.agent.server import service
 from planaria.planner import plan, profile
 from planaria.rpc import client, tls
 from planaria.wire import messages

@@ -1,4 +1,4 @@
-"""A test helper: `planaria.agent.runtime.Runtime`s in worker processes, driven over pipes.
+"""A test helper: `planaria.agent.runtime.runtime.Runtime`s in worker processes, driven over pipes.
 
 Each worker process (multiprocessing's forkserver, torch preloaded) holds one Runtime and
 answers (command, argument) messages: configure, heartbeat, stop. The rendezvous store (a
@@ -24,7 +24,8 @@ from typing import Any
 import torch
 from torch._C import _distributed_c10d as c10d
 
-from planaria.agent import executor, runtime
+from planaria.agent.execution import executor
+from planaria.agent.runtime import runtime
 from planaria.planner import instructions, plan
 from planaria.wire import messages
 
@@ -86,7 +87,7 @@ class RuntimeCluster:
         self.job, self.base = job, base
         self.store = c10d.TCPStore(LOOPBACK, 0, None, True, datetime.timedelta(seconds=60))
         self._context = multiprocessing.get_context("forkserver")
-        self._context.set_forkserver_preload(["torch", "planaria.agent.runtime"])
+        self._context.set_forkserver_preload(["torch", "planaria.agent.runtime.runtime"])
         self._processes: dict[int, Any] = {}
         self._conns: dict[int, connection.Connection] = {}
 

@@ -1,4 +1,4 @@
-"""Persistent checkpoints copied from complete snapshots (planaria.agent.checkpoints).
+"""Persistent checkpoints copied from complete snapshots (planaria.agent.state.checkpoints).
 
 Covers: three workers checkpoint every 2 steps in the background from their host-memory
 snapshots; the checkpoint loads (weights only: JSON and raw bytes) bit-identical to the state
@@ -19,7 +19,8 @@ import numpy as np
 import pytest
 import torch
 
-from planaria.agent import checkpoints, model, snapshot_store, snapshot_writer, snapshots
+from planaria.agent.state import checkpoints, snapshot_store, snapshot_writer, snapshots
+from planaria.agent.training import model
 from planaria.planner import plan
 from planaria.wire import messages
 

@@ -1,4 +1,4 @@
-"""The comparator of trained states against the reference (planaria.agent.comparison).
+"""The comparator of trained states against the reference (planaria.agent.training.comparison).
 
 Covers: exact comparison is bitwise (-0.0 is not 0.0, a NaN is reported, step counts count)
 and reports the count and the location of differing elements and missing layers; a bug injected
@@ -15,7 +15,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from planaria.agent import comparison, data, model, reduction, reference
+from planaria.agent.training import comparison, data, model, reduction, reference, semantics
 from planaria.planner import shapes
 from planaria.wire import messages
 
@@ -32,8 +32,8 @@ def tokens() -> data.Tokens:
     return data.load_default_corpus(max_bytes=200_000)
 
 
-def _config(reduction_: messages.Reduction) -> reference.TrainingConfig:
-    return reference.TrainingConfig(
+def _config(reduction_: messages.Reduction) -> semantics.TrainingConfig:
+    return semantics.TrainingConfig(
         shape=MICRO,
         seed=11,
         global_batch_size=8,
@@ -48,7 +48,7 @@ def _states(trainer: reference.ReferenceTrainer) -> States:
 
 
 def _trained(
-    config: reference.TrainingConfig, tokens: data.Tokens, *, reverse: bool = False
+    config: semantics.TrainingConfig, tokens: data.Tokens, *, reverse: bool = False
 ) -> States:
     trainer = reference.ReferenceTrainer(config, tokens, reverse_micro_batches=reverse)
     for step in range(STEPS):
@@ -82,7 +82,7 @@ def _buggy_step(trainer: reference.ReferenceTrainer, step: int, bug: str) -> Non
             optimizer.zero_grad(set_to_none=True)
 
 
-def _with_bug(config: reference.TrainingConfig, tokens: data.Tokens, bug: str) -> States:
+def _with_bug(config: semantics.TrainingConfig, tokens: data.Tokens, bug: str) -> States:
     trainer = reference.ReferenceTrainer(config, tokens)
     for step in range(STEPS - 1):
         trainer.step(step)

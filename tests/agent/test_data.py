@@ -1,4 +1,4 @@
-"""Training data (planaria.agent.data).
+"""Training data (planaria.agent.training.data).
 
 Covers: byte tokenizer round trip; corpus files in sorted path order (nested directories,
 hidden entries and site-packages skipped, suffix filter, named files read whatever their
@@ -20,7 +20,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from planaria.agent import data
+from planaria.agent.training import data
 
 # --- tokenizer ----------------------------------------------------------------------------------
 

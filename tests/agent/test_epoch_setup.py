@@ -23,30 +23,23 @@ import pytest
 import torch
 from torch._C import _distributed_c10d as c10d
 
-from planaria.agent import (
-    data,
-    epoch_setup,
-    executor,
-    held_layers,
-    manifests,
-    model,
-    reference,
-    snapshot_store,
-    snapshot_writer,
-)
+from planaria.agent.execution import held_layers
+from planaria.agent.recovery import epoch_setup
+from planaria.agent.state import manifests, snapshot_store, snapshot_writer
+from planaria.agent.training import data, model, semantics
 from planaria.planner import plan, shapes
 from planaria.wire import messages
 
 Tier = messages.RecoveryTier
 LAYER, STEP = 2, 3
-CONFIG = reference.TrainingConfig(
+CONFIG = semantics.TrainingConfig(
     shape=shapes.named("tiny"), seed=4, global_batch_size=2, micro_batch_size=1
 )
 
 
 @pytest.fixture(scope="module")
-def job() -> executor.Job:
-    return executor.Job.from_tokens(CONFIG, data.load_default_corpus(max_bytes=20_000))
+def job() -> semantics.Job:
+    return semantics.Job.from_tokens(CONFIG, data.load_default_corpus(max_bytes=20_000))
 
 
 def _state() -> model.LayerState:
@@ -76,7 +69,7 @@ def _stores(base: Path, state: model.LayerState) -> dict[int, snapshot_store.Sna
 
 
 def _locator(
-    job: executor.Job, base: Path, own: snapshot_store.SnapshotStore, holding: epoch_setup.Holding
+    job: semantics.Job, base: Path, own: snapshot_store.SnapshotStore, holding: epoch_setup.Holding
 ) -> epoch_setup.Locator:
     stores = epoch_setup.Stores(own=own, job="job", base=base, checkpoint_dir="")
     return epoch_setup.Locator(job=job, holding=holding, stores=stores, step=STEP)
@@ -100,7 +93,7 @@ def _same(a: model.LayerState | None, b: model.LayerState) -> bool:
 
 
 def test_each_tier_is_used_when_the_cheaper_ones_cannot_serve(
-    job: executor.Job, tmp_path: Path
+    job: semantics.Job, tmp_path: Path
 ) -> None:
     state = _state()
     stores = _stores(tmp_path, state)
@@ -122,7 +115,7 @@ def test_each_tier_is_used_when_the_cheaper_ones_cannot_serve(
 
 
 def test_nothing_held_at_step_zero_is_built_from_the_seed(
-    job: executor.Job, tmp_path: Path
+    job: semantics.Job, tmp_path: Path
 ) -> None:
     own = snapshot_store.SnapshotStore(snapshot_store.store_root("job", 0, tmp_path))
     stores = epoch_setup.Stores(own=own, job="job", base=tmp_path, checkpoint_dir="")

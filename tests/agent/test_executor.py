@@ -1,4 +1,5 @@
-"""The schedule executor (planaria.agent.executor) against the reference trainer, its oracle.
+"""The schedule executor (planaria.agent.execution.executor) against the reference trainer, its
+oracle.
 
 Covers, in this process (a one-rank epoch): a one-worker plan reproduces the reference bit for
 bit; a communication failure aborts the step with a latched PeerLostError naming the step, the
@@ -6,22 +7,20 @@ instruction and the peer, later steps re-raise it and the layers keep their comm
 inputs that do not fit (model, batch, worker, layers, rank, backend, a tensor-parallel stage)
 are refused with a message that says what to change.
 
-Across real processes (gloo on loopback, planaria.agent.harness), lossless training in exact
-mode (`messages.Reduction.EXACT`), compared bit for bit (`comparison.compare`, no tolerance):
-symmetric (2x2), heterogeneous ([3,2], [2,2,1]), rerouted (a failed stage's micro-batches run
-on peers), a 3-stage pipeline, data parallel over 3 workers and 50 hypothesis-drawn plans of
-2-8 workers equal the reference's per-step losses, parameters and AdamW moments, with a
-reference trained at 2 torch threads (the workers run 1) and, for the named plans, one that
-sums its micro-batches in reverse order; fast mode (float32 sums in the plan's order) does
-differ from the reference on those plans, within the bound derived from the reference's own
-sensitivity to summation order (`comparison.SensitivityBounds`); two epochs in the same
-processes, the second with fewer ranks (a worker leaves, its micro-batches rerouted), continue
-the run bit for bit; a worker asked to keep layers it does not hold reports an invalid
-configuration; a worker killed mid-step makes every survivor report a latched PeerLostError
-(not a timeout), and the survivors then regroup with fewer ranks and continue bit for bit; a
-worker killed right before its optimizer step (before the commit barrier) leaves every
-survivor at the same committed step.
-"""
+Across real processes (gloo on loopback, planaria.agent.harness.local_cluster), lossless training in
+exact mode (`messages.Reduction.EXACT`), compared bit for bit (`comparison.compare`, no tolerance):
+symmetric (2x2), heterogeneous ([3,2], [2,2,1]), rerouted (a failed stage's micro-batches run on
+peers), a 3-stage pipeline, data parallel over 3 workers and 50 hypothesis-drawn plans of 2-8
+workers equal the reference's per-step losses, parameters and AdamW moments, with a reference
+trained at 2 torch threads (the workers run 1) and, for the named plans, one that sums its
+micro-batches in reverse order; fast mode (float32 sums in the plan's order) does differ from the
+reference on those plans, within the bound derived from the reference's own sensitivity to summation
+order (`comparison.SensitivityBounds`); two epochs in the same processes, the second with fewer
+ranks (a worker leaves, its micro-batches rerouted), continue the run bit for bit; a worker asked to
+keep layers it does not hold reports an invalid configuration; a worker killed mid-step makes every
+survivor report a latched PeerLostError (not a timeout), and the survivors then regroup with fewer
+ranks and continue bit for bit; a worker killed right before its optimizer step (before the commit
+barrier) leaves every survivor at the same committed step."""
 
 from __future__ import annotations
 
@@ -36,16 +35,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch._C import _distributed_c10d as c10d
 
-from planaria.agent import (
-    comparison,
-    data,
-    executor,
-    groups,
-    harness,
-    held_layers,
-    model,
-    reference,
-)
+from planaria.agent.execution import executor, failures, groups, held_layers
+from planaria.agent.harness import local_cluster, run_results
+from planaria.agent.training import comparison, data, model, reference, semantics
 from planaria.planner import errors, instructions, plan, schedule, shapes
 from planaria.wire import messages
 from tests import strategies
@@ -69,8 +61,8 @@ def _shape(num_planner_layers: int) -> shapes.ModelShape:
     )
 
 
-def _config(p: plan.Plan, reduction: messages.Reduction = EXACT) -> reference.TrainingConfig:
-    return reference.TrainingConfig(
+def _config(p: plan.Plan, reduction: messages.Reduction = EXACT) -> semantics.TrainingConfig:
+    return semantics.TrainingConfig(
         shape=_shape(p.num_layers),
         seed=SEED,
         global_batch_size=p.global_batch_size,
@@ -137,13 +129,13 @@ def tokens() -> data.Tokens:
 
 
 @pytest.fixture(scope="module")
-def cluster(tokens: data.Tokens) -> Iterator[harness.LocalCluster]:
-    with harness.LocalCluster(workers=range(8), tokens=tokens, timeout_s=20.0) as pool:
+def cluster(tokens: data.Tokens) -> Iterator[local_cluster.LocalCluster]:
+    with local_cluster.LocalCluster(workers=range(8), tokens=tokens, timeout_s=20.0) as pool:
         yield pool
 
 
 def _reference(
-    config: reference.TrainingConfig,
+    config: semantics.TrainingConfig,
     tokens: data.Tokens,
     steps: int,
     *,
@@ -163,7 +155,7 @@ def _reference(
     return {i: trainer.layer_state(i) for i in layers}, losses
 
 
-def _final_states(run: harness.RunResult, num_layers: int) -> dict[int, model.LayerState]:
+def _final_states(run: run_results.RunResult, num_layers: int) -> dict[int, model.LayerState]:
     """Every layer's state in `run` (its first holder's), with every replica checked equal to
     it bit for bit (the all-reduce leaves them identical)."""
     states = {}
@@ -178,8 +170,8 @@ def _final_states(run: harness.RunResult, num_layers: int) -> dict[int, model.La
 
 
 def _assert_lossless(
-    run: harness.RunResult,
-    config: reference.TrainingConfig,
+    run: run_results.RunResult,
+    config: semantics.TrainingConfig,
     want: tuple[dict[int, model.LayerState], list[float]],
 ) -> None:
     """Bit for bit: the run's states and losses equal the reference's (exact mode)."""
@@ -192,7 +184,7 @@ def _assert_lossless(
 
 
 def _check_lossless(
-    cluster: harness.LocalCluster, tokens: data.Tokens, p: plan.Plan, *, threads: int = 1
+    cluster: local_cluster.LocalCluster, tokens: data.Tokens, p: plan.Plan, *, threads: int = 1
 ) -> None:
     config = _config(p)
     run = cluster.run(config, p, range(STEPS))
@@ -203,17 +195,17 @@ def _check_lossless(
 
 
 @pytest.fixture
-def solo(tokens: data.Tokens) -> Iterator[tuple[executor.Job, groups.Epoch]]:
+def solo(tokens: data.Tokens) -> Iterator[tuple[semantics.Job, groups.Epoch]]:
     """A one-rank epoch in this process and the job of a one-worker, one-stage plan."""
     store = c10d.TCPStore("127.0.0.1", 0, None, True, datetime.timedelta(seconds=5), False)
     epoch = groups.form_epoch(store, 1, 0, 1, messages.Backend.GLOO, 2.0)
     config = _config(_plan(([(0, 5, (0,))], 3)))
-    yield executor.Job.from_tokens(config, tokens), epoch
+    yield semantics.Job.from_tokens(config, tokens), epoch
     groups.leave_epoch(epoch)
 
 
 def _solo_executor(
-    job: executor.Job, epoch: groups.Epoch, sched: schedule.Schedule
+    job: semantics.Job, epoch: groups.Epoch, sched: schedule.Schedule
 ) -> executor.Executor:
     layers = held_layers.HeldLayers.build(job.config, range(job.config.shape.num_planner_layers))
     return executor.Executor(
@@ -222,7 +214,7 @@ def _solo_executor(
 
 
 def test_one_worker_reproduces_the_reference_bit_for_bit(
-    solo: tuple[executor.Job, groups.Epoch], tokens: data.Tokens
+    solo: tuple[semantics.Job, groups.Epoch], tokens: data.Tokens
 ) -> None:
     job, epoch = solo
     runner = _solo_executor(job, epoch, schedule.compile_schedule(_plan(([(0, 5, (0,))], 3))))
@@ -237,7 +229,7 @@ def test_one_worker_reproduces_the_reference_bit_for_bit(
 
 
 def test_a_communication_failure_aborts_the_step_and_is_latched(
-    solo: tuple[executor.Job, groups.Epoch],
+    solo: tuple[semantics.Job, groups.Epoch],
 ) -> None:
     job, epoch = solo
     whole = {"layer_start": 0, "layer_stop": 5}
@@ -267,12 +259,12 @@ def test_a_communication_failure_aborts_the_step_and_is_latched(
     )
     runner = _solo_executor(job, epoch, sched)
     before = runner.layers.states()
-    with pytest.raises(executor.PeerLostError, match=r"step 4 aborted at instruction #2 RecvGrad"):
+    with pytest.raises(failures.PeerLostError, match=r"step 4 aborted at instruction #2 RecvGrad"):
         runner.run_step(4)
     latched = runner.latched
     assert latched is not None and (latched.step, latched.index, latched.peer) == (4, 2, 0)
     assert latched.latched().kind is messages.ErrorKind.PEER_LOST
-    with pytest.raises(executor.PeerLostError) as again:
+    with pytest.raises(failures.PeerLostError) as again:
         runner.run_step(5)
     assert again.value is latched
     for index, state in runner.layers.states().items():  # no optimizer step happened
@@ -299,14 +291,14 @@ def test_a_communication_failure_aborts_the_step_and_is_latched(
     ],
 )
 def test_inputs_that_do_not_fit_are_refused(
-    solo: tuple[executor.Job, groups.Epoch], change: str, message: str
+    solo: tuple[semantics.Job, groups.Epoch], change: str, message: str
 ) -> None:
     job, epoch = solo
     sched = schedule.compile_schedule(_plan(([(0, 5, (0,))], 3)))
     config, worker = job.config, plan.WorkerId(0)
     layers = held_layers.HeldLayers.build(config, range(5))
     if change == "model":
-        job = executor.Job(
+        job = semantics.Job(
             config=_config(_plan(([(0, 6, (0,))], 3))), dataset=job.dataset, sampler=job.sampler
         )
     elif change == "batch":
@@ -319,11 +311,11 @@ def test_inputs_that_do_not_fit_are_refused(
         sched = schedule.compile_schedule(_plan(([(0, 5, (0,))], 2), ([(0, 5, (1,))], 1)))
     else:
         epoch = dataclasses.replace(epoch, backend=messages.Backend.NCCL)
-    with pytest.raises(executor.ExecutorInputError, match=message):
+    with pytest.raises(failures.ExecutorInputError, match=message):
         executor.Executor(job=job, sched=sched, worker=worker, epoch=epoch, layers=layers)
 
 
-def test_a_stage_of_several_workers_is_refused(solo: tuple[executor.Job, groups.Epoch]) -> None:
+def test_a_stage_of_several_workers_is_refused(solo: tuple[semantics.Job, groups.Epoch]) -> None:
     job, epoch = solo
     tensor_parallel = plan.Plan(
         pipelines=(
@@ -350,7 +342,7 @@ def test_a_stage_of_several_workers_is_refused(solo: tuple[executor.Job, groups.
 
 @pytest.mark.parametrize("p", list(NAMED_PLANS.values()), ids=list(NAMED_PLANS))
 def test_named_plans_train_exactly_like_the_reference(
-    cluster: harness.LocalCluster, tokens: data.Tokens, p: plan.Plan
+    cluster: local_cluster.LocalCluster, tokens: data.Tokens, p: plan.Plan
 ) -> None:
     config = _config(p)
     run = cluster.run(config, p, range(STEPS))
@@ -372,7 +364,7 @@ def test_named_plans_train_exactly_like_the_reference(
     ids=[name for name in NAMED_PLANS if name != "one pipeline of three stages"],
 )
 def test_fast_mode_differs_from_the_reference_within_its_summation_sensitivity(
-    cluster: harness.LocalCluster, tokens: data.Tokens, p: plan.Plan
+    cluster: local_cluster.LocalCluster, tokens: data.Tokens, p: plan.Plan
 ) -> None:
     # Float32 sums in the plan's order: not bitwise equal (so exact mode is not vacuous), but
     # every element within the bound the reference's own reordering gives.
@@ -398,13 +390,13 @@ def test_fast_mode_differs_from_the_reference_within_its_summation_sensitivity(
     .filter(lambda p: p.num_layers >= 3)
 )
 def test_drawn_plans_train_exactly_like_the_reference(
-    cluster: harness.LocalCluster, tokens: data.Tokens, p: plan.Plan
+    cluster: local_cluster.LocalCluster, tokens: data.Tokens, p: plan.Plan
 ) -> None:
     _check_lossless(cluster, tokens, p, threads=2)
 
 
 def test_a_second_epoch_with_fewer_ranks_continues_losslessly(
-    cluster: harness.LocalCluster, tokens: data.Tokens
+    cluster: local_cluster.LocalCluster, tokens: data.Tokens
 ) -> None:
     config = _config(SYMMETRIC)
     first = cluster.run(config, SYMMETRIC, range(3))
@@ -417,7 +409,7 @@ def test_a_second_epoch_with_fewer_ranks_continues_losslessly(
 
 
 def test_keeping_layers_a_worker_does_not_hold_is_an_invalid_configuration(
-    cluster: harness.LocalCluster,
+    cluster: local_cluster.LocalCluster,
 ) -> None:
     config = _config(SYMMETRIC)
     cluster.run(config, SYMMETRIC, range(1))
@@ -432,8 +424,8 @@ def test_a_killed_worker_is_reported_by_every_survivor_who_then_regroup(
     tokens: data.Tokens,
 ) -> None:
     config = _config(SYMMETRIC)
-    with harness.LocalCluster(workers=range(4), tokens=tokens, timeout_s=30.0) as four:
-        crash = harness.Fault(step=2, index=1, signal=signal.SIGKILL)
+    with local_cluster.LocalCluster(workers=range(4), tokens=tokens, timeout_s=30.0) as four:
+        crash = local_cluster.Fault(step=2, index=1, signal=signal.SIGKILL)
         failed = four.run(config, SYMMETRIC, range(100), faults={3: crash})
         assert failed.lost == (3,)
         assert sorted(failed.errors) == [0, 1, 2]
@@ -457,8 +449,8 @@ def test_a_death_before_the_commit_barrier_leaves_every_survivor_at_the_same_ste
     update = next(
         i for i, op in enumerate(stream.instructions) if isinstance(op, instructions.OptimizerStep)
     )
-    crash = harness.Fault(step=2, index=update, signal=signal.SIGKILL)
-    with harness.LocalCluster(workers=range(3), tokens=tokens, timeout_s=30.0) as three:
+    crash = local_cluster.Fault(step=2, index=update, signal=signal.SIGKILL)
+    with local_cluster.LocalCluster(workers=range(3), tokens=tokens, timeout_s=30.0) as three:
         failed = three.run(_config(p), p, range(5), faults={2: crash})
     assert failed.lost == (2,)
     assert sorted(failed.errors) == [0, 1]

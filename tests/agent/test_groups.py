@@ -1,4 +1,4 @@
-"""Process groups per epoch (planaria.agent.groups), in this process and on pure data.
+"""Process groups per epoch (planaria.agent.execution.groups), in this process and on pure data.
 
 Covers: ranks follow worker ids; the subgroups of a schedule are its distinct all-reduce groups
 as sorted rank tuples (symmetric, heterogeneous and rerouted plans), and exactly the groups its
@@ -24,7 +24,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch._C import _distributed_c10d as c10d
 
-from planaria.agent import groups
+from planaria.agent.execution import groups
 from planaria.planner import instructions, plan, schedule
 from planaria.wire import messages
 from tests import strategies
@@ -154,7 +154,7 @@ def test_a_member_that_never_comes_fails_the_rendezvous_in_time(store: c10d.Stor
 _FRESH_PEER = """
 import datetime, sys
 from torch._C import _distributed_c10d as c10d
-from planaria.agent import groups
+from planaria.agent.execution import groups
 from planaria.wire import messages
 store = c10d.TCPStore("127.0.0.1", int(sys.argv[1]), None, False, datetime.timedelta(seconds=30))
 groups.leave_epoch(groups.form_epoch(store, 2, 1, 2, messages.Backend.GLOO, 30.0))

@@ -1,4 +1,5 @@
-"""The local multi-process harness (planaria.agent.harness): failures, deadlines, cleanup.
+"""The local multi-process harness (planaria.agent.harness.local_cluster): failures, deadlines,
+cleanup.
 
 Covers: a hung worker (SIGSTOP mid-step) makes its peer report a latched timeout within the
 epoch's timeout, is then killed and listed as lost, and the cluster goes on with the survivors;
@@ -20,7 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from planaria.agent import data, harness, model, reference
+from planaria.agent.harness import local_cluster
+from planaria.agent.training import data, model, semantics
 from planaria.planner import plan, shapes
 from planaria.wire import messages
 
@@ -43,8 +45,8 @@ def _one_pipeline(*workers: int, micro_batches: int = 2) -> plan.Plan:
     )
 
 
-def _config(p: plan.Plan) -> reference.TrainingConfig:
-    return reference.TrainingConfig(
+def _config(p: plan.Plan) -> semantics.TrainingConfig:
+    return semantics.TrainingConfig(
         shape=SHAPE,
         seed=1,
         global_batch_size=p.global_batch_size,
@@ -78,8 +80,8 @@ def _all_gone(pids: list[int], within_s: float) -> bool:
 
 def test_a_hung_worker_times_its_peer_out_and_is_killed(tokens: data.Tokens) -> None:
     p = _one_pipeline(0, 1)
-    with harness.LocalCluster(workers=[0, 1], tokens=tokens, timeout_s=1.5) as cluster:
-        hang = harness.Fault(step=1, index=0, signal=signal.SIGSTOP)
+    with local_cluster.LocalCluster(workers=[0, 1], tokens=tokens, timeout_s=1.5) as cluster:
+        hang = local_cluster.Fault(step=1, index=0, signal=signal.SIGSTOP)
         started = time.monotonic()
         run = cluster.run(_config(p), p, range(50), faults={1: hang})
         elapsed = time.monotonic() - started
@@ -97,8 +99,8 @@ def test_a_hung_worker_times_its_peer_out_and_is_killed(tokens: data.Tokens) -> 
 
 def test_a_run_past_its_deadline_kills_every_worker(tokens: data.Tokens) -> None:
     p = _one_pipeline(0, micro_batches=8)
-    cluster = harness.LocalCluster(workers=[0], tokens=tokens, start_method="spawn")
-    with pytest.raises(harness.HarnessTimeoutError, match=r"workers \[0\] did not finish"):
+    cluster = local_cluster.LocalCluster(workers=[0], tokens=tokens, start_method="spawn")
+    with pytest.raises(local_cluster.HarnessTimeoutError, match=r"workers \[0\] did not finish"):
         cluster.run(_config(p), p, range(10**6), deadline_s=0.5)
     assert cluster.alive == ()
     assert _all_gone(list(cluster.pids.values()), within_s=5.0)
@@ -106,7 +108,7 @@ def test_a_run_past_its_deadline_kills_every_worker(tokens: data.Tokens) -> None
 
 
 def test_closing_a_cluster_leaves_no_worker_process(tokens: data.Tokens) -> None:
-    with harness.LocalCluster(workers=range(3), tokens=tokens) as cluster:
+    with local_cluster.LocalCluster(workers=range(3), tokens=tokens) as cluster:
         pids = list(cluster.pids.values())
         assert len(pids) == 3 and not any(map(_gone, pids))
     assert cluster.alive == ()
@@ -119,11 +121,12 @@ def test_workers_exit_when_their_parent_is_killed(tmp_path: Path) -> None:
         f"""
         import time
         from pathlib import Path
-        from planaria.agent import data, harness
+        from planaria.agent.harness import local_cluster
+        from planaria.agent.training import data
 
         if __name__ == "__main__":
             tokens = data.encode("planaria " * 1000)
-            cluster = harness.LocalCluster(workers=range(2), tokens=tokens)
+            cluster = local_cluster.LocalCluster(workers=range(2), tokens=tokens)
             pids = " ".join(str(pid) for pid in cluster.pids.values())
             Path({str(ready)!r} + ".tmp").write_text(pids)
             Path({str(ready)!r} + ".tmp").replace({str(ready)!r})  # whole, or not at all
@@ -151,12 +154,12 @@ def test_workers_exit_when_their_parent_is_killed(tmp_path: Path) -> None:
 
 
 def test_a_plan_naming_a_missing_worker_is_refused(tokens: data.Tokens) -> None:
-    with harness.LocalCluster(workers=[0], tokens=tokens) as cluster:
+    with local_cluster.LocalCluster(workers=[0], tokens=tokens) as cluster:
         p = _one_pipeline(0, 5)
-        with pytest.raises(harness.HarnessInputError, match=r"but \[5\] are not alive"):
+        with pytest.raises(local_cluster.HarnessInputError, match=r"but \[5\] are not alive"):
             cluster.run(_config(p), p, range(1))
-    with pytest.raises(harness.HarnessInputError, match="one or more worker ids"):
-        harness.LocalCluster(workers=[], tokens=tokens)
+    with pytest.raises(local_cluster.HarnessInputError, match="one or more worker ids"):
+        local_cluster.LocalCluster(workers=[], tokens=tokens)
 
 
 def test_the_pid_check_sees_this_process() -> None:

@@ -1,4 +1,4 @@
-"""Layer copies' byte layout (planaria.agent.layer_transfer), without processes.
+"""Layer copies' byte layout (planaria.agent.recovery.layer_transfer), without processes.
 
 Covers: a trained layer's state (parameters, AdamW moments and step) flattened on a source and
 poured into a destination's template of the same layer, built from another seed, comes back
@@ -14,17 +14,18 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from planaria.agent import layer_transfer, model, reference
+from planaria.agent.recovery import layer_transfer
+from planaria.agent.training import model, semantics
 from planaria.planner import plan, shapes
 
 TINY = shapes.named("tiny")
 
 
-def _config(seed: int) -> reference.TrainingConfig:
-    return reference.TrainingConfig(shape=TINY, seed=seed, global_batch_size=2, micro_batch_size=1)
+def _config(seed: int) -> semantics.TrainingConfig:
+    return semantics.TrainingConfig(shape=TINY, seed=seed, global_batch_size=2, micro_batch_size=1)
 
 
-def _trained(config: reference.TrainingConfig, layer: int, steps: int) -> model.LayerState:
+def _trained(config: semantics.TrainingConfig, layer: int, steps: int) -> model.LayerState:
     """Layer `layer` after `steps` AdamW steps on random gradients."""
     module = model.build_layer(config.shape, config.seed, layer)
     optimizer = model.make_optimizer(module, config.optimizer)
@@ -34,6 +35,10 @@ def _trained(config: reference.TrainingConfig, layer: int, steps: int) -> model.
             p.grad = torch.randn(p.shape, generator=generator)
         optimizer.step()
     return model.extract_layer_state(layer, module, optimizer)
+
+
+def _template(config: semantics.TrainingConfig, layer: int) -> model.LayerState:
+    return model.initial_state(config.shape, config.seed, layer, config.optimizer)
 
 
 @settings(max_examples=12, deadline=None)
@@ -46,7 +51,7 @@ def test_a_flattened_state_poured_into_a_template_is_bit_exact(
     layer: int, seed: int, steps: int
 ) -> None:
     sent = _trained(_config(seed), layer, steps)
-    template = layer_transfer.template_state(_config(seed + 1), layer)
+    template = _template(_config(seed + 1), layer)
     got = layer_transfer.fill(template, layer_transfer.flatten(sent))
     assert got.names == sent.names and got.index == layer
     assert all(map(torch.equal, got.tensors(), sent.tensors()))
@@ -66,6 +71,6 @@ def test_the_sources_shards_tile_the_state_once(n: int, k: int) -> None:
 
 
 def test_a_buffer_of_the_wrong_size_is_refused() -> None:
-    template = layer_transfer.template_state(_config(0), 1)
+    template = _template(_config(0), 1)
     with pytest.raises(layer_transfer.TransferError, match="layer 1: received 3 bytes"):
         layer_transfer.fill(template, torch.zeros(3, dtype=torch.uint8))

@@ -1,4 +1,4 @@
-"""Snapshot manifests as checked JSON (planaria.agent.manifests).
+"""Snapshot manifests as checked JSON (planaria.agent.state.manifests).
 
 Covers: encode then decode gives the same manifest (hypothesis over layers, tensors and files);
 the file is plain JSON with a body checksum; bad JSON (nested past json's recursion too), a
@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from planaria.agent import manifests
+from planaria.agent.state import manifests
 from planaria.wire import messages
 
 _COUNT = st.integers(min_value=0, max_value=2**40)

@@ -1,4 +1,4 @@
-"""The GPT as planner layers (planaria.agent.model).
+"""The GPT as planner layers (planaria.agent.training.model).
 
 Covers: parameter counts equal the shape's per-layer counts; a layer built alone is bit-identical
 to the same layer built with the whole model, on any shape, and building draws nothing from
@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from planaria.agent import model
+from planaria.agent.training import model
 from planaria.planner import shapes
 from tests import strategies
 

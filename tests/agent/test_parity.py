@@ -1,4 +1,4 @@
-"""XOR parity and shard layout of a sharding group (planaria.agent.parity, REFT eq. 1-2).
+"""XOR parity and shard layout of a sharding group (planaria.agent.state.parity, REFT eq. 1-2).
 
 Covers: shards tile the state contiguously and differ by at most one byte; every piece of every
 shard goes into exactly one other member's parity, each parity taking one piece from each other
@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from planaria.agent import parity
+from planaria.agent.state import parity
 
 GROUP_SIZES = st.integers(min_value=2, max_value=6)
 

@@ -1,4 +1,4 @@
-"""The measuring profiler (planaria.agent.profiler).
+"""The measuring profiler (planaria.agent.execution.profiler).
 
 Covers: a measured profile of the tiny model has its num_layers + 2 layers named as the planner
 names them, one positive time per GPU count (one device = one GPU), parameter, gradient and
@@ -16,7 +16,8 @@ import os
 import pytest
 import torch
 
-from planaria.agent import model, profiler
+from planaria.agent.execution import profiler
+from planaria.agent.training import model
 from planaria.planner import profile, shapes
 from planaria.spec import profile_file
 

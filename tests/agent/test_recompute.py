@@ -1,4 +1,4 @@
-"""Optimizer recomputing (REFT AOR) for AdamW (planaria.agent.recompute, snapshot_writer).
+"""Optimizer recomputing (REFT AOR) for AdamW (planaria.agent.state.recompute, snapshot_writer).
 
 Covers: the host replica of a peer's optimizer moments, updated only from gradients, stays
 bit-identical to the live AdamW moments over several steps with weight decay, for every member
@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 import torch
 
-from planaria.agent import model, parity, reference, snapshot_store, snapshot_writer, snapshots
+from planaria.agent.state import parity, snapshot_store, snapshot_writer, snapshots
+from planaria.agent.training import model, reference, semantics
 from planaria.planner import plan, shapes
 from planaria.wire import messages
 
@@ -27,7 +28,7 @@ GROUPS = {i: tuple(plan.WorkerId(w) for w in range(M)) for i in range(4)}
 
 
 def _trainer() -> reference.ReferenceTrainer:
-    config = reference.TrainingConfig(
+    config = semantics.TrainingConfig(
         shape=MICRO,
         seed=7,
         global_batch_size=4,

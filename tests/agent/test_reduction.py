@@ -1,4 +1,4 @@
-"""Gradient sums (planaria.agent.reduction): fast and exact mode.
+"""Gradient sums (planaria.agent.training.reduction): fast and exact mode.
 
 Covers: exact mode's result is the correctly rounded exact sum (a brute-force oracle in
 rational arithmetic) for any split of the micro-batches over workers, any order of absorbing
@@ -22,7 +22,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from planaria.agent import reduction
+from planaria.agent.training import reduction
 from planaria.wire import messages
 
 EXACT, FAST = messages.Reduction.EXACT, messages.Reduction.FAST

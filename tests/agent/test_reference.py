@@ -1,4 +1,5 @@
-"""The reference trainer (planaria.agent.reference), the oracle distributed runs are held to.
+"""The reference trainer (planaria.agent.training.reference), the oracle distributed runs are held
+to.
 
 Covers: the tiny model's loss falls by at least 30% within 200 steps on the standard library
 corpus; different micro-batch splits of the same global batch give the same parameters in
@@ -15,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from planaria.agent import data, model, reference
+from planaria.agent.training import data, model, reference, semantics
 from planaria.planner import shapes
 
 TINY = shapes.named("tiny")
@@ -38,7 +39,7 @@ def _trainer(
     lr: float = 1e-3,
     dtype: torch.dtype = torch.float32,
 ) -> reference.ReferenceTrainer:
-    config = reference.TrainingConfig(
+    config = semantics.TrainingConfig(
         shape=MICRO,
         seed=3,
         global_batch_size=global_batch,
@@ -56,7 +57,7 @@ def _parameters(trainer: reference.ReferenceTrainer) -> list[torch.Tensor]:
 
 
 def test_the_tiny_model_learns_the_standard_library(stdlib_tokens: data.Tokens) -> None:
-    config = reference.TrainingConfig(
+    config = semantics.TrainingConfig(
         shape=TINY,
         seed=0,
         global_batch_size=8,
@@ -168,8 +169,8 @@ def test_evaluation_changes_nothing(stdlib_tokens: data.Tokens) -> None:
 )
 def test_a_training_config_is_refused_with(fields: dict[str, int], message: str) -> None:
     arguments = {"seed": 0, "global_batch_size": 8, "micro_batch_size": 4} | fields
-    with pytest.raises(reference.TrainingConfigError, match=message):
-        reference.TrainingConfig(
+    with pytest.raises(semantics.TrainingConfigError, match=message):
+        semantics.TrainingConfig(
             shape=MICRO,
             seed=arguments["seed"],
             global_batch_size=arguments["global_batch_size"],

@@ -1,4 +1,4 @@
-"""The agent runtime (planaria.agent.runtime) against the reference trainer, its oracle.
+"""The agent runtime (planaria.agent.runtime.runtime) against the reference trainer, its oracle.
 
 Covers, across worker processes (gloo on loopback, tests/agent/runtime_cluster.py): a first
 epoch from the seed (INITIAL) trains exactly like the reference (exact mode: every comparison is
@@ -31,17 +31,10 @@ import pytest
 import torch
 from torch._C import _distributed_c10d as c10d
 
-from planaria.agent import (
-    comparison,
-    data,
-    executor,
-    layer_transfer,
-    model,
-    runtime,
-    runtime_states,
-    snapshot_store,
-    training,
-)
+from planaria.agent.execution import executor
+from planaria.agent.runtime import runtime, runtime_states, training_thread
+from planaria.agent.state import snapshot_store
+from planaria.agent.training import comparison, data, model
 from planaria.planner import plan
 from planaria.wire import messages
 from tests.agent import runtime_cluster
@@ -233,8 +226,11 @@ def test_a_re_split_copies_exactly_the_missing_layers_from_live_replicas(
     )
     _start_epoch(cluster, after, settings, epoch=2, resume=2, stop=4, transfers=transfers)
     beats = cluster.wait([0, 1, 2], _finished)
-    config = training.training_config(settings, 1)
-    size = {i: layer_transfer.template_state(config, i).nbytes for i in (2, 4, 5)}
+    config = training_thread.training_config(settings, 1)
+    size = {
+        i: model.initial_state(config.shape, config.seed, i, config.optimizer).nbytes
+        for i in (2, 4, 5)
+    }
     setups = {w: b.setup for w, b in beats.items()}
     assert all(s is not None for s in setups.values())
     tiers = {w: s.tier for w, s in setups.items() if s is not None}
@@ -471,13 +467,16 @@ def test_configure_refusals_pause_resume_and_stop(
 
 def test_state_layout_is_model_state_layout() -> None:
     # the helper that sizes transfers agrees with LayerState's own count of bytes
-    config = training.training_config(_settings(Path("unused")), 1)
+    config = training_thread.training_config(_settings(Path("unused")), 1)
     for index in range(config.shape.num_planner_layers):
         built = model.build_layer(config.shape, config.seed, index)
         state = model.extract_layer_state(
             index, built, model.make_optimizer(built, config.optimizer)
         )
-        assert layer_transfer.template_state(config, index).nbytes == state.nbytes
+        assert (
+            model.initial_state(config.shape, config.seed, index, config.optimizer).nbytes
+            == state.nbytes
+        )
 
 
 def test_a_running_agent_switches_epochs_at_the_planned_step(

@@ -1,4 +1,4 @@
-"""The two-slot snapshot store on disk (planaria.agent.snapshot_store).
+"""The two-slot snapshot store on disk (planaria.agent.state.snapshot_store).
 
 Covers: a child process SIGKILLed in the middle of writing a snapshot leaves the previous
 complete snapshot loadable and verified (and the interrupted slot untrusted, then reused);
@@ -26,7 +26,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from planaria.agent import model, parity, snapshot_store, snapshot_writer, snapshots
+from planaria.agent.state import parity, snapshot_store, snapshot_writer, snapshots
+from planaria.agent.training import model
 from planaria.planner import plan
 from planaria.wire import messages
 
@@ -36,7 +37,8 @@ GROUP = (plan.WorkerId(0), plan.WorkerId(1), plan.WorkerId(2))
 # A child that writes step 1, says "ready", then snapshots steps 2, 3, ... until it is killed.
 CHILD = r"""
 import sys, pathlib, torch
-from planaria.agent import model, snapshot_store, snapshot_writer
+from planaria.agent.state import snapshot_store, snapshot_writer
+from planaria.agent.training import model
 from planaria.wire import messages
 
 def state(index, step, numel):

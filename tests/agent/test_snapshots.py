@@ -1,4 +1,5 @@
-"""Sharded snapshots of layer state and their rebuild (planaria.agent.snapshots, snapshot_writer).
+"""Sharded snapshots of layer state and their rebuild (planaria.agent.state.snapshots,
+snapshot_writer).
 
 Covers: sharding groups of a plan are the workers holding each layer (hypothesis over plans),
 tensor-parallel stages are refused; a layer's state of float32/float16/bfloat16/int64 tensors
@@ -24,7 +25,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from planaria.agent import manifests, model, reference, snapshot_store, snapshot_writer, snapshots
+from planaria.agent.state import manifests, snapshot_store, snapshot_writer, snapshots
+from planaria.agent.training import model, reference, semantics
 from planaria.planner import plan, shapes
 from planaria.wire import messages
 from tests import strategies
@@ -223,7 +225,7 @@ def test_members_that_disagree_are_corrupt(tmp_path: Path) -> None:
 
 
 def _trainer() -> reference.ReferenceTrainer:
-    config = reference.TrainingConfig(shape=MICRO, seed=5, global_batch_size=4, micro_batch_size=2)
+    config = semantics.TrainingConfig(shape=MICRO, seed=5, global_batch_size=4, micro_batch_size=2)
     tokens = np.random.default_rng(0).integers(0, 256, size=20_000, dtype=np.uint8)
     return reference.ReferenceTrainer(config, tokens)
 

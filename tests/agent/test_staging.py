@@ -1,4 +1,4 @@
-"""Host staging of live layer state (planaria.agent.staging).
+"""Host staging of live layer state (planaria.agent.state.staging).
 
 Covers: merged ranges cover exactly the same bytes, sorted and disjoint (hypothesis); staged
 flattened bytes equal the live state's in the wanted ranges for tensors above and below the
@@ -14,7 +14,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from planaria.agent import model, staging
+from planaria.agent.state import staging
+from planaria.agent.training import model
 
 RANGES = st.lists(
     st.tuples(st.integers(0, 400), st.integers(0, 400)).map(lambda t: range(min(t), max(t))),

@@ -1,5 +1,6 @@
 """Import contracts (.importlinter) hold: planner pure, controller core free of Kubernetes/gRPC/
-torch, agent free of the control plane, layers respected. Runs lint-imports as CI does."""
+torch, agent free of the control plane, layers respected (between the top-level packages and
+between the agent's subpackages, every one of which is placed). Runs lint-imports as CI does."""
 
 from __future__ import annotations
 
@@ -68,3 +69,24 @@ def test_the_agent_may_import_no_control_plane_package() -> None:
     control_plane = {f"planaria.{n}" for n in ("control", "kube", "local", "rpc", "cli", "sim")}
     required = control_plane & _top_level_packages()
     assert required <= forbidden, f"forbid {sorted(required - forbidden)} in agent-data-plane"
+
+
+def _agent_subpackages() -> set[str]:
+    agent = ROOT / "agent" / "planaria" / "agent"
+    return {f"planaria.agent.{init.parent.name}" for init in agent.glob("*/__init__.py")}
+
+
+def test_every_agent_subpackage_is_a_layer() -> None:
+    layers = _contracts()["agent-layers"]
+    placed = {
+        f"{container}.{name.strip()}"
+        for container in layers["containers"]
+        for line in layers["layers"]
+        for name in line.split("|")
+    }
+    assert _agent_subpackages() == placed, "place every agent subpackage in agent-layers"
+
+
+def test_the_agent_has_no_module_outside_its_subpackages() -> None:
+    agent = ROOT / "agent" / "planaria" / "agent"
+    assert sorted(p.name for p in agent.glob("*.py")) == ["__init__.py"]

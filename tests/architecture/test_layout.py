@@ -3,11 +3,13 @@
 Covers: no `__init__.py` at the namespace root in any component folder; `planaria` spans the
 three component folders; `import operator` is the standard library even from the repo root;
 the `planaria` console script and `python -m planaria` both run; no two test modules share a
-file name (test folders have no `__init__.py`, so pytest could not collect both in one run).
+file name (test folders have no `__init__.py`, so pytest could not collect both in one run);
+each agent subpackage's `__init__.py` is its one-line purpose and nothing else.
 """
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 from pathlib import Path
@@ -65,3 +67,13 @@ def test_no_two_test_modules_share_a_file_name() -> None:
     for path in sorted((ROOT / "tests").rglob("test_*.py")):
         assert path.name not in seen, f"{path} and {seen[path.name]}: rename one"
         seen[path.name] = path
+
+
+def test_agent_subpackage_inits_hold_only_a_one_line_docstring() -> None:
+    inits = sorted((ROOT / "agent" / "planaria" / "agent").glob("*/__init__.py"))
+    assert inits
+    for init in inits:
+        body = ast.parse(init.read_text(encoding="utf-8")).body
+        assert len(body) == 1, f"{init}: only the docstring, no imports or re-exports"
+        assert ast.get_docstring(ast.Module(body=body, type_ignores=[])) is not None, init
+        assert "\n" not in init.read_text(encoding="utf-8").strip(), f"{init}: one line"

@@ -50,7 +50,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
-from planaria.agent import checkpoints
+from planaria.agent.state import checkpoints
 from planaria.local import adoption, journal
 from planaria.planner import plan
 from planaria.spec import job, job_file

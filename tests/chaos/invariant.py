@@ -21,7 +21,9 @@ import functools
 from collections.abc import Mapping
 from pathlib import Path
 
-from planaria.agent import checkpoints, comparison, model, runtime_states
+from planaria.agent.runtime import runtime_states
+from planaria.agent.state import checkpoints
+from planaria.agent.training import comparison, model
 from planaria.control import status as statuses
 from planaria.wire import messages
 from tests.e2e import local_job

@@ -45,7 +45,9 @@ from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
-from planaria.agent import data, model, profiler, runtime_states
+from planaria.agent.execution import profiler
+from planaria.agent.runtime import runtime_states
+from planaria.agent.training import data, model
 from planaria.control import clock, controller
 from planaria.control import status as statuses
 from planaria.local import backend as local_backend

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from planaria.agent import data
+from planaria.agent.training import data
 
 
 @pytest.fixture(scope="module")

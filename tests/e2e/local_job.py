@@ -4,7 +4,8 @@
 exact reduction), runs `planaria.control.controller.Controller` with agent processes, lets a
 test act on the backend while the job runs (a `Script`: an async function given the job), and
 reads the final layer states from the agents' snapshot stores for the bitwise comparison with
-the fault-free `ReferenceTrainer` (`planaria.agent.runtime_states`, `planaria.agent.comparison`).
+the fault-free `ReferenceTrainer` (`planaria.agent.runtime.runtime_states`,
+`planaria.agent.training.comparison`).
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from planaria.agent import comparison, runtime_states
+from planaria.agent.runtime import runtime_states
+from planaria.agent.training import comparison
 from planaria.control import clock, controller
 from planaria.control import settings as job_settings
 from planaria.control import status as statuses

@@ -38,7 +38,7 @@ from pathlib import Path
 
 import pytest
 
-from planaria.agent import checkpoints
+from planaria.agent.state import checkpoints
 from planaria.cli import run
 from planaria.control import ports, status
 from planaria.local import adoption, journal

@@ -10,7 +10,7 @@ return, still equal; a single pipeline (DP=1: the device too small for one worke
 stage goes on with fewer stages, the lost layers rebuilt from the host-memory snapshots (a
 snapshot tier), still equal; and a single-worker job whose killed worker is restarted and
 reloads its own snapshot (LOCAL_SNAPSHOT tier). Final states are read from the agents' snapshot
-stores at the last step (`planaria.agent.runtime_states`).
+stores at the last step (`planaria.agent.runtime.runtime_states`).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from planaria.agent import profiler
+from planaria.agent.execution import profiler
 from planaria.control import status as statuses
 from planaria.planner import plan, profile, shapes
 from planaria.wire import messages

@@ -1,8 +1,8 @@
 """Campaign 3: malformed requests to the agent's gRPC service, as raw bytes on loopback.
 
-`AgentUnderTest` serves `planaria.agent.service`'s AgentService exactly as `serve` registers it
-(requests parsed from bytes by the service itself) plus the standard health service, over a
-real `planaria.agent.runtime.Runtime` whose training thread is not started: commands go
+`AgentUnderTest` serves `planaria.agent.server.service`'s AgentService exactly as `serve` registers
+it (requests parsed from bytes by the service itself) plus the standard health service, over a
+real `planaria.agent.runtime.runtime.Runtime` whose training thread is not started: commands go
 through the runtime's real acceptance rules, and a Configure it accepts stays pending, so no
 rendezvous is ever attempted and a Profile is refused as busy (the runtime is configured once
 on start for exactly that reason).
@@ -28,7 +28,8 @@ import grpc
 from google.protobuf import message
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from planaria.agent import runtime, service
+from planaria.agent.runtime import runtime
+from planaria.agent.server import service
 from planaria.planner import plan
 from planaria.v1 import agent_pb2 as pb
 from planaria.wire import codec, messages

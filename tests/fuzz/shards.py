@@ -32,14 +32,8 @@ from types import TracebackType
 
 import torch
 
-from planaria.agent import (
-    checkpoints,
-    manifests,
-    model,
-    snapshot_store,
-    snapshot_writer,
-    snapshots,
-)
+from planaria.agent.state import checkpoints, manifests, snapshot_store, snapshot_writer, snapshots
+from planaria.agent.training import model
 from planaria.planner import plan
 from planaria.wire import messages
 from tests.fuzz import verdicts

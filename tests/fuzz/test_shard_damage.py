@@ -25,7 +25,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from planaria.agent import data, epoch_setup, executor, reference
+from planaria.agent.recovery import epoch_setup
+from planaria.agent.training import data, semantics
 from planaria.planner import shapes
 from planaria.wire import messages
 from tests import strategies
@@ -104,10 +105,10 @@ def test_a_forged_manifest_claiming_a_huge_file_is_corrupt(snapped: shards.Snaps
 def test_with_two_members_damaged_the_checkpoint_tier_serves(
     snapped: shards.Snapshotted,
 ) -> None:
-    config = reference.TrainingConfig(
+    config = semantics.TrainingConfig(
         shape=shapes.named("tiny"), seed=1, global_batch_size=2, micro_batch_size=1
     )
-    job = executor.Job.from_tokens(config, data.load_default_corpus(max_bytes=20_000))
+    job = semantics.Job.from_tokens(config, data.load_default_corpus(max_bytes=20_000))
     own = snapped.stores[shards.DAMAGED_WORKER]
     stores = epoch_setup.Stores(
         own=own,

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from planaria.agent import data
+from planaria.agent.training import data
 from planaria.kube import constants
 from tests.kube import operating
 from tests.kube.support import emulator, kubelet, serving

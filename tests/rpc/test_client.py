@@ -25,7 +25,8 @@ import pytest
 import pytest_asyncio
 from torch._C import _distributed_c10d as c10d
 
-from planaria.agent import comparison, runtime_states
+from planaria.agent.runtime import runtime_states
+from planaria.agent.training import comparison
 from planaria.control import ports
 from planaria.planner import plan
 from planaria.rpc import client

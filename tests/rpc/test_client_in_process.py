@@ -19,7 +19,7 @@ from concurrent import futures
 import grpc
 import pytest
 
-from planaria.agent import service
+from planaria.agent.server import service
 from planaria.control import ports
 from planaria.planner import plan, profile
 from planaria.rpc import client

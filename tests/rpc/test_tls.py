@@ -38,7 +38,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from planaria.agent import mtls, service
+from planaria.agent.server import mtls, service
 from planaria.control import ports
 from planaria.planner import plan, profile
 from planaria.rpc import client, tls

@@ -5,8 +5,8 @@
                    [--grace S]
 
 The controller starts one per worker (a process locally, the container of a pod on Kubernetes)
-and drives it over gRPC (`planaria.agent.service`). With port 0 the agent binds a free port and
-writes the address it bound, "HOST:PORT", to --ready-file once it serves. It exits 0 after a
+and drives it over gRPC (`planaria.agent.server.service`). With port 0 the agent binds a free port
+and writes the address it bound, "HOST:PORT", to --ready-file once it serves. It exits 0 after a
 Stop RPC or SIGTERM/SIGINT (graceful: health NOT_SERVING, the step in flight gets --grace
 seconds, then the server stops). torch is imported only inside the handler.
 
@@ -90,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
         )
     import torch
 
-    from planaria.agent import service
+    from planaria.agent.server import service
 
     torch.set_num_threads(args.threads)
     options = service.Options(

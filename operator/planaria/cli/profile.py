@@ -132,7 +132,7 @@ def _measure(args: argparse.Namespace) -> int:
     device: str = args.device or "cpu"
     out: str = args.out
     # Imported here: torch takes seconds to import and only measuring needs it.
-    from planaria.agent import profiler
+    from planaria.agent.execution import profiler
 
     result = profiler.measure_profile(
         shape, micro_batch, warmup=warmup, repeats=repeats, device=device

@@ -4,9 +4,9 @@
                        [--steps N] [--global-batch B] [--micro-batch b] [--seed S] [--lr X]
                        [--reduction {fast,exact}] [--log-every K]
 
-Runs the agent's reference trainer (`planaria.agent.reference`), the oracle that distributed
-runs are compared against, and prints step, loss and samples/s every K steps, then a summary.
-Without --corpus it trains on the Python standard library's sources; --reduction sums the
+Runs the agent's reference trainer (`planaria.agent.training.reference`), the oracle that
+distributed runs are compared against, and prints step, loss and samples/s every K steps, then a
+summary. Without --corpus it trains on the Python standard library's sources; --reduction sums the
 gradients as a job's `reduction` does (docs/numerics.md). torch is imported only inside the
 handler so that `planaria --help` stays fast. User errors are ValueErrors (ReferenceCommandError
 here; the planner's for an unknown model; the agent's data errors for a missing or empty
@@ -23,7 +23,7 @@ from planaria.planner import shapes
 from planaria.wire import messages
 
 if TYPE_CHECKING:  # torch-heavy: imported for real only inside the handler
-    from planaria.agent import reference
+    from planaria.agent.training import reference
 
 # Defaults: a demo that shows learning in about ten seconds on one CPU core (tiny on the
 # standard library: loss 5.57 -> about 2.5 nats per byte in 200 steps).
@@ -86,13 +86,13 @@ def run(args: argparse.Namespace) -> int:
     shape = shapes.named(args.model)
     _validate(args)
     # Imported here: torch takes seconds to import and only training needs it.
-    from planaria.agent import data, model, reference
+    from planaria.agent.training import data, model, reference, semantics
 
     if args.corpus is None:
         tokens = data.load_default_corpus(max_bytes=args.max_corpus_bytes)
     else:
         tokens = data.load_corpus(args.corpus, max_bytes=args.max_corpus_bytes)
-    config = reference.TrainingConfig(
+    config = semantics.TrainingConfig(
         shape=shape,
         seed=args.seed,
         global_batch_size=args.global_batch,

@@ -147,7 +147,7 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _corpus_default() -> str:
-    from planaria.agent import data  # torch-heavy: only when a job is run
+    from planaria.agent.training import data  # torch-heavy: only when a job is run
 
     return str(data.default_corpus_root())
 

@@ -1,9 +1,10 @@
 """Epochs: what opens one, and the mechanics of opening it and watching it run.
 
 `configs`: one `WorkerConfig` per worker of the plan. The epoch's process group is exactly the
-plan's workers, ranked by worker id (the same order as `planaria.agent.groups.worker_ranks`),
-under the key prefix "epoch-E" of the backend's store; the group's collectives time out after
-the job's `step_timeout_s`. Each worker receives only the transfers it takes part in.
+plan's workers, ranked by worker id (the same order as
+`planaria.agent.execution.groups.worker_ranks`), under the key prefix "epoch-E" of the backend's
+store; the group's collectives time out after the job's `step_timeout_s`. Each worker receives only
+the transfers it takes part in.
 
 `Driver`: the current epoch (plan, number, resume step) and the two halves of opening the
 next: `configure` (journal the epoch, then every Configure at once, each bounded; running agents

@@ -233,8 +233,8 @@ class Roster:
     def checkpoint_step(self, workers: Iterable[plans.WorkerId]) -> int | None:
         """The newest persistent checkpoint any of `workers` reported complete (None when none
         did). An agent reports the newest step every member of its plan wrote a part of, and
-        keeps its parts from that step on (`planaria.agent.checkpoints`), so the newest report,
-        even a dead worker's last, names a step that loads; the oldest could be pruned."""
+        keeps its parts from that step on (`planaria.agent.state.checkpoints`), so the newest
+        report, even a dead worker's last, names a step that loads; the oldest could be pruned."""
         steps = [b.checkpoint_step for w in workers if (b := self.beats.get(w)) is not None]
         return max((s for s in steps if s is not None), default=None)
 

@@ -39,7 +39,8 @@ import logging
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
-from torch._C import _distributed_c10d as c10d  # the store classes, as planaria.agent.groups
+# the store classes, as planaria.agent.execution.groups
+from torch._C import _distributed_c10d as c10d
 
 from planaria.control import ports
 from planaria.kube import api, constants, pods, signals

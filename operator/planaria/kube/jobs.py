@@ -87,7 +87,7 @@ def validate(body: Mapping[str, Any]) -> job.JobSpec:
 
 def corpus_default() -> str:
     """The agents' default corpus: the standard library of the image's Python. The operator
-    runs the same image, so its own path is the agents' (`planaria.agent.data`)."""
+    runs the same image, so its own path is the agents' (`planaria.agent.training.data`)."""
     return sysconfig.get_paths()["stdlib"]
 
 

@@ -63,7 +63,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from torch._C import _distributed_c10d as c10d  # the store classes, as planaria.agent.groups
+# the store classes, as planaria.agent.execution.groups
+from torch._C import _distributed_c10d as c10d
 
 from planaria.control import ports
 from planaria.local import adoption

@@ -61,8 +61,8 @@ class Overheads:
     `restart_s`: a re-planned worker builds the modules and AdamW state of its new layers and
     switches to the new schedule before training resumes. Default 0.02 s: building every layer of
     the `small` shape with its AdamW on this project's dev machine (2 CPU cores, torch 2.13)
-    took 19 ms median of 7 (`planaria.agent.model.build_layers` + `make_optimizer`); workers do
-    it in parallel, so it is paid once. Rerouting does not pay it (roles do not change).
+    took 19 ms median of 7 (`planaria.agent.training.model.build_layers` + `make_optimizer`);
+    workers do it in parallel, so it is paid once. Rerouting does not pay it (roles do not change).
     """
 
     regroup_s: float = 0.02

@@ -27,7 +27,7 @@ Two file sets, meant as two Kubernetes Secrets (keys are the file names):
 What deliberately does not live here: rotation (certificates live `valid_days`, 365 by default,
 and a job that outlives them must be given new Secrets), revocation, and the agent side, which
 cannot import `planaria.rpc` (the import contracts) and reads its three files in
-`planaria.agent.mtls`; `controller_name` is written there too and a test keeps the two equal.
+`planaria.agent.server.mtls`; `controller_name` is written there too and a test keeps the two equal.
 
 Errors: `TlsError` (a ValueError) for a bad job name or unreadable, incomplete or mismatched
 material; the message names the file or key and what to supply.

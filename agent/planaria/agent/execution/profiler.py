@@ -1,6 +1,6 @@
 """The measuring profiler: per-layer costs of the real model on this machine, for the planner.
 
-`measure_profile` builds the model's planner layers (`planaria.agent.model`) and, for one
+`measure_profile` builds the model's planner layers (`planaria.agent.training.model`) and, for one
 micro-batch of random tokens, times each layer on its own the way a pipeline stage runs it:
 
 - forward: the layer's forward with autograd recording (the head includes the loss,
@@ -41,7 +41,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from planaria.agent import model
+from planaria.agent.training import model
 from planaria.planner import profile, shapes
 
 PROFILE_SEED = 0  # parameter values do not change costs; any fixed seed will do

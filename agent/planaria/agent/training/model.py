@@ -18,8 +18,8 @@ Training semantics shared by the reference trainer and the pipeline executor liv
 and one AdamW per layer (`make_optimizer`), with `LayerState` to copy or snapshot a layer's
 parameters and optimizer state bit-exactly between processes.
 
-Not here: data (`planaria.agent.data`), the training loop (`planaria.agent.reference`),
-schedules and communication (the executor).
+Not here: data (`planaria.agent.training.data`), the training loop
+(`planaria.agent.training.reference`), schedules and communication (the executor).
 
 Errors:
 
@@ -334,6 +334,16 @@ def extract_layer_state(
         exp_avg_sq=tuple(m[1] for m in moments),
         steps=tuple(m[2] for m in moments),
     )
+
+
+def initial_state(
+    shape: shapes.ModelShape, seed: int, index: int, optimizer: OptimizerConfig
+) -> LayerState:
+    """Layer `index` as built from `seed`, with a fresh AdamW (zero moments of the parameters'
+    shapes, a 0-d float32 step): the state of step 0, laid out as any trained state of the
+    layer is (a layer copy receives its bytes into it)."""
+    layer = build_layer(shape, seed, index)
+    return extract_layer_state(index, layer, make_optimizer(layer, optimizer))
 
 
 def load_layer_state(

@@ -1,4 +1,5 @@
-"""The worker process of the local harness (`planaria.agent.harness`): what it serves and sends.
+"""The worker process of the local harness (`planaria.agent.harness.local_cluster`): what it serves
+and sends.
 
 A worker process holds one worker id. It reports ready once torch is warm, then serves run
 commands from its pipe until told to stop or until the pipe closes (the parent died): each
@@ -12,7 +13,7 @@ errors (ValueError) as an invalid configuration; a failed rendezvous as a timeou
 as internal, with where it was raised. A `Fault` makes the worker signal itself right before an
 instruction, for failure tests.
 
-Not here: the parent side, the cluster and its results (`planaria.agent.harness`).
+Not here: the parent side, the cluster and its results (`planaria.agent.harness.local_cluster`).
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ from pathlib import Path
 import torch
 from torch._C import _distributed_c10d as c10d  # the store classes (see groups.py)
 
-from planaria.agent import data, executor, groups, held_layers, reference
+from planaria.agent.execution import executor, failures, groups, held_layers
+from planaria.agent.training import data, semantics
 from planaria.planner import instructions, plan, schedule
 from planaria.wire import messages
 
@@ -50,7 +52,7 @@ class RunCommand:
     """Parent to worker: run `steps` of `plan` as epoch `epoch` (None instead: stop)."""
 
     epoch: int
-    config: reference.TrainingConfig
+    config: semantics.TrainingConfig
     plan: plan.Plan
     steps: tuple[int, ...]
     fresh: bool
@@ -131,7 +133,7 @@ class _Runner:
         error = None
         try:
             self._run(command)
-        except executor.StepError as exc:
+        except failures.StepError as exc:
             error = exc.latched()
         except ValueError as exc:  # our input errors: a plan or state that cannot run here
             error = _latched(messages.ErrorKind.INVALID_CONFIG, exc, command)
@@ -156,7 +158,7 @@ class _Runner:
             subgroups=groups.subgroup_ranks(sched),
         )
         try:
-            job = executor.Job.from_tokens(command.config, self.tokens)
+            job = semantics.Job.from_tokens(command.config, self.tokens)
             runner = executor.Executor(
                 job=job, sched=sched, worker=self.worker, epoch=epoch, layers=layers
             )

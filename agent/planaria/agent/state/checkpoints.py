@@ -43,7 +43,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from planaria.agent import manifests, model, snapshot_store, snapshots
+from planaria.agent.state import durable_files, manifests, snapshot_store, snapshots
+from planaria.agent.training import model
 
 LOG = logging.getLogger(__name__)
 _STEP = re.compile(r"^step-(\d+)$")
@@ -138,9 +139,9 @@ class CheckpointWriter:
         step_dir = self.config.root / f"step-{step}"
         final = step_dir / f"worker-{self.config.worker}"
         temp = step_dir / f"worker-{self.config.worker}.tmp"
-        snapshot_store.make_private_dir(step_dir)
+        durable_files.make_private_dir(step_dir)
         shutil.rmtree(temp, ignore_errors=True)
-        snapshot_store.make_private_dir(temp)
+        durable_files.make_private_dir(temp)
         with store.open_snapshot(step) as snapshot:
             for entry in snapshot.manifest.layers:
                 for stored in entry.files:
@@ -148,7 +149,7 @@ class CheckpointWriter:
             snapshot_store.commit_manifest(temp, snapshot.manifest)
         shutil.rmtree(final, ignore_errors=True)
         temp.rename(final)
-        snapshot_store.fsync_dir(step_dir)
+        durable_files.fsync_dir(step_dir)
         found = complete_step(self.config.root, members or (self.config.worker,), after=since)
         self.complete_step = found
         self._prune(found if found is not None else keep_from)
@@ -182,7 +183,7 @@ def _copy_file(
 ) -> None:
     data = snapshot.read(stored)  # verified against the snapshot's checksum
     algorithm = stored.checksum.split(":", 1)[0]
-    written = snapshot_store.write_private_file(target / stored.file, [data], algorithm)
+    written = durable_files.write_private_file(target / stored.file, [data], algorithm)
     if written != stored.checksum:
         raise snapshot_store.SnapshotCorrupt(f"{target / stored.file}: changed while copied")
 

@@ -7,11 +7,11 @@ by `snapshots.tensor_layout`); the contract's "elements" are these bytes. Source
 bytes `LayerTransfer.shard(source, n)` = [i*n//k, (i+1)*n//k), so the destination receives
 exactly the n bytes of the state, once, spread over every listed source.
 
-The destination does not know the state's layout from the wire: it builds a template of the
-layer (`model.build_layer` plus an AdamW state of the same shapes, `model.extract_layer_state`
-of a fresh layer: moments of the parameters' shapes and a 0-d float32 step) whose flattened
-layout is the same as any trained state of that layer, receives the bytes into one buffer and
-copies them over the template's tensors. The round trip is bit-exact (tests prove it).
+The destination does not know the state's layout from the wire: the caller gives it a template
+of each layer it receives (`model.initial_state`: the layer as built, with a fresh AdamW),
+whose flattened layout is the same as any trained state of that layer; it receives the bytes
+into one buffer and copies them over the template's tensors. The round trip is bit-exact
+(tests prove it).
 
 All sends and receives of the epoch are posted at once (`isend`/`irecv` on the new epoch's
 world group) and then awaited, each wait bounded by the epoch's timeout: a peer that dies
@@ -34,7 +34,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from planaria.agent import groups, model, reference, snapshots
+from planaria.agent.execution import groups
+from planaria.agent.state import snapshots
+from planaria.agent.training import model
 from planaria.planner import plan
 
 TAG_BASE = 1 << 20  # far above the schedule's tags, which count messages per worker pair
@@ -56,13 +58,6 @@ class TransferReport:
     received_bytes: int = 0
     sent_bytes: int = 0
     seconds: float = 0.0
-
-
-def template_state(config: reference.TrainingConfig, layer: int) -> model.LayerState:
-    """A state of `layer` with the layout of a trained one (what a destination receives into)."""
-    module = model.build_layer(config.shape, config.seed, layer)
-    optimizer = model.make_optimizer(module, config.optimizer)
-    return model.extract_layer_state(layer, module, optimizer)
 
 
 def flatten(state: model.LayerState) -> torch.Tensor:

@@ -32,15 +32,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from planaria.agent import (
-    manifests,
-    model,
-    parity,
-    recompute,
-    snapshot_store,
-    snapshots,
-    staging,
-)
+from planaria.agent.state import manifests, parity, recompute, snapshot_store, snapshots, staging
+from planaria.agent.training import model
 from planaria.planner import plan as plans
 from planaria.wire import messages
 

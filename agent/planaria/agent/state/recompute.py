@@ -30,7 +30,8 @@ from dataclasses import dataclass
 
 import torch
 
-from planaria.agent import manifests, model, parity, snapshot_store
+from planaria.agent.state import manifests, parity, snapshot_store
+from planaria.agent.training import model
 from planaria.planner import plan as plans
 
 _MOMENTS = (manifests.Role.EXP_AVG, manifests.Role.EXP_AVG_SQ)

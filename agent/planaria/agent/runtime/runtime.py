@@ -1,9 +1,9 @@
 """The agent runtime: one worker's training thread, driven by the controller's commands.
 
-The gRPC servicer (`planaria.agent.service`) calls a `Runtime` from its threads; every method
+The gRPC servicer (`planaria.agent.server.service`) calls a `Runtime` from its threads; every method
 is thread-safe and returns at once, except `profile`. Commands only record a request under one
 condition variable; the training thread (the only one touching torch state, through
-`training.Training`) takes them at step boundaries:
+`training_thread.Training`) takes them at step boundaries:
 
     IDLE --configure--> CONFIGURING (TRANSFERRING while layers are copied) --> RUNNING
     RUNNING --> FINISHED (committed stop_step; its snapshot complete)
@@ -11,10 +11,10 @@ condition variable; the training thread (the only one touching torch state, thro
             --> PAUSED   (pause; resume goes back to RUNNING)
     any     --stop--> STOPPED (the loop ends at the next boundary, the epoch is left)
 
-Configure acceptance (interfaces.md): the epoch must be newer than the agent's current (and
-pending) one and the worker must be this agent's. A RUNNING agent accepts only a planned switch,
-`resume_step > c`: it trains up to resume_step, then sets the new epoch up; any other state
-sets it up at once. A configuration that arrives while another is being set up waits for that
+Which commands are accepted in which state, and how the worker's own errors are classed, are
+pure rules (`acceptance`). A RUNNING agent accepts only a planned switch, `resume_step > c`:
+it trains up to resume_step, then sets the new epoch up; any other state sets it up at once.
+A configuration that arrives while another is being set up waits for that
 setup to end (it fails within the epoch's timeout when a peer is gone), then replaces it.
 
 The heartbeat is the agent's state as last published by the training thread: epoch, committed
@@ -24,10 +24,11 @@ errors latched in this epoch, how the epoch was set up and the latest persistent
 
 Errors never end the thread: a set-up's or a step's is latched (state FAILED) with the kind the
 controller acts on, a peer's as the executor or the set-up classed it, the worker's own by
-`_own_error` (docs/agent.md, "Errors").
+`acceptance.own_error` (docs/agent.md, "Errors").
 
-Not here: epoch setup and tiers (`epoch_setup`), layer copies (`layer_transfer`), steps,
-snapshots and checkpoints (`training`), gRPC (`service`).
+Not here: the acceptance rules (`acceptance`), epoch setup and tiers (`epoch_setup`), layer
+copies (`layer_transfer`), steps, snapshots and checkpoints (`training_thread`), gRPC
+(`planaria.agent.server.service`).
 """
 
 from __future__ import annotations
@@ -35,13 +36,11 @@ from __future__ import annotations
 import enum
 import logging
 import threading
-import traceback
-from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
-from planaria.agent import data, epoch_setup, executor, profiler, training
+from planaria.agent.execution import executor, failures, profiler
+from planaria.agent.recovery import epoch_setup
+from planaria.agent.runtime import acceptance, training_thread
 from planaria.planner import plan, profile, shapes
 from planaria.wire import messages
 
@@ -63,21 +62,6 @@ class _Order(enum.Enum):
     LOAD = "load"
 
 
-@dataclass(slots=True, kw_only=True)
-class _Published:
-    """What the heartbeat shows; written by the training thread under the runtime's lock."""
-
-    state: messages.AgentState = State.IDLE
-    epoch: int = 0
-    step: int = 0
-    loss: float | None = None
-    global_batch: int = 0
-    timings: messages.Timings = messages.Timings()
-    errors: tuple[messages.LatchedError, ...] = ()
-    setup: messages.EpochSetup | None = None
-    checkpoint_step: int | None = None
-
-
 class Runtime:
     """One worker's agent runtime (see the module docstring). `hook` runs before every
     instruction of every step on the training thread (failure injection in tests)."""
@@ -92,11 +76,11 @@ class Runtime:
         hook: executor.Hook | None = None,
     ) -> None:
         self.worker, self.job, self.device = worker, job, device
-        self._training = training.Training(
+        self._training = training_thread.Training(
             worker=worker, job=job, snapshot_base=snapshot_base, device=device, hook=hook
         )
         self._cond = threading.Condition()
-        self._shown = _Published()
+        self._shown = acceptance.Published()
         self._pending: messages.WorkerConfig | None = None
         self._stop_step: int | None = None
         self._pause = self._stop = self._snapshot = self._profiling = False
@@ -119,37 +103,24 @@ class Runtime:
     def configure(self, config: messages.WorkerConfig) -> messages.Acknowledgement:
         """Accept `config` per the acceptance rules, or refuse it with the reason."""
         with self._cond:
-            reason = self._refusal(config)
+            reason = acceptance.configure_refusal(config, self._situation())
             if reason:
                 return messages.Acknowledgement(accepted=False, reason=reason)
             self._pending = config
             self._cond.notify_all()
         return messages.Acknowledgement(accepted=True)
 
-    def _refusal(self, config: messages.WorkerConfig) -> str:
-        shown = self._shown
-        newest = max(shown.epoch, self._pending.epoch if self._pending else 0)
-        if config.worker != self.worker:
-            return (
-                f"this agent is worker {self.worker}, not {config.worker}; send it to its own agent"
-            )
-        if config.epoch <= newest:
-            return f"epoch {config.epoch} is stale: this agent is at epoch {newest}"
-        if shown.state is State.STOPPED or self._stop:
-            return "the agent is stopping; start a new agent"
-        if self._profiling:
-            return "the agent is profiling; configure it when the profile is done"
-        if str(config.settings.device) != self.device:
-            return (
-                f"settings ask for device {config.settings.device} but this agent runs on "
-                f"{self.device}; start the agent with --device {config.settings.device}"
-            )
-        if shown.state is State.RUNNING and config.resume_step <= shown.step:
-            return (
-                f"running at step {shown.step}; a running agent switches only at a later "
-                f"step (resume_step {config.resume_step} <= {shown.step})"
-            )
-        return ""
+    def _situation(self) -> acceptance.Situation:
+        """What the acceptance rules read (the caller holds the lock)."""
+        pending = self._pending.epoch if self._pending else 0
+        return acceptance.Situation(
+            worker=self.worker,
+            device=self.device,
+            shown=self._shown,
+            newest_epoch=max(self._shown.epoch, pending),
+            stopping=self._shown.state is State.STOPPED or self._stop,
+            profiling=self._profiling,
+        )
 
     def heartbeat(self) -> messages.Heartbeat:
         """The agent's state now."""
@@ -173,7 +144,7 @@ class Runtime:
     def pause(self, epoch: int) -> messages.Acknowledgement:
         """Hold at the next step boundary (state PAUSED)."""
         with self._cond:
-            reason = self._epoch_refusal(epoch, (State.RUNNING, State.PAUSED))
+            reason = acceptance.epoch_refusal(self._shown, epoch, (State.RUNNING, State.PAUSED))
             if reason:
                 return messages.Acknowledgement(accepted=False, reason=reason)
             self._pause = True
@@ -183,7 +154,7 @@ class Runtime:
     def resume(self, epoch: int) -> messages.Acknowledgement:
         """Go on training after a pause."""
         with self._cond:
-            reason = self._epoch_refusal(epoch, (State.RUNNING, State.PAUSED))
+            reason = acceptance.epoch_refusal(self._shown, epoch, (State.RUNNING, State.PAUSED))
             if reason:
                 return messages.Acknowledgement(accepted=False, reason=reason)
             self._pause = False
@@ -216,7 +187,7 @@ class Runtime:
         """Snapshot the committed step at the next boundary, whatever the interval."""
         with self._cond:
             allowed = (State.RUNNING, State.PAUSED, State.FINISHED, State.FAILED)
-            reason = self._epoch_refusal(epoch, allowed)
+            reason = acceptance.epoch_refusal(self._shown, epoch, allowed)
             if not reason and self._shown.step == 0:
                 reason = "no step is committed yet; snapshots hold steps >= 1"
             if reason:
@@ -233,7 +204,9 @@ class Runtime:
     def load_snapshot(self, load: messages.SnapshotLoad) -> messages.Acknowledgement:
         """Load every held layer from the snapshots of `load.step` (PAUSED or FINISHED only)."""
         with self._cond:
-            reason = self._epoch_refusal(load.epoch, (State.PAUSED, State.FINISHED))
+            reason = acceptance.epoch_refusal(
+                self._shown, load.epoch, (State.PAUSED, State.FINISHED)
+            )
             if reason:
                 return messages.Acknowledgement(accepted=False, reason=reason)
             self._load = load
@@ -274,15 +247,6 @@ class Runtime:
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join()
-
-    def _epoch_refusal(self, epoch: int, states: tuple[messages.AgentState, ...]) -> str:
-        shown = self._shown
-        if epoch != shown.epoch:
-            return f"epoch {epoch} is not the agent's epoch {shown.epoch}"
-        if shown.state not in states:
-            wanted = ", ".join(s.value for s in states)
-            return f"the agent is {shown.state.value}; this needs it {wanted}"
-        return ""
 
     # --- the training thread --------------------------------------------------------------
 
@@ -358,7 +322,7 @@ class Runtime:
             self._fail(exc.kind, str(exc), config.resume_step)
             return
         except Exception as exc:  # keep serving: the controller reads the latched error
-            self._fail(*_own_error(exc, setting_up=True), config.resume_step)
+            self._fail(*acceptance.own_error(exc, setting_up=True), config.resume_step)
             return
         self._publish(state=State.RUNNING, step=config.resume_step, setup=report, loss=None)
 
@@ -366,13 +330,13 @@ class Runtime:
         attempted = self._training.step + 1
         try:
             done = self._training.run_step()
-        except executor.StepError as exc:
+        except failures.StepError as exc:
             self._training.end_epoch(failed=True)  # closes our connections: peers fail fast
             self._fail(exc.kind, str(exc), attempted, peer=exc.peer)
             return
         except Exception as exc:
             self._training.end_epoch(failed=True)
-            self._fail(*_own_error(exc, setting_up=False), attempted)
+            self._fail(*acceptance.own_error(exc, setting_up=False), attempted)
             return
         self._training.poll_checkpoint()
         self._publish(step=done.step, loss=done.loss, timings=done.timings)
@@ -417,26 +381,3 @@ class Runtime:
         for name, value in changes.items():
             setattr(self._shown, name, value)
         self._cond.notify_all()
-
-
-def _own_error(exc: Exception, *, setting_up: bool) -> tuple[messages.ErrorKind, str]:
-    """The kind and message to latch for `exc`, an error of this worker's own, not a peer's
-    (docs/agent.md, "Errors"): a corpus that cannot be read (INVALID_DATA, in the data
-    module's words, which say what to change), memory that ran out (OUT_OF_MEMORY), a set-up
-    that cannot use the settings or the plan (INVALID_CONFIG: our input errors are
-    ValueErrors; a step's ValueError is not one), anything else a bug or a broken device
-    (INTERNAL). All but INVALID_DATA say where they were raised."""
-    if isinstance(exc, data.CorpusError):
-        return messages.ErrorKind.INVALID_DATA, str(exc)
-    if isinstance(exc, torch.OutOfMemoryError | MemoryError):
-        return messages.ErrorKind.OUT_OF_MEMORY, _described(exc)
-    if setting_up and isinstance(exc, ValueError):
-        return messages.ErrorKind.INVALID_CONFIG, _described(exc)
-    return messages.ErrorKind.INTERNAL, _described(exc)
-
-
-def _described(exc: BaseException) -> str:
-    """An unexpected error with where it was raised (internal errors are bugs)."""
-    frames = traceback.extract_tb(exc.__traceback__)
-    where = f" (at {Path(frames[-1].filename).name}:{frames[-1].lineno})" if frames else ""
-    return f"{type(exc).__name__}: {exc}{where}"

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from planaria.agent import data, model, reference, snapshot_store, snapshots, training
+from planaria.agent.runtime import training_thread
+from planaria.agent.state import snapshot_store, snapshots
+from planaria.agent.training import data, model, reference
 from planaria.planner import plan
 from planaria.wire import messages
 
@@ -38,7 +40,7 @@ def reference_states(
     settings: messages.TrainingSettings, micro_batch_size: int, step: int
 ) -> tuple[dict[int, model.LayerState], list[float]]:
     """The reference trainer's layer states after committed `step`, and each step's loss."""
-    config = training.training_config(settings, micro_batch_size)
+    config = training_thread.training_config(settings, micro_batch_size)
     tokens = data.load_corpus(settings.data.corpus_paths, max_bytes=settings.data.max_bytes)
     trainer = reference.ReferenceTrainer(config, tokens)
     losses = [trainer.step(i) for i in range(step)]

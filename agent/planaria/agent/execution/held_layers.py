@@ -3,7 +3,7 @@
 A worker builds the layers of its stage from the seed (`model.build_layer`, bit-identical
 wherever they are built) or keeps the ones it held in the previous epoch; the executor runs
 them and steps their optimizers, and their state (`model.LayerState`) is what snapshots and
-layer transfers copy. Not here: running a schedule (`planaria.agent.executor`).
+layer transfers copy. Not here: running a schedule (`planaria.agent.execution.executor`).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 import torch
 from torch import nn
 
-from planaria.agent import model, reference
+from planaria.agent.training import model, semantics
 
 
 class HeldLayers:
@@ -35,7 +35,7 @@ class HeldLayers:
 
     @classmethod
     def build(
-        cls, config: reference.TrainingConfig, indices: Iterable[int], device: str = "cpu"
+        cls, config: semantics.TrainingConfig, indices: Iterable[int], device: str = "cpu"
     ) -> HeldLayers:
         """Layers `indices` freshly initialised from the configuration's seed."""
         shape, target = config.shape, torch.device(device)

@@ -25,7 +25,7 @@ written to `ready_file` atomically (temp file + rename) once the server is up.
 Mutual TLS (issue #10): with `Options.tls_dir` (ca.crt, tls.crt, tls.key, as
 `planaria.rpc.tls.agent_files` writes them) the port is TLS only and requires a client
 certificate of the job's CA, and only the job's controller may call AgentService
-(`planaria.agent.mtls`); the health service shares the port. `tls_dir=None` serves plaintext;
+(`planaria.agent.server.mtls`); the health service shares the port. `tls_dir=None` serves plaintext;
 `planaria agent` asks for --insecure to do that.
 """
 
@@ -47,7 +47,7 @@ import grpc
 from google.protobuf import message
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from planaria.agent import mtls
+from planaria.agent.server import mtls
 from planaria.planner import plan, profile
 from planaria.v1 import agent_pb2 as pb
 from planaria.v1 import agent_pb2_grpc
@@ -62,7 +62,7 @@ _T = TypeVar("_T")
 
 
 class RuntimeLike(Protocol):
-    """What the servicer needs of `planaria.agent.runtime.Runtime`."""
+    """What the servicer needs of `planaria.agent.runtime.runtime.Runtime`."""
 
     def configure(self, config: messages.WorkerConfig) -> messages.Acknowledgement: ...
     def heartbeat(self) -> messages.Heartbeat: ...
@@ -214,7 +214,8 @@ class ServeError(ValueError):
 def serve(options: Options, runtime: RuntimeLike | None = None) -> int:
     """Run the agent until Stop or SIGTERM/SIGINT; returns the exit status (0)."""
     if runtime is None:
-        from planaria.agent import runtime as runtimes  # torch loads only in the agent process
+        # torch loads only in the agent process
+        from planaria.agent.runtime import runtime as runtimes
 
         real = runtimes.Runtime(
             worker=options.worker,

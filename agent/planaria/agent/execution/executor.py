@@ -32,9 +32,9 @@ global batch's mean token loss), reported as `StepResult.step_loss` on every wor
 
 No division happens at the optimizer step: `model.micro_batch_loss` already divides by
 B_global * T, so gradients summed over whoever computed them are the gradient of the global
-batch's mean loss, exactly as in the reference trainer (`planaria.agent.reference`). A rerouted
-micro-batch (ReCycle, Odyssey §II-C, eq. 12-13) needs nothing special: it appears in the peer's
-stream as a Forward/Backward of the same layer range with sends and receives to the other
+batch's mean loss, exactly as in the reference trainer (`planaria.agent.training.reference`). A
+rerouted micro-batch (ReCycle, Odyssey §II-C, eq. 12-13) needs nothing special: it appears in the
+peer's stream as a Forward/Backward of the same layer range with sends and receives to the other
 pipeline's neighbours, and its gradients land in the peer's accumulated gradients, hence in the
 same per-layer sum.
 
@@ -43,27 +43,19 @@ planner layers and nothing follows the head. Tags are the schedule's (matching b
 does, and by order, as NCCL does, agree). On device cuda the tensors live on the device and the
 epoch must use NCCL; gloo is the CPU backend.
 
-Failures: every blocking wait (receive, collective, send completion) waits at most the epoch's
-timeout. An executor given `abandoned` (the runtime's: "has another worker of this epoch
-flagged a failed step?") polls its collectives (all-reduces and the commit barrier; gloo's
-point-to-point works complete only inside a blocking wait) instead of blocking, and gives one up
-(PeerLostError) once the flag is set, so a survivor stuck on a peer whose death gloo does not
-report learns of it from the first survivor that does. A torch.distributed failure aborts the
-step with a `StepError` naming the step, the instruction and the peer when one is known, and
-the error is latched: every later `run_step`
+Failures: every blocking wait waits at most the epoch's timeout, and an executor given
+`abandoned` gives up its collectives once another worker flagged a failed step (`failures`).
+A torch.distributed failure aborts the step with a `failures.StepError` naming the step, the
+instruction and the peer when one is known, and the error is latched: every later `run_step`
 raises it again; the worker waits for its next epoch (a new Executor). An aborted step never
 reaches the optimizer step, so the layers keep the last committed step's parameters and AdamW
 state; the next executor clears the aborted step's gradients.
 
-Not here: forming groups (`groups`), processes (`harness`), snapshots and layer transfers.
+Not here: forming groups (`groups`), bounded waits and the error tree (`failures`), processes
+(`planaria.agent.harness`), snapshots and layer transfers.
 
-Errors:
-
-    ExecutorError
-    ├── ExecutorInputError (ValueError)  schedule, configuration, layers and epoch do not fit
-    └── StepError                        a step aborted on a communication failure (latched)
-        ├── PeerLostError                a connection closed: the peer died or left the epoch
-        └── StepTimeoutError             a wait outlived the epoch's timeout (a hung peer)
+Errors: `failures.ExecutorInputError` (ValueError) when schedule, configuration, layers and
+epoch do not fit; `failures.StepError` (PeerLostError, StepTimeoutError) when a step aborts.
 """
 
 from __future__ import annotations
@@ -76,7 +68,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from planaria.agent import data, groups, held_layers, model, reduction, reference
+from planaria.agent.execution import failures, groups, held_layers
+from planaria.agent.training import model, reduction, semantics
 from planaria.planner import errors, instructions, plan, schedule
 from planaria.wire import messages
 
@@ -84,81 +77,6 @@ Op = instructions.Op
 # Called before each instruction with (step, index in the stream, instruction); failure
 # injection and tracing hook in here.
 Hook = Callable[[int, int, instructions.Instruction], None]
-DETAIL_CHARS = 300  # how much of torch's error text an error message keeps
-# Polled waits (an executor given `abandoned`): first and longest sleep between polls, and how
-# often the epoch's failure flag is read.
-POLL_START_S = 20e-6
-POLL_MAX_S = 200e-6
-CHECK_S = 0.02
-
-
-class ExecutorError(Exception):
-    """Base of the errors this module raises on purpose."""
-
-
-class ExecutorInputError(ExecutorError, ValueError):
-    """The executor's inputs do not fit together; the message says what to change."""
-
-
-class StepError(ExecutorError):
-    """Step `step` aborted at instruction `index` (`instruction`); `peer` is the worker at the
-    other end when the instruction names one. `kind` classifies it for the controller."""
-
-    kind = messages.ErrorKind.INTERNAL
-
-    def __init__(
-        self,
-        *,
-        step: int,
-        index: int,
-        instruction: instructions.Instruction,
-        peer: plan.WorkerId | None,
-        detail: str,
-    ) -> None:
-        self.step, self.index, self.instruction, self.peer = step, index, instruction, peer
-        with_peer = "" if peer is None else f" (peer worker {peer})"
-        super().__init__(
-            f"step {step} aborted at instruction #{index} {instruction}{with_peer}: {detail}"
-        )
-
-    def latched(self) -> messages.LatchedError:
-        """This error as the agent reports it on its heartbeat stream."""
-        return messages.LatchedError(
-            kind=self.kind, message=str(self), step=self.step, peer_worker=self.peer
-        )
-
-
-class PeerLostError(StepError):
-    """A peer's connection closed during the step (it died, or left the epoch after its own
-    error)."""
-
-    kind = messages.ErrorKind.PEER_LOST
-
-
-class StepTimeoutError(StepError):
-    """A blocking wait outlived the epoch's timeout: a peer hangs or is far too slow."""
-
-    kind = messages.ErrorKind.TIMEOUT
-
-
-@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
-class Job:
-    """What fixes training semantics, identical on every worker: configuration and data."""
-
-    config: reference.TrainingConfig
-    dataset: data.TokenDataset
-    sampler: data.Sampler
-
-    @classmethod
-    def from_tokens(cls, config: reference.TrainingConfig, tokens: data.Tokens) -> Job:
-        """The dataset and sampler exactly as `reference.ReferenceTrainer` builds them."""
-        dataset = data.TokenDataset(tokens=tokens, seq_len=config.shape.seq_len)
-        sampler = data.Sampler(
-            num_samples=dataset.num_samples,
-            global_batch_size=config.global_batch_size,
-            seed=config.seed,
-        )
-        return cls(config=config, dataset=dataset, sampler=sampler)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -199,27 +117,19 @@ class _StepState:
     step_loss: float | None = None  # set by the commit barrier
 
 
-class _CommFailure(Exception):
-    """A torch.distributed call failed; run_step turns it into a StepError with the position."""
-
-    def __init__(self, cause: RuntimeError, peer: plan.WorkerId | None, waited_s: float) -> None:
-        super().__init__(str(cause))
-        self.cause, self.peer, self.waited_s = cause, peer, waited_s
-
-
 class Executor:
     """Runs `worker`'s stream of `sched` step after step within one epoch.
 
-    Raises ExecutorInputError when the schedule's model or batch differ from the job's, the
-    epoch's rank or size differ from `groups.worker_ranks`, the layers lack one the stream
-    computes, or device and backend do not match; planner errors for a stage of several
+    Raises failures.ExecutorInputError when the schedule's model or batch differ from the
+    job's, the epoch's rank or size differ from `groups.worker_ranks`, the layers lack one the
+    stream computes, or device and backend do not match; planner errors for a stage of several
     workers (`schedule.require_one_worker_per_stage`).
     """
 
     def __init__(
         self,
         *,
-        job: Job,
+        job: semantics.Job,
         sched: schedule.Schedule,
         worker: plan.WorkerId,
         epoch: groups.Epoch,
@@ -228,14 +138,14 @@ class Executor:
     ) -> None:
         schedule.require_one_worker_per_stage(sched)
         self.job, self.epoch, self.layers = job, epoch, layers
-        self.abandoned = abandoned
+        self.waits = failures.Waits(epoch, abandoned)
         self.stream = _stream_of(sched, worker)
         self.ranks = groups.worker_ranks(sched)
         self.num_layers = sched.num_layers
         _check_fit(job, sched, self.stream, epoch, layers)
         config = job.config
         self.message_shape = (config.micro_batch_size, config.shape.seq_len, config.shape.d_model)
-        self.latched: StepError | None = None
+        self.latched: failures.StepError | None = None
         self.sums = reduction.GradientSums(config.reduction)
         layers.clear_grads()  # an aborted step of an earlier epoch may have left some
 
@@ -281,13 +191,9 @@ class Executor:
         """A communication failure inside becomes the latched StepError of this position."""
         try:
             yield
-        except _CommFailure as failure:
-            text = str(failure).strip()
-            timed_out = "timed out" in text.lower() or failure.waited_s >= self.epoch.timeout_s
-            kind = StepTimeoutError if timed_out else PeerLostError
-            detail = text.splitlines()[0][:DETAIL_CHARS] if text else type(failure.cause).__name__
-            self.latched = kind(
-                step=step, index=index, instruction=op, peer=failure.peer, detail=detail
+        except failures.CommFailure as failure:
+            self.latched = failures.step_error(
+                failure, step=step, index=index, op=op, timeout_s=self.epoch.timeout_s
             )
             raise self.latched from failure.cause
 
@@ -354,15 +260,15 @@ class Executor:
         self, state: _StepState, destination: plan.WorkerId, tag: int, tensor: torch.Tensor
     ) -> None:
         payload = tensor.contiguous()
-        work = self._call(
+        work = self.waits.post(
             destination, lambda: dist.isend(payload, self.ranks[destination], tag=tag)
         )
         state.sends.append((destination, work, payload))  # the payload must live until sent
 
     def _receive(self, source: plan.WorkerId, tag: int) -> torch.Tensor:
         buffer = torch.empty(self.message_shape, dtype=self.layers.dtype, device=self.layers.device)
-        work = self._call(source, lambda: dist.irecv(buffer, self.ranks[source], tag=tag))
-        self._wait(work, source)
+        work = self.waits.post(source, lambda: dist.irecv(buffer, self.ranks[source], tag=tag))
+        self.waits.wait(work, source)
         return buffer
 
     def _all_reduce(self, op: instructions.AllReduce) -> None:
@@ -370,8 +276,8 @@ class Executor:
         flat = self.sums.bucket(params)
         group = self.epoch.group(groups.ranks_of(op.group, self.ranks))
         reduce = dist.ReduceOp.SUM  # summed, never averaged: see the module docstring
-        work = self._call(None, lambda: dist.all_reduce(flat, reduce, group, async_op=True))
-        self._wait(work, None, collective=True)
+        work = self.waits.post(None, lambda: dist.all_reduce(flat, reduce, group, async_op=True))
+        self.waits.wait(work, None, collective=True)
         self.sums.unpack(params, flat)
 
     def _commit_barrier(self, state: _StepState) -> None:
@@ -382,10 +288,10 @@ class Executor:
         share = sum((loss.item() for loss in state.losses), 0.0)
         total = torch.tensor([share], dtype=torch.float64, device=self.layers.device)
         reduce = dist.ReduceOp.SUM
-        work = self._call(
+        work = self.waits.post(
             None, lambda: dist.all_reduce(total, reduce, self.epoch.world, async_op=True)
         )
-        self._wait(work, None, collective=True)
+        self.waits.wait(work, None, collective=True)
         state.step_loss = float(total.item())
 
     def _await(self, state: _StepState) -> None:
@@ -393,53 +299,8 @@ class Executor:
         started = time.perf_counter()
         while state.sends:
             destination, work, _ = state.sends.pop(0)
-            self._wait(work, destination)
+            self.waits.wait(work, destination)
         state.send_wait_s += time.perf_counter() - started
-
-    def _call(self, peer: plan.WorkerId | None, post: Callable[[], dist.Work | None]) -> dist.Work:
-        """Post a non-blocking torch.distributed operation."""
-        try:
-            work = post()
-        except RuntimeError as exc:
-            raise _CommFailure(exc, peer, 0.0) from exc
-        assert work is not None, "every rank of the epoch is a member of the world group"
-        return work
-
-    def _wait(
-        self, work: dist.Work, peer: plan.WorkerId | None, *, collective: bool = False
-    ) -> None:
-        """Wait for `work`; collectives are polled when the executor has `abandoned` (gloo's
-        point-to-point works complete only inside wait(), so those always block)."""
-        started = time.monotonic()
-        try:
-            if self.abandoned is None or not collective:
-                work.wait(self.epoch.timeout)
-            else:
-                self._poll(work, started)
-        except RuntimeError as exc:
-            raise _CommFailure(exc, peer, time.monotonic() - started) from exc
-
-    def _poll(self, work: dist.Work, started: float) -> None:
-        """Wait for `work` by polling, so a wait can be abandoned when `abandoned()` says the
-        epoch failed elsewhere: gloo may never fail a wait on a peer whose connection closed
-        while idle, and an abort from another thread does not end a blocked wait. The poll
-        backs off from POLL_START_S to POLL_MAX_S; `abandoned` is asked every CHECK_S."""
-        delay, next_check = POLL_START_S, started + CHECK_S
-        while not work.is_completed():
-            now = time.monotonic()
-            if now - started >= self.epoch.timeout_s:
-                raise RuntimeError(f"timed out after {self.epoch.timeout_s} s")
-            if now >= next_check:
-                assert self.abandoned is not None
-                if self.abandoned():
-                    raise RuntimeError(
-                        f"another worker of epoch {self.epoch.number} failed its step; "
-                        "this wait was abandoned"
-                    )
-                next_check = now + CHECK_S
-            time.sleep(delay)
-            delay = min(2 * delay, POLL_MAX_S)
-        work.wait()  # completed: returns at once, or raises the operation's own error
 
 
 def _get(
@@ -474,14 +335,14 @@ def _stream_of(sched: schedule.Schedule, worker: plan.WorkerId) -> schedule.Work
         return sched.stream(worker)
     except KeyError:
         workers = [s.worker for s in sched.streams]
-        raise ExecutorInputError(
+        raise failures.ExecutorInputError(
             f"worker {worker} has no stream in this schedule (its workers are {workers}); "
             "start an executor only on a worker of the plan"
         ) from None
 
 
 def _check_fit(
-    job: Job,
+    job: semantics.Job,
     sched: schedule.Schedule,
     stream: schedule.WorkerStream,
     epoch: groups.Epoch,
@@ -489,13 +350,13 @@ def _check_fit(
 ) -> None:
     config = job.config
     if sched.num_layers != config.shape.num_planner_layers:
-        raise ExecutorInputError(
+        raise failures.ExecutorInputError(
             f"the schedule has {sched.num_layers} layers but model {config.shape.name!r} has "
             f"{config.shape.num_planner_layers} planner layers; plan for this model"
         )
     samples = sched.num_micro_batches * config.micro_batch_size
     if samples != config.global_batch_size:
-        raise ExecutorInputError(
+        raise failures.ExecutorInputError(
             f"the schedule runs {sched.num_micro_batches} micro-batches of "
             f"{config.micro_batch_size} = {samples} samples but the global batch is "
             f"{config.global_batch_size}; plan for the configured batch sizes"
@@ -510,7 +371,7 @@ def _check_epoch(
 ) -> None:
     rank = groups.worker_ranks(sched)[stream.worker]
     if (epoch.rank, epoch.world_size) != (rank, len(sched.streams)):
-        raise ExecutorInputError(
+        raise failures.ExecutorInputError(
             f"worker {stream.worker} is rank {rank} of {len(sched.streams)} in this schedule "
             f"but joined epoch {epoch.number} as rank {epoch.rank} of {epoch.world_size}; "
             "form the epoch with groups.worker_ranks"
@@ -524,7 +385,7 @@ def _check_layers(stream: schedule.WorkerStream, layers: held_layers.HeldLayers)
             needed.update(range(op.layer_start, op.layer_stop))
     missing = sorted(needed - set(layers.indices))
     if missing:
-        raise ExecutorInputError(
+        raise failures.ExecutorInputError(
             f"worker {stream.worker} computes layers {sorted(needed)} but holds "
             f"{list(layers.indices)}; transfer or build layers {missing} first"
         )
@@ -533,7 +394,7 @@ def _check_layers(stream: schedule.WorkerStream, layers: held_layers.HeldLayers)
 def _check_device(device: torch.device, backend: messages.Backend) -> None:
     wanted = messages.Backend.NCCL if device.type == "cuda" else messages.Backend.GLOO
     if backend is not wanted:
-        raise ExecutorInputError(
+        raise failures.ExecutorInputError(
             f"layers on {device.type} need the {wanted} backend but the epoch uses {backend}; "
             f"form the epoch with {wanted}"
         )

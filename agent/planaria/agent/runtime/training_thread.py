@@ -1,25 +1,26 @@
-"""The runtime's training-thread state: epochs, layers, steps, snapshots and checkpoints.
+"""The runtime's training-thread state: epochs, layers and steps, and the epoch's writers.
 
 `Training` owns everything torch touches and is used from one thread only (the runtime's
-training thread); `planaria.agent.runtime` wraps it with commands, states and heartbeats.
+training thread); `planaria.agent.runtime.runtime` wraps it with commands, states and heartbeats.
 
 Steps: committed step t (t = 1, 2, ...) trains the sampler's global batch t - 1, exactly as the
 reference trainer's `step(t - 1)` does (`snapshot_writer`: "after the reference trainer's
 step(i) it is i + 1"), so the executor's own step numbers, which are sampler indices, are one
 less than the contract's.
 
-Snapshots follow `snapshot_writer`'s contract: after committed step t that is due (every
-`snapshot_interval_steps`, or asked for by TakeSnapshot), `writer.begin`; the executor hook
-waits for it right before the next step's first OptimizerStep (before the commit barrier), and
-(RECOMPUTE) replays that step's moment update on the writer's host replicas.
+Snapshots and checkpoints: after committed step t that is due (every
+`snapshot_interval_steps`, or asked for by TakeSnapshot), the epoch's writers begin its
+snapshot; the executor hook waits for it right before the next step's first OptimizerStep
+(before the commit barrier), and (RECOMPUTE) replays that step's moment update on the writer's
+host replicas. The time spent there is the step's `snapshot_s`. The writers, and the
+checkpoint started once a snapshot is complete, are `epoch_writers`.
 
 A failed step sets FAILED_KEY under the epoch's key prefix in the controller's store and aborts
 the epoch's groups; the executors of the epoch poll that flag while they wait
 (`executor.Executor(abandoned=...)`), so every survivor fails its step within milliseconds of
-the first one that noticed the death, instead of at the epoch's timeout. Once a snapshot is
-complete, a due persistent checkpoint is copied from it in the background (`checkpoints`).
-Writers are rebuilt for every epoch (the sharding groups come from the plan); closing the old
-writer first makes its pending snapshot complete, which the roll-back tiers rely on.
+the first one that noticed the death, instead of at the epoch's timeout. Leaving an epoch
+closes its writers first, which makes their pending snapshot complete (the roll-back tiers rely
+on it).
 """
 
 from __future__ import annotations
@@ -34,18 +35,11 @@ from pathlib import Path
 import torch.distributed as dist
 from torch._C import _distributed_c10d as c10d  # the store classes (see groups.py)
 
-from planaria.agent import (
-    checkpoints,
-    data,
-    epoch_setup,
-    executor,
-    groups,
-    model,
-    reference,
-    snapshot_store,
-    snapshot_writer,
-    snapshots,
-)
+from planaria.agent.execution import executor, groups
+from planaria.agent.recovery import epoch_setup
+from planaria.agent.runtime import epoch_writers
+from planaria.agent.state import snapshot_store, snapshot_writer
+from planaria.agent.training import data, model, semantics
 from planaria.planner import instructions, plan, shapes
 from planaria.wire import messages
 
@@ -69,10 +63,10 @@ class Committed:
 
 def training_config(
     settings: messages.TrainingSettings, micro_batch: int
-) -> reference.TrainingConfig:
+) -> semantics.TrainingConfig:
     """The reference's configuration of a job's settings and a plan's micro-batch size."""
     opt = settings.optimizer
-    return reference.TrainingConfig(
+    return semantics.TrainingConfig(
         shape=shapes.named(settings.model),
         seed=settings.seed,
         global_batch_size=settings.global_batch_size,
@@ -103,13 +97,10 @@ class Training:
         self.holding = epoch_setup.Holding(layers=None, step=0)
         self.config: messages.WorkerConfig | None = None
         self.epoch: groups.Epoch | None = None
-        self.checkpoint_step: int | None = None
+        self._checkpoint_step: int | None = None  # as the last epoch's writers left it
         self._extra_hook = hook
         self._executor: executor.Executor | None = None
-        self._writer: snapshot_writer.SnapshotWriter | None = None
-        self._checkpoints: checkpoints.CheckpointWriter | None = None
-        self._checkpoint_pending: int | None = None
-        self._groups: dict[int, tuple[plan.WorkerId, ...]] = {}
+        self._writers: epoch_writers.EpochWriters | None = None
         self._tokens: dict[messages.DataSettings, data.Tokens] = {}
         self._stores: dict[tuple[str, int], c10d.Store] = {}
         self._snapshot_s = 0.0
@@ -125,8 +116,14 @@ class Training:
     @property
     def snapshot_in_progress(self) -> bool:
         """Whether a snapshot is being written (safe to read from any thread)."""
-        writer = self._writer
-        return writer is not None and writer.in_progress
+        writers = self._writers
+        return writers is not None and writers.in_progress
+
+    @property
+    def checkpoint_step(self) -> int | None:
+        """The newest persistent checkpoint a resume can load (None before the first)."""
+        writers = self._writers
+        return self._checkpoint_step if writers is None else writers.checkpoint_step
 
     # --- epochs ---------------------------------------------------------------------------
 
@@ -197,7 +194,7 @@ class Training:
     # --- steps ----------------------------------------------------------------------------
 
     def run_step(self) -> Committed:
-        """Train and commit the next step (executor.StepError when it aborts)."""
+        """Train and commit the next step (failures.StepError when it aborts)."""
         assert self._executor is not None and self.holding.layers is not None
         t = self.holding.step + 1
         self._snapshot_s, self._hooked = 0.0, False
@@ -226,20 +223,15 @@ class Training:
             self._extra_hook(step, index, op)
 
     def _recompute(self, t: int) -> None:
-        writer, layers = self._writer, self.holding.layers
-        if writer is None or layers is None:
-            return
-        if writer.config.redundancy is not messages.RedundancyMode.RECOMPUTE:
-            return
-        states = self._live_states()
-        grads = [[p.grad for p in layers.modules[s.index].parameters()] for s in states]
-        writer.recompute_step(t, states, grads, self._groups)
+        writers, layers = self._writers, self.holding.layers
+        if writers is not None and layers is not None:
+            writers.recompute(t, layers)
 
     # --- snapshots and checkpoints --------------------------------------------------------
 
     def snapshot_now(self) -> bool:
         """Snapshot the committed step now (TakeSnapshot) and wait for it; False at step 0."""
-        if self.holding.step == 0 or self._writer is None:
+        if self.holding.step == 0 or self._writers is None:
             return False
         self.finish_snapshot()
         self._after_commit(self.holding.step, forced=True)
@@ -248,58 +240,21 @@ class Training:
 
     def finish_snapshot(self) -> None:
         """Wait for the pending snapshot; start a due checkpoint from it once complete."""
-        if self._writer is None:
-            return
-        try:
-            manifest = self._writer.wait()
-        except snapshot_store.SnapshotError as exc:  # training goes on; the tier is stale
-            LOG.warning("worker %d: snapshot failed: %s", self.worker, exc)
-            return
-        ckpt = self._checkpoints
-        if manifest is not None and ckpt is not None and ckpt.due(manifest.step):
-            self.poll_checkpoint(wait=True)
-            config = self.config
-            members = tuple(config.plan.workers) if config is not None else ()
-            since = config.resume_step if config is not None else 0
-            if ckpt.begin(
-                self.store, manifest.step, members, since=since, keep_from=self.checkpoint_step
-            ):
-                self._checkpoint_pending = manifest.step
+        if self._writers is not None:
+            self._writers.finish_snapshot()
 
     def poll_checkpoint(self, *, wait: bool = False) -> None:
         """Record a finished background checkpoint (wait for it when `wait`)."""
-        ckpt, pending = self._checkpoints, self._checkpoint_pending
-        if ckpt is None or pending is None:
-            return
-        try:
-            ckpt.wait(None if wait else 0.0)
-        except snapshot_store.SnapshotTimeout:
-            return
-        except snapshot_store.SnapshotError as exc:
-            LOG.warning("worker %d: checkpoint of step %d failed: %s", self.worker, pending, exc)
-        else:  # the newest step a resume can load, which may trail this worker's own part
-            if ckpt.complete_step is not None:  # else the epoch has none yet: keep the last
-                self.checkpoint_step = ckpt.complete_step
-        self._checkpoint_pending = None
+        if self._writers is not None:
+            self._writers.poll_checkpoint(wait=wait)
 
     def _after_commit(self, t: int, *, forced: bool) -> None:
-        writer, config = self._writer, self.config
-        if writer is None or config is None:
+        writers, layers = self._writers, self.holding.layers
+        if writers is None or layers is None:
             return
-        interval = config.settings.snapshot_interval_steps
-        if forced or (interval and t % interval == 0):
+        if forced or writers.due(t):
             with self._timed():
-                writer.begin(
-                    step=t, epoch=config.epoch, states=self._live_states(), groups=self._groups
-                )
-
-    def _live_states(self) -> list[model.LayerState]:
-        layers = self.holding.layers
-        assert layers is not None
-        return [
-            snapshots.live_layer_state(i, layers.modules[i], layers.optimizers[i])
-            for i in layers.indices
-        ]
+                writers.begin(t, layers)
 
     def load_snapshot(self, step: int) -> None:
         """Replace every held layer with its state at `step` from the snapshot tiers."""
@@ -322,34 +277,28 @@ class Training:
 
     def _open_writers(self, config: messages.WorkerConfig) -> None:
         settings = config.settings
-        self._groups = snapshots.sharding_groups(config.plan)
         opt = training_config(settings, config.plan.micro_batch_size).optimizer
-        self._writer = snapshot_writer.SnapshotWriter(
-            self.store,
-            snapshot_writer.WriterConfig(
+        self._writers = epoch_writers.EpochWriters(
+            store=self.store,
+            worker=self.worker,
+            config=config,
+            writer=snapshot_writer.WriterConfig(
                 job=self.job_name,
                 worker=self.worker,
                 redundancy=settings.redundancy,
                 interval_steps=1,
                 optimizer=opt,
             ),
+            checkpoint_step=self._checkpoint_step,
         )
-        if settings.checkpoint_dir and settings.checkpoint_interval_steps:
-            self._checkpoints = checkpoints.CheckpointWriter(
-                checkpoints.CheckpointConfig(
-                    root=Path(settings.checkpoint_dir),
-                    worker=self.worker,
-                    interval_steps=settings.checkpoint_interval_steps,
-                )
-            )
 
     def _close_writers(self) -> None:
-        self.finish_snapshot()
-        self.poll_checkpoint(wait=True)
-        for closing in (self._writer, self._checkpoints):
-            if closing is not None:
-                closing.close()
-        self._writer, self._checkpoints = None, None
+        writers = self._writers
+        if writers is None:
+            return
+        writers.close()
+        self._checkpoint_step = writers.checkpoint_step
+        self._writers = None
 
     @contextlib.contextmanager
     def _timed(self) -> Iterator[None]:
@@ -361,13 +310,13 @@ class Training:
 
     # --- job and store --------------------------------------------------------------------
 
-    def _job(self, config: messages.WorkerConfig) -> executor.Job:
+    def _job(self, config: messages.WorkerConfig) -> semantics.Job:
         settings = config.settings
         tokens = self._tokens.get(settings.data)
         if tokens is None:
             tokens = data.load_corpus(settings.data.corpus_paths, max_bytes=settings.data.max_bytes)
             self._tokens = {settings.data: tokens}
-        return executor.Job.from_tokens(
+        return semantics.Job.from_tokens(
             training_config(settings, config.plan.micro_batch_size), tokens
         )
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
-from planaria.agent import model
+from planaria.agent.training import model
 
 States = Mapping[int, model.LayerState]
 KINDS = ("parameters", "exp_avg", "exp_avg_sq", "steps")

@@ -26,7 +26,8 @@ from dataclasses import dataclass
 
 import torch
 
-from planaria.agent import manifests, model, parity, snapshots
+from planaria.agent.state import manifests, parity, snapshots
+from planaria.agent.training import model
 
 # Pieces of tensors smaller than this are gathered into the staging buffer; larger ones are
 # written straight from the tensor (one write and one checksum call each is cheap for them).

@@ -44,16 +44,10 @@ from pathlib import Path
 import torch
 from torch._C import _distributed_c10d as c10d  # the store classes (see groups.py)
 
-from planaria.agent import (
-    checkpoints,
-    executor,
-    groups,
-    held_layers,
-    layer_transfer,
-    model,
-    snapshot_store,
-    snapshots,
-)
+from planaria.agent.execution import groups, held_layers
+from planaria.agent.recovery import layer_transfer
+from planaria.agent.state import checkpoints, snapshot_store, snapshots
+from planaria.agent.training import model, semantics
 from planaria.planner import plan, schedule
 from planaria.wire import messages
 
@@ -148,7 +142,7 @@ def form(
 def set_up(
     *,
     config: messages.WorkerConfig,
-    job: executor.Job,
+    job: semantics.Job,
     holding: Holding,
     stores: Stores,
     store: c10d.Store,
@@ -169,7 +163,7 @@ def set_up(
 
 def _acquire(
     config: messages.WorkerConfig,
-    job: executor.Job,
+    job: semantics.Job,
     holding: Holding,
     stores: Stores,
     device: str,
@@ -187,7 +181,10 @@ def _acquire(
     local = {i: locator.find(i) for i in mine if i not in received}
     sent = {t.layer: locator.state(t.layer) for t in outgoing}
     load_s = time.perf_counter() - started
-    templates = {t.layer: layer_transfer.template_state(job.config, t.layer) for t in incoming}
+    c = job.config
+    templates = {
+        t.layer: model.initial_state(c.shape, c.seed, t.layer, c.optimizer) for t in incoming
+    }
     try:
         moved = layer_transfer.run_transfers(
             worker=me,
@@ -218,7 +215,7 @@ costliest = messages.costliest_tier  # the contract's own ordering of the tiers
 
 
 def _assemble(
-    job: executor.Job,
+    job: semantics.Job,
     holding: Holding,
     device: str,
     mine: Iterable[int],
@@ -245,7 +242,7 @@ def _assemble(
 class Locator:
     """Finds layers at `step` through the local tiers (every tier but LIVE_REPLICA)."""
 
-    def __init__(self, *, job: executor.Job, holding: Holding, stores: Stores, step: int) -> None:
+    def __init__(self, *, job: semantics.Job, holding: Holding, stores: Stores, step: int) -> None:
         self.job, self.holding, self.stores, self.step = job, holding, stores, step
         self._checkpoint: dict[int, model.LayerState] | None = None
         self._stores: list[snapshot_store.SnapshotStore] | None = None
@@ -276,7 +273,8 @@ class Locator:
             return state
         if tier is Tier.KEPT:
             return _state_of(self.holding, layer)
-        return layer_transfer.template_state(self.job.config, layer)  # INITIAL: as built
+        config = self.job.config  # INITIAL: as built
+        return model.initial_state(config.shape, config.seed, layer, config.optimizer)
 
     def _snapshot_tiers(
         self,

@@ -24,11 +24,11 @@ layer transfers are not part of this harness.
 
 Failures: `faults={worker: Fault(step=s, index=i)}` makes a worker send itself a signal right
 before instruction i of step s (SIGKILL, the default: a crash; SIGSTOP: a hang). Survivors latch
-their errors and report them in `RunResult.errors`; a worker whose process died or hung is in
-`RunResult.lost`. Once a worker has failed, the others get `timeout_s` plus a margin to report;
-silent ones are then killed, as a controller gives up on an agent that misses its heartbeats.
-`run_deadline_s` bounds a whole run: past it every child is killed and HarnessTimeoutError
-raised.
+their errors and report them in `run_results.RunResult.errors`; a worker whose process died or
+hung is in `RunResult.lost`. Once a worker has failed, the others get `timeout_s` plus a margin
+to report; silent ones are then killed, as a controller gives up on an agent that misses its
+heartbeats. `run_deadline_s` bounds a whole run: past it every child is killed and
+HarnessTimeoutError raised.
 
 Results: a message per committed step as it commits; the final layer states travel as
 torch.save files of plain tensors in a private temporary directory, loaded with
@@ -52,22 +52,19 @@ from __future__ import annotations
 import contextlib
 import datetime
 import multiprocessing
-import os
 import tempfile
 import time
 import typing
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
 from multiprocessing import connection
 from pathlib import Path
 from types import TracebackType
 
-import torch
 from torch._C import _distributed_c10d as c10d  # the store classes (see groups.py)
 
-from planaria.agent import data, local_worker, model, reference
+from planaria.agent.harness import local_worker, run_results
+from planaria.agent.training import data, semantics
 from planaria.planner import plan, schedule
-from planaria.wire import messages
 
 POLL_S = 0.2  # how often the parent looks at the clock while it waits for reports
 STOP_GRACE_S = 5.0  # how long close() waits for a worker to exit before killing it
@@ -88,52 +85,6 @@ class HarnessTimeoutError(HarnessError):
 
 # Part of this module's API; defined with the worker, which acts on it.
 Fault = local_worker.Fault
-
-
-@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
-class RunResult:
-    """What one run (one epoch) produced.
-
-    `steps` are the steps every worker of the plan committed and `losses` their losses (the sum
-    of the workers' shares, in worker order). `committed` counts each worker's committed steps,
-    `step_s` its step times. `errors` holds the survivors' latched errors, `lost` the workers
-    whose process died or hung. `states` holds every reporting worker's layers as of its last
-    committed step.
-    """
-
-    epoch: int
-    steps: tuple[int, ...]
-    losses: tuple[float, ...]
-    committed: Mapping[plan.WorkerId, int]
-    step_s: Mapping[plan.WorkerId, tuple[float, ...]]
-    errors: Mapping[plan.WorkerId, messages.LatchedError]
-    lost: tuple[plan.WorkerId, ...]
-    states: Mapping[plan.WorkerId, Mapping[int, model.LayerState]]
-
-    @property
-    def ok(self) -> bool:
-        """True when no worker failed."""
-        return not self.errors and not self.lost
-
-    def layer_state(self, index: int) -> model.LayerState:
-        """Layer `index`'s state from the lowest-numbered worker that reported holding it."""
-        for worker in sorted(self.states):
-            if index in self.states[worker]:
-                return self.states[worker][index]
-        raise KeyError(f"no reporting worker holds layer {index}")
-
-
-@dataclass(slots=True)
-class _Collected:
-    """The parent's view of a run while reports come in."""
-
-    steps: dict[plan.WorkerId, list[local_worker.StepDone]]
-    ended: dict[plan.WorkerId, local_worker.RunEnded] = field(default_factory=dict)
-    lost: set[plan.WorkerId] = field(default_factory=set)
-
-    @property
-    def failed(self) -> bool:
-        return bool(self.lost) or any(e.error is not None for e in self.ended.values())
 
 
 # --- the parent side --------------------------------------------------------------------------
@@ -195,14 +146,14 @@ class LocalCluster:
 
     def run(
         self,
-        config: reference.TrainingConfig,
+        config: semantics.TrainingConfig,
         plan_: plan.Plan,
         steps: Iterable[int],
         *,
         fresh: bool = True,
         faults: Mapping[int, local_worker.Fault] | None = None,
         deadline_s: float | None = None,
-    ) -> RunResult:
+    ) -> run_results.RunResult:
         """Run `steps` of `plan_` as the next epoch on the plan's workers (see the module
         docstring). Raises HarnessInputError when the plan names a worker that is not alive
         here, HarnessTimeoutError (after killing every child) past `deadline_s` (default: the
@@ -218,7 +169,7 @@ class LocalCluster:
         except BaseException:
             self._shutdown(grace_s=0.0)  # workers are mid-run: kill them now
             raise
-        return self._result(workers, todo, collected)
+        return run_results.run_result(self._epoch, workers, todo, collected)
 
     def close(self) -> None:
         """Stop every worker; kill those that do not exit in time; reap them all."""
@@ -297,7 +248,7 @@ class LocalCluster:
 
     def _command(
         self,
-        config: reference.TrainingConfig,
+        config: semantics.TrainingConfig,
         plan_: plan.Plan,
         steps: tuple[int, ...],
         fresh: bool,
@@ -316,9 +267,11 @@ class LocalCluster:
             states_file=str(states_file),
         )
 
-    def _collect(self, workers: tuple[plan.WorkerId, ...], deadline_s: float) -> _Collected:
+    def _collect(
+        self, workers: tuple[plan.WorkerId, ...], deadline_s: float
+    ) -> run_results.Collected:
         """Read reports until every worker ended, died, or was given up on."""
-        collected = _Collected(steps={w: [] for w in workers})
+        collected = run_results.Collected(steps={w: [] for w in workers})
         pending = set(workers)
         deadline = time.monotonic() + deadline_s
         give_up_at: float | None = None
@@ -339,7 +292,7 @@ class LocalCluster:
         return collected
 
     def _take_report(
-        self, worker: plan.WorkerId, pending: set[plan.WorkerId], collected: _Collected
+        self, worker: plan.WorkerId, pending: set[plan.WorkerId], collected: run_results.Collected
     ) -> None:
         message = self._receive(worker)
         if isinstance(message, local_worker.StepDone):
@@ -352,7 +305,7 @@ class LocalCluster:
             self._reap(worker)
             collected.lost.add(worker)
 
-    def _kill_silent(self, pending: set[plan.WorkerId], collected: _Collected) -> None:
+    def _kill_silent(self, pending: set[plan.WorkerId], collected: run_results.Collected) -> None:
         """Kill the workers that stayed silent after a failure (hung, e.g. stopped)."""
         for worker in sorted(pending):
             self._processes[worker].kill()
@@ -376,27 +329,6 @@ class LocalCluster:
             return None
         return message
 
-    def _result(
-        self, workers: tuple[plan.WorkerId, ...], steps: tuple[int, ...], collected: _Collected
-    ) -> RunResult:
-        done = min(len(collected.steps[w]) for w in workers)
-        losses = tuple(sum(collected.steps[w][i].loss for w in workers) for i in range(done))
-        states = {
-            w: _load_states(ended.states_file)
-            for w, ended in collected.ended.items()
-            if ended.states_file is not None
-        }
-        return RunResult(
-            epoch=self._epoch,
-            steps=steps[:done],
-            losses=losses,
-            committed={w: len(collected.steps[w]) for w in workers},
-            step_s={w: tuple(s.step_s for s in collected.steps[w]) for w in workers},
-            errors={w: e.error for w, e in collected.ended.items() if e.error is not None},
-            lost=tuple(sorted(collected.lost)),
-            states=states,
-        )
-
 
 def _context(
     start_method: typing.Literal["forkserver", "spawn"],
@@ -407,20 +339,3 @@ def _context(
     # Takes effect when the server starts (once per parent process); harmless afterwards.
     context.set_forkserver_preload([__name__, "torch._dynamo"])
     return context
-
-
-def _load_states(path: str) -> dict[int, model.LayerState]:
-    """Layer states a worker saved (plain tensors, loaded without unpickling objects)."""
-    saved: dict[int, dict[str, typing.Any]] = torch.load(path, weights_only=True)
-    os.unlink(path)
-    return {
-        index: model.LayerState(
-            index=index,
-            names=tuple(fields["names"]),
-            parameters=tuple(fields["parameters"]),
-            exp_avg=tuple(fields["exp_avg"]),
-            exp_avg_sq=tuple(fields["exp_avg_sq"]),
-            steps=tuple(fields["steps"]),
-        )
-        for index, fields in saved.items()
-    }

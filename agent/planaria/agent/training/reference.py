@@ -15,56 +15,14 @@ floating-point sums are taken):
 The step's loss is the sum of the micro-batch losses: the mean token loss of the global batch.
 Nothing here is clever on purpose; it is kept obviously right.
 
-Errors: TrainingConfigError (ValueError) for a configuration out of range; data and model
-errors (`data.DataError`, `model.ModelError`) pass through.
+Errors: data and model errors (`data.DataError`, `model.ModelError`) pass through.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import torch
 
-from planaria.agent import data, model, reduction
-from planaria.planner import shapes
-from planaria.wire import messages
-
-
-class TrainingConfigError(ValueError):
-    """A training configuration out of range; the message names the field and the fix."""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class TrainingConfig:
-    """What fixes a training run's semantics: model, seed, batch sizes, optimizer.
-
-    `seed` seeds both the layers' initial parameters and the sampler; `reduction` says how
-    gradients are summed (`planaria.agent.reduction`). Raises TrainingConfigError when a size
-    is < 1 or the global batch is not a multiple of the micro-batch.
-    """
-
-    shape: shapes.ModelShape
-    seed: int
-    global_batch_size: int
-    micro_batch_size: int
-    optimizer: model.OptimizerConfig = field(default_factory=model.OptimizerConfig)
-    reduction: messages.Reduction = messages.Reduction.FAST
-
-    def __post_init__(self) -> None:
-        if self.seed < 0:
-            raise TrainingConfigError(f"seed must be >= 0 (got {self.seed})")
-        for name in ("global_batch_size", "micro_batch_size"):
-            if getattr(self, name) < 1:
-                raise TrainingConfigError(f"{name} must be >= 1 (got {getattr(self, name)})")
-        if self.global_batch_size % self.micro_batch_size:
-            raise TrainingConfigError(
-                f"global_batch_size ({self.global_batch_size}) must be a multiple of "
-                f"micro_batch_size ({self.micro_batch_size}); change one of them"
-            )
-
-    @property
-    def num_micro_batches(self) -> int:
-        return self.global_batch_size // self.micro_batch_size
+from planaria.agent.training import data, model, reduction, semantics
 
 
 class ReferenceTrainer:
@@ -78,16 +36,16 @@ class ReferenceTrainer:
     """
 
     def __init__(
-        self, config: TrainingConfig, tokens: data.Tokens, *, reverse_micro_batches: bool = False
+        self,
+        config: semantics.TrainingConfig,
+        tokens: data.Tokens,
+        *,
+        reverse_micro_batches: bool = False,
     ) -> None:
         self.config = config
         self.reverse_micro_batches = reverse_micro_batches
-        self.dataset = data.TokenDataset(tokens=tokens, seq_len=config.shape.seq_len)
-        self.sampler = data.Sampler(
-            num_samples=self.dataset.num_samples,
-            global_batch_size=config.global_batch_size,
-            seed=config.seed,
-        )
+        job = semantics.Job.from_tokens(config, tokens)  # as every worker builds it
+        self.dataset, self.sampler = job.dataset, job.sampler
         self.layers = model.build_layers(config.shape, config.seed)
         self.optimizers = [model.make_optimizer(layer, config.optimizer) for layer in self.layers]
 

@@ -37,7 +37,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from planaria.agent import manifests, model, parity, snapshot_store
+from planaria.agent.state import manifests, parity, snapshot_store
+from planaria.agent.training import model
 from planaria.planner import plan as plans
 from planaria.wire import messages
 

@@ -21,7 +21,8 @@ which runs at about twice blake2b's speed here and detects accidental corruption
 available). The manifest itself carries a checksum of its body. Nothing is pickled: raw bytes
 and JSON only. Files are mode 0600 and directories 0700.
 
-Not here: what goes into the files (`snapshots`), parity arithmetic (`parity`).
+Not here: what goes into the files (`snapshots`), parity arithmetic (`parity`), writing one
+file durably (`durable_files`).
 
 Errors (none is a user error, so none is a ValueError, except the configuration error):
 
@@ -38,21 +39,19 @@ Recovery treats Missing and Corrupt alike: this tier cannot serve, go to the nex
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import logging
 import os
 import re
 import shutil
 import threading
-import zlib
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from planaria.agent import manifests, parity
+from planaria.agent.state import durable_files, manifests, parity
 from planaria.wire import messages
 
 LOG = logging.getLogger(__name__)
@@ -61,7 +60,6 @@ DEFAULT_BASE = Path("/dev/shm/planaria")
 SLOTS = ("slot-0", "slot-1")
 MANIFEST = "manifest.json"
 # Buffers per writev call (well under IOV_MAX, 1024 on Linux).
-WRITEV_BATCH = 512
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
@@ -89,39 +87,10 @@ class SnapshotConfigError(SnapshotError, ValueError):
     """A snapshot setting out of range; the message names it and the fix."""
 
 
-# --- checksums ------------------------------------------------------------------------------
-
-
-class _Crc32:
-    def __init__(self) -> None:
-        self.value = 0
-
-    def update(self, data: Any) -> None:
-        self.value = zlib.crc32(data, self.value)
-
-    def hexdigest(self) -> str:
-        return f"{self.value:08x}"
-
-
-def _blake2b() -> Any:
-    return hashlib.blake2b(digest_size=16)
-
-
-CHECKSUMS: dict[str, Callable[[], Any]] = {"crc32": _Crc32, "blake2b": _blake2b}
-
-
-def checksum_of(algorithm: str, chunks: Iterable[Any]) -> str:
-    """`algorithm:hexdigest` of the concatenated chunks (bytes-like)."""
-    digest = CHECKSUMS[algorithm]()
-    for chunk in chunks:
-        digest.update(chunk)
-    return f"{algorithm}:{digest.hexdigest()}"
-
-
 def check_checksum_name(algorithm: str) -> None:
-    if algorithm not in CHECKSUMS:
+    if algorithm not in durable_files.CHECKSUMS:
         raise SnapshotConfigError(
-            f"checksum {algorithm!r} is not supported; use one of {sorted(CHECKSUMS)}"
+            f"checksum {algorithm!r} is not supported; use one of {sorted(durable_files.CHECKSUMS)}"
         )
 
 
@@ -151,77 +120,14 @@ def remove_job(job: str, base: Path = DEFAULT_BASE) -> None:
     shutil.rmtree(base / job, ignore_errors=True)
 
 
-def make_private_dir(path: Path) -> None:
-    """Create `path` and any missing parents as owner-only (0700) directories whatever the
-    umask (issue #10: snapshots are readable by the job's user alone); `path` itself is made
-    0700 if it existed. Existing parents keep their mode (a shared base is not ours to close)."""
-    missing = [path, *(parent for parent in path.parents if not parent.exists())]
-    for directory in reversed(missing):
-        # mkdir's mode is masked by the umask and `mkdir(parents=True)` ignores it for
-        # parents: a job directory under umask 0 would be 0777, letting anyone swap its stores.
-        directory.mkdir(mode=0o700, exist_ok=True)
-        directory.chmod(0o700)
-
-
-def write_private_file(path: Path, chunks: Iterable[Any], algorithm: str) -> str:
-    """Create `path` afresh (0600), write the chunks, fsync; returns their checksum.
-
-    An existing file is unlinked first rather than truncated, so a reader holding it open
-    keeps the old bytes. Chunks go out in batches with one writev each: every system call
-    hands the GIL to the training thread and back, so fewer calls disturb training less.
-    """
-    path.unlink(missing_ok=True)
-    digest = CHECKSUMS[algorithm]()
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-    try:
-        os.fchmod(fd, 0o600)  # exactly 0600: os.open's mode is masked by the umask
-        batch: list[memoryview] = []
-        for chunk in chunks:
-            view = memoryview(chunk).cast("B")
-            digest.update(view)
-            batch.append(view)
-            if len(batch) == WRITEV_BATCH:
-                _write_all(fd, batch)
-                batch = []
-        _write_all(fd, batch)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    return f"{algorithm}:{digest.hexdigest()}"
-
-
-def _write_all(fd: int, views: list[memoryview]) -> None:
-    """Write every byte of `views`, in order (writev, then plain writes after a short one)."""
-    if not views:
-        return
-    written = os.writev(fd, views)
-    for view in views:
-        if written >= len(view):
-            written -= len(view)
-            continue
-        view = view[written:]
-        written = 0
-        while view:
-            view = view[os.write(fd, view) :]
-
-
-def fsync_dir(path: Path) -> None:
-    """Make a rename or unlink in directory `path` durable."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def commit_manifest(directory: Path, manifest: manifests.Manifest) -> bytes:
     """Write the manifest to a temp name, fsync, rename over manifest.json: the commit.
     Returns the bytes written."""
     temp = directory / (MANIFEST + ".tmp")
     raw = manifests.encode(manifest)
-    write_private_file(temp, [raw], "crc32")
+    durable_files.write_private_file(temp, [raw], "crc32")
     os.replace(temp, directory / MANIFEST)
-    fsync_dir(directory)
+    durable_files.fsync_dir(directory)
     return raw
 
 
@@ -257,7 +163,8 @@ def read_verified(handle: Any, stored: manifests.StoredFile, where: str) -> pari
         raise SnapshotCorrupt(f"{where}: {got} bytes but the manifest says {expected}")
     data = out[:expected]
     algorithm = stored.checksum.split(":", 1)[0]
-    if algorithm not in CHECKSUMS or checksum_of(algorithm, [data]) != stored.checksum:
+    known = algorithm in durable_files.CHECKSUMS
+    if not known or durable_files.checksum_of(algorithm, [data]) != stored.checksum:
         raise SnapshotCorrupt(f"{where}: checksum mismatch (the file was damaged)")
     return data
 
@@ -280,9 +187,9 @@ class SnapshotStore:
         self.checksum = checksum
         self._lock = threading.Lock()
         self._decoded: dict[str, tuple[bytes, manifests.Manifest]] = {}
-        make_private_dir(root)
+        durable_files.make_private_dir(root)
         for slot in SLOTS:
-            make_private_dir(root / slot)
+            durable_files.make_private_dir(root / slot)
 
     # -- writing
 
@@ -304,7 +211,7 @@ class SnapshotStore:
 
     def write_file(self, directory: Path, name: str, chunks: Iterable[Any]) -> str:
         """Write one data file of the ongoing snapshot; returns its checksum."""
-        return write_private_file(directory / name, chunks, self.checksum)
+        return durable_files.write_private_file(directory / name, chunks, self.checksum)
 
     def commit(self, directory: Path, manifest: manifests.Manifest) -> None:
         """Make the snapshot in `directory` complete (see the module docstring)."""
@@ -313,7 +220,7 @@ class SnapshotStore:
 
     def _invalidate(self, directory: Path) -> None:
         (directory / MANIFEST).unlink(missing_ok=True)
-        fsync_dir(directory)
+        durable_files.fsync_dir(directory)
         for path in directory.iterdir():
             path.unlink()
 

@@ -1,0 +1,1 @@
+"""A local cluster of executor processes on loopback, for tests and benchmarks."""

@@ -1,0 +1,135 @@
+"""The snapshot writer and the checkpoint writer of one epoch, as the training thread drives them.
+
+Snapshots follow `snapshot_writer`'s contract: after committed step t that is due (every
+`snapshot_interval_steps`, or asked for by TakeSnapshot), `begin`; the training thread waits for
+it (`finish_snapshot`) right before the next step's first OptimizerStep (before the commit
+barrier), and (RECOMPUTE) replays that step's moment update on the writer's host replicas
+(`recompute`). Once a snapshot is complete, a due persistent checkpoint is copied from it in
+the background (`checkpoints`), and `poll_checkpoint` records the newest step a resume can load
+(`checkpoint_step`, which the heartbeat reports; it carries over from the previous epoch).
+
+Writers are rebuilt for every epoch (the sharding groups come from the plan); closing the old
+ones first makes their pending snapshot complete, which the roll-back tiers rely on.
+
+Not here: when the training thread calls these, and how long it waits (`training_thread`).
+
+Errors: none escape. A failed snapshot or checkpoint is logged and training goes on; the tier
+it would have fed is stale.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from planaria.agent.execution import held_layers
+from planaria.agent.state import checkpoints, snapshot_store, snapshot_writer, snapshots
+from planaria.agent.training import model
+from planaria.planner import plan
+from planaria.wire import messages
+
+LOG = logging.getLogger(__name__)
+
+
+class EpochWriters:
+    """One epoch's writers for `worker` of `config`'s plan (single-threaded: the training
+    thread). `checkpoint_step` is the newest complete checkpoint known before this epoch."""
+
+    def __init__(
+        self,
+        *,
+        store: snapshot_store.SnapshotStore,
+        worker: plan.WorkerId,
+        config: messages.WorkerConfig,
+        writer: snapshot_writer.WriterConfig,
+        checkpoint_step: int | None,
+    ) -> None:
+        settings = config.settings
+        self.store, self.worker, self.config = store, worker, config
+        self.checkpoint_step = checkpoint_step
+        self.groups = snapshots.sharding_groups(config.plan)
+        self.writer = snapshot_writer.SnapshotWriter(store, writer)
+        self.checkpoints: checkpoints.CheckpointWriter | None = None
+        if settings.checkpoint_dir and settings.checkpoint_interval_steps:
+            self.checkpoints = checkpoints.CheckpointWriter(
+                checkpoints.CheckpointConfig(
+                    root=Path(settings.checkpoint_dir),
+                    worker=worker,
+                    interval_steps=settings.checkpoint_interval_steps,
+                )
+            )
+        self._checkpoint_pending: int | None = None
+
+    @property
+    def in_progress(self) -> bool:
+        """Whether a snapshot is being written (safe to read from any thread)."""
+        return self.writer.in_progress
+
+    def due(self, t: int) -> bool:
+        """Whether committed step `t` is snapshotted by the interval."""
+        interval = self.config.settings.snapshot_interval_steps
+        return bool(interval) and t % interval == 0
+
+    def begin(self, t: int, layers: held_layers.HeldLayers) -> None:
+        """Start the snapshot of committed step `t` from the live layers."""
+        self.writer.begin(
+            step=t, epoch=self.config.epoch, states=live_states(layers), groups=self.groups
+        )
+
+    def recompute(self, t: int, layers: held_layers.HeldLayers) -> None:
+        """(RECOMPUTE) replay step `t`'s moment update on the host replicas, before the
+        optimizer step."""
+        if self.writer.config.redundancy is not messages.RedundancyMode.RECOMPUTE:
+            return
+        states = live_states(layers)
+        grads = [[p.grad for p in layers.modules[s.index].parameters()] for s in states]
+        self.writer.recompute_step(t, states, grads, self.groups)
+
+    def finish_snapshot(self) -> None:
+        """Wait for the pending snapshot; start a due checkpoint from it once complete."""
+        try:
+            manifest = self.writer.wait()
+        except snapshot_store.SnapshotError as exc:  # training goes on; the tier is stale
+            LOG.warning("worker %d: snapshot failed: %s", self.worker, exc)
+            return
+        ckpt = self.checkpoints
+        if manifest is not None and ckpt is not None and ckpt.due(manifest.step):
+            self.poll_checkpoint(wait=True)
+            members = tuple(self.config.plan.workers)
+            since = self.config.resume_step
+            if ckpt.begin(
+                self.store, manifest.step, members, since=since, keep_from=self.checkpoint_step
+            ):
+                self._checkpoint_pending = manifest.step
+
+    def poll_checkpoint(self, *, wait: bool = False) -> None:
+        """Record a finished background checkpoint (wait for it when `wait`)."""
+        ckpt, pending = self.checkpoints, self._checkpoint_pending
+        if ckpt is None or pending is None:
+            return
+        try:
+            ckpt.wait(None if wait else 0.0)
+        except snapshot_store.SnapshotTimeout:
+            return
+        except snapshot_store.SnapshotError as exc:
+            LOG.warning("worker %d: checkpoint of step %d failed: %s", self.worker, pending, exc)
+        else:  # the newest step a resume can load, which may trail this worker's own part
+            if ckpt.complete_step is not None:  # else the epoch has none yet: keep the last
+                self.checkpoint_step = ckpt.complete_step
+        self._checkpoint_pending = None
+
+    def close(self) -> None:
+        """Complete the pending snapshot and checkpoint, then close both writers."""
+        self.finish_snapshot()
+        self.poll_checkpoint(wait=True)
+        for closing in (self.writer, self.checkpoints):
+            if closing is not None:
+                closing.close()
+
+
+def live_states(layers: held_layers.HeldLayers) -> list[model.LayerState]:
+    """Every held layer's state, by reference to the live tensors (no copy)."""
+    return [
+        snapshots.live_layer_state(i, layers.modules[i], layers.optimizers[i])
+        for i in layers.indices
+    ]
