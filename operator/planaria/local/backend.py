@@ -358,8 +358,17 @@ class LocalBackend:
     async def _stop(self, worker: plan.WorkerId, record: _Worker) -> None:
         """Stop RPC, then SIGTERM, then SIGKILL, each after the grace; always reaped."""
         if not record.ended.is_set() and record.address is not None:
-            with contextlib.suppress(Exception):  # a process boundary: signals follow anyway
-                await asyncio.wait_for(self._stop_rpc(worker, record.address), self._stop_grace_s)
+            # The process may already be on its way out (the controller's own Stop came first):
+            # its exit ends the wait at once, not a connect retrying until the grace is over.
+            rpc = asyncio.ensure_future(self._stop_rpc(worker, record.address))
+            ended = asyncio.ensure_future(record.ended.wait())
+            await asyncio.wait(
+                {rpc, ended}, timeout=self._stop_grace_s, return_when="FIRST_COMPLETED"
+            )
+            for task in (rpc, ended):
+                task.cancel()
+            # a process boundary: whatever the RPC raised, the signals below follow anyway
+            await asyncio.gather(rpc, ended, return_exceptions=True)
         for signum in (signal.SIGTERM, signal.SIGKILL):
             if record.ended.is_set():
                 break
