@@ -165,16 +165,9 @@ def choose_plan(
     _check_nodes(template_set, nodes)
     f, num_nodes = template_set.fault_tolerance, len(nodes)
     costs = size_costs(template_set)
-    counts = mix.best_counts(
-        list(costs.items()),
-        num_nodes=num_nodes,
-        min_pipelines=f + 1,
-        global_batch=global_batch,
-        micro_batch_size=template_set.micro_batch_size,
-    )
-    if counts is None:
+    chosen = best_candidate(template_set, num_nodes, global_batch, costs)
+    if chosen is None:
         _refuse(template_set, num_nodes, global_batch)
-    chosen = evaluate(Instantiation(counts=counts), template_set, global_batch, costs)
     others = []
     for option in neighbours(chosen.instantiation, template_set.sizes, f):
         try:
@@ -193,6 +186,28 @@ def choose_plan(
         reason=explain(chosen, runner_up, total, len(others)),
         num_instantiations=total,
     )
+
+
+def best_candidate(
+    template_set: templates.TemplateSet,
+    num_nodes: int,
+    global_batch: int,
+    costs: Mapping[int, batching.PipelineCost] | None = None,
+) -> Candidate | None:
+    """The instantiation on num_nodes nodes that ranks first (`rank`) among all of eq. 5's,
+    found by `mix.best_counts`, with its distribution; None when none exists or none can take
+    the global batch."""
+    by_size = size_costs(template_set) if costs is None else costs
+    counts = mix.best_counts(
+        list(by_size.items()),
+        num_nodes=num_nodes,
+        min_pipelines=template_set.fault_tolerance + 1,
+        global_batch=global_batch,
+        micro_batch_size=template_set.micro_batch_size,
+    )
+    if counts is None:
+        return None
+    return evaluate(Instantiation(counts=counts), template_set, global_batch, by_size)
 
 
 def size_costs(template_set: templates.TemplateSet) -> dict[int, batching.PipelineCost]:
