@@ -37,7 +37,7 @@ def test_the_report_shows_templates_plan_and_the_plan_after_failures(
     assert main.main(_args(profile_path, "--failed", "1,3")) == 0
     out = capsys.readouterr().out
     assert out.startswith("templates (Oobleck §4.1): n0 = 1, sizes 1..4")
-    assert "nodes  stages  T at 4S" in out
+    assert "nodes  stages  mapped for  T" in out
     assert "plan (Oobleck §4.2):" in out and "samples/s" in out and "chose" in out
     assert "pipeline  nodes" in out and "micro-batches" in out
     assert "after nodes 1,3 fail (Oobleck §5.1):" in out and "lost node(s) [1, 3]" in out

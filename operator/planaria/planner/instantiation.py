@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import NoReturn
 
-from planaria.planner import batching, errors, mix, plan, templates
+from planaria.planner import batching, errors, mix, plan, profile, templates
 
 # Beyond this many instantiations the enumeration refuses rather than run for minutes.
 MAX_INSTANTIATIONS = 200_000
@@ -208,6 +208,48 @@ def best_candidate(
     if counts is None:
         return None
     return evaluate(Instantiation(counts=counts), template_set, global_batch, by_size)
+
+
+# Rounds of fit_templates: each re-maps the sizes the best mix uses; two settle every case seen.
+FIT_ROUNDS = 3
+
+
+def fit_templates(
+    template_set: templates.TemplateSet,
+    source: profile.Profile,
+    global_batch: int,
+    memory_bytes: int | None = None,
+) -> templates.TemplateSet:
+    """Templates mapped for the micro-batches the job's plan runs, not 4S (#17 item 2).
+
+    On all of the set's nodes: choose the best mix, re-map each size it uses exactly for the
+    most micro-batches a pipeline of that size gets (`templates.remap`), choose again, until the
+    mix's sizes and counts are those the templates were mapped for, or no re-mapping is kept
+    (`templates.remap` drops one deeper than its count), at most FIT_ROUNDS rounds.
+    A round is kept only if the best throughput does not drop, so the result is never worse
+    than the 4S templates. Sizes the plan does not use stay at 4S (they serve reinstantiation,
+    whose counts are not known yet). Call again when the global batch or micro-batch changes.
+    """
+    current = template_set
+    best = best_candidate(current, current.num_nodes, global_batch)
+    for _ in range(FIT_ROUNDS):
+        if best is None:
+            return current
+        counts: dict[int, int] = {}
+        for size, count in zip(
+            best.instantiation.pipeline_sizes, best.distribution.micro_batches, strict=True
+        ):
+            counts[size] = max(counts.get(size, 0), count)
+        if all(current.template(s).mapping.planned_micro_batches == m for s, m in counts.items()):
+            return current
+        refit = templates.remap(current, source, counts, memory_bytes)
+        if refit == current:  # every re-mapping was dropped (deeper than its count)
+            return current
+        after = best_candidate(refit, refit.num_nodes, global_batch)
+        if after is None or after.throughput < best.throughput:
+            return current
+        current, best = refit, after
+    return current
 
 
 def size_costs(template_set: templates.TemplateSet) -> dict[int, batching.PipelineCost]:
