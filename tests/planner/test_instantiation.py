@@ -180,3 +180,17 @@ def test_too_few_nodes_for_f_plus_one_pipelines_is_refused() -> None:
 def test_repeated_nodes_are_refused() -> None:
     with pytest.raises(errors.PlanInputError, match="distinct"):
         instantiation.choose_plan(small_templates(5, 1, 1), [0, 1, 1, 2, 3], 64)
+
+
+def test_a_thousand_nodes_are_planned_without_enumerating() -> None:
+    # 2.7e27-scale eq. 5 for 34 sizes; the small model's 10 sizes still give ~10^16 mixes
+    template_set = small_templates(1024, 1, 1)
+    choice = instantiation.choose_plan(template_set, list(range(1024)), 4096)
+    assert choice.num_instantiations > instantiation.MAX_INSTANTIATIONS
+    result = choice.plan
+    assert sorted({int(result.node_of(w)) for w in result.workers}) == list(range(1024))
+    assert result.global_batch_size == 4096
+    near = instantiation.neighbours(choice.chosen.instantiation, template_set.sizes, 1)
+    for option in near:
+        other = instantiation.evaluate(option, template_set, 4096)
+        assert instantiation.rank([choice.chosen, other])[0] is choice.chosen
