@@ -17,6 +17,7 @@ bench/results/policy.json. With --profile, cProfile's top functions (by own time
 decisions.
 
     .venv/bin/python bench/policy.py [--runs N] [--profile]
+    .venv/bin/python bench/policy.py --scale [--runs N]   (cold only, 32 / 256 / 1,024 workers)
 """
 
 from __future__ import annotations
@@ -42,6 +43,9 @@ from planaria.planner import (
 
 RESULTS = Path(__file__).parent / "results" / "policy.json"
 SIZES = [(8, 4, 8), (8, 4, 16), (16, 4, 8)]  # (pipelines, stages, micro-batches per pipeline)
+# --scale: cold decisions only, one GPU per node (#17 asks <= 1 s at 1,024 nodes x 8 GPUs).
+SCALE_SIZES = [(8, 4, 8), (64, 4, 16), (128, 8, 8)]
+SCALE_RESULTS = Path(__file__).parent / "results" / "policy-scale.json"
 HOUR_S = 3600.0
 
 
@@ -111,7 +115,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=9)
     parser.add_argument("--profile", action="store_true", help="cProfile cold decisions")
+    parser.add_argument(
+        "--scale", action="store_true", help="cold decisions at 32, 256 and 1,024 workers only"
+    )
     args = parser.parse_args()
+    if args.scale:
+        scale(min(args.runs, 3))
+        return
     print(
         f"{'DP x PP':>8} {'workers':>7} {'M':>4} {'cold ms (min..max)':>22} {'E runs':>6} "
         f"{'warm ms (min..max)':>22} {'E runs':>6} {'prepare ms':>10} {'cands':>5} "
@@ -133,6 +143,33 @@ def main() -> None:
     print(f"wrote {RESULTS}")
     if args.profile:
         profile_one(args.runs)
+
+
+def scale(runs: int) -> None:
+    """Cold decisions (fresh estimates each) as the cluster grows: median ms, estimator runs."""
+    prof = synthetic.synthesize(shapes.named("gpt3-2.7b"), accelerators.named("a100-40gb"), 1, 1)
+    print(f"{'DP x PP':>8} {'workers':>7} {'cold ms (min..max)':>22} {'E runs':>6}  choice")
+    report = []
+    for dp, pp, m in SCALE_SIZES:
+        running = running_plan(dp, pp, m, prof.num_layers)
+        victims = [(7 * i + 3) % len(running.workers) for i in range(runs)]
+        cold = [decide(running, w, screening.Estimates(prof)) for w in victims]
+        row = {
+            "pipelines": dp,
+            "stages": pp,
+            "workers": len(running.workers),
+            "cold_ms": [ms for ms, _, _, _ in cold],
+            "cold_estimator_runs": statistics.median(n for _, n, _, _ in cold),
+            "choice": cold[0][2].choice.label,
+        }
+        report.append(row)
+        print(
+            f"{f'{dp} x {pp}':>8} {row['workers']:>7} {_spread(row['cold_ms']):>22} "
+            f"{row['cold_estimator_runs']:>6}  {row['choice']}"
+        )
+    SCALE_RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    SCALE_RESULTS.write_text(json.dumps({"time_to_failure_s": HOUR_S, "sizes": report}, indent=2))
+    print(f"wrote {SCALE_RESULTS}")
 
 
 def _spread(values: object) -> str:

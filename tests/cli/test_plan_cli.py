@@ -38,7 +38,7 @@ def test_the_report_shows_templates_plan_and_the_plan_after_failures(
     assert main.main(_args(profile_path, "--failed", "1,3")) == 0
     out = capsys.readouterr().out
     assert out.startswith("templates (Oobleck §4.1): n0 = 1, sizes 1..4")
-    assert re.search(r"^  nodes  stages +T at 4S  stages: layers x GPUs", out, re.MULTILINE)
+    assert re.search(r"^  nodes  stages +mapped for +T  stages: layers x GPUs", out, re.MULTILINE)
     assert "plan (Oobleck §4.2):" in out and "samples/s" in out and "chose" in out
     assert re.search(r"^  pipeline  nodes +stages  micro-batches +time$", out, re.MULTILINE)
     assert re.search(r"^ +0  [0-9,]+ +[0-9]+ +[0-9]+ +[0-9.]+ s$", out, re.MULTILINE)

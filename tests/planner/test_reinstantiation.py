@@ -7,7 +7,8 @@ merge has a template (App. B); §5.1's simple, borrow and merge steps on hand-ma
 untouched pipelines kept as they were; the re-optimised mix wins only on throughput or on bytes;
 moved bytes are exact (nothing for an unchanged plan, a shard's missing part otherwise); failed
 nodes outside the plan, lost layers, too few survivors and a plan made from other templates are
-refused with reasons.
+refused with reasons; survivor sets too large to list are searched (`mix`) and reach the same
+best throughput as listing them.
 """
 
 from __future__ import annotations
@@ -212,3 +213,20 @@ def test_a_plan_from_other_templates_is_refused() -> None:
     start = _plan(other, [[0, 1, 2], [3, 4, 5], [6, 7, 8]], 48)
     with pytest.raises(errors.PlanInputError, match="the templates the plan came from"):
         reinstantiation.reinstantiate(start, template_set, [0])
+
+
+@pytest.mark.parametrize(
+    "failed", [pytest.param([0], id="one node lost"), pytest.param([3, 6], id="two nodes lost")]
+)
+def test_a_survivor_set_too_large_to_list_is_searched_with_the_same_best_throughput(
+    monkeypatch: pytest.MonkeyPatch, failed: list[int]
+) -> None:
+    template_set = tiny_templates(8, 2, 1, 2 * MIB)
+    start = _plan(template_set, [[0, 1], [2, 3], [4, 5], [6, 7]], 64)
+    listed = reinstantiation.reinstantiate(start, template_set, failed)
+    monkeypatch.setattr(reinstantiation, "_MAX_LISTED", 0)
+    searched = reinstantiation.reinstantiate(start, template_set, failed)
+    assert searched.chosen.throughput == listed.chosen.throughput
+    assert sorted(o.path for o in searched.alternatives) == sorted(
+        o.path for o in listed.alternatives
+    )

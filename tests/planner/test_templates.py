@@ -5,7 +5,10 @@ the exact mapping of its size; App. A: every N' in [(f + 1) n0, N] is covered by
 instantiation with at least f + 1 pipelines, both for the full sizes and for sizes cut short at
 2 n0 - 1; sizes stop (with a reason) where a model has too few layers, and that is refused when
 it would break App. A; N < (f + 1) n0, a model that fits nowhere and bad arguments are refused
-with errors that say what to change.
+with errors that say what to change; fitted templates (instantiation.fit_templates): each size
+the best plan uses is mapped for the most micro-batches its pipelines run, with the T a
+brute-force enumerator finds for that count, the plan is no slower than with 4S templates, a
+mapping deeper than its count is not used, and unused sizes stay at 4S.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from planaria.planner import (
     synthetic,
     templates,
 )
+from tests.planner import test_stage_mapping
 
 MIB = 2**20
 
@@ -149,3 +153,54 @@ def test_every_feasible_node_count_has_an_instantiation(
         assert options, f"no instantiation of {survivors} nodes from {sizes}"
         assert all(option.num_pipelines >= f + 1 for option in options)
         assert all(option.num_nodes == survivors for option in options)
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+    config=st.sampled_from([(6, 2, 1, 2 * MIB), (5, 1, 1, None), (4, 2, 0, None)]),
+    global_batch=st.sampled_from([4, 8, 24, 96]),
+)
+def test_fitted_templates_are_exact_for_the_micro_batches_the_plan_runs(
+    config: tuple[int, int, int, int | None], global_batch: int
+) -> None:
+    num_nodes, m, f, memory = config
+    source = tiny(m)
+    at_4s = templates.generate_templates(
+        source, num_nodes=num_nodes, gpus_per_node=m, fault_tolerance=f, memory_bytes=memory
+    )
+    fitted = instantiation.fit_templates(at_4s, source, global_batch, memory)
+    nodes = list(range(num_nodes))
+    before = instantiation.choose_plan(at_4s, nodes, global_batch)
+    after = instantiation.choose_plan(fitted, nodes, global_batch)
+    assert after.chosen.throughput >= before.chosen.throughput
+    table = stage_table.build_table(source, gpus_per_node=m, memory_bytes=memory)
+    runs: dict[int, int] = {}
+    for size, count in zip(
+        after.chosen.instantiation.pipeline_sizes,
+        after.chosen.distribution.micro_batches,
+        strict=True,
+    ):
+        runs[size] = max(runs.get(size, 0), count)
+    for template in fitted.templates:
+        planned = template.mapping.planned_micro_batches
+        if planned is None:
+            assert template == at_4s.template(template.num_nodes)
+            continue
+        expected = test_stage_mapping.brute_force(table, template.num_nodes, m, planned)
+        assert template.iteration_time_s(planned) == pytest.approx(expected, rel=1e-12)
+        assert template.iteration_time_s(planned) <= at_4s.template(
+            template.num_nodes
+        ).iteration_time_s(planned) * (1 + 1e-12)
+    # the fit settled: the sizes the plan uses are mapped for what they run (or the fit stopped
+    # after FIT_ROUNDS, which these inputs never reach)
+    for size, count in runs.items():
+        mapping = fitted.template(size).mapping
+        if mapping.planned_micro_batches is None:
+            # dropped: the exact mapping for `count` has more stages than micro-batches
+            search = stage_mapping.MappingSearch(
+                table, gpus_per_node=m, max_nodes=size, num_micro_batches=count
+            )
+            assert search.map(size).num_stages > count
+        else:
+            assert mapping.planned_micro_batches == count
+            assert mapping.num_stages <= count

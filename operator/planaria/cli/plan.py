@@ -98,6 +98,8 @@ def run(args: argparse.Namespace) -> int:
     template_set = templates.generate_templates(
         source, num_nodes=num_nodes, gpus_per_node=gpus, fault_tolerance=f, memory_bytes=memory
     )
+    # the sizes the plan uses, mapped for the micro-batches they run rather than 4S (§4.1.2)
+    template_set = instantiation.fit_templates(template_set, source, global_batch, memory)
     choice = instantiation.choose_plan(template_set, list(range(num_nodes)), global_batch)
     after = reinstantiation.reinstantiate(choice.plan, template_set, failed) if failed else None
     decided = None
@@ -172,16 +174,29 @@ def render(
     sizes = template_set.sizes
     lines = [f"templates (Oobleck §4.1): n0 = {template_set.min_nodes}, sizes {_span(sizes)}"]
     lines.append(f"  {template_set.node_spec.reason}")
-    header = ("nodes", "stages", "T at 4S", "stages: layers x GPUs, | between nodes")
+    header = ("nodes", "stages", "mapped for", "T", "stages: layers x GPUs, | between nodes")
     rows = [
-        (str(t.num_nodes), str(t.num_stages), _seconds(t.iteration_time_s()), _layout(t))
+        (
+            str(t.num_nodes),
+            str(t.num_stages),
+            _planned(t),
+            _seconds(t.iteration_time_s()),
+            _layout(t),
+        )
         for t in template_set.templates
     ]
-    lines += tables.render(header, rows, right={0, 1, 2}, indent="  ")
+    lines += tables.render(header, rows, right={0, 1, 3}, indent="  ")
     lines.append(
-        f"plan (Oobleck §4.2): {choice.chosen.instantiation.describe()}, "
-        f"{choice.chosen.throughput:.4g} samples/s"
+        f"plan (Oobleck §4.2): {choice.chosen.instantiation.describe()}, estimated "
+        f"{choice.chosen.throughput:.4g} samples/s, "
+        f"{choice.chosen.distribution.iteration_time_s:.4g} s per step"
     )
+    if choice.runner_up is not None:
+        lines.append(
+            f"  runner-up: {choice.runner_up.instantiation.describe()}, estimated "
+            f"{choice.runner_up.throughput:.4g} samples/s, "
+            f"{choice.runner_up.distribution.iteration_time_s:.4g} s per step"
+        )
     lines.append(f"  {choice.reason}")
     lines += _pipelines(choice.plan, choice.chosen.distribution.pipeline_times_s)
     if after is not None:
@@ -206,6 +221,12 @@ def _pipelines(result: plan.Plan, times: Sequence[float]) -> list[str]:
             )
         )
     return tables.render(header, rows, right={0, 2, 3, 4}, indent="  ")
+
+
+def _planned(template: templates.Template) -> str:
+    """The micro-batch count a template was mapped for: 4S (Oobleck's default) or the plan's."""
+    count = template.mapping.planned_micro_batches
+    return f"4S = {template.mapping.planning_micro_batches}" if count is None else str(count)
 
 
 def _layout(template: templates.Template) -> str:

@@ -68,11 +68,16 @@ class Planner:
             )
         self._job = job
         self._profile = source
-        self._templates = templates.generate_templates(
+        # mapped for the micro-batches the job's plan runs, not only Oobleck's 4S (§4.1.2)
+        self._templates = instantiation.fit_templates(
+            templates.generate_templates(
+                source,
+                num_nodes=job.num_nodes,
+                gpus_per_node=job.gpus_per_node,
+                fault_tolerance=job.fault_tolerance,
+            ),
             source,
-            num_nodes=job.num_nodes,
-            gpus_per_node=job.gpus_per_node,
-            fault_tolerance=job.fault_tolerance,
+            job.training.global_batch_size,
         )
         self._estimates = screening.Estimates(source)
         self._policy = policy.PolicySettings()

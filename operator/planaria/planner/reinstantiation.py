@@ -33,9 +33,11 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from planaria.planner import batching, errors, instantiation, plan, templates
+from planaria.planner import batching, errors, instantiation, mix, plan, templates
 
 _TIE = 1e-9
+# Survivor sets with more instantiations than this are searched, not listed (§4.2, `mix`).
+_MAX_LISTED = 20_000
 
 
 class Path(StrEnum):
@@ -264,9 +266,7 @@ def _reoptimised(
 ) -> list[Outcome]:
     """The best instantiations of the survivors (all within _TIE of the best throughput),
     placed to keep intact pipelines; the one moving the fewest bytes."""
-    options = instantiation.enumerate_instantiations(
-        template_set.sizes, len(survivors), template_set.fault_tolerance
-    )
+    options = _survivor_mixes(template_set, len(survivors), current.global_batch_size)
     candidates = []
     for option in options:
         try:
@@ -291,6 +291,24 @@ def _reoptimised(
         if _equal(c.throughput, top)
     ]
     return [_pick(outcomes)]
+
+
+def _survivor_mixes(
+    template_set: templates.TemplateSet, num_nodes: int, global_batch: int
+) -> Sequence[instantiation.Instantiation]:
+    """Every instantiation of the survivors while eq. 5 is small enough to list; beyond, the
+    exact best (`instantiation.best_candidate`) and its neighbours, which hold every mix tied
+    with it that is one step away (ties further away are not weighed for moved bytes)."""
+    f = template_set.fault_tolerance
+    if mix.count_instantiations(template_set.sizes, num_nodes, f + 1) <= _MAX_LISTED:
+        return instantiation.enumerate_instantiations(template_set.sizes, num_nodes, f)
+    best = instantiation.best_candidate(template_set, num_nodes, global_batch)
+    if best is None:
+        return []
+    return [
+        best.instantiation,
+        *instantiation.neighbours(best.instantiation, template_set.sizes, f),
+    ]
 
 
 def _assign(layout: _Layout, survivors: Sequence[int], sizes: Sequence[int]) -> list[list[int]]:

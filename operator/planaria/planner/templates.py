@@ -15,12 +15,14 @@ and App. B need (merges produce at most 2 n0 - 1 nodes). Otherwise, or if nothin
 N < (f + 1) n0, InfeasibleError says why and what would fix it.
 
 GPU-stage mapping (§4.1.2) of every size is `planaria.planner.stage_mapping`, one search shared
-by all sizes, largest first.
+by all sizes, largest first, at Oobleck's N_b = 4S. `remap` maps chosen sizes again, exactly, for
+the micro-batches they will run (`instantiation.fit_templates` decides which and how many).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from planaria.planner import errors, profile, stage_mapping, stage_table
@@ -38,7 +40,7 @@ class Template:
         return self.mapping.num_stages
 
     def iteration_time_s(self, num_micro_batches: int | None = None) -> float:
-        """T of Oobleck eq. 1-4 (default: N_b = 4S, the planning assumption)."""
+        """T of Oobleck eq. 1-4 (default: the N_b it was mapped for, 4S unless re-mapped)."""
         return self.mapping.iteration_time_s(num_micro_batches)
 
 
@@ -120,6 +122,44 @@ def generate_templates(
         templates=tuple(Template(num_nodes=n, mapping=mappings[n]) for n in spec.sizes),
         layer_state_bytes=table.moved_bytes,
     )
+
+
+def remap(
+    template_set: TemplateSet,
+    source: profile.Profile,
+    counts: Mapping[int, int],
+    memory_bytes: int | None = None,
+) -> TemplateSet:
+    """The template set with each size in `counts` re-mapped exactly for that many
+    micro-batches (§4.1.2's T with N_b given rather than 4S); other templates unchanged.
+
+    A mapping that fits at 4S fits at any N_b (at most S micro-batches are in flight), so the
+    new optimum is never slower at its count than the old template. A new mapping with more
+    stages than its count is dropped (the template stays): eq. 1-4 do not hold there. `source`
+    and `memory_bytes` must be those the set was generated from.
+    """
+    table = stage_table.build_table(
+        source, gpus_per_node=template_set.gpus_per_node, memory_bytes=memory_bytes
+    )
+    remapped = []
+    for template in template_set.templates:
+        count = counts.get(template.num_nodes)
+        if count is None or template.mapping.planned_micro_batches == count:
+            remapped.append(template)
+            continue
+        search = stage_mapping.MappingSearch(
+            table,
+            gpus_per_node=template_set.gpus_per_node,
+            max_nodes=template.num_nodes,
+            num_micro_batches=count,
+        )
+        mapping = search.map(template.num_nodes)
+        # eq. 1-4's closed form holds for N_b >= S only: below, it undercuts the real time (it
+        # can go negative) and would favour ever deeper pipelines, so such a mapping is not used
+        fits_form = mapping.num_stages <= count
+        new = Template(num_nodes=template.num_nodes, mapping=mapping)
+        remapped.append(new if fits_form else template)
+    return dataclasses.replace(template_set, templates=tuple(remapped))
 
 
 def node_specification(

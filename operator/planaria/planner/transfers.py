@@ -42,7 +42,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
-from scipy import optimize
 
 from planaria.planner import errors, plan, profile
 
@@ -181,7 +180,7 @@ def match(
     outer, inner = _node_costs(cost, rows, cols)
     layout_workers = list(wanted)
     binding: dict[plan.WorkerId, plan.WorkerId] = {}
-    for a, b in zip(*optimize.linear_sum_assignment(outer), strict=True):
+    for a, b in zip(*_assignment(outer), strict=True):
         if b < len(cols):  # columns past the layout's nodes are padding: a left idle
             for i, j in inner(int(a), int(b)):
                 binding[layout_workers[j]] = survivors[i]
@@ -231,7 +230,7 @@ def _inner(
     if len(col) > len(row):  # the layout node needs more GPUs than this node has alive
         return math.inf, ()
     block = cost[np.ix_(row, col)]
-    r, c = optimize.linear_sum_assignment(block)
+    r, c = _assignment(block)
     pairs = tuple((row[i], col[j]) for i, j in zip(r.tolist(), c.tolist(), strict=True))
     return float(block[r, c].sum()), pairs
 
@@ -351,3 +350,13 @@ def keep(new: plan.Plan, overheads: Overheads) -> Transition:
         transfer_s=0.0,
         overhead_s=overheads.regroup_s,
     )
+
+
+def _assignment(cost: CostMatrix) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.intp]]:
+    """Kuhn-Munkres on a cost matrix: (row indices, column indices) of a min-cost matching.
+    scipy is imported here rather than with the module: importing scipy.optimize takes about
+    a second, which every `planaria` command would pay (`plan` without --failed never matches)."""
+    from scipy import optimize
+
+    rows, cols = optimize.linear_sum_assignment(cost)
+    return rows, cols
