@@ -26,9 +26,10 @@ import statistics
 import time
 from pathlib import Path
 
+from planaria.contract import plan as plans
+from planaria.contract import profile, shapes
 from planaria.control import planning, settings, status
-from planaria.planner import accelerators, profile, shapes, synthetic
-from planaria.planner import plan as plans
+from planaria.planner import accelerators, synthetic
 from planaria.wire import messages
 
 RESULTS = Path(__file__).parent / "results" / "controller.json"

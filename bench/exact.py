@@ -67,7 +67,7 @@ import torch
 
 from planaria.agent.harness import local_cluster, run_results
 from planaria.agent.training import data, model, reduction, reference, semantics
-from planaria.planner import instructions, plan, schedule, shapes
+from planaria.contract import instructions, plan, schedule, shapes
 from planaria.wire import messages
 
 RESULTS = Path(__file__).parent / "results" / "exact.json"

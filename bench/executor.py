@@ -51,7 +51,8 @@ from torch.nn.parallel import DistributedDataParallel
 from planaria.agent.execution import executor, groups, held_layers, profiler
 from planaria.agent.harness import local_cluster, run_results
 from planaria.agent.training import data, model, semantics
-from planaria.planner import estimator, plan, profile, schedule, shapes
+from planaria.contract import plan, profile, schedule, shapes
+from planaria.planner import estimator
 from planaria.wire import messages
 
 RESULTS = Path(__file__).parent / "results" / "executor.json"

@@ -55,12 +55,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from planaria.contract import errors, profile, shapes
 from planaria.planner import (
     accelerators,
-    errors,
     instantiation,
-    profile,
-    shapes,
     stage_mapping,
     stage_table,
     synthetic,
@@ -420,7 +418,7 @@ def _enumerated(template_set: templates.TemplateSet, nodes: int) -> Run:
 _CONTROLLER_SCRIPT = """
 import json, sys, time
 from planaria.control import planning, settings
-from planaria.planner import plan
+from planaria.contract import plan
 from planaria.spec import profile_file
 from planaria.wire import messages
 path, nodes, gpus, f, batch = sys.argv[1], *map(int, sys.argv[2:])

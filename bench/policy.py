@@ -30,16 +30,8 @@ import statistics
 import time
 from pathlib import Path
 
-from planaria.planner import (
-    accelerators,
-    candidates,
-    distribution,
-    plan,
-    policy,
-    screening,
-    shapes,
-    synthetic,
-)
+from planaria.contract import plan, shapes
+from planaria.planner import accelerators, candidates, distribution, policy, screening, synthetic
 
 RESULTS = Path(__file__).parent / "results" / "policy.json"
 SIZES = [(8, 4, 8), (8, 4, 16), (16, 4, 8)]  # (pipelines, stages, micro-batches per pipeline)

@@ -36,11 +36,11 @@ from pathlib import Path
 from planaria.agent.runtime import runtime_states
 from planaria.agent.state import checkpoints
 from planaria.agent.training import data
+from planaria.contract import plan as plans
 from planaria.control import clock, controller, ports
 from planaria.control import settings as job_settings
 from planaria.control import status as statuses
 from planaria.local import backend as local_backend
-from planaria.planner import plan as plans
 from planaria.wire import messages
 
 SHM = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())

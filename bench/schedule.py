@@ -16,7 +16,8 @@ import math
 import time
 from pathlib import Path
 
-from planaria.planner import deadlock, estimator, plan, profile, schedule
+from planaria.contract import plan, profile, schedule
+from planaria.planner import deadlock, estimator
 
 SIZES = [(2, 4, 8), (4, 8, 32), (8, 8, 64), (8, 16, 64), (16, 16, 128), (16, 32, 128)]
 FREE = profile.LinkProfile(bandwidth_bytes_per_s=1e30, latency_s=0.0)

@@ -39,7 +39,7 @@ import torch
 
 from planaria.agent.state import snapshot_store, snapshot_writer, snapshots
 from planaria.agent.training import data, model, reference, semantics
-from planaria.planner import plan, shapes
+from planaria.contract import plan, shapes
 from planaria.wire import messages
 
 Mode = messages.RedundancyMode

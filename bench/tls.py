@@ -34,7 +34,7 @@ import grpc
 import grpc.aio
 
 from planaria.agent.server import service
-from planaria.planner import plan, profile
+from planaria.contract import plan, profile
 from planaria.rpc import client, tls
 from planaria.wire import messages
 

@@ -28,16 +28,8 @@ import statistics
 import time
 from pathlib import Path
 
-from planaria.planner import (
-    accelerators,
-    candidates,
-    distribution,
-    plan,
-    profile,
-    shapes,
-    synthetic,
-    transfers,
-)
+from planaria.contract import plan, profile, shapes
+from planaria.planner import accelerators, candidates, distribution, synthetic, transfers
 
 RESULTS = Path(__file__).parent / "results" / "transfers.json"
 GIB = 2**30

@@ -1,11 +1,11 @@
 """Shared Hypothesis strategies, one section per kind of value (append yours; keep others').
 
-Profiles (planaria.planner.profile): `link_profiles`, `layer_profiles`, `profiles`, with finite,
+Profiles (planaria.contract.profile): `link_profiles`, `layer_profiles`, `profiles`, with finite,
 non-negative times and byte counts and model names that are none of the named shapes (a named
 model's profile must have exactly its layer count). Model shapes: `small_shapes`, GPT shapes
 small enough to cost or build in a test.
 
-Plans (planaria.planner.plan): `plans` (valid plans, with reroutes and holes), `layer_transfers`;
+Plans (planaria.contract.plan): `plans` (valid plans, with reroutes and holes), `layer_transfers`;
 `shaped_plans` (given stage counts, symmetric or not, with failed stages rerouted to peers).
 Planning: `planning_layers`, `planning_profiles` (tied times, binding memory), `pipeline_costs`.
 Failures (planner transfers, candidates, policy): builders `uniform_profile`, `timed_profile`,
@@ -32,8 +32,8 @@ from google.protobuf import descriptor, message
 from hypothesis import assume
 from hypothesis import strategies as st
 
+from planaria.contract import plan, profile, shapes
 from planaria.control import suspension
-from planaria.planner import plan, profile, shapes
 from planaria.sim import traces
 from planaria.wire import messages
 
@@ -102,7 +102,7 @@ def small_shapes(draw: st.DrawFn, *, max_layers: int = 6) -> shapes.ModelShape:
     )
 
 
-# --- plans (planaria.planner.plan) -------------------------------------------------------------
+# --- plans (planaria.contract.plan) -------------------------------------------------------------
 
 
 @st.composite
@@ -383,7 +383,7 @@ def epoch_setups() -> st.SearchStrategy[messages.EpochSetup]:
     )
 
 
-# --- plans of given shapes, with failed stages (planaria.planner.schedule) ---------------------
+# --- plans of given shapes, with failed stages (planaria.contract.schedule) ---------------------
 
 
 @st.composite

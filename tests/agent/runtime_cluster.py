@@ -26,7 +26,7 @@ from torch._C import _distributed_c10d as c10d
 
 from planaria.agent.execution import executor
 from planaria.agent.runtime import runtime
-from planaria.planner import instructions, plan
+from planaria.contract import instructions, plan
 from planaria.wire import messages
 
 State = messages.AgentState

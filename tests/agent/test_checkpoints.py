@@ -21,7 +21,7 @@ import torch
 
 from planaria.agent.state import checkpoints, snapshot_store, snapshot_writer, snapshots
 from planaria.agent.training import model
-from planaria.planner import plan
+from planaria.contract import plan
 from planaria.wire import messages
 
 M = 3

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from planaria.agent.training import comparison, data, model, reduction, reference, semantics
-from planaria.planner import shapes
+from planaria.contract import shapes
 from planaria.wire import messages
 
 MICRO = shapes.ModelShape(

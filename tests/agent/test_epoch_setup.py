@@ -27,7 +27,7 @@ from planaria.agent.execution import held_layers
 from planaria.agent.recovery import epoch_setup
 from planaria.agent.state import manifests, snapshot_store, snapshot_writer
 from planaria.agent.training import data, model, semantics
-from planaria.planner import plan, shapes
+from planaria.contract import plan, shapes
 from planaria.wire import messages
 
 Tier = messages.RecoveryTier

@@ -38,7 +38,7 @@ from torch._C import _distributed_c10d as c10d
 from planaria.agent.execution import executor, failures, groups, held_layers
 from planaria.agent.harness import local_cluster, run_results
 from planaria.agent.training import comparison, data, model, reference, semantics
-from planaria.planner import errors, instructions, plan, schedule, shapes
+from planaria.contract import errors, instructions, plan, schedule, shapes
 from planaria.wire import messages
 from tests import strategies
 

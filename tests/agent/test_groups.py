@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from torch._C import _distributed_c10d as c10d
 
 from planaria.agent.execution import groups
-from planaria.planner import instructions, plan, schedule
+from planaria.contract import instructions, plan, schedule
 from planaria.wire import messages
 from tests import strategies
 

@@ -23,7 +23,7 @@ import pytest
 
 from planaria.agent.harness import local_cluster
 from planaria.agent.training import data, model, semantics
-from planaria.planner import plan, shapes
+from planaria.contract import plan, shapes
 from planaria.wire import messages
 
 SHAPE = shapes.ModelShape(

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from planaria.agent.recovery import layer_transfer
 from planaria.agent.training import model, semantics
-from planaria.planner import plan, shapes
+from planaria.contract import plan, shapes
 
 TINY = shapes.named("tiny")
 

@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from planaria.agent.training import model
-from planaria.planner import shapes
+from planaria.contract import shapes
 from tests import strategies
 
 TINY = shapes.named("tiny")

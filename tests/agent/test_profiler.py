@@ -18,7 +18,7 @@ import torch
 
 from planaria.agent.execution import profiler
 from planaria.agent.training import model
-from planaria.planner import profile, shapes
+from planaria.contract import profile, shapes
 from planaria.spec import profile_file
 
 TINY = shapes.named("tiny")

@@ -17,7 +17,7 @@ import torch
 
 from planaria.agent.state import parity, snapshot_store, snapshot_writer, snapshots
 from planaria.agent.training import model, reference, semantics
-from planaria.planner import plan, shapes
+from planaria.contract import plan, shapes
 from planaria.wire import messages
 
 MICRO = shapes.ModelShape(

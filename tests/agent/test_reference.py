@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from planaria.agent.training import data, model, reference, semantics
-from planaria.planner import shapes
+from planaria.contract import shapes
 
 TINY = shapes.named("tiny")
 FLOAT64_BOUND = 1e-9  # see test_micro_batch_splits_agree_in_float64

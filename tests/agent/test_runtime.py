@@ -35,7 +35,7 @@ from planaria.agent.execution import executor
 from planaria.agent.runtime import runtime, runtime_states, training_thread
 from planaria.agent.state import snapshot_store
 from planaria.agent.training import comparison, data, model
-from planaria.planner import plan
+from planaria.contract import plan
 from planaria.wire import messages
 from tests.agent import runtime_cluster
 

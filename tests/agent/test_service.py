@@ -22,7 +22,7 @@ import pytest
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from planaria.agent.server import service
-from planaria.planner import plan, profile
+from planaria.contract import plan, profile
 from planaria.v1 import agent_pb2 as pb
 from planaria.v1 import agent_pb2_grpc
 from planaria.wire import codec, messages

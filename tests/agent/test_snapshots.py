@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 
 from planaria.agent.state import manifests, snapshot_store, snapshot_writer, snapshots
 from planaria.agent.training import model, reference, semantics
-from planaria.planner import plan, shapes
+from planaria.contract import plan, shapes
 from planaria.wire import messages
 from tests import strategies
 

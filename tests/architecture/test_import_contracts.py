@@ -58,15 +58,22 @@ def test_every_package_is_placed_in_the_contracts() -> None:
     assert not missing, f"add {sorted(missing)} to .importlinter"
 
 
-def test_the_planner_may_import_no_other_package_of_ours() -> None:
+def test_the_planner_may_import_only_the_shared_types_of_ours() -> None:
     forbidden = set(_contracts()["planner-pure"]["forbidden_modules"])
-    others = _top_level_packages() - {"planaria.planner"}
+    others = _top_level_packages() - {"planaria.planner", "planaria.contract"}
     assert others <= forbidden, f"forbid {sorted(others - forbidden)} in planner-pure"
+
+
+def test_the_shared_types_may_import_no_other_package_of_ours() -> None:
+    forbidden = set(_contracts()["contract-pure"]["forbidden_modules"])
+    others = _top_level_packages() - {"planaria.contract"}
+    assert others <= forbidden, f"forbid {sorted(others - forbidden)} in contract-pure"
 
 
 def test_the_agent_may_import_no_control_plane_package() -> None:
     forbidden = set(_contracts()["agent-data-plane"]["forbidden_modules"])
-    control_plane = {f"planaria.{n}" for n in ("control", "kube", "local", "rpc", "cli", "sim")}
+    names = ("control", "kube", "local", "rpc", "cli", "sim", "planner")
+    control_plane = {f"planaria.{n}" for n in names}
     required = control_plane & _top_level_packages()
     assert required <= forbidden, f"forbid {sorted(required - forbidden)} in agent-data-plane"
 

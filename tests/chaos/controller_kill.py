@@ -51,8 +51,8 @@ from enum import StrEnum
 from pathlib import Path
 
 from planaria.agent.state import checkpoints
+from planaria.contract import plan
 from planaria.local import adoption, journal
-from planaria.planner import plan
 from planaria.spec import job, job_file
 from tests.chaos import invariant, processes, trials
 from tests.e2e import local_job

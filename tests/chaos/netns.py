@@ -45,8 +45,8 @@ import subprocess
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+from planaria.contract import plan
 from planaria.local import backend as local_backend
-from planaria.planner import plan
 
 PREFIX = "pln"
 NETWORK = ipaddress.IPv4Network("10.213.0.0/16")

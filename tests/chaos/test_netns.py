@@ -18,7 +18,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from planaria.planner import plan
+from planaria.contract import plan
 from tests.chaos import netns
 
 pytestmark = pytest.mark.skipif(not netns.available(), reason=netns.unavailable() or "-")

@@ -48,10 +48,10 @@ from pathlib import Path
 from planaria.agent.execution import profiler
 from planaria.agent.runtime import runtime_states
 from planaria.agent.training import data, model
+from planaria.contract import plan, profile, shapes
 from planaria.control import clock, controller
 from planaria.control import status as statuses
 from planaria.local import backend as local_backend
-from planaria.planner import plan, profile, shapes
 from planaria.wire import messages
 from tests.chaos import invariant, netns, processes
 from tests.e2e import local_job

@@ -26,9 +26,9 @@ import pydantic
 import pytest
 import yaml
 
+from planaria.contract import shapes
 from planaria.control import status as statuses
 from planaria.kube import constants, crd
-from planaria.planner import shapes
 from planaria.spec import job
 from tests.chart import crd_validation
 from tests.spec import duration_cases

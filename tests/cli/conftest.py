@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from planaria.planner import accelerators, shapes, synthetic
+from planaria.contract import shapes
+from planaria.planner import accelerators, synthetic
 from planaria.spec import profile_file
 
 

@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 
 from planaria.cli import main, profile
-from planaria.planner import accelerators, shapes, synthetic
+from planaria.contract import shapes
+from planaria.planner import accelerators, synthetic
 from planaria.spec import profile_file
 
 PLANARIA = str(Path(sys.executable).parent / "planaria")

@@ -37,8 +37,8 @@ import pytest
 from rich.console import Console
 
 from planaria.cli import main, progress, run, run_checks, run_interrupts, run_report
+from planaria.contract import plan as plans
 from planaria.control import status as statuses
-from planaria.planner import plan as plans
 from planaria.spec import job_file
 from planaria.wire import messages
 from tests.control import fakes, scenarios

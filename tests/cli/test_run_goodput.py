@@ -22,8 +22,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from planaria.cli import run_goodput, run_report
+from planaria.contract import plan as plans
 from planaria.control import status as statuses
-from planaria.planner import plan as plans
 from planaria.wire import messages
 
 BATCH = 32

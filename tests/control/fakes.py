@@ -21,9 +21,10 @@ import itertools
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 
+from planaria.contract import plan as plans
+from planaria.contract import profile
 from planaria.control import ports
-from planaria.planner import plan as plans
-from planaria.planner import profile, transfers
+from planaria.planner import transfers
 from planaria.wire import messages
 
 SETTLE_ROUNDS = 40

@@ -8,8 +8,9 @@ import asyncio
 import dataclasses
 from collections.abc import Callable
 
+from planaria.contract import plan, profile, shapes
 from planaria.control import controller, planning, ports, settings, status
-from planaria.planner import accelerators, plan, profile, shapes, synthetic
+from planaria.planner import accelerators, synthetic
 from planaria.wire import messages
 from tests.control import fakes
 

@@ -14,8 +14,8 @@ import dataclasses
 
 import pytest
 
+from planaria.contract import plan as plans
 from planaria.control import adoption
-from planaria.planner import plan as plans
 from tests.control import scenarios
 
 W = plans.WorkerId

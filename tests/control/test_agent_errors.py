@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import pytest
 
+from planaria.contract import plan as plans
 from planaria.control import failures, membership, status
-from planaria.planner import plan as plans
 from planaria.wire import messages
 from tests.control import scenarios
 

@@ -15,9 +15,9 @@ import dataclasses
 
 import pytest
 
+from planaria.contract import plan as plans
 from planaria.control import planning, ports, recovery, settings, status
 from planaria.planner import candidates, policy, screening
-from planaria.planner import plan as plans
 from planaria.wire import messages
 from tests.control import fakes, scenarios
 

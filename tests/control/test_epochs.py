@@ -11,8 +11,8 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
+from planaria.contract import plan as plans
 from planaria.control import epochs, history, ports
-from planaria.planner import plan as plans
 from planaria.wire import messages
 from tests import strategies
 from tests.control import scenarios

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from planaria.contract import plan
 from planaria.control import history, status
-from planaria.planner import plan
 from planaria.wire import messages
 
 W = plan.WorkerId

@@ -12,8 +12,8 @@ workers once stopped).
 
 from __future__ import annotations
 
+from planaria.contract import plan as plans
 from planaria.control import failures, membership, ports
-from planaria.planner import plan as plans
 from planaria.wire import messages
 
 W = plans.WorkerId

@@ -20,8 +20,9 @@ import itertools
 
 import pytest
 
+from planaria.contract import shapes
 from planaria.control import settings, status
-from planaria.planner import accelerators, shapes, synthetic
+from planaria.planner import accelerators, synthetic
 from planaria.wire import messages
 from tests.control import scenarios
 

@@ -11,8 +11,8 @@ import urllib.request
 
 import pytest
 
+from planaria.contract import plan as plans
 from planaria.control import metrics, status
-from planaria.planner import plan as plans
 from planaria.wire import messages
 
 

@@ -15,9 +15,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from planaria.contract import errors
+from planaria.contract import plan as plans
 from planaria.control import planning, status
-from planaria.planner import candidates, errors, policy, screening, transfers
-from planaria.planner import plan as plans
+from planaria.planner import candidates, policy, screening, transfers
 from tests import strategies
 from tests.control import scenarios
 

@@ -14,6 +14,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from planaria.contract import plan as plans
 from planaria.control import (
     connections,
     epochs,
@@ -26,7 +27,6 @@ from planaria.control import (
     settings,
     status,
 )
-from planaria.planner import plan as plans
 from tests.control import fakes, scenarios
 
 W = plans.WorkerId

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 
+from planaria.contract import plan as plans
 from planaria.control import status
-from planaria.planner import plan as plans
 from planaria.wire import messages
 
 

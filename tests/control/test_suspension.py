@@ -15,8 +15,8 @@ import dataclasses
 from hypothesis import given
 from hypothesis import strategies as st
 
+from planaria.contract import plan as plans
 from planaria.control import status, suspension
-from planaria.planner import plan as plans
 from planaria.wire import messages
 from tests import strategies
 

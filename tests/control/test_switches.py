@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from planaria.contract import plan as plans
 from planaria.control import switches
-from planaria.planner import plan as plans
 from planaria.wire import messages
 
 W = plans.WorkerId

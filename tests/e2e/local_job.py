@@ -16,11 +16,11 @@ from pathlib import Path
 
 from planaria.agent.runtime import runtime_states
 from planaria.agent.training import comparison
+from planaria.contract import plan
 from planaria.control import clock, controller
 from planaria.control import settings as job_settings
 from planaria.control import status as statuses
 from planaria.local import backend as local_backend
-from planaria.planner import plan
 from planaria.wire import messages
 
 __all__ = ["LocalJob", "asyncio", "assert_like_reference", "job", "job_settings", "training"]

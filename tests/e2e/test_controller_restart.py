@@ -196,8 +196,8 @@ async def test_a_journal_whose_agents_are_gone_starts_the_job_over(
 
 
 def _record() -> ports.EpochRecord:
+    from planaria.contract import plan
     from planaria.control import planning
-    from planaria.planner import plan
     from tests.control import scenarios
 
     settings = scenarios.job()

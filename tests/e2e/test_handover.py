@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
+from planaria.contract import plan
 from planaria.control import clock, controller, ports
 from planaria.control import status as statuses
-from planaria.planner import plan
 from tests.e2e import local_job
 
 W = plan.WorkerId

@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 
 from planaria.agent.execution import profiler
+from planaria.contract import plan, profile, shapes
 from planaria.control import status as statuses
-from planaria.planner import plan, profile, shapes
 from planaria.wire import messages
 from tests.e2e import local_job
 

@@ -30,7 +30,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from planaria.agent.runtime import runtime
 from planaria.agent.server import service
-from planaria.planner import plan
+from planaria.contract import plan
 from planaria.v1 import agent_pb2 as pb
 from planaria.wire import codec, messages
 from tests import strategies

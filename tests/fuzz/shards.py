@@ -34,7 +34,7 @@ import torch
 
 from planaria.agent.state import checkpoints, manifests, snapshot_store, snapshot_writer, snapshots
 from planaria.agent.training import model
-from planaria.planner import plan
+from planaria.contract import plan
 from planaria.wire import messages
 from tests.fuzz import verdicts
 

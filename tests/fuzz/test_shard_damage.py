@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 
 from planaria.agent.recovery import epoch_setup
 from planaria.agent.training import data, semantics
-from planaria.planner import shapes
+from planaria.contract import shapes
 from planaria.wire import messages
 from tests import strategies
 from tests.fuzz import shards, verdicts

@@ -18,9 +18,9 @@ from typing import Any
 import kubernetes
 import pytest
 
+from planaria.contract import plan
 from planaria.control import ports
 from planaria.kube import api, backend, constants, pods
-from planaria.planner import plan
 from planaria.rpc import tls
 from planaria.spec import job
 

@@ -17,8 +17,8 @@ from typing import Any
 import kubernetes
 import pytest
 
+from planaria.contract import plan
 from planaria.kube import constants, pods
-from planaria.planner import plan
 from planaria.spec import job
 
 OWNER = pods.Owner(name="tiny", namespace="ml", uid="0b7c6f2e-1111-2222-3333-444455556666")

@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
+from planaria.contract import plan
 from planaria.control import ports
 from planaria.local import backend as local_backend
-from planaria.planner import plan
 from planaria.rpc import client, tls
 from planaria.wire import messages
 

@@ -20,10 +20,10 @@ from pathlib import Path
 
 import pytest
 
+from planaria.contract import plan
 from planaria.control import ports
 from planaria.local import adoption
 from planaria.local import backend as local_backend
-from planaria.planner import plan
 from planaria.wire import messages
 
 W = plan.WorkerId

@@ -19,8 +19,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from planaria.cli import run, run_checks
+from planaria.contract import plan
 from planaria.local import devices
-from planaria.planner import plan
 from planaria.spec import job_file
 
 W = plan.WorkerId

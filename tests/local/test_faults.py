@@ -18,9 +18,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from planaria.contract import plan
 from planaria.control import status as statuses
 from planaria.local import faults
-from planaria.planner import plan
 from planaria.spec import job, job_file
 from tests import strategies
 

@@ -16,7 +16,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from planaria.planner import batching, errors, stage_mapping, stage_table
+from planaria.contract import errors
+from planaria.planner import batching, stage_mapping, stage_table
 from tests import strategies
 
 

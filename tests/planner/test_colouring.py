@@ -1,4 +1,4 @@
-"""All-reduce rounds by graph colouring (planaria.planner.colouring, Odyssey §IV-B).
+"""All-reduce rounds by graph colouring (planaria.contract.colouring, Odyssey §IV-B).
 
 Covers:
 - Welsh-Powell on random small graphs: a proper colouring, colours numbered densely, never
@@ -20,7 +20,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from planaria.planner import colouring, instructions, plan, schedule
+from planaria.contract import colouring, instructions, plan, schedule
 from tests import strategies
 
 

@@ -22,7 +22,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from planaria.planner import deadlock, errors, instructions, plan, schedule
+from planaria.contract import errors, instructions, plan, schedule
+from planaria.planner import deadlock
 from tests import strategies
 
 W = plan.WorkerId

@@ -15,8 +15,8 @@ import math
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from planaria.contract import plan as plans
 from planaria.planner import distribution, screening
-from planaria.planner import plan as plans
 from tests import strategies
 
 W = plans.WorkerId

@@ -23,7 +23,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from planaria.planner import errors, estimator, instructions, plan, profile, schedule, timeline
+from planaria.contract import errors, instructions, plan, profile, schedule, timeline
+from planaria.planner import estimator
 from tests import strategies
 
 W = plan.WorkerId

@@ -19,16 +19,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from planaria.planner import (
-    accelerators,
-    batching,
-    errors,
-    instantiation,
-    plan,
-    shapes,
-    synthetic,
-    templates,
-)
+from planaria.contract import errors, plan, shapes
+from planaria.planner import accelerators, batching, instantiation, synthetic, templates
 
 
 @functools.cache

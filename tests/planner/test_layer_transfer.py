@@ -1,4 +1,4 @@
-"""LayerTransfer (planaria.planner.plan): what a valid transfer is, and how its shards split.
+"""LayerTransfer (planaria.contract.plan): what a valid transfer is, and how its shards split.
 
 Covers: at least one source, no repeated source, the destination never a source, a non-negative
 layer; `shard` gives every source a contiguous range, the ranges partition the flattened state in
@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from planaria.planner import errors
-from planaria.planner import plan as plans
+from planaria.contract import errors
+from planaria.contract import plan as plans
 
 W = plans.WorkerId
 

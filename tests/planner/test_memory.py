@@ -20,7 +20,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from planaria.planner import errors, instructions, memory, plan, profile, schedule
+from planaria.contract import errors, instructions, plan, profile, schedule
+from planaria.planner import memory
 
 W = plan.WorkerId
 LINK = profile.LinkProfile(bandwidth_bytes_per_s=1.0, latency_s=0.0)

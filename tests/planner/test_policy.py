@@ -24,8 +24,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from planaria.planner import candidates, errors, policy, screening, transfers
-from planaria.planner import plan as plans
+from planaria.contract import errors
+from planaria.contract import plan as plans
+from planaria.planner import candidates, policy, screening, transfers
 from tests import strategies
 
 W = plans.WorkerId

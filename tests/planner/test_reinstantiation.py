@@ -19,16 +19,8 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from planaria.planner import (
-    accelerators,
-    errors,
-    instantiation,
-    plan,
-    reinstantiation,
-    shapes,
-    synthetic,
-    templates,
-)
+from planaria.contract import errors, plan, shapes
+from planaria.planner import accelerators, instantiation, reinstantiation, synthetic, templates
 
 MIB = 2**20
 

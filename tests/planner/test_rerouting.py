@@ -17,8 +17,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from planaria.planner import errors, rerouting, schedule
-from planaria.planner import plan as plans
+from planaria.contract import errors, schedule
+from planaria.contract import plan as plans
+from planaria.planner import rerouting
 from tests import strategies
 
 W = plans.WorkerId

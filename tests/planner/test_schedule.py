@@ -1,4 +1,4 @@
-"""Schedule compiler (planaria.planner.schedule) and its instructions (planner.instructions).
+"""Schedule compiler (planaria.contract.schedule) and its instructions (planner.instructions).
 
 Covers:
 - fault-free pipelines, symmetric and heterogeneous: each stage's compute is exactly 1F1B
@@ -23,7 +23,8 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 
-from planaria.planner import deadlock, errors, instructions, memory, plan, schedule
+from planaria.contract import errors, instructions, plan, schedule
+from planaria.planner import deadlock, memory
 from tests import strategies
 
 W = plan.WorkerId

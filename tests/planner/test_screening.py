@@ -16,8 +16,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from planaria.planner import errors, estimator, memory, profile, schedule, screening, transfers
-from planaria.planner import plan as plans
+from planaria.contract import errors, profile, schedule
+from planaria.contract import plan as plans
+from planaria.planner import estimator, memory, screening, transfers
 from tests import strategies
 
 W = plans.WorkerId

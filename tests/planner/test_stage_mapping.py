@@ -20,7 +20,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from planaria.planner import errors, profile, stage_dp, stage_mapping, stage_table
+from planaria.contract import errors, profile
+from planaria.planner import stage_dp, stage_mapping, stage_table
 from tests import strategies
 
 

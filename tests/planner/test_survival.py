@@ -18,7 +18,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from planaria.planner import errors, survival
+from planaria.contract import errors
+from planaria.planner import survival
 
 FIG8 = survival.FailureRates(hardware_per_day=1e-4, software_per_day=1e-5, shape=1.3)
 FIG8_CLUSTER = survival.Cluster(num_nodes=3072, group_size=6)

@@ -16,7 +16,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from planaria.planner import accelerators, errors, shapes, synthetic
+from planaria.contract import errors, shapes
+from planaria.planner import accelerators, synthetic
 from tests import strategies
 
 A100 = accelerators.named("a100-80gb")

@@ -17,12 +17,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from planaria.contract import errors, profile, shapes
 from planaria.planner import (
     accelerators,
-    errors,
     instantiation,
-    profile,
-    shapes,
     stage_mapping,
     stage_table,
     synthetic,

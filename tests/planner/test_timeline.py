@@ -1,4 +1,4 @@
-"""The virtual timeline (planaria.planner.timeline) that orders every schedule stream.
+"""The virtual timeline (planaria.contract.timeline) that orders every schedule stream.
 
 Covers:
 - `one_f_one_b`: warm-up depth, alternation, every slot once forward and once backward;
@@ -15,7 +15,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from planaria.planner import plan, timeline
+from planaria.contract import plan, timeline
 
 W = plan.WorkerId
 

@@ -22,8 +22,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import optimize
 
-from planaria.planner import errors, profile, transfers
-from planaria.planner import plan as plans
+from planaria.contract import errors, profile
+from planaria.contract import plan as plans
+from planaria.planner import transfers
 from tests import strategies
 
 W = plans.WorkerId

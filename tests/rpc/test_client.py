@@ -27,8 +27,8 @@ from torch._C import _distributed_c10d as c10d
 
 from planaria.agent.runtime import runtime_states
 from planaria.agent.training import comparison
+from planaria.contract import plan
 from planaria.control import ports
-from planaria.planner import plan
 from planaria.rpc import client
 from planaria.wire import messages
 

@@ -20,8 +20,8 @@ import grpc
 import pytest
 
 from planaria.agent.server import service
+from planaria.contract import plan, profile
 from planaria.control import ports
-from planaria.planner import plan, profile
 from planaria.rpc import client
 from planaria.v1 import agent_pb2_grpc
 from planaria.wire import messages

@@ -39,8 +39,8 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from planaria.agent.server import mtls, service
+from planaria.contract import plan, profile
 from planaria.control import ports
-from planaria.planner import plan, profile
 from planaria.rpc import client, tls
 from planaria.v1 import agent_pb2 as pb
 from planaria.v1 import agent_pb2_grpc

@@ -6,7 +6,8 @@ import math
 
 import pytest
 
-from planaria.planner import accelerators, shapes, synthetic
+from planaria.contract import shapes
+from planaria.planner import accelerators, synthetic
 from planaria.sim import planning, scenarios, traces
 
 NUM_NODES = 8

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from planaria.planner import plan
+from planaria.contract import plan
 from planaria.sim import engine, planning, policies, study, traces
 from tests import strategies
 from tests.sim import conftest

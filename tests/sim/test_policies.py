@@ -17,7 +17,8 @@ import math
 
 import pytest
 
-from planaria.planner import candidates, distribution, plan, policy, transfers
+from planaria.contract import plan
+from planaria.planner import candidates, distribution, policy, transfers
 from planaria.sim import planning, policies
 from tests import strategies
 from tests.sim import conftest

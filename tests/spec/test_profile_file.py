@@ -21,7 +21,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from planaria.planner import accelerators, profile, shapes, synthetic
+from planaria.contract import profile, shapes
+from planaria.planner import accelerators, synthetic
 from planaria.spec import profile_file
 from tests import strategies
 

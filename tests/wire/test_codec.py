@@ -21,8 +21,8 @@ from google.protobuf.message import Message
 from hypothesis import given
 from hypothesis import strategies as st
 
-from planaria.planner import plan as plans
-from planaria.planner import profile as profiles
+from planaria.contract import plan as plans
+from planaria.contract import profile as profiles
 from planaria.v1 import agent_pb2 as pb
 from planaria.wire import codec, errors, messages, planner_codec
 from tests import strategies

@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import pytest
 
-from planaria.planner import plan as plans
+from planaria.contract import plan as plans
 from planaria.wire import messages
 
 W = plans.WorkerId

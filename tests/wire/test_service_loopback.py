@@ -19,7 +19,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from planaria.planner import plan as plans
+from planaria.contract import plan as plans
 from planaria.v1 import agent_pb2 as pb
 from planaria.v1 import agent_pb2_grpc
 from planaria.wire import codec, errors, messages

@@ -21,7 +21,7 @@ import argparse
 import gc
 from pathlib import Path
 
-from planaria.planner import plan
+from planaria.contract import plan
 
 DEFAULT_LISTEN = "127.0.0.1:0"
 DEFAULT_SNAPSHOT_BASE = Path("/dev/shm/planaria")

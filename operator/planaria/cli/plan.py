@@ -25,7 +25,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from planaria.cli import plan_explain, tables
-from planaria.planner import instantiation, plan, reinstantiation, templates
+from planaria.contract import plan
+from planaria.planner import instantiation, reinstantiation, templates
 from planaria.spec import profile_file
 
 OUTPUT_FORMAT = "planaria.plan-output"

@@ -16,7 +16,8 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from planaria.planner import candidates, plan, policy, profile, reinstantiation, screening
+from planaria.contract import plan, profile
+from planaria.planner import candidates, policy, reinstantiation, screening
 from planaria.spec import durations
 
 

@@ -22,8 +22,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from planaria.cli import tables
-from planaria.planner import accelerators, shapes, synthetic
-from planaria.planner import profile as planner_profile
+from planaria.contract import profile as planner_profile
+from planaria.contract import shapes
+from planaria.planner import accelerators, synthetic
 from planaria.spec import profile_file
 
 DEFAULT_REPEATS = 5

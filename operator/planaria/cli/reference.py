@@ -19,7 +19,7 @@ import argparse
 import time
 from typing import TYPE_CHECKING
 
-from planaria.planner import shapes
+from planaria.contract import shapes
 from planaria.wire import messages
 
 if TYPE_CHECKING:  # torch-heavy: imported for real only inside the handler

@@ -46,12 +46,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from planaria.cli import progress, run_checks, run_interrupts, run_log, run_report
+from planaria.contract import plan
 from planaria.control import clock, ports
 from planaria.control import controller as controllers
 from planaria.control import metrics as job_metrics
 from planaria.control import settings as job_settings
 from planaria.control import status as statuses
-from planaria.planner import plan
 from planaria.spec import job, job_file
 
 if TYPE_CHECKING:  # torch and processes: imported when a job runs (_run_job)

@@ -27,8 +27,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from planaria.contract import plan
 from planaria.local import devices, faults
-from planaria.planner import plan
 from planaria.spec import job_file
 
 DEFAULT_SNAPSHOT_BASE = Path("/dev/shm/planaria")  # = planaria.local.backend's (torch-free here)

@@ -25,9 +25,9 @@ import logging
 from collections.abc import Set
 from enum import StrEnum
 
+from planaria.contract import plan as plans
 from planaria.control import epochs, membership, outcomes, planning, ports
 from planaria.control import status as statuses
-from planaria.planner import plan as plans
 
 LOG = logging.getLogger(__name__)
 

@@ -17,9 +17,9 @@ import logging
 from collections.abc import Awaitable, Iterable
 from typing import TypeVar
 
+from planaria.contract import plan as plans
+from planaria.contract import profile as profiles
 from planaria.control import membership, ports
-from planaria.planner import plan as plans
-from planaria.planner import profile as profiles
 from planaria.wire import messages
 
 LOG = logging.getLogger(__name__)

@@ -26,6 +26,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 
+from planaria.contract import errors, profile
+from planaria.contract import plan as plans
 from planaria.control import (
     adoption,
     connections,
@@ -42,8 +44,6 @@ from planaria.control import (
 )
 from planaria.control import settings as job_settings
 from planaria.control import status as statuses
-from planaria.planner import errors, profile
-from planaria.planner import plan as plans
 from planaria.wire import messages
 
 LOG = logging.getLogger(__name__)

@@ -24,11 +24,11 @@ import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from planaria.contract import plan as plans
+from planaria.contract import profile as profiles
 from planaria.control import connections, history, membership, planning, ports
 from planaria.control import settings as job_settings
 from planaria.control import status as statuses
-from planaria.planner import plan as plans
-from planaria.planner import profile as profiles
 from planaria.wire import messages
 
 LOG = logging.getLogger(__name__)

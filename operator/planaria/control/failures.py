@@ -20,9 +20,9 @@ import dataclasses
 from collections.abc import Collection
 from dataclasses import dataclass
 
+from planaria.contract import errors
+from planaria.contract import plan as plans
 from planaria.control import connections, membership
-from planaria.planner import errors
-from planaria.planner import plan as plans
 from planaria.wire import messages
 
 

@@ -16,8 +16,8 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from planaria.contract import plan as plans
 from planaria.control import status as statuses
-from planaria.planner import plan as plans
 from planaria.wire import messages
 
 # How long after the first step a recovery waits for the setups of workers whose heartbeats

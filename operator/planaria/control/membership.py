@@ -17,8 +17,8 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 
+from planaria.contract import plan as plans
 from planaria.control import ports
-from planaria.planner import plan as plans
 from planaria.wire import messages
 
 

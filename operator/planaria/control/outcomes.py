@@ -16,9 +16,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from planaria.contract import plan as plans
 from planaria.control import failures, planning
 from planaria.control import status as statuses
-from planaria.planner import plan as plans
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

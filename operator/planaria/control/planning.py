@@ -28,21 +28,20 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
+from planaria.contract import errors, profile
+from planaria.contract import plan as plans
 from planaria.control import settings as job_settings
 from planaria.control import status as statuses
 from planaria.planner import (
     candidates,
-    errors,
     instantiation,
     policy,
-    profile,
     reinstantiation,
     rerouting,
     screening,
     templates,
     transfers,
 )
-from planaria.planner import plan as plans
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

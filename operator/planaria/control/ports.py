@@ -33,8 +33,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Protocol
 
+from planaria.contract import plan, profile
 from planaria.control import status as statuses
-from planaria.planner import plan, profile
 from planaria.wire import messages
 
 

@@ -23,11 +23,12 @@ import dataclasses
 import logging
 from collections.abc import Awaitable, Callable
 
+from planaria.contract import errors
+from planaria.contract import plan as plans
 from planaria.control import epochs, failures, history, membership, outcomes, planning, ports
 from planaria.control import settings as job_settings
 from planaria.control import status as statuses
-from planaria.planner import errors, policy
-from planaria.planner import plan as plans
+from planaria.planner import policy
 from planaria.wire import messages
 
 LOG = logging.getLogger(__name__)

@@ -6,7 +6,7 @@ are checked here so a bad one fails before any worker starts: a `ValueError` nam
 says what to change.
 
 Not here: the training settings' own checks (`planaria.wire.messages.TrainingSettings`), the
-profile's (`planaria.planner.profile`).
+profile's (`planaria.contract.profile`).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass
 from enum import StrEnum
 
-from planaria.planner import profile as profiles
+from planaria.contract import profile as profiles
 from planaria.wire import messages
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from planaria.planner import plan as plans
+from planaria.contract import plan as plans
 from planaria.wire import messages
 
 

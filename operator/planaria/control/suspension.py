@@ -25,11 +25,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
+from planaria.contract import errors
+from planaria.contract import plan as plans
 from planaria.control import epochs, membership, outcomes, planning
 from planaria.control import settings as job_settings
 from planaria.control import status as statuses
-from planaria.planner import errors
-from planaria.planner import plan as plans
 from planaria.wire import messages
 
 LOG = logging.getLogger(__name__)

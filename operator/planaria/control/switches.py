@@ -21,11 +21,11 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from planaria.contract import errors
+from planaria.contract import plan as plans
 from planaria.control import epochs, history, membership, outcomes, planning, ports
 from planaria.control import settings as job_settings
 from planaria.control import status as statuses
-from planaria.planner import errors
-from planaria.planner import plan as plans
 from planaria.wire import messages
 
 LOG = logging.getLogger(__name__)

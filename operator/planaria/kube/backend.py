@@ -42,9 +42,9 @@ from typing import Any
 # the store classes, as planaria.agent.execution.groups
 from torch._C import _distributed_c10d as c10d
 
+from planaria.contract import plan
 from planaria.control import ports
 from planaria.kube import api, constants, pods, signals
-from planaria.planner import plan
 from planaria.rpc import client, tls
 from planaria.spec import job
 

@@ -24,8 +24,8 @@ from typing import Any
 import pydantic
 from pydantic import alias_generators
 
+from planaria.contract import shapes
 from planaria.kube import constants, openapi
-from planaria.planner import shapes
 from planaria.spec import durations, job
 
 # Cost bound for the CEL rules iterating over `failures` (the API server estimates a rule's cost

@@ -30,8 +30,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from planaria.contract import plan
 from planaria.kube import constants
-from planaria.planner import plan
 from planaria.spec import job
 
 UID = 10001  # the image's planaria user (Dockerfile)

@@ -24,9 +24,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from planaria.contract import plan
 from planaria.control import ports
 from planaria.kube import constants
-from planaria.planner import plan
 
 ENDED_PHASES = ("Failed", "Succeeded")
 DISRUPTION = "DisruptionTarget"

@@ -27,7 +27,7 @@ import signal
 from dataclasses import dataclass
 from pathlib import Path
 
-from planaria.planner import plan
+from planaria.contract import plan
 
 PROC = Path("/proc")
 SUFFIX = ".pid"

@@ -66,9 +66,9 @@ from typing import Protocol
 # the store classes, as planaria.agent.execution.groups
 from torch._C import _distributed_c10d as c10d
 
+from planaria.contract import plan
 from planaria.control import ports
 from planaria.local import adoption
-from planaria.planner import plan
 from planaria.rpc import client, tls
 
 LOG = logging.getLogger(__name__)

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
-from planaria.planner import plan
+from planaria.contract import plan
 
 if TYPE_CHECKING:  # the backend imports torch: `planaria run` checks devices before it loads
     from planaria.local import backend

@@ -34,8 +34,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from planaria.contract import plan
 from planaria.control import status as statuses
-from planaria.planner import plan
 from planaria.spec import durations, job
 
 LOG = logging.getLogger(__name__)

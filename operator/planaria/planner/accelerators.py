@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from planaria.planner import errors, profile
+from planaria.contract import errors, profile
 
 GB = 10**9  # datasheets count decimal gigabytes for bandwidth
 GIB = 2**30

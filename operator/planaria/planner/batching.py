@@ -28,7 +28,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from planaria.planner import errors, stage_mapping, stage_table
+from planaria.contract import errors
+from planaria.planner import stage_mapping, stage_table
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

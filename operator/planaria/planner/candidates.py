@@ -25,7 +25,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
-from planaria.planner import distribution, errors, plan, rerouting, screening, transfers
+from planaria.contract import errors, plan
+from planaria.planner import distribution, rerouting, screening, transfers
 
 
 class Kind(StrEnum):

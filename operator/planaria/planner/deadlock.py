@@ -26,7 +26,8 @@ from collections import defaultdict
 from collections.abc import Iterator
 from typing import NoReturn
 
-from planaria.planner import errors, execution, instructions, plan, schedule
+from planaria.contract import errors, instructions, plan, schedule
+from planaria.planner import execution
 
 
 def check_schedule(sched: schedule.Schedule) -> None:

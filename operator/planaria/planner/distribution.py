@@ -21,7 +21,8 @@ import heapq
 import itertools
 from collections.abc import Iterator, Sequence
 
-from planaria.planner import batching, plan, profile, screening
+from planaria.contract import plan, profile
+from planaria.planner import batching, screening
 
 # Remainder placements enumerated at most (C(S, L mod S) can explode for deep pipelines): beyond
 # this the pre-ranking by bottleneck compute would cost more than the estimates it saves.

@@ -28,7 +28,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from planaria.planner import errors, execution, instructions, plan, profile, schedule
+from planaria.contract import errors, instructions, plan, profile, schedule
+from planaria.planner import execution
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

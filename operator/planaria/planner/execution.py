@@ -23,7 +23,7 @@ from collections import defaultdict, deque
 from dataclasses import dataclass
 from typing import Protocol
 
-from planaria.planner import errors, instructions, plan, schedule
+from planaria.contract import errors, instructions, plan, schedule
 
 
 class Costs(Protocol):

@@ -16,7 +16,7 @@ runner-up, the best mix one pipeline split, merge or node move away, and why it 
 
 Placing pipelines on nodes: the largest templates first, each on the next nodes in the order
 given; a template's stage on its node i runs on that node's GPUs [gpu_start, gpu_start + k), so
-WorkerId = node * gpus_per_node + GPU index (`planaria.planner.plan`).
+WorkerId = node * gpus_per_node + GPU index (`planaria.contract.plan`).
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import NoReturn
 
-from planaria.planner import batching, errors, mix, plan, profile, templates
+from planaria.contract import errors, plan, profile
+from planaria.planner import batching, mix, templates
 
 # Beyond this many instantiations the enumeration refuses rather than run for minutes.
 MAX_INSTANTIATIONS = 200_000

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from planaria.planner import errors, instructions, plan, profile, schedule
+from planaria.contract import errors, instructions, plan, profile, schedule
 
 _GIB = 2**30
 

@@ -43,7 +43,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from planaria.planner import candidates, errors, plan, screening
+from planaria.contract import errors, plan
+from planaria.planner import candidates, screening
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -19,7 +19,7 @@ The higher throughput wins; at equal throughput (relative 1e-9) the one that mov
 then §5.1's. Nodes of a reinstantiated pipeline are ordered by the first layer they held, so
 workers tend to keep their layers. Moved bytes are counted exactly under this model: a worker
 of a k-GPU stage at rank i holds shard [i n // k, (i + 1) n // k) of each of the stage's layers
-(n = parameter + optimizer bytes, `planaria.planner.plan.LayerTransfer`'s split); it must
+(n = parameter + optimizer bytes, `planaria.contract.plan.LayerTransfer`'s split); it must
 receive whatever part of its new shard it did not hold. Which live replica sends it (a
 min-cost matching) is the transfer planner's business, not this module's.
 
@@ -33,7 +33,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from planaria.planner import batching, errors, instantiation, mix, plan, templates
+from planaria.contract import errors, plan
+from planaria.planner import batching, instantiation, mix, templates
 
 _TIE = 1e-9
 # Survivor sets with more instantiations than this are searched, not listed (§4.2, `mix`).

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Collection
 
-from planaria.planner import errors, plan
+from planaria.contract import errors, plan
 
 
 def reroute(old: plan.Plan, failed: Collection[plan.WorkerId]) -> plan.Plan:

@@ -17,7 +17,8 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from planaria.planner import errors, estimator, memory, plan, profile, schedule
+from planaria.contract import errors, plan, profile, schedule
+from planaria.planner import estimator, memory
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -44,7 +44,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from planaria.planner import errors, stage_dp, stage_table
+from planaria.contract import errors
+from planaria.planner import stage_dp, stage_table
 
 _INF = math.inf
 # Search tuning (speed only, never the result): intervals expanded per round once there is an

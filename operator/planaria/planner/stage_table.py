@@ -47,7 +47,7 @@ from enum import IntEnum
 import numpy as np
 import numpy.typing as npt
 
-from planaria.planner import errors, profile
+from planaria.contract import errors, profile
 
 FloatArray = npt.NDArray[np.float64]
 

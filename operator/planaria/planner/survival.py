@@ -33,7 +33,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from planaria.planner import errors
+from planaria.contract import errors
 
 # Bisection stops when the bracket is this small relative to the interval (or after 200 rounds).
 RELATIVE_TOLERANCE = 1e-12

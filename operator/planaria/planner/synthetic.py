@@ -34,7 +34,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from planaria.planner import accelerators, errors, profile, shapes
+from planaria.contract import errors, profile, shapes
+from planaria.planner import accelerators
 
 # ZeRO §3.1: mixed-precision Adam keeps 2 + 2 + 12 = 16 bytes per parameter.
 PARAMETER_BYTES = 2

@@ -25,7 +25,8 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from planaria.planner import errors, profile, stage_mapping, stage_table
+from planaria.contract import errors, profile
+from planaria.planner import stage_mapping, stage_table
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from planaria.planner import errors, plan, profile
+from planaria.contract import errors, plan, profile
 
 Holdings = Mapping[plan.WorkerId, frozenset[int]]
 CostMatrix = npt.NDArray[np.float64]

@@ -30,8 +30,8 @@ from typing import Any, TypeVar
 import grpc
 import grpc.aio
 
+from planaria.contract import plan, profile
 from planaria.control import ports
-from planaria.planner import plan, profile
 from planaria.rpc import tls as tls_material
 from planaria.v1 import agent_pb2 as pb
 from planaria.v1 import agent_pb2_grpc

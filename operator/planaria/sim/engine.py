@@ -20,7 +20,7 @@ import math
 from collections.abc import Collection
 from dataclasses import dataclass, field
 
-from planaria.planner import plan
+from planaria.contract import plan
 from planaria.sim import policies, traces
 
 

@@ -4,7 +4,7 @@
      └── SimInputError (also ValueError): a bad trace file, scenario name or option; the
          message names the field and what to change.
 
-Planner errors (`planaria.planner.errors`) pass through unchanged.
+Planner errors (`planaria.contract.errors`) pass through unchanged.
 """
 
 from __future__ import annotations

@@ -24,16 +24,8 @@ from collections import Counter
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 
-from planaria.planner import (
-    candidates,
-    distribution,
-    errors,
-    plan,
-    policy,
-    profile,
-    screening,
-    transfers,
-)
+from planaria.contract import errors, plan, profile
+from planaria.planner import candidates, distribution, policy, screening, transfers
 
 REPLANNED = frozenset({candidates.Kind.SYMMETRIC, candidates.Kind.ASYMMETRIC})
 REROUTED = frozenset({candidates.Kind.REROUTE})

@@ -37,7 +37,8 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Protocol
 
-from planaria.planner import candidates, plan, policy, transfers
+from planaria.contract import plan
+from planaria.planner import candidates, policy, transfers
 from planaria.sim import planning
 
 # Varuna checkpoints synchronously every 10 iterations (Oobleck §7.1, "following their

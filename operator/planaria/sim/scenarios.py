@@ -26,7 +26,8 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from planaria.planner import accelerators, shapes, synthetic
+from planaria.contract import shapes
+from planaria.planner import accelerators, synthetic
 from planaria.sim import errors, planning, traces
 
 HOUR_S = 3600.0

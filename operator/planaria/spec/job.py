@@ -39,8 +39,8 @@ from typing import Annotated, Any, Literal
 import pydantic
 from pydantic import alias_generators
 
+from planaria.contract import shapes
 from planaria.control import settings as job_settings
-from planaria.planner import shapes
 from planaria.spec import durations
 from planaria.wire import messages
 

@@ -1,4 +1,4 @@
-"""The profile file: a versioned JSON document holding a `planaria.planner.profile.Profile`.
+"""The profile file: a versioned JSON document holding a `planaria.contract.profile.Profile`.
 
 Written by `planaria profile` (measured or synthetic), read by the planner's callers and by
 `planaria profile --check` for profiles users bring from their own clusters. The format is
@@ -29,8 +29,8 @@ from typing import Annotated, Any, Literal
 import pydantic
 from pydantic import alias_generators
 
-from planaria.planner import errors, shapes
-from planaria.planner import profile as planner_profile
+from planaria.contract import errors, shapes
+from planaria.contract import profile as planner_profile
 
 FORMAT = "planaria.profile"
 VERSION = 1

@@ -15,7 +15,7 @@ Conventions:
 - Epochs count configurations from 1: every Configure opens a new epoch, and commands name the
   epoch they are meant for so that an agent can refuse a stale one. Epoch 0 means "never
   configured".
-- Workers are numbered node * gpus_per_node + local GPU index (planaria.planner.plan.WorkerId).
+- Workers are numbered node * gpus_per_node + local GPU index (planaria.contract.plan.WorkerId).
 - Enum zero values are *_UNSPECIFIED and always invalid: a message carrying one is malformed.
 - A malformed request (missing sub-message, out-of-range value, unspecified enum) fails with
   status INVALID_ARGUMENT; a well-formed command that the agent cannot carry out now (stale
@@ -620,7 +620,7 @@ class TrainingSettings(_message.Message):
     CHECKPOINT_INTERVAL_STEPS_FIELD_NUMBER: _builtins.int
     REDUCTION_FIELD_NUMBER: _builtins.int
     model: _builtins.str
-    """Name of the model shape (planaria.planner.shapes), e.g. "tiny"."""
+    """Name of the model shape (planaria.contract.shapes), e.g. "tiny"."""
     seed: _builtins.int
     """Seed of parameter initialisation and of the sample order."""
     global_batch_size: _builtins.int
@@ -1160,7 +1160,7 @@ class ProfileRequest(_message.Message):
     MICRO_BATCH_SIZE_FIELD_NUMBER: _builtins.int
     REPEATS_FIELD_NUMBER: _builtins.int
     model: _builtins.str
-    """Name of the model shape (planaria.planner.shapes)."""
+    """Name of the model shape (planaria.contract.shapes)."""
     micro_batch_size: _builtins.int
     """Samples per micro-batch to profile with; >= 1."""
     repeats: _builtins.int

@@ -15,7 +15,7 @@ Conventions:
 - Epochs count configurations from 1: every Configure opens a new epoch, and commands name the
   epoch they are meant for so that an agent can refuse a stale one. Epoch 0 means "never
   configured".
-- Workers are numbered node * gpus_per_node + local GPU index (planaria.planner.plan.WorkerId).
+- Workers are numbered node * gpus_per_node + local GPU index (planaria.contract.plan.WorkerId).
 - Enum zero values are *_UNSPECIFIED and always invalid: a message carrying one is malformed.
 - A malformed request (missing sub-message, out-of-range value, unspecified enum) fails with
   status INVALID_ARGUMENT; a well-formed command that the agent cannot carry out now (stale

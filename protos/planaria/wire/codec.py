@@ -27,8 +27,8 @@ from collections.abc import Callable, Mapping
 from enum import StrEnum
 from typing import Generic, TypeVar
 
-from planaria.planner import plan as plans
-from planaria.planner import profile as profiles
+from planaria.contract import plan as plans
+from planaria.contract import profile as profiles
 from planaria.v1 import agent_pb2 as pb
 from planaria.wire import errors, messages, planner_codec
 

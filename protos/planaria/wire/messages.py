@@ -1,7 +1,7 @@
 """The contract's domain side: what the controller and the agents tell each other, as dataclasses.
 
-These mirror the messages of planaria.v1 that have no home in the planner (the plan, layer
-transfers and profiles live in `planaria.planner`). The controller core imports only this module
+These mirror the messages of planaria.v1 that have no home among the shared types (the plan,
+layer transfers and profiles live in `planaria.contract`). The controller core imports only this module
 of the wire package, never the codec nor the generated code, so it stays free of protobuf and
 gRPC (an import contract in .importlinter keeps it so).
 
@@ -22,7 +22,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
 
-from planaria.planner import plan as plans
+from planaria.contract import plan as plans
 
 # The largest value a uint32 / uint64 field of the contract can carry.
 MAX_UINT32 = 2**32 - 1

@@ -3,14 +3,14 @@
 `encode_*` builds the planaria.v1 message of a dataclass; `decode_*` checks a message from the
 network and builds the dataclass, raising `planaria.wire.errors.WireError`s that name the field.
 The dataclasses' own validation (the planner's PlanInputError) is the check: a decoded plan obeys
-every invariant of `planaria.planner.plan.Plan`. The RPC-level translation is in
+every invariant of `planaria.contract.plan.Plan`. The RPC-level translation is in
 `planaria.wire.codec`, which uses this module.
 """
 
 from __future__ import annotations
 
-from planaria.planner import plan as plans
-from planaria.planner import profile as profiles
+from planaria.contract import plan as plans
+from planaria.contract import profile as profiles
 from planaria.v1 import agent_pb2 as pb
 from planaria.wire import errors
 
@@ -97,7 +97,7 @@ def decode_transfer(msg: pb.LayerTransfer, path: str = "LayerTransfer") -> plans
         )
 
 
-# ---- the profile (planaria.planner.profile) ----------------------------------------------------
+# ---- the profile (planaria.contract.profile) ----------------------------------------------------
 
 
 def encode_profile(profile: profiles.Profile) -> pb.Profile:

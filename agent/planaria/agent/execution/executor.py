@@ -1,9 +1,9 @@
 """The schedule executor: one worker's instruction stream, run with real torch.distributed.
 
-Given a compiled schedule (`planaria.planner.schedule`), this worker's id, the job (training
+Given a compiled schedule (`planaria.contract.schedule`), this worker's id, the job (training
 configuration and data), the epoch's process groups and the layers the worker holds,
 `Executor.run_step(step)` interprets the worker's instructions literally, in order (the
-instruction set is `planaria.planner.instructions`):
+instruction set is `planaria.contract.instructions`):
 
     Forward(g, [a, b))      held layers a..b-1 on micro-batch g; a == 0 loads g's tokens
                             (samples [g*B, (g+1)*B) of the step's global batch); b == L adds
@@ -70,7 +70,7 @@ import torch.distributed as dist
 
 from planaria.agent.execution import failures, groups, held_layers
 from planaria.agent.training import model, reduction, semantics
-from planaria.planner import errors, instructions, plan, schedule
+from planaria.contract import errors, instructions, plan, schedule
 from planaria.wire import messages
 
 Op = instructions.Op

@@ -28,7 +28,7 @@ from collections.abc import Callable
 import torch.distributed as dist
 
 from planaria.agent.execution import groups
-from planaria.planner import instructions, plan
+from planaria.contract import instructions, plan
 from planaria.wire import messages
 
 DETAIL_CHARS = 300  # how much of torch's error text an error message keeps

@@ -39,7 +39,7 @@ import torch.distributed as dist
 # torch's stubs do not re-export the store classes from torch.distributed; these are the same.
 from torch._C import _distributed_c10d as c10d
 
-from planaria.planner import instructions, plan, schedule
+from planaria.contract import instructions, plan, schedule
 from planaria.wire import messages
 
 RankSet = tuple[int, ...]

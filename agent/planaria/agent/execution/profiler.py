@@ -42,7 +42,7 @@ import torch.distributed as dist
 from torch import nn
 
 from planaria.agent.training import model
-from planaria.planner import profile, shapes
+from planaria.contract import profile, shapes
 
 PROFILE_SEED = 0  # parameter values do not change costs; any fixed seed will do
 SMALL_MESSAGE_BYTES = 4

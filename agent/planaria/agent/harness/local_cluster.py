@@ -64,7 +64,7 @@ from torch._C import _distributed_c10d as c10d  # the store classes (see groups.
 
 from planaria.agent.harness import local_worker, run_results
 from planaria.agent.training import data, semantics
-from planaria.planner import plan, schedule
+from planaria.contract import plan, schedule
 
 POLL_S = 0.2  # how often the parent looks at the clock while it waits for reports
 STOP_GRACE_S = 5.0  # how long close() waits for a worker to exit before killing it

@@ -31,7 +31,7 @@ from torch._C import _distributed_c10d as c10d  # the store classes (see groups.
 
 from planaria.agent.execution import executor, failures, groups, held_layers
 from planaria.agent.training import data, semantics
-from planaria.planner import instructions, plan, schedule
+from planaria.contract import instructions, plan, schedule
 from planaria.wire import messages
 
 LOOPBACK = "127.0.0.1"

@@ -20,7 +20,7 @@ import torch
 
 from planaria.agent.harness import local_worker
 from planaria.agent.training import model
-from planaria.planner import plan
+from planaria.contract import plan
 from planaria.wire import messages
 
 

@@ -48,7 +48,7 @@ from planaria.agent.execution import groups, held_layers
 from planaria.agent.recovery import layer_transfer
 from planaria.agent.state import checkpoints, snapshot_store, snapshots
 from planaria.agent.training import model, semantics
-from planaria.planner import plan, schedule
+from planaria.contract import plan, schedule
 from planaria.wire import messages
 
 Tier = messages.RecoveryTier

@@ -37,7 +37,7 @@ import torch.distributed as dist
 from planaria.agent.execution import groups
 from planaria.agent.state import snapshots
 from planaria.agent.training import model
-from planaria.planner import plan
+from planaria.contract import plan
 
 TAG_BASE = 1 << 20  # far above the schedule's tags, which count messages per worker pair
 

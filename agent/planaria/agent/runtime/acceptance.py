@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from planaria.agent.training import data
-from planaria.planner import plan
+from planaria.contract import plan
 from planaria.wire import messages
 
 State = messages.AgentState

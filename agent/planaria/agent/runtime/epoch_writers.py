@@ -25,7 +25,7 @@ from pathlib import Path
 from planaria.agent.execution import held_layers
 from planaria.agent.state import checkpoints, snapshot_store, snapshot_writer, snapshots
 from planaria.agent.training import model
-from planaria.planner import plan
+from planaria.contract import plan
 from planaria.wire import messages
 
 LOG = logging.getLogger(__name__)

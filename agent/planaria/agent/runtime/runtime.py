@@ -41,7 +41,7 @@ from pathlib import Path
 from planaria.agent.execution import executor, failures, profiler
 from planaria.agent.recovery import epoch_setup
 from planaria.agent.runtime import acceptance, training_thread
-from planaria.planner import plan, profile, shapes
+from planaria.contract import plan, profile, shapes
 from planaria.wire import messages
 
 LOG = logging.getLogger(__name__)

@@ -17,7 +17,7 @@ from pathlib import Path
 from planaria.agent.runtime import training_thread
 from planaria.agent.state import snapshot_store, snapshots
 from planaria.agent.training import data, model, reference
-from planaria.planner import plan
+from planaria.contract import plan
 from planaria.wire import messages
 
 

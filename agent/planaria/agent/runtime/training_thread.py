@@ -40,7 +40,7 @@ from planaria.agent.recovery import epoch_setup
 from planaria.agent.runtime import epoch_writers
 from planaria.agent.state import snapshot_store, snapshot_writer
 from planaria.agent.training import data, model, semantics
-from planaria.planner import instructions, plan, shapes
+from planaria.contract import instructions, plan, shapes
 from planaria.wire import messages
 
 LOG = logging.getLogger(__name__)

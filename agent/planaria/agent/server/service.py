@@ -48,7 +48,7 @@ from google.protobuf import message
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from planaria.agent.server import mtls
-from planaria.planner import plan, profile
+from planaria.contract import plan, profile
 from planaria.v1 import agent_pb2 as pb
 from planaria.v1 import agent_pb2_grpc
 from planaria.wire import codec, errors, messages

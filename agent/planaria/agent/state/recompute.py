@@ -32,7 +32,7 @@ import torch
 
 from planaria.agent.state import manifests, parity, snapshot_store
 from planaria.agent.training import model
-from planaria.planner import plan as plans
+from planaria.contract import plan as plans
 
 _MOMENTS = (manifests.Role.EXP_AVG, manifests.Role.EXP_AVG_SQ)
 

@@ -34,7 +34,7 @@ import torch
 
 from planaria.agent.state import manifests, parity, recompute, snapshot_store, snapshots, staging
 from planaria.agent.training import model
-from planaria.planner import plan as plans
+from planaria.contract import plan as plans
 from planaria.wire import messages
 
 Groups = Mapping[int, tuple[plans.WorkerId, ...]]

@@ -39,7 +39,7 @@ from torch import nn
 
 from planaria.agent.state import manifests, parity, snapshot_store
 from planaria.agent.training import model
-from planaria.planner import plan as plans
+from planaria.contract import plan as plans
 from planaria.wire import messages
 
 LOG = logging.getLogger(__name__)

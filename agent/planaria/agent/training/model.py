@@ -1,6 +1,6 @@
 """The GPT decoder as an ordered list of planner layers, its per-layer optimizer and state.
 
-The model is a nanoGPT-style pre-LN decoder built from a `planaria.planner.shapes.ModelShape`
+The model is a nanoGPT-style pre-LN decoder built from a `planaria.contract.shapes.ModelShape`
 (the one config; there is no second one here). It is never one `nn.Module`: it is the list the
 planner partitions into stages,
 
@@ -38,7 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from planaria.planner import shapes
+from planaria.contract import shapes
 
 INIT_STD = 0.02  # GPT-2's initial weight standard deviation
 # Multiplier and modulus turning (seed, layer index) into one torch seed without Python's hash.

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from planaria.agent.training import data, model
-from planaria.planner import shapes
+from planaria.contract import shapes
 from planaria.wire import messages
 
 

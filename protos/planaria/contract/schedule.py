@@ -1,7 +1,7 @@
 """Compile a plan into a schedule: every worker's instruction stream for one training step.
 
 The schedule is the contract between planner and agent: the executor interprets each stream
-literally (`planaria.planner.instructions`), the checker (`deadlock`), the time estimator and the
+literally (`planaria.contract.instructions`), the checker (`deadlock`), the time estimator and the
 memory estimator read the very same streams. Symmetric pipelines, heterogeneous pipelines and
 rerouted micro-batches are all just schedules; docs/schedule.md explains the design.
 
@@ -31,7 +31,7 @@ from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from planaria.planner import colouring, errors, instructions, plan, timeline
+from planaria.contract import colouring, errors, instructions, plan, timeline
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections import Counter, deque
 from collections.abc import Sequence
 
-from planaria.planner import plan
+from planaria.contract import plan
 
 # A micro-batch's route: the (lead) worker that runs each stage of its pipeline, in stage order.
 Route = tuple[plan.WorkerId, ...]

@@ -10,7 +10,7 @@ concurrently, and fewer colours mean fewer serial rounds. Odyssey colours greedi
 we use Welsh-Powell (largest degree first), which is exact on the symmetric case (no edges, one
 round) and never worse than the number of colours a degree bound allows (max degree + 1).
 
-Not here: which layers form a bucket and who is in its group (`planaria.planner.schedule`), the
+Not here: which layers form a bucket and who is in its group (`planaria.contract.schedule`), the
 cost of a round (`planaria.planner.estimator`).
 """
 

@@ -1,6 +1,6 @@
 """A plan: which workers run which layers of which pipeline, and how the batch is split.
 
-This is the planner's output and the input of the schedule compiler (`planaria.planner.schedule`),
+This is the planner's output and the input of the schedule compiler (`planaria.contract.schedule`),
 the estimator, the controller and (through the wire contract) the agents. Workers are identified
 by `WorkerId = node * gpus_per_node + local GPU index`, so a worker's node is `worker //
 gpus_per_node`.
@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NewType
 
-from planaria.planner import errors
+from planaria.contract import errors
 
 WorkerId = NewType("WorkerId", int)
 NodeId = NewType("NodeId", int)

@@ -23,7 +23,7 @@ numbers the messages of one (source, destination) pair 0, 1, 2, ... in the order
 them, so matching by tag (gloo) and matching by order (NCCL) agree. All members of a group issue
 their collectives on shared groups in the same order. `micro_batch` is always the *global* index.
 
-Not here: how a plan becomes instructions (`planaria.planner.schedule`), what they cost
+Not here: how a plan becomes instructions (`planaria.contract.schedule`), what they cost
 (`planaria.planner.estimator`).
 """
 
@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import ClassVar
 
-from planaria.planner import errors, plan
+from planaria.contract import errors, plan
 
 
 class Op(StrEnum):

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from planaria.planner import errors
+from planaria.contract import errors
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
