@@ -1,7 +1,10 @@
-"""Fixtures shared by the CLI tests."""
+"""Fixtures shared by the CLI tests; their async tests drive a controller, in virtual time
+(tests/control/conftest.py)."""
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import pytest
@@ -9,6 +12,13 @@ import pytest
 from planaria.contract import shapes
 from planaria.planner import accelerators, synthetic
 from planaria.spec import profile_file
+from tests.control import scenarios
+
+
+def pytest_asyncio_loop_factories(
+    config: pytest.Config, item: pytest.Item
+) -> Mapping[str, Callable[[], asyncio.AbstractEventLoop]]:
+    return scenarios.loop_factories()
 
 
 @pytest.fixture(scope="module")

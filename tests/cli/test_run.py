@@ -38,6 +38,7 @@ from rich.console import Console
 
 from planaria.cli import main, progress, run, run_checks, run_interrupts, run_report
 from planaria.contract import plan as plans
+from planaria.control import clock as clocks
 from planaria.control import status as statuses
 from planaria.spec import job_file
 from planaria.wire import messages
@@ -287,7 +288,7 @@ async def test_a_report_from_a_controller_run_through_two_failures(tmp_path: Pat
         steps=run.controller.steps,
         recoveries=run.controller.recoveries,
         started_s=0.0,
-        finished_s=run.clock.now,
+        finished_s=run.clock.monotonic(),
     )
     run_report.write_report(history, tmp_path)
     recoveries = json.loads((tmp_path / "recoveries.json").read_text(encoding="utf-8"))
@@ -323,7 +324,7 @@ def test_every_run_option_is_documented() -> None:
 async def test_execute_runs_the_job_with_the_injector_and_writes_the_report(
     tmp_path: Path,
 ) -> None:
-    clock = fakes.ManualClock()
+    clock = clocks.RealClock()
     cluster = fakes.FakeCluster(clock)
     stream = io.StringIO()
     sink = progress.Progress(steps=30, live=False, stream=stream, every_s=0.0)
@@ -345,8 +346,8 @@ async def test_execute_runs_the_job_with_the_injector_and_writes_the_report(
         )
     )
     while not task.done():
-        assert clock.now < 120.0, "the job did not end"
-        await clock.advance(0.05)
+        assert clock.monotonic() < 120.0, "the job did not end"
+        await scenarios.advance(0.05)
     assert task.result().phase is statuses.Phase.SUCCEEDED and cluster.shut
     recoveries = json.loads((tmp_path / "out" / "recoveries.json").read_text(encoding="utf-8"))
     assert [r["failed"] for r in recoveries] == [[3]]
@@ -375,7 +376,7 @@ async def _execute_until(
 ) -> tuple[statuses.JobStatus, run_interrupts.Interrupts, fakes.FakeCluster]:
     """`execute` on the fake cluster with the run's interrupt handlers, SIGINT sent to this
     process once the job committed `signal_at_step` (never when None)."""
-    clock, sink = fakes.ManualClock(), scenarios.Sink()
+    clock, sink = clocks.RealClock(), scenarios.Sink()
     cluster = fakes.FakeCluster(clock)
     interrupts = run_interrupts.Interrupts()
     with interrupts.installed():
@@ -391,12 +392,12 @@ async def _execute_until(
         )
         sent = False
         while not task.done():
-            assert clock.now < 120.0, "the job did not end"
+            assert clock.monotonic() < 120.0, "the job did not end"
             step = sink.published[-1].step if sink.published else 0
             if signal_at_step is not None and not sent and step >= signal_at_step:
                 os.kill(os.getpid(), signal.SIGINT)  # handled on this loop, not KeyboardInterrupt
                 sent = True
-            await clock.advance(0.05)
+            await scenarios.advance(0.05)
     return task.result(), interrupts, cluster
 
 

@@ -1,8 +1,10 @@
-"""In-memory implementations of the controller's ports, for its tests: a manual clock, and a
-cluster of fake agents that keep the agents' protocol (interfaces: Configure rules, lockstep
-steps with a commit barrier, recovery tiers, snapshots and checkpoints) in simulated time.
+"""In-memory implementations of the controller's ports, for its tests: a cluster of fake agents
+that keep the agents' protocol (interfaces: Configure rules, lockstep steps with a commit
+barrier, recovery tiers, snapshots and checkpoints) on the controller's clock.
 
-    ManualClock   time moves only when a test calls `advance`; sleepers wake in order.
+The clock is the shipped `clock.RealClock`; the tests run it on looptime's virtual-time loop
+(`scenarios` module docstring), so the simulated seconds cost no real time.
+
     FakeCluster   a `ports.Backend`: starts FakeAgents, hosts a (pretend) store, reports events;
                   steps every epoch's group every `step_s` simulated seconds; the test injects
                   deaths (`kill`), hangs, latched errors (in a step, or at every set-up
@@ -16,8 +18,6 @@ lockstep violation (members of a group at different steps).
 from __future__ import annotations
 
 import asyncio
-import heapq
-import itertools
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -27,47 +27,9 @@ from planaria.control import ports
 from planaria.planner import transfers
 from planaria.wire import messages
 
-SETTLE_ROUNDS = 40
 RUNNING = messages.AgentState.RUNNING
 CONFIGURING = messages.AgentState.CONFIGURING
 FAILED = messages.AgentState.FAILED
-
-
-async def settle() -> None:
-    """Let every ready task run until it waits again (on the clock or a queue)."""
-    for _ in range(SETTLE_ROUNDS):
-        await asyncio.sleep(0)
-
-
-class ManualClock:
-    """`ports.Clock` whose time moves only in `advance`."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-        self._sleepers: list[tuple[float, int, asyncio.Future[None]]] = []
-        self._order = itertools.count()
-
-    def monotonic(self) -> float:
-        return self.now
-
-    async def sleep(self, seconds: float) -> None:
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        heapq.heappush(self._sleepers, (self.now + max(0.0, seconds), next(self._order), future))
-        await future
-
-    async def advance(self, seconds: float) -> None:
-        """Move time forward by `seconds`, waking sleepers in deadline order."""
-        target = self.now + seconds
-        await settle()
-        while self._sleepers and self._sleepers[0][0] <= target:
-            self.now = max(self.now, self._sleepers[0][0])
-            while self._sleepers and self._sleepers[0][0] <= self.now:
-                _, _, future = heapq.heappop(self._sleepers)
-                if not future.done():
-                    future.set_result(None)
-            await settle()
-        self.now = target
-        await settle()
 
 
 @dataclass(slots=True, kw_only=True)
@@ -205,7 +167,7 @@ class FakeCluster:
 
     def __init__(
         self,
-        clock: ManualClock,
+        clock: ports.Clock,
         *,
         step_s: float = 0.1,
         profile: profile.Profile | None = None,
@@ -281,7 +243,7 @@ class FakeCluster:
     def slow(self, worker: int, seconds: float) -> None:
         """For `seconds` the worker keeps heartbeating RUNNING in its epoch without noticing
         a lost peer (an agent blocked in a set-up or a collective), then stops as usual."""
-        self.agent(worker).slow_until = self.clock.now + seconds
+        self.agent(worker).slow_until = self.clock.monotonic() + seconds
 
     def notice(self, worker: int) -> None:
         self._events.put_nowait(
@@ -396,17 +358,16 @@ class FakeCluster:
             or a.epoch > epoch
             or (a.epoch == epoch and a.state not in (RUNNING, CONFIGURING))
         ]
+        now = self.clock.monotonic()
         for agent in active:
             config = agent.config
             assert config is not None
             if gone:
-                if agent.slow_until is None or self.clock.now >= agent.slow_until:
+                if agent.slow_until is None or now >= agent.slow_until:
                     agent.latch(messages.ErrorKind.PEER_LOST, f"peer {gone[0].id} lost")
                 continue
-            agent.waiting_since = (
-                agent.waiting_since if agent.waiting_since is not None else self.clock.now
-            )
-            if self.clock.now - agent.waiting_since > config.rendezvous.timeout_s:
+            agent.waiting_since = agent.waiting_since if agent.waiting_since is not None else now
+            if now - agent.waiting_since > config.rendezvous.timeout_s:
                 agent.latch(messages.ErrorKind.TIMEOUT, "a peer did not answer in time")
 
     def _commit(self, group: list[FakeAgent]) -> None:

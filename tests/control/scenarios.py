@@ -1,20 +1,47 @@
 """Jobs and drivers shared by the controller tests: a synthetic profile whose memory limit
 forces pipelines of several stages, job settings around it, and `Run`, which drives a
-controller against a FakeCluster in simulated time (no real sleeps)."""
+controller against a FakeCluster in simulated time (no real sleeps).
+
+Time is virtual: the async tests that drive a controller run on looptime's event loop
+(`loop_factories`, given to pytest-asyncio by the conftests), whose time moves only when no
+task is ready to run, straight to the next timer, so `asyncio.sleep(30)` ends at once and every
+run is the same on any machine and under any load. The controller and the fakes use the
+shipped `RealClock`, which reads that loop's time. `advance` is how a test lets time pass.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+
+import looptime
 
 from planaria.contract import plan, profile, shapes
-from planaria.control import controller, planning, ports, settings, status
+from planaria.control import clock, controller, planning, ports, settings, status
 from planaria.planner import accelerators, synthetic
 from planaria.wire import messages
 from tests.control import fakes
 
 MIB = 2**20
+# Virtual time runs in whole microseconds (looptime's default resolution): `advance` waits one
+# more tick, which the loop reaches only once idle, so everything due by then has run.
+JUST_AFTER_S = 1e-6
+
+
+def loop_factories() -> Mapping[str, Callable[[], asyncio.AbstractEventLoop]]:
+    """pytest-asyncio's event loops for the tests that drive a controller: virtual time only."""
+    return {"virtual-time": looptime.new_event_loop}
+
+
+async def advance(seconds: float) -> None:
+    """Let `seconds` of virtual time pass, and every task due by then run until it waits."""
+    loop = asyncio.get_running_loop()
+    assert isinstance(loop, looptime.LoopTimeEventLoop) and loop.looptime_on, (
+        "a test that moves the controller's time runs on the virtual-time loop (conftest)"
+    )
+    await asyncio.sleep(seconds)
+    await asyncio.sleep(JUST_AFTER_S)
 
 
 def small_profile(memory_mib: int = 30) -> profile.Profile:
@@ -90,10 +117,10 @@ class Sink:
 
 
 class Run:
-    """A controller and its fake cluster on one manual clock."""
+    """A controller and its fake cluster on one clock, in virtual time (module docstring)."""
 
     def __init__(self, job_settings: settings.JobSettings, **cluster: object) -> None:
-        self.clock = fakes.ManualClock()
+        self.clock = clock.RealClock()
         self.cluster = fakes.FakeCluster(self.clock, **cluster)  # type: ignore[arg-type]
         self.sink = Sink()
         self.controller = controller.Controller(
@@ -107,15 +134,15 @@ class Run:
         """Advance simulated time until `condition` holds (fails past `limit_s` from now)."""
         if self.task is None:
             self.task = asyncio.ensure_future(self.controller.run())
-        deadline = self.clock.now + limit_s
+        deadline = self.clock.monotonic() + limit_s
         while not condition():
-            assert self.clock.now < deadline, (
+            assert self.clock.monotonic() < deadline, (
                 f"not reached in {limit_s} s: {self.controller.status}"
             )
             if self.task.done():
                 self.task.result()  # raise what ended it
                 assert condition(), f"the controller ended first: {self.controller.status}"
-            await self.clock.advance(tick_s)
+            await advance(tick_s)
 
     async def finish(self, *, limit_s: float = 120.0) -> status.JobStatus:
         """Run until the controller returns (it must within `limit_s` simulated seconds)."""

@@ -95,7 +95,7 @@ async def test_a_detached_controller_leaves_the_agents_training() -> None:
     run = _journalled(scenarios.job(steps=200), journal)
     await _detach_at(run, 10)
     step = max(a.step for a in run.cluster.agents.values())
-    await run.clock.advance(1.0)
+    await scenarios.advance(1.0)
     agents = run.cluster.agents.values()
     assert all(a.state is messages.AgentState.RUNNING for a in agents)
     assert max(a.step for a in agents) > step
@@ -135,7 +135,7 @@ async def test_an_epoch_broken_while_no_controller_watched_resumes_where_the_sur
     run = _journalled(scenarios.job(steps=60, policy="dynamic"), journal)
     await _detach_at(run, 10)
     run.cluster.kill(3)
-    await run.clock.advance(3.0)  # the successor starts after the survivors stopped
+    await scenarios.advance(3.0)  # the successor starts after the survivors stopped
     assert {a.heartbeat().state for w, a in run.cluster.agents.items() if w != 3} == {
         messages.AgentState.FAILED
     }

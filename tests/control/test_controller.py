@@ -16,7 +16,7 @@ import dataclasses
 import pytest
 
 from planaria.contract import plan as plans
-from planaria.control import planning, ports, recovery, settings, status
+from planaria.control import clock, planning, ports, recovery, settings, status
 from planaria.planner import candidates, policy, screening
 from planaria.wire import messages
 from tests.control import fakes, scenarios
@@ -135,11 +135,11 @@ async def test_a_silent_agent_is_treated_as_failed_after_the_heartbeat_timeout()
     job = scenarios.job()
     run = scenarios.Run(job)
     await run.until(lambda: run.step() >= 10)
-    hung_at = run.clock.now
+    hung_at = run.clock.monotonic()
     run.cluster.hang(6)
     bound = job.step_timeout_s + job.heartbeat_timeout_s + 1  # the settle wait's bound
     await run.until(lambda: run.controller.epoch == 2, limit_s=bound)
-    assert run.clock.now - hung_at >= job.heartbeat_timeout_s
+    assert run.clock.monotonic() - hung_at >= job.heartbeat_timeout_s
     final = await run.finish()
     assert final.phase is status.Phase.SUCCEEDED
     assert run.controller.recoveries[0].failed == (6,)
@@ -173,7 +173,7 @@ async def test_two_deaths_in_quick_succession_end_in_a_plan_without_both() -> No
     run = scenarios.Run(scenarios.job())
     await run.until(lambda: run.step() >= 10)
     run.cluster.kill(1)
-    await run.clock.advance(0.15)
+    await scenarios.advance(0.15)
     run.cluster.kill(4)
     final = await run.finish()
     assert final.phase is status.Phase.SUCCEEDED and final.step == 60
@@ -218,12 +218,12 @@ async def test_status_reports_recovering_and_degraded_while_short_of_workers() -
 
 async def test_the_fakes_implement_the_ports() -> None:
     """The controller is driven only through the Protocols: the fakes satisfy them."""
-    clock = fakes.ManualClock()
-    cluster = fakes.FakeCluster(clock)
+    virtual = clock.RealClock()
+    cluster = fakes.FakeCluster(virtual)
     agent = fakes.FakeAgent(cluster=cluster, id=plans.WorkerId(0))
     backend: ports.Backend = cluster
     port: ports.Agent = agent
-    ticking: ports.Clock = clock
+    ticking: ports.Clock = virtual
     assert backend.store.port > 0 and port.worker == 0 and ticking.monotonic() == 0.0
     assert dataclasses.is_dataclass(agent)
 
@@ -236,7 +236,7 @@ async def test_every_worker_silent_for_a_while_then_back_goes_on_in_the_same_epo
     for agent in run.cluster.agents.values():
         agent.hung = True
     await run.until(lambda: run.controller.status.phase is status.Phase.SUSPENDED, limit_s=10)
-    await run.clock.advance(0.5)
+    await scenarios.advance(0.5)
     for agent in run.cluster.agents.values():
         agent.hung = False
     final = await run.finish()
@@ -286,7 +286,7 @@ async def test_a_stall_that_ends_worker_by_worker_heals_the_same_epoch() -> None
     await run.until(lambda: run.controller.status.phase is status.Phase.SUSPENDED, limit_s=10)
     for agent in run.cluster.agents.values():
         agent.hung = False
-        await run.clock.advance(0.15)
+        await scenarios.advance(0.15)
     final = await run.finish()
     assert final.phase is status.Phase.SUCCEEDED, final.message
     assert final.step == 60 and final.epoch == 1

@@ -129,7 +129,7 @@ async def test_too_few_workers_suspend_the_job_until_workers_return() -> None:
     assert suspended.checkpoint_step == 20
     assert "checkpoint is step 20" in suspended.message and "6 workers" in suspended.message
     assert {c.type: c.status for c in suspended.conditions}["Suspended"] == "True"
-    await run.clock.advance(5.0)  # waiting is not a hang: still suspended, still publishing
+    await scenarios.advance(5.0)  # waiting is not a hang: still suspended, still publishing
     assert run.controller.status.phase is status.Phase.SUSPENDED
     run.cluster.join(0)
     run.cluster.join(1)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import functools
 
+import looptime
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -31,7 +32,7 @@ async def _play(changes: list[tuple[int, str, int]], policy: str) -> scenarios.R
         if run.task is not None and run.task.done():
             break
         _apply(run, action, worker)
-    await run.clock.advance(5.0)
+    await scenarios.advance(5.0)
     for worker, agent in list(run.cluster.agents.items()):
         if not agent.alive or agent.hung or agent.state is messages.AgentState.FAILED:
             run.cluster.join(worker)
@@ -73,7 +74,8 @@ def _apply(run: scenarios.Run, action: str, worker: int) -> None:
 def test_membership_changes_never_hang_nor_double_a_rank(
     changes: list[tuple[int, str, int]], policy: str
 ) -> None:
-    run = asyncio.run(_play(changes, policy))
+    with asyncio.Runner(loop_factory=looptime.new_event_loop) as runner:  # scenarios docstring
+        run = runner.run(_play(changes, policy))
     final = run.controller.status
     assert final.phase is status.Phase.SUCCEEDED, final.message
     assert final.step == 50

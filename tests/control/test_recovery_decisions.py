@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from planaria.contract import plan as plans
 from planaria.control import (
+    clock,
     connections,
     epochs,
     failures,
@@ -23,6 +24,7 @@ from planaria.control import (
     membership,
     outcomes,
     planning,
+    ports,
     recovery,
     settings,
     status,
@@ -154,17 +156,16 @@ def test_a_resume_step_is_never_past_the_survivors_oldest_step(
 
 def test_the_time_to_failure_is_the_default_before_any_failure() -> None:
     job = scenarios.job()
-    clock = fakes.ManualClock()
-    handler = _handler(job, clock)
+    handler = _handler(job, clock.RealClock())
     assert handler.time_to_failure() == recovery.DEFAULT_TIME_TO_FAILURE_S
 
 
-def _handler(job: settings.JobSettings, clock: fakes.ManualClock) -> recovery.Handler:
+def _handler(job: settings.JobSettings, time: ports.Clock) -> recovery.Handler:
     roster = membership.Roster(heartbeat_timeout_s=job.heartbeat_timeout_s)
-    cluster = fakes.FakeCluster(clock)
-    lines = connections.Connections(cluster, clock, roster, interval_s=0.1, timeout_s=1.0)
+    cluster = fakes.FakeCluster(time)
+    lines = connections.Connections(cluster, time, roster, interval_s=0.1, timeout_s=1.0)
     record = history.History(global_batch=job.training.global_batch_size)
     driver = epochs.Driver(
-        job, store=cluster.store, clock=clock, roster=roster, lines=lines, record=record
+        job, store=cluster.store, clock=time, roster=roster, lines=lines, record=record
     )
-    return recovery.Handler(job, clock, roster, driver, record)
+    return recovery.Handler(job, time, roster, driver, record)

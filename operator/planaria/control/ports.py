@@ -11,7 +11,7 @@ against agents over gRPC (`planaria.rpc`), processes on this machine (`planaria.
     Backend   where the workers run: starts them, connects to their agents, hosts the
               rendezvous store of the epochs' process groups, and reports worker events
               (deaths, preemption notices, returns) as they happen.
-    Clock     monotonic time and sleeping; tests inject a manual clock.
+    Clock     monotonic time and sleeping, on the event loop (tests run it in virtual time).
     StatusSink  receives the job's status value after every pass (the terminal, the CRD).
     Journal   durably records each epoch before its agents hear of it (the operator's state
               ConfigMap), so that a successor controller adopts the running job
@@ -143,7 +143,7 @@ class Backend(Protocol):
 
 
 class Clock(Protocol):
-    """Time for the core: real in production, manual in tests."""
+    """Time for the core: `clock.RealClock`, on the loop's time (virtual in tests)."""
 
     def monotonic(self) -> float: ...
 

@@ -1,9 +1,9 @@
 """The contract's domain side: what the controller and the agents tell each other, as dataclasses.
 
 These mirror the messages of planaria.v1 that have no home among the shared types (the plan,
-layer transfers and profiles live in `planaria.contract`). The controller core imports only this module
-of the wire package, never the codec nor the generated code, so it stays free of protobuf and
-gRPC (an import contract in .importlinter keeps it so).
+layer transfers and profiles live in `planaria.contract`). The controller core imports only this
+module of the wire package, never the codec nor the generated code, so it stays free of protobuf
+and gRPC (an import contract in .importlinter keeps it so).
 
 Values are checked on construction: a `ValueError` names the field and what to change. The codec
 turns those into `WireError`s that name the message field, for messages that arrive from the
