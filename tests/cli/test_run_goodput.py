@@ -29,7 +29,10 @@ from planaria.wire import messages
 BATCH = 32
 WORKERS = 4
 # The controller's wording (planaria.control.planning), with the estimate a CPU run quoted.
-REASON = "chose dynamic: DP=3 PP=1; 1114 samples/s by Odyssey eq. 8 among 5 candidate(s)"
+REASON = (
+    "chose dynamic: DP=3 PP=1; 1114 samples/s estimated by Odyssey eq. 8 for one device per "
+    "worker, among 5 candidate(s)"
+)
 
 
 def _record(at_s: float, step: int, epoch: int = 1, live: int = WORKERS) -> statuses.StepRecord:
@@ -175,7 +178,7 @@ def test_a_reasons_estimate_is_labelled_with_the_measured_rate_beside_it(tmp_pat
     assert f"| {measured:.1f} |" in row
     assert (
         "1114 samples/s estimated by Odyssey eq. 8 for one device per worker "
-        f"(measured {measured:.4g} samples/s) among 5 candidate(s)" in row
+        f"(measured {measured:.4g} samples/s), among 5 candidate(s)" in row
     )
     run_report.write_report(history, tmp_path)
     (written,) = json.loads((tmp_path / "recoveries.json").read_text(encoding="utf-8"))
@@ -187,6 +190,6 @@ def test_a_reason_without_an_estimate_or_an_epoch_without_two_steps_is_left_plai
     assert run_goodput.labelled_reason("rerouted", 10.0) == "rerouted"
     assert run_goodput.estimated_samples_per_s("rerouted") is None
     assert run_goodput.labelled_reason(REASON, None).endswith(
-        "for one device per worker (not measured) among 5 candidate(s)"
+        "for one device per worker (not measured), among 5 candidate(s)"
     )
     assert run_goodput.epoch_rate([_record(1.0, 1)], 1, BATCH) is None

@@ -32,8 +32,12 @@ from dataclasses import dataclass
 
 from planaria.control import status as statuses
 
-# The controller's wording (`planaria.control.planning`): "<value> samples/s by Odyssey eq. 8".
-_ESTIMATE = re.compile(r"(?P<value>[0-9][0-9.]*(?:e[+-]?[0-9]+)?) samples/s by Odyssey eq\. 8")
+# The controller's wording (`planaria.control.planning`):
+# "<value> samples/s estimated by Odyssey eq. 8 for one device per worker".
+_ESTIMATE = re.compile(
+    r"(?P<value>[0-9][0-9.]*(?:e[+-]?[0-9]+)?) samples/s estimated by Odyssey eq\. 8 "
+    r"for one device per worker"
+)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -125,9 +129,4 @@ def labelled_reason(reason: str, measured: float | None) -> str:
     """`reason` with its eq. 8 figure labelled an estimate for one device per worker and the
     measured rate of the epoch it chose beside it ("not measured" when none)."""
     seen = "not measured" if measured is None else f"measured {measured:.4g} samples/s"
-    return _ESTIMATE.sub(
-        lambda m: (
-            f"{m['value']} samples/s estimated by Odyssey eq. 8 for one device per worker ({seen})"
-        ),
-        reason,
-    )
+    return _ESTIMATE.sub(lambda m: f"{m[0]} ({seen})", reason)

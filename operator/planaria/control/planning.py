@@ -183,8 +183,8 @@ class Planner:
             choice.transition,
             kind,
             f"chose {choice.kind}: {choice.label}; "
-            f"{reason.ranked[0].value:.4g} samples/s by Odyssey eq. 8 among "
-            f"{len(reason.ranked)} candidate(s)",
+            f"{reason.ranked[0].value:.4g} samples/s estimated by Odyssey eq. 8 for one device "
+            f"per worker, among {len(reason.ranked)} candidate(s)",
         )
 
     def _oobleck_layouts(
