@@ -50,22 +50,24 @@ KILL_WITHIN_S = 120.0
 # A kill just after a Configure can leave an agent retrying the dead store for 2 x 60 s before
 # it takes the next epoch (docs/local-mode.md): rare, bounded, and slow; the bound allows it.
 SECOND_RUN_S = 240.0
-JOB = """\
+# The jobs of these tests differ only in the lines after `seed` (JOB_TEXT's {rest}).
+JOB_TEXT = """\
 model: tiny
 workers: 3
 steps: {steps}
 microBatchSize: 1
 globalBatchSize: 4
-seed: 5
 optimizer: {{lr: 0.003, eps: 0.000001}}
 data: {{corpusPaths: [{corpus}]}}
 reduction: exact
-snapshots: {{intervalSteps: 1, redundancy: xor}}
-checkpoints: {{dir: {checkpoints}, intervalSteps: 2}}
 faultTolerance: 1
-policy: dynamic
 timeouts: {{heartbeatSeconds: 3, stepSeconds: 10, configureSeconds: 20}}
-"""
+{rest}"""
+JOB = JOB_TEXT.replace(
+    "{rest}",
+    "seed: 5\nsnapshots: {{intervalSteps: 1, redundancy: xor}}\n"
+    "checkpoints: {{dir: {checkpoints}, intervalSteps: 2}}\npolicy: dynamic\n",
+)
 
 
 @pytest.fixture
@@ -218,21 +220,11 @@ def _record() -> ports.EpochRecord:
 # before the end, short enough for CI (tiny model, one snapshot and a checkpoint at the end).
 STEADY_STEPS = 240
 KILL_AFTER_STEP = 25
-STEADY = """\
-model: tiny
-workers: 3
-steps: {steps}
-microBatchSize: 1
-globalBatchSize: 4
-seed: 7
-optimizer: {{lr: 0.003, eps: 0.000001}}
-data: {{corpusPaths: [{corpus}]}}
-reduction: exact
-snapshots: {{intervalSteps: 1, redundancy: copy}}
-checkpoints: {{dir: {checkpoints}, intervalSteps: {steps}}}
-faultTolerance: 1
-timeouts: {{heartbeatSeconds: 3, stepSeconds: 10, configureSeconds: 20}}
-"""
+STEADY = JOB_TEXT.replace(
+    "{rest}",
+    "seed: 7\nsnapshots: {{intervalSteps: 1, redundancy: copy}}\n"
+    "checkpoints: {{dir: {checkpoints}, intervalSteps: {steps}}}\n",
+)
 PROGRESS = re.compile(r"Running +step (\d+)/")
 
 

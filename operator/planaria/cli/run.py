@@ -264,16 +264,17 @@ async def _backend(
     base = snapshot_base or local_backend.DEFAULT_SNAPSHOT_BASE
     agent_args, placement = devices.launch(*device)
 
-    def fresh() -> local_backend.LocalBackend:
-        made = local_backend.LocalBackend(
+    def made(*, adopt: bool = False) -> local_backend.LocalBackend:
+        backend = local_backend.LocalBackend(
             job=job_name,
             run_dir=out,
             snapshot_base=base,
             agent_args=agent_args,
             placement=placement,
+            adopt=adopt,
         )
-        on_backend(made)
-        return made
+        on_backend(backend)
+        return backend
 
     if not adoption.running(out / "workers"):
         if record is not None:
@@ -281,16 +282,8 @@ async def _backend(
                 f"planaria run: {out} holds epoch {record.epoch} of a previous controller, but "
                 "none of its agents runs: starting the job over"
             )
-        return fresh(), None
-    previous = local_backend.LocalBackend(
-        job=job_name,
-        run_dir=out,
-        snapshot_base=base,
-        agent_args=agent_args,
-        placement=placement,
-        adopt=True,
-    )
-    on_backend(previous)
+        return made(), None
+    previous = made(adopt=True)
     taken = previous.adopt()
     if record is not None and taken:
         print(
@@ -303,7 +296,7 @@ async def _backend(
         "journalled epoch; starting the job over"
     )
     await previous.shutdown()
-    return fresh(), None
+    return made(), None
 
 
 def _not_yet_due(failures: list[faults.Failure], resume_step: int) -> list[faults.Failure]:
