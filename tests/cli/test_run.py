@@ -76,6 +76,7 @@ def _recovery(at_s: float, worker: int, epoch: int, lost: int) -> statuses.Recov
         kind=statuses.MoveKind.DYNAMIC,
         reason="re-planning beats rerouting | by 3 s over the next hour",
         detect_s=0.3,
+        stop_s=0.4,
         plan_s=0.05,
         regroup_s=0.6,
         transfer_s=0.2,
@@ -153,7 +154,8 @@ def test_the_summary_tabulates_recoveries_and_goodput(tmp_path: Path) -> None:
     ]
     assert len(table) == 2
     assert (
-        "| 38.0 | 3 | dynamic | live_replica | 0.30 | 0.05 | 0.60 | 0.20 | 1.10 | 2.25 | 1 | 1.50 |"
+        "| 38.0 | 3 | dynamic | live_replica | 0.30 | 0.40 | 0.05 | 0.60 | 0.20 | 1.10 | 2.25 | 1 "
+        "| 1.50 |"
         in table[0]
     )
     assert (

@@ -193,6 +193,7 @@ class FakeCluster:
         self.sent: dict[int, list[messages.WorkerConfig]] = {}
         self.violations: list[str] = []
         self.shut = False
+        self.failed_epochs: list[tuple[str, int]] = []  # fail_epoch's calls, in order
         self.on_step: Callable[[int], None] | None = None
         self._events: asyncio.Queue[ports.WorkerEvent | None] = asyncio.Queue()
         self._ticker: asyncio.Task[None] | None = None
@@ -202,6 +203,9 @@ class FakeCluster:
     @property
     def store(self) -> ports.StoreAddress:
         return ports.StoreAddress(host="127.0.0.1", port=29500)
+
+    def fail_epoch(self, key_prefix: str, world_size: int) -> None:
+        self.failed_epochs.append((key_prefix, world_size))
 
     async def start(self, workers: Sequence[plans.WorkerId]) -> None:
         for worker in workers:

@@ -129,6 +129,7 @@ async def test_a_death_seen_only_as_a_broken_watch_stream_is_recovered() -> None
     final = await run.finish()
     assert final.phase is status.Phase.SUCCEEDED
     assert run.controller.recoveries[0].failed == (5,)
+    assert [prefix for prefix, _ in run.cluster.failed_epochs] == ["epoch-1"]
 
 
 async def test_a_silent_agent_is_treated_as_failed_after_the_heartbeat_timeout() -> None:
@@ -136,10 +137,14 @@ async def test_a_silent_agent_is_treated_as_failed_after_the_heartbeat_timeout()
     run = scenarios.Run(job)
     await run.until(lambda: run.step() >= 10)
     hung_at = run.clock.monotonic()
+    first_plan = run.controller.plan
+    assert first_plan is not None
     run.cluster.hang(6)
     bound = job.step_timeout_s + job.heartbeat_timeout_s + 1  # the settle wait's bound
     await run.until(lambda: run.controller.epoch == 2, limit_s=bound)
     assert run.clock.monotonic() - hung_at >= job.heartbeat_timeout_s
+    # the hung worker's epoch was flagged failed: the survivors stop waiting for it at once
+    assert run.cluster.failed_epochs[0] == ("epoch-1", len(first_plan.workers))
     final = await run.finish()
     assert final.phase is status.Phase.SUCCEEDED
     assert run.controller.recoveries[0].failed == (6,)

@@ -166,6 +166,12 @@ def _handler(job: settings.JobSettings, time: ports.Clock) -> recovery.Handler:
     lines = connections.Connections(cluster, time, roster, interval_s=0.1, timeout_s=1.0)
     record = history.History(global_batch=job.training.global_batch_size)
     driver = epochs.Driver(
-        job, store=cluster.store, clock=time, roster=roster, lines=lines, record=record
+        job,
+        store=cluster.store,
+        fail_epoch=cluster.fail_epoch,
+        clock=time,
+        roster=roster,
+        lines=lines,
+        record=record,
     )
     return recovery.Handler(job, time, roster, driver, record)

@@ -11,19 +11,29 @@ the fault-free `ReferenceTrainer` (`planaria.agent.runtime.runtime_states`,
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+from planaria.agent.execution import profiler
 from planaria.agent.runtime import runtime_states
 from planaria.agent.training import comparison
-from planaria.contract import plan
+from planaria.contract import plan, profile, shapes
 from planaria.control import clock, controller
 from planaria.control import settings as job_settings
 from planaria.control import status as statuses
 from planaria.local import backend as local_backend
 from planaria.wire import messages
 
-__all__ = ["LocalJob", "asyncio", "assert_like_reference", "job", "job_settings", "training"]
+__all__ = [
+    "LocalJob",
+    "asyncio",
+    "assert_like_reference",
+    "job",
+    "job_settings",
+    "pipelined_profile",
+    "training",
+]
 
 RUN_TIMEOUT_S = 150.0
 POLL_S = 0.02
@@ -132,3 +142,17 @@ def assert_like_reference(job_: LocalJob, shm: Path) -> None:
     )
     found = comparison.compare(got, want)
     assert found.equal, found.describe()
+
+
+def pipelined_profile(micro_batch_size: int) -> profile.Profile:
+    """The tiny model's measured profile with a device too small for the whole model on one
+    worker (85 % of its layers' memory), so every pipeline of a plan has 2 or more stages."""
+    measured = profiler.measure_profile(shapes.named("tiny"), micro_batch_size, warmup=0, repeats=1)
+    need = sum(
+        layer.parameter_bytes
+        + layer.gradient_bytes
+        + layer.optimizer_bytes
+        + layer.activation_bytes
+        for layer in measured.layers
+    )
+    return dataclasses.replace(measured, memory_bytes=int(need * 0.85))

@@ -15,13 +15,11 @@ stores at the last step (`planaria.agent.runtime.runtime_states`).
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import pytest
 
-from planaria.agent.execution import profiler
-from planaria.contract import plan, profile, shapes
+from planaria.contract import plan
 from planaria.control import status as statuses
 from planaria.wire import messages
 from tests.e2e import local_job
@@ -138,20 +136,6 @@ async def test_a_restarted_worker_of_a_single_pipeline_reloads_its_own_snapshot(
     assert Tier.LOCAL_SNAPSHOT in tiers, tiers
 
 
-def _pipelined_profile(micro_batch_size: int) -> profile.Profile:
-    """The tiny model's measured profile with a device too small for the whole model on one
-    worker (85 % of its layers' memory), so every plan is a single pipeline of 2+ stages."""
-    measured = profiler.measure_profile(shapes.named("tiny"), micro_batch_size, warmup=0, repeats=1)
-    need = sum(
-        layer.parameter_bytes
-        + layer.gradient_bytes
-        + layer.optimizer_bytes
-        + layer.activation_bytes
-        for layer in measured.layers
-    )
-    return dataclasses.replace(measured, memory_bytes=int(need * 0.85))
-
-
 @pytest.mark.asyncio
 async def test_a_lost_stage_of_a_single_pipeline_is_rebuilt_from_snapshots(
     corpus: Path, shm: Path, tmp_path: Path
@@ -161,7 +145,7 @@ async def test_a_lost_stage_of_a_single_pipeline_is_rebuilt_from_snapshots(
         local_job.training(corpus),
         workers=3,
         fault_tolerance=0,
-        profile=_pipelined_profile(1),
+        profile=local_job.pipelined_profile(1),
     )
     job = _job(tmp_path, shm, settings)
 

@@ -48,7 +48,8 @@ def recovery_line(recovery: statuses.Recovery, number: int) -> str:
     )
     return (
         f"recovery {number}: {who} -> {recovery.kind}, tier {recovery.tier.value}, "
-        f"{recovery.total_s:.2f} s (detect {recovery.detect_s:.2f}, plan {recovery.plan_s:.2f}, "
+        f"{recovery.total_s:.2f} s (detect {recovery.detect_s:.2f}, stop {recovery.stop_s:.2f}, "
+        f"plan {recovery.plan_s:.2f}, "
         f"regroup {recovery.regroup_s:.2f}, transfer {recovery.transfer_s:.2f}, resume "
         f"{recovery.resume_s:.2f}), {recovery.lost_steps} steps lost, "
         f"{recovery.transferred_bytes / 1e6:.2f} MB moved; {recovery.reason}"

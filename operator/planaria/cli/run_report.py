@@ -182,7 +182,8 @@ def summary(history: History) -> str:
 
 
 _HEADER = (
-    "| # | at s | failed | kind | tier | detect s | plan s | regroup s | transfer s | resume s "
+    "| # | at s | failed | kind | tier | detect s | stop s | plan s | regroup s | transfer s "
+    "| resume s "
     "| total s | lost steps | moved MB | measured samples/s | reason |"
 )
 _RATES_NOTE = (
@@ -196,10 +197,10 @@ _RATES_NOTE = (
 def _recovery_table(history: History) -> list[str]:
     if not history.recoveries:
         return ["No failures: the job ran in one epoch."]
-    rows = [_HEADER, "|" + "---|" * 15]
+    rows = [_HEADER, "|" + "---|" * 16]
     for i, r in enumerate(history.recoveries, start=1):
         failed = ",".join(str(w) for w in r.failed) or "-"
-        seconds = (r.detect_s, r.plan_s, r.regroup_s, r.transfer_s, r.resume_s, r.total_s)
+        seconds = (r.detect_s, r.stop_s, r.plan_s, r.regroup_s, r.transfer_s, r.resume_s, r.total_s)
         cells = [str(i), f"{r.started_s - history.started_s:.1f}", failed, r.kind, r.tier.value]
         cells += [f"{s:.2f}" for s in seconds]
         measured = measured_after(history, r)

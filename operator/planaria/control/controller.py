@@ -75,6 +75,7 @@ class Controller:
         self._epochs = driver = epochs.Driver(
             settings,
             store=backend.store,
+            fail_epoch=backend.fail_epoch,
             clock=clock,
             roster=roster,
             lines=lines,

@@ -21,11 +21,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from planaria.contract import plan as plans
 from planaria.contract import profile as profiles
+from planaria.contract import rendezvous
 from planaria.control import connections, history, membership, planning, ports
 from planaria.control import settings as job_settings
 from planaria.control import status as statuses
@@ -63,7 +64,7 @@ def configs(
             rendezvous=messages.Rendezvous(
                 store_host=store.host,
                 store_port=store.port,
-                key_prefix=f"epoch-{epoch}",
+                key_prefix=rendezvous.key_prefix(epoch),
                 rank=rank,
                 world_size=len(ranked),
                 backend=job.backend,
@@ -96,6 +97,7 @@ class Driver:
         job: job_settings.JobSettings,
         *,
         store: ports.StoreAddress,
+        fail_epoch: Callable[[str, int], None],
         clock: ports.Clock,
         roster: membership.Roster,
         lines: connections.Connections,
@@ -105,6 +107,7 @@ class Driver:
         self._job = job
         self._journal = journal
         self._store = store
+        self._fail_epoch = fail_epoch
         self._clock = clock
         self._roster = roster
         self._lines = lines
@@ -182,6 +185,16 @@ class Driver:
             if b.state is messages.AgentState.FINISHED and b.last_committed_step >= self._job.steps
         ]
         return len(done) == len(self.plan.workers)
+
+    def abandon(self) -> None:
+        """Flag the current epoch failed in the store (and the one before a planned switch,
+        whose workers may not have reached it): every worker still waiting in a step of it
+        stops at once (a worker declared lost or hung cannot be waited for)."""
+        running = [] if self.plan is None else [(self.epoch, self.plan)]
+        if self._previous is not None:
+            running.append((self._previous.epoch, self._previous.plan))
+        for epoch, plan in running:
+            self._fail_epoch(rendezvous.key_prefix(epoch), len(plan.workers))
 
     def broken(self, now: float) -> bool:
         """Some worker of the plan is gone or failed in this epoch."""

@@ -59,6 +59,7 @@ class History:
                 started_s=death_at,
                 failed=tuple(sorted({*previous.record.failed, *record.failed})),
                 detect_s=previous.record.detect_s,
+                stop_s=previous.record.stop_s + record.stop_s,
                 plan_s=previous.record.plan_s + record.plan_s,
                 lost_steps=max(previous.record.lost_steps, record.lost_steps),
                 planned=previous.record.planned and record.planned,

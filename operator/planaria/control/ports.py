@@ -129,6 +129,13 @@ class Backend(Protocol):
         """Start (or adopt already running) agents for `workers`; returns once launched."""
         ...
 
+    def fail_epoch(self, key_prefix: str, world_size: int) -> None:
+        """Flag the epoch under `key_prefix` failed in the store
+        (`planaria.contract.rendezvous.flag_failed`), so that every worker of it stops
+        waiting at once; quick (the store is in this process), idempotent, and a no-op once
+        the store is closed."""
+        ...
+
     async def connect(self, worker: plan.WorkerId, timeout_s: float) -> Agent:
         """The agent of a started worker, once it answers (AgentUnreachable past timeout_s)."""
         ...

@@ -77,6 +77,7 @@ class Handler:
         the status that the controller waits for the workers to stop."""
         assert self._epochs.plan is not None, "a broken epoch has a plan"
         running, epoch, noticed = self._epochs.plan, self._epochs.epoch, self._clock.monotonic()
+        self._epochs.abandon()  # the survivors stop at once, whatever they wait for
         fatal = failures.job_error(self._roster, running.workers, epoch, membership.PERMANENT)
         if fatal is not None:  # the job's own error: no plan avoids it, so no need to settle
             return outcomes.Fail(error=fatal)
@@ -99,7 +100,7 @@ class Handler:
             return outcomes.Suspend(running=running, what=lost, retry=True)
         if found.survivors and found.resume_step >= self._job.steps:
             return outcomes.Succeed()
-        return self._next_epoch(planner, running, found, noticed, now)
+        return self._next_epoch(planner, running, found, noticed, now, stopped=now - noticed)
 
     def _next_epoch(
         self,
@@ -108,6 +109,8 @@ class Handler:
         found: failures.Assessment,
         noticed: float,
         now: float,
+        *,
+        stopped: float,
     ) -> outcomes.Outcome:
         """The planner's move and its resume step for `found`, as an `Open` (or a Suspend)."""
         live = self._roster.live(now)
@@ -139,6 +142,7 @@ class Handler:
             kind=move.kind,
             reason=move.reason,
             detect_s=max(0.0, noticed - found.death_at),
+            stop_s=stopped,
             plan_s=self._clock.monotonic() - now,
             lost_steps=found.newest_step - resume,
         )

@@ -67,7 +67,8 @@ class Recovery:
     """One recovery (or planned reconfiguration): when it started (clock seconds), the workers
     lost, the epoch it opened, the costliest tier any worker needed, the kind of move
     ("dynamic", "reroute", "restart", "scale-up", "resume"), the planner's reason, and its
-    seconds: death to noticed (`detect_s`), deciding (`plan_s`), the workers' slowest regroup
+    seconds: death to noticed (`detect_s`), the survivors stopping their failed step
+    (`stop_s`), deciding (`plan_s`), the workers' slowest regroup
     and transfer, Configure to the first step committed in the new epoch (`resume_s`), and
     `total_s` from the death to that step. `lost_steps` were committed before and trained
     again; `transferred_bytes` moved between workers. `planned`: a switch at a future step
@@ -81,6 +82,7 @@ class Recovery:
     kind: MoveKind
     reason: str
     detect_s: float = 0.0
+    stop_s: float = 0.0
     plan_s: float = 0.0
     regroup_s: float = 0.0
     transfer_s: float = 0.0

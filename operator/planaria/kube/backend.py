@@ -42,7 +42,7 @@ from typing import Any
 # the store classes, as planaria.agent.execution.groups
 from torch._C import _distributed_c10d as c10d
 
-from planaria.contract import plan
+from planaria.contract import plan, rendezvous
 from planaria.control import ports
 from planaria.kube import api, constants, pods, signals
 from planaria.rpc import client, tls
@@ -113,6 +113,11 @@ class KubeBackend:
     @property
     def store(self) -> ports.StoreAddress:
         return self._address
+
+    def fail_epoch(self, key_prefix: str, world_size: int) -> None:
+        if self._store is not None:
+            store = c10d.PrefixStore(key_prefix, self._store)
+            rendezvous.flag_failed(store, world_size, "operator")
 
     async def start(self, workers: Sequence[plan.WorkerId]) -> None:
         """Create the pods of `workers`' nodes that do not run (adopting those that do)."""

@@ -204,6 +204,7 @@ class RecoveryReport(_StatusPart):
     epoch: int = _f(0, "Epoch that the recovery started.", ge=0)
     seconds: float = _f(0.0, "Wall time from detection to training again.", ge=0)
     detect_seconds: float = _f(0.0, "Failure to detection.", ge=0)
+    stop_seconds: float = _f(0.0, "The surviving workers stopping their failed step.", ge=0)
     plan_seconds: float = _f(0.0, "Choosing the recovery and the new plan.", ge=0)
     regroup_seconds: float = _f(0.0, "Building the new process groups.", ge=0)
     transfer_seconds: float = _f(0.0, "Moving parameters and optimizer state.", ge=0)

@@ -92,6 +92,7 @@ def recovery_body(recovery: statuses.Recovery) -> Json:
         "epoch": recovery.epoch,
         "seconds": max(0.0, recovery.total_s),
         "detectSeconds": max(0.0, recovery.detect_s),
+        "stopSeconds": max(0.0, recovery.stop_s),
         "planSeconds": max(0.0, recovery.plan_s),
         "regroupSeconds": max(0.0, recovery.regroup_s),
         "transferSeconds": max(0.0, recovery.transfer_s),

@@ -66,7 +66,7 @@ from typing import Protocol
 # the store classes, as planaria.agent.execution.groups
 from torch._C import _distributed_c10d as c10d
 
-from planaria.contract import plan
+from planaria.contract import plan, rendezvous
 from planaria.control import ports
 from planaria.local import adoption
 from planaria.rpc import client, tls
@@ -178,6 +178,11 @@ class LocalBackend:
     @property
     def store(self) -> ports.StoreAddress:
         return self._address
+
+    def fail_epoch(self, key_prefix: str, world_size: int) -> None:
+        if self._store is not None:
+            store = c10d.PrefixStore(key_prefix, self._store)
+            rendezvous.flag_failed(store, world_size, "controller")
 
     async def start(self, workers: Sequence[plan.WorkerId]) -> None:
         """Launch an agent per worker not already running; returns once all of them serve."""

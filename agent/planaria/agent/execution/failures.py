@@ -1,13 +1,14 @@
 """How a step fails: bounded waits on torch.distributed work, and the errors they latch.
 
 Every blocking wait of a step (a receive, a collective, a posted send's completion) waits at
-most the epoch's timeout. Given `abandoned` (the runtime's "has another worker of this epoch
-flagged a failed step?"), `Waits` polls collectives (all-reduces and the commit barrier; gloo's
-point-to-point works complete only inside a blocking wait) instead of blocking, and gives one
-up once the flag is set, so a survivor stuck on a peer whose death gloo does not report learns
-of it from the first survivor that does. A failed torch.distributed call becomes a
-`CommFailure`, which the executor turns into the `StepError` of its position (`step_error`):
-a timeout when the wait outlived the epoch's timeout, a lost peer otherwise.
+most the epoch's timeout. Given `abandoned` (the runtime's "has this epoch failed elsewhere?",
+a local flag its watcher sets: `planaria.agent.runtime.epoch_watch`), `Waits` polls
+collectives (all-reduces and the commit barrier) instead of blocking, and gives one up once
+the flag is set. gloo's point-to-point works complete only inside a blocking wait, so those
+block; the watcher ends them by releasing the epoch's transport (`groups.Epoch.release`), and
+the failure they raise then says the wait was abandoned. A failed torch.distributed call
+becomes a `CommFailure`, which the executor turns into the `StepError` of its position
+(`step_error`): a timeout when the wait outlived the epoch's timeout, a lost peer otherwise.
 
 Not here: what a step runs (`executor`).
 
@@ -33,7 +34,7 @@ from planaria.wire import messages
 
 DETAIL_CHARS = 300  # how much of torch's error text an error message keeps
 # Polled waits (given `abandoned`): first and longest sleep between polls, and how often the
-# epoch's failure flag is read.
+# epoch's failure flag (a local event) is read.
 POLL_START_S = 20e-6
 POLL_MAX_S = 200e-6
 CHECK_S = 0.02
@@ -136,7 +137,16 @@ class Waits:
             else:
                 self._poll(work, started)
         except RuntimeError as exc:
-            raise CommFailure(exc, peer, time.monotonic() - started) from exc
+            waited = time.monotonic() - started
+            if self.abandoned is not None and self.abandoned():
+                abandoned = RuntimeError(f"{self._abandoned_text()} ({exc})")
+                raise CommFailure(abandoned, peer, waited) from exc
+            raise CommFailure(exc, peer, waited) from exc
+
+    def _abandoned_text(self) -> str:
+        return (
+            f"another worker of epoch {self.epoch.number} failed its step; this wait was abandoned"
+        )
 
     def _poll(self, work: dist.Work, started: float) -> None:
         """Wait for `work` by polling, so a wait can be abandoned when `abandoned()` says the
@@ -151,10 +161,7 @@ class Waits:
             if now >= next_check:
                 assert self.abandoned is not None
                 if self.abandoned():
-                    raise RuntimeError(
-                        f"another worker of epoch {self.epoch.number} failed its step; "
-                        "this wait was abandoned"
-                    )
+                    raise RuntimeError(self._abandoned_text())
                 next_check = now + CHECK_S
             time.sleep(delay)
             delay = min(2 * delay, POLL_MAX_S)

@@ -18,6 +18,18 @@ Teardown: gloo groups are destroyed; NCCL communicators are aborted first (torch
 `_abort_process_group`), because a plain destroy may wait for a collective that a dead peer
 will never finish. Only gloo is exercised on the CPU machines this is tested on.
 
+Releasing blocked waits (`Epoch.release`): a wait on a peer that hangs, or on a live peer that
+is itself blocked, ends only at the epoch's timeout in gloo: its point-to-point works complete
+only inside a blocking wait(), ProcessGroupGloo.abort() does not end one, a destroyed group
+joins its worker threads (so it blocks on a collective in flight), and a group whose works are
+still referenced keeps its connections open. What does end them is the transport: `form_epoch`
+records the connected sockets the epoch's gloo groups opened (`Transport`, from /proc/self/fd
+before and after forming; listening sockets and connections to ports that were already
+listening, i.e. the agent's gRPC server, are left out), and `release` shuts them down. Every
+pending wait of this process on the epoch then fails at once ("Connection closed by peer"), and
+so does every peer's wait on this process: one release reaches every worker of the epoch that
+shares a group with it. For NCCL, `release` aborts the communicators instead.
+
 Only one epoch can be formed in a process at a time: torch keeps the world group process-wide.
 
 Errors:
@@ -30,9 +42,13 @@ Errors:
 
 from __future__ import annotations
 
+import contextlib
 import datetime
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+import os
+import socket
+import threading
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 
 import torch.distributed as dist
 
@@ -57,6 +73,84 @@ class EpochFormationError(GroupsError):
     """Joining the epoch's groups failed, typically because a member never arrived in time."""
 
 
+FD_DIR = "/proc/self/fd"  # Linux: where a process's open descriptors are listed
+
+
+def _sockets() -> dict[int, int]:
+    """This process's open sockets, inode -> descriptor ({} without /proc)."""
+    found: dict[int, int] = {}
+    with contextlib.suppress(OSError):
+        for name in os.listdir(FD_DIR):
+            with contextlib.suppress(OSError):
+                target = os.readlink(f"{FD_DIR}/{name}")
+                if target.startswith("socket:["):
+                    found[int(target[len("socket:[") : -1])] = int(name)
+    return found
+
+
+@contextlib.contextmanager
+def _borrowed(fd: int, inode: int) -> Iterator[socket.socket | None]:
+    """A duplicate of descriptor `fd` as a socket, None when it no longer is socket `inode`
+    (closed, or its number reused)."""
+    try:
+        if os.readlink(f"{FD_DIR}/{fd}") != f"socket:[{inode}]":
+            yield None
+            return
+        sock = socket.socket(fileno=os.dup(fd))
+    except OSError:
+        yield None
+        return
+    with sock:
+        yield sock
+
+
+def _listening_ports(sockets: Mapping[int, int]) -> set[int]:
+    ports = set()
+    for inode, fd in sockets.items():
+        with _borrowed(fd, inode) as sock, contextlib.suppress(OSError):
+            if sock is not None and sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
+                ports.add(sock.getsockname()[1])
+    return ports
+
+
+@dataclass(slots=True, eq=False)
+class Transport:
+    """The connected sockets an epoch's gloo groups opened in this process, inode -> descriptor
+    (module docstring, "Releasing blocked waits"). `shut` is safe from any thread, more than
+    once, and never touches a descriptor that no longer is the socket recorded."""
+
+    sockets: dict[int, int] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @classmethod
+    def opened(cls, before: Mapping[int, int], listening: set[int]) -> Transport:
+        """The connected sockets opened since `before` (this process's sockets then), less
+        listening ones and connections accepted on a port of `listening`."""
+        mine = {}
+        for inode, fd in _sockets().items():
+            if inode in before:
+                continue
+            with _borrowed(fd, inode) as sock, contextlib.suppress(OSError):
+                if sock is None or sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
+                    continue  # (shutting gloo's listener down would abort the process)
+                inet = sock.family in (socket.AF_INET, socket.AF_INET6)
+                if inet and sock.getsockname()[1] not in listening:
+                    mine[inode] = fd
+        return cls(sockets=mine)
+
+    def shut(self) -> int:
+        """Shut every recorded socket down (both directions); how many were still open."""
+        with self._lock:
+            sockets, self.sockets = self.sockets, {}
+        shut = 0
+        for inode, fd in sockets.items():
+            with _borrowed(fd, inode) as sock, contextlib.suppress(OSError):
+                if sock is not None:
+                    sock.shutdown(socket.SHUT_RDWR)
+                    shut += 1
+        return shut
+
+
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False)
 class Epoch:
     """The formed process groups of epoch `number`, seen from rank `rank`.
@@ -72,6 +166,16 @@ class Epoch:
     timeout_s: float
     world: dist.ProcessGroup
     subgroups: Mapping[RankSet, dist.ProcessGroup]
+    transport: Transport = field(default_factory=Transport)
+
+    def release(self) -> None:
+        """End every pending wait on this epoch's groups, here and at its peers, at once
+        (module docstring); from any thread. The epoch is unusable afterwards: leave it."""
+        if self.backend is messages.Backend.NCCL:
+            with contextlib.suppress(RuntimeError):
+                dist.distributed_c10d._abort_process_group()
+            return
+        self.transport.shut()
 
     @property
     def timeout(self) -> datetime.timedelta:
@@ -126,6 +230,7 @@ def form_epoch(
     _check_epoch(epoch, rank, world_size, timeout_s)
     wanted = sorted(set(_checked_subgroups(subgroups, world_size)))
     timeout = datetime.timedelta(seconds=timeout_s)
+    before = _sockets()
     if not dist.is_initialized():
         # torch names a world group after a process-wide counter, and the name is part of every
         # rendezvous key ("epoch-E/<count>/..."). Destroying the world resets it, but a failed
@@ -148,6 +253,11 @@ def form_epoch(
         raise EpochFormationError(
             f"rank {rank} could not form epoch {epoch} of {world_size} ranks: {exc}"
         ) from exc
+    transport = (
+        Transport.opened(before, _listening_ports(before))
+        if backend is messages.Backend.GLOO
+        else Transport()
+    )
     return Epoch(
         number=epoch,
         rank=rank,
@@ -156,6 +266,7 @@ def form_epoch(
         timeout_s=timeout_s,
         world=world,
         subgroups=formed,
+        transport=transport,
     )
 
 

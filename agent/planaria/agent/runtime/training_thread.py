@@ -15,12 +15,13 @@ snapshot; the executor hook waits for it right before the next step's first Opti
 host replicas. The time spent there is the step's `snapshot_s`. The writers, and the
 checkpoint started once a snapshot is complete, are `epoch_writers`.
 
-A failed step sets FAILED_KEY under the epoch's key prefix in the controller's store and aborts
-the epoch's groups; the executors of the epoch poll that flag while they wait
-(`executor.Executor(abandoned=...)`), so every survivor fails its step within milliseconds of
-the first one that noticed the death, instead of at the epoch's timeout. Leaving an epoch
-closes its writers first, which makes their pending snapshot complete (the roll-back tiers rely
-on it).
+A failed step sets the epoch's failure keys in the controller's store
+(`planaria.contract.rendezvous`) and releases the epoch's transport (`groups.Epoch.release`);
+every other worker's watcher (`epoch_watch`) wakes on its key and releases its own, so every
+survivor fails its step within milliseconds of the first one that noticed the death, point to
+point waits included, instead of at the epoch's timeout (the controller sets the same keys when
+it declares a worker lost or hung). Leaving an epoch closes its writers first, which makes their
+pending snapshot complete (the roll-back tiers rely on it).
 """
 
 from __future__ import annotations
@@ -32,22 +33,18 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch.distributed as dist
 from torch._C import _distributed_c10d as c10d  # the store classes (see groups.py)
 
 from planaria.agent.execution import executor, groups
 from planaria.agent.recovery import epoch_setup
-from planaria.agent.runtime import epoch_writers
+from planaria.agent.runtime import epoch_watch, epoch_writers
 from planaria.agent.state import snapshot_store, snapshot_writer
 from planaria.agent.training import data, model, semantics
-from planaria.contract import instructions, plan, shapes
+from planaria.contract import instructions, plan, rendezvous, shapes
 from planaria.wire import messages
 
 LOG = logging.getLogger(__name__)
 Op = instructions.Op
-# Set under the epoch's key prefix in the controller's store by a worker whose step failed (the
-# controller may set it too): every other worker of the epoch then abandons its waits at once.
-FAILED_KEY = "planaria-step-failed"
 COMMUNICATION = (Op.SEND_ACTIVATION, Op.RECV_ACTIVATION, Op.SEND_GRAD, Op.RECV_GRAD)
 
 
@@ -105,7 +102,8 @@ class Training:
         self._stores: dict[tuple[str, int], c10d.Store] = {}
         self._snapshot_s = 0.0
         self._hooked = False  # the step's first OptimizerStep has been seen
-        self._flag: c10d.Store | None = None
+        self._flag: c10d.Store | None = None  # the worker's store client, epoch-prefixed
+        self._watcher: epoch_watch.Watcher | None = None
         # Set from another thread (a Stop's grace ran out): the step's collectives give up.
         self.abandon_requested = False
 
@@ -153,8 +151,11 @@ class Training:
             raise
         self.epoch, self.config = ready.epoch, config
         self.holding = epoch_setup.Holding(layers=ready.layers, step=config.resume_step)
-        flag = c10d.PrefixStore(config.rendezvous.key_prefix, self._store_client(config.rendezvous))
-        self._flag = flag
+        prefix = config.rendezvous.key_prefix
+        self._flag = flag = c10d.PrefixStore(prefix, self._store_client(config.rendezvous))
+        self._watcher = watcher = epoch_watch.Watcher(
+            lambda: epoch_setup.connect_store(config.rendezvous), prefix, ready.epoch, flag
+        )
         try:
             self._executor = executor.Executor(
                 job=job,
@@ -162,7 +163,7 @@ class Training:
                 worker=self.worker,
                 epoch=ready.epoch,
                 layers=ready.layers,
-                abandoned=lambda: self.abandon_requested or flag.check([FAILED_KEY]),
+                abandoned=lambda: self.abandon_requested or watcher.failed.is_set(),
             )
         except BaseException:
             self.end_epoch()
@@ -172,21 +173,18 @@ class Training:
 
     def end_epoch(self, *, failed: bool = False) -> None:
         """Finish pending snapshots, close the writers and leave the epoch's groups; after a
-        failed step, abort them first: a destroyed gloo group whose objects are still
-        referenced keeps its connections open, and a peer waiting on this worker would only
-        learn of the failure at its timeout instead of at once."""
+        failed step, flag the epoch failed and release its transport first, so that every
+        peer's waits end at once (module docstring) and leaving does not wait on a collective
+        still in flight."""
         epoch, self.epoch, self._executor = self.epoch, None, None
         flag, self._flag = self._flag, None
-        if flag is not None and failed:
-            with contextlib.suppress(RuntimeError):  # the controller's store may be gone
-                flag.set(FAILED_KEY, str(self.worker))
+        watcher, self._watcher = self._watcher, None
+        if watcher is not None:
+            watcher.stop()
+        if flag is not None and epoch is not None and failed:
+            rendezvous.flag_failed(flag, epoch.world_size, f"worker {self.worker}")
         if epoch is not None and failed:
-            # On a rank outside a subgroup its entry is torch's non-member placeholder (not a
-            # group): only the groups this rank is in have connections to abort.
-            joined = (epoch.world, *epoch.subgroups.values())
-            for group in {id(g): g for g in joined if isinstance(g, dist.ProcessGroup)}.values():
-                with contextlib.suppress(RuntimeError):
-                    group.abort()
+            epoch.release()
         self._close_writers()
         if epoch is not None:
             groups.leave_epoch(epoch)

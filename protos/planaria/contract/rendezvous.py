@@ -1,0 +1,47 @@
+"""Planaria's own keys in an epoch's rendezvous store, beside torch's, under the epoch's prefix.
+
+A step that fails anywhere in an epoch must end every other worker's waits at once. The worker
+whose step failed, or the controller when it declares a worker lost or hung, sets
+`failure_keys`: FAILED_KEY (what a worker reads to know the epoch failed) and one wake key per
+rank. Each worker's watcher blocks on its own wake key (one blocking store wait per worker and
+epoch, no polling), so it wakes for a failure, or when its own worker leaves the epoch and sets
+that key itself; FAILED_KEY then tells the two apart.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Protocol
+
+FAILED_KEY = "planaria-step-failed"
+
+
+def key_prefix(epoch: int) -> str:
+    """The prefix of epoch `epoch`'s keys (its process groups' and these): no two epochs
+    read each other's keys."""
+    return f"epoch-{epoch}"
+
+
+def wake_key(rank: int) -> str:
+    """The key rank `rank`'s watcher waits for."""
+    return f"planaria-wake-{rank}"
+
+
+def failure_keys(world_size: int) -> tuple[str, ...]:
+    """The keys that flag an epoch of `world_size` ranks failed and wake every watcher."""
+    return (FAILED_KEY, *(wake_key(r) for r in range(world_size)))
+
+
+class Store(Protocol):
+    """What `flag_failed` needs of a torch store (c10d.Store's signature)."""
+
+    def set(self, key: str, value: str) -> None: ...
+
+
+def flag_failed(store: Store, world_size: int, by: str) -> None:
+    """Set the failure keys of an epoch of `world_size` ranks in `store` (prefixed with the
+    epoch's key prefix) as `by`, FAILED_KEY first; nothing once the store is gone (torch's
+    RuntimeError)."""
+    with contextlib.suppress(RuntimeError):
+        for key in failure_keys(world_size):
+            store.set(key, by)
