@@ -1,8 +1,14 @@
 """One worker lost, two ways back: Planaria's recovery vs restarting every worker from the
-persistent checkpoint, end to end with real agent processes on this machine.
+persistent checkpoint, end to end with real agent processes on this machine, for a data
+parallel job and for a pipeline job, in one run.
 
     .venv/bin/python bench/recovery.py [--workers 6] [--steps 40] [--kill-step 20]
                                        [--out bench/results/recovery.json]
+
+The two cases: "data parallel" (the tiny model fits one worker: the planner's plans are
+pipelines of one stage) and "pipelines" (the job's device memory capped at 60 % of the tiny
+model's training state, `JobSettings.device_memory_bytes`, so that every pipeline has two or
+more stages and a survivor may wait on a peer point to point when the victim dies).
 
 Planaria: the controller (`planaria.control.controller`) runs a tiny-GPT job on `--workers`
 local agents (`planaria.local.backend`); once step `--kill-step` is committed one worker is
@@ -33,10 +39,12 @@ import tempfile
 import time
 from pathlib import Path
 
+from planaria.agent.execution import profiler
 from planaria.agent.runtime import runtime_states
 from planaria.agent.state import checkpoints
 from planaria.agent.training import data
 from planaria.contract import plan as plans
+from planaria.contract import shapes
 from planaria.control import clock, controller, ports
 from planaria.control import settings as job_settings
 from planaria.control import status as statuses
@@ -46,7 +54,9 @@ from planaria.wire import messages
 SHM = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
 
 
-def _settings(args: argparse.Namespace, corpus: Path, ckpt: Path) -> job_settings.JobSettings:
+def _settings(
+    args: argparse.Namespace, corpus: Path, ckpt: Path, pipelines: bool
+) -> job_settings.JobSettings:
     training = messages.TrainingSettings(
         model="tiny",
         seed=0,
@@ -67,6 +77,22 @@ def _settings(args: argparse.Namespace, corpus: Path, ckpt: Path) -> job_setting
         training=training,
         fault_tolerance=1,
         policy="adaptive",
+        device_memory_bytes=int(PIPELINE_MEMORY * _model_bytes()) if pipelines else None,
+    )
+
+
+PIPELINE_MEMORY = 0.6  # of the model's training state, per worker, in the pipelines case
+
+
+def _model_bytes() -> int:
+    """The tiny model's training state at micro-batch 1 as the profiler counts it."""
+    measured = profiler.measure_profile(shapes.named("tiny"), 1, warmup=0, repeats=1)
+    return sum(
+        layer.parameter_bytes
+        + layer.gradient_bytes
+        + layer.optimizer_bytes
+        + layer.activation_bytes
+        for layer in measured.layers
     )
 
 
@@ -218,10 +244,10 @@ def _state_bytes(settings: job_settings.JobSettings, final: plans.Plan, shm: Pat
     )
 
 
-async def _bench(args: argparse.Namespace, work: Path) -> dict[str, object]:
+async def _bench(args: argparse.Namespace, work: Path, pipelines: bool) -> dict[str, object]:
     corpus = work / "corpus.txt"
     corpus.write_bytes(data.load_default_corpus(max_bytes=200_000).tobytes())
-    settings = _settings(args, corpus, work / "checkpoints")
+    settings = _settings(args, corpus, work / "checkpoints", pipelines)
     shm = Path(tempfile.mkdtemp(prefix="bench-recovery-", dir=SHM))
     try:
         planaria = _Planaria(settings, work / "run", shm)
@@ -257,6 +283,7 @@ def _figures(
         "machine": f"{os.cpu_count()} CPU cores",
         "load_average": os.getloadavg(),
         "workers": args.workers,
+        "plan": str([len(p.stages) for p in planaria.plan.pipelines]) if planaria.plan else "",
         "kill_step": planaria.kill_step,
         "planaria": {
             "kill_to_first_step_s": to_first,
@@ -324,6 +351,7 @@ def _table(result: dict[str, object]) -> str:
     for name, a, b in rows:
         lines.append(f"{name:44} {_cell(a)} {_cell(b):>12}")
     lines += [
+        f"plan at the failure (stages per pipeline): {result['plan']}",
         f"tier: planaria {p['tier']} ({p['kind']}), restart {r['tier']} (checkpoint step "
         f"{r['checkpoint_step']}, {r['lost_steps']} steps lost); killed at step "
         f"{result['kill_step']}",
@@ -331,6 +359,22 @@ def _table(result: dict[str, object]) -> str:
         f"speed-up: {result['speedup_first_step']:.1f}x to the first step, "
         f"{result['speedup_reached']:.1f}x to the step reached (goals: <= 2 s, >= 10x)",
     ]
+    return "\n".join(lines)
+
+
+CASES = {"data parallel": False, "pipelines": True}
+
+
+def _side_by_side(result: dict[str, object]) -> str:
+    lines = [f"{'SIGKILL -> first step, seconds':34} {'planaria':>10} {'restart all':>12}"]
+    for case in CASES:
+        found = result[case]
+        assert isinstance(found, dict)
+        p, r = found["planaria"], found["restart"]
+        name = f"{case} {found['plan']}"
+        lines.append(
+            f"{name:34} {_cell(p['kill_to_first_step_s'])} {_cell(r['kill_to_first_step_s']):>12}"
+        )
     return "\n".join(lines)
 
 
@@ -343,9 +387,12 @@ def main() -> int:
     parser.add_argument("--checkpoint-interval", type=int, default=5)
     parser.add_argument("--out", type=Path, default=Path("bench/results/recovery.json"))
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="bench-recovery-") as folder:
-        result = asyncio.run(_bench(args, Path(folder)))
-    print(_table(result))
+    result: dict[str, object] = {}
+    for case, pipelines in CASES.items():
+        with tempfile.TemporaryDirectory(prefix="bench-recovery-") as folder:
+            result[case] = found = asyncio.run(_bench(args, Path(folder), pipelines))
+        print(f"== {case}\n{_table(found)}\n")
+    print(_side_by_side(result))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2, default=str))
     print(f"wrote {args.out}")

@@ -60,6 +60,25 @@ async def test_without_a_profile_the_controller_asks_an_agent() -> None:
     assert status.Phase.PROFILING in [s.phase for s in run.sink.published]
 
 
+async def test_the_jobs_device_memory_caps_the_profile_the_planner_uses() -> None:
+    measured = scenarios.small_profile()
+    need = sum(
+        layer.parameter_bytes
+        + layer.gradient_bytes
+        + layer.optimizer_bytes
+        + layer.activation_bytes
+        for layer in measured.layers
+    )
+    cap = int(need * 0.6)  # the whole model no longer fits one worker
+    job = scenarios.job(steps=10, profile=None, device_memory_bytes=cap)
+    run = scenarios.Run(job, profile=measured)
+    final = await run.finish()
+    assert final.phase is status.Phase.SUCCEEDED, final.message
+    used = run.controller.planner_profile
+    assert used is not None and used.memory_bytes == cap
+    assert used.layers == measured.layers  # only the budget changed
+
+
 async def test_a_profile_longer_than_the_heartbeat_timeout_does_not_read_as_silence() -> None:
     job = scenarios.job(steps=10, profile=None)
     profile_s = 2.5  # past the heartbeat timeout (1 s), within the Configure bound (3 s)

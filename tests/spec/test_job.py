@@ -114,6 +114,8 @@ def test_overrides_replace_the_files_values_and_are_checked_the_same_way() -> No
         ("optimizer: {lr: '0.1'}", r"^job.yaml: optimizer.lr: must be a number \(got \"0.1\"\)"),
         ("failures: [{time: 1.0e+6}]", r"^job.yaml: failures.0.time: must be a whole number"),
         ("mtbfSeconds: 0", r"^job.yaml: mtbfSeconds: must be > 0"),
+        ("deviceMemory: 8GB", r"^job.yaml: deviceMemory: must be a byte quantity like 512Mi, 40Gi"),
+        ("deviceMemory: '100'", r"^job.yaml: deviceMemory: 100 is below 1024 bytes; give the"),
         ("globalBatchSize: 30", r"^job.yaml: globalBatchSize: 30 is not a multiple of micro"),
         ("workers: 6\ngpusPerNode: 4", r"^job.yaml: workers: 6 is not a multiple of gpusPerNode"),
         ("workers: 2\nfaultTolerance: 2", r"^job.yaml: faultTolerance: 2 leaves no node"),
@@ -204,6 +206,27 @@ def test_settings_of_a_cuda_job_with_corpus_and_checkpoints() -> None:
     assert out.training.data.max_bytes == 1000
     assert (out.training.checkpoint_dir, out.training.checkpoint_interval_steps) == ("/ckpt", 10)
     assert out.policy == "reroute" and out.mtbf_s == 60.0
+
+
+def test_device_memory_reaches_the_settings_in_bytes() -> None:
+    out = job.to_settings(_parse("deviceMemory: 1.5Mi").spec, "job", "/stdlib")
+    assert out.device_memory_bytes == 1_572_864
+    assert job.to_settings(_parse("workers: 2").spec, "job", "/stdlib").device_memory_bytes is None
+
+
+@given(
+    st.integers(min_value=0, max_value=10**12),
+    st.sampled_from(sorted(job.BYTE_SUFFIXES)),
+    st.integers(min_value=0, max_value=999),
+)
+def test_byte_quantities_read_as_their_exact_bytes_rounded_down(
+    whole: int, suffix: str, thousandths: int
+) -> None:
+    scale = job.BYTE_SUFFIXES[suffix]
+    assert job.memory_bytes(f"{whole}{suffix}") == whole * scale
+    assert job.memory_bytes(f"{whole}.{thousandths:03d}{suffix}") == (
+        whole * scale + thousandths * scale // 1000
+    )
 
 
 @pytest.mark.parametrize("reduction", list(job.Reduction), ids=lambda r: f"reduction {r}")

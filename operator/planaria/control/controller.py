@@ -150,13 +150,19 @@ class Controller:
         self._detached = True
 
     async def _profiled(self) -> profile.Profile:
-        if self._job.profile is not None:
-            return self._job.profile
-        model, size = self._job.training.model, self._job.micro_batch_size
-        self._set(Phase.PROFILING, f"profiling {model}")
-        await self._publish()
-        order = messages.ProfileOrder(model=model, micro_batch_size=size, repeats=PROFILE_REPEATS)
-        return await self._lines.profile(self._roster.live(self._clock.monotonic()), order)
+        measured = self._job.profile
+        if measured is None:
+            model, size = self._job.training.model, self._job.micro_batch_size
+            self._set(Phase.PROFILING, f"profiling {model}")
+            await self._publish()
+            order = messages.ProfileOrder(
+                model=model, micro_batch_size=size, repeats=PROFILE_REPEATS
+            )
+            measured = await self._lines.profile(self._roster.live(self._clock.monotonic()), order)
+        cap = self._job.device_memory_bytes
+        if cap is None or cap >= measured.memory_bytes:
+            return measured
+        return dataclasses.replace(measured, memory_bytes=cap)
 
     async def _take_over(self, record: ports.EpochRecord) -> None:
         """Adopt `record`'s epoch from a predecessor (`adoption`)."""

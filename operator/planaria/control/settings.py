@@ -38,6 +38,7 @@ class JobSettings:
     `heartbeat_interval_s`; an agent silent for `heartbeat_timeout_s` counts as failed;
     `step_timeout_s` bounds every collective of an epoch; `configure_timeout_s` every Configure.
     `profile` None: the controller asks one agent to profile the model (phase Profiling).
+    `device_memory_bytes` caps the profile's device memory (the planner's per-worker budget).
     """
 
     name: str
@@ -55,6 +56,7 @@ class JobSettings:
     step_timeout_s: float = 10.0
     configure_timeout_s: float = 60.0
     profile: profiles.Profile | None = None
+    device_memory_bytes: int | None = None
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -74,6 +76,8 @@ class JobSettings:
                 f"micro_batch_size {self.micro_batch_size}; make it one"
             )
         _check_count("fault_tolerance", self.fault_tolerance, 0)
+        if self.device_memory_bytes is not None:
+            _check_count("device_memory_bytes", self.device_memory_bytes, 1)
         if self.policy not in {p.value for p in Policy}:
             names = ", ".join(p.value for p in Policy)
             raise ValueError(f"job: policy is {self.policy!r}; give one of {names}")

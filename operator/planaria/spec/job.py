@@ -211,6 +211,26 @@ QUANTITY_PATTERN = r"^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$"
 LABEL_KEY_PATTERN = r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
 MAX_NODE_SELECTOR = 64  # node labels to match; bounds the CRD's CEL rule over the keys
 Quantity = Annotated[str, pydantic.Field(pattern=QUANTITY_PATTERN, max_length=64)]
+# A byte quantity: a whole or decimal number with an optional Kubernetes suffix (binary Ki..Ti,
+# decimal k..T); `memory_bytes` reads it.
+BYTES_PATTERN = r"^[0-9]{1,15}(\.[0-9]{1,6})?(Ki|Mi|Gi|Ti|k|M|G|T)?$"
+BYTE_SUFFIXES = {"": 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
+BYTE_SUFFIXES |= {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
+Bytes = Annotated[str, pydantic.Field(pattern=BYTES_PATTERN, max_length=32)]
+MIN_DEVICE_MEMORY = 2**10  # deviceMemory below 1Ki is a typo, not a device
+
+
+def memory_bytes(quantity: str) -> int:
+    """The bytes of a `Bytes` quantity ("1.5Mi" -> 1572864), rounded down."""
+    match = re.fullmatch(BYTES_PATTERN, quantity)
+    if match is None:
+        raise ValueError(f"{quantity!r} is not a byte quantity like 512Mi, 8Gi or 1000000")
+    suffix: str = match.group(2) or ""
+    number = quantity[: len(quantity) - len(suffix)]
+    whole, _, fraction = number.partition(".")
+    scale: int = BYTE_SUFFIXES[suffix]
+    tenths = int("1" + "0" * len(fraction))  # 10 ** digits of the fraction
+    return int(whole) * scale + int(fraction or "0") * scale // tenths
 
 
 class TolerationSpec(_Model):
@@ -282,6 +302,12 @@ class JobSpec(_Model):
     mtbf_seconds: Mtbf | None = _field(
         None, "Expected seconds to the next failure for eq. 8; default: learnt from failures."
     )
+    device_memory: Bytes | None = _field(
+        None,
+        "Memory the planner may use on each worker's device, e.g. 40Gi; default: all of it as "
+        "profiled (the GPU's memory, the machine's RAM on CPU). Lower it to keep headroom; a "
+        "model that does not fit one device is split into pipelines of several stages.",
+    )
     timeouts: TimeoutSpec = _field(TimeoutSpec(), "Failure detection bounds.")
     failures: list[FailureSpec] = _field(
         [], "Failures to inject when run locally (`planaria run`); the operator ignores them."
@@ -320,6 +346,14 @@ def check(spec: JobSpec) -> list[tuple[str, str]]:
                 "globalBatchSize",
                 f"{spec.global_batch_size} is not a multiple of microBatchSize "
                 f"{spec.micro_batch_size}; make it one",
+            )
+        )
+    if spec.device_memory is not None and memory_bytes(spec.device_memory) < MIN_DEVICE_MEMORY:
+        problems.append(
+            (
+                "deviceMemory",
+                f"{spec.device_memory} is below {MIN_DEVICE_MEMORY} bytes; give the memory "
+                "of one worker's device, e.g. 40Gi, or leave it out",
             )
         )
     problems += _check_nodes(spec) + _check_recovery(spec) + _check_failures(spec)
@@ -426,6 +460,9 @@ def to_settings(spec: JobSpec, name: str, corpus_default: str) -> job_settings.J
         fault_tolerance=spec.fault_tolerance,
         policy=spec.policy.value,
         mtbf_s=spec.mtbf_seconds,
+        device_memory_bytes=(
+            None if spec.device_memory is None else memory_bytes(spec.device_memory)
+        ),
         backend=messages.Backend.NCCL if spec.device == "cuda" else messages.Backend.GLOO,
         heartbeat_interval_s=spec.timeouts.heartbeat_interval_seconds,
         heartbeat_timeout_s=spec.timeouts.heartbeat_seconds,

@@ -162,6 +162,12 @@ def _is_union_tag(part: object) -> bool:
     )
 
 
+_LOOKS_LIKE = {  # what a value of a patterned field looks like, for the error message
+    job.BYTES_PATTERN: "a byte quantity like 512Mi, 40Gi, 1.5G or 1000000",
+    job.QUANTITY_PATTERN: "a Kubernetes quantity like 2, 500m or 8Gi",
+}
+
+
 def _problem(error: Any) -> str:
     kind, ctx, value = error["type"], error.get("ctx", {}), error.get("input")
     if kind == "missing":
@@ -179,6 +185,8 @@ def _problem(error: Any) -> str:
         return "must not be empty"
     if kind in _MUST_BE:
         return f"{_MUST_BE[kind]} (got {_shown(value)})"
+    if kind == "string_pattern_mismatch" and ctx.get("pattern") in _LOOKS_LIKE:
+        return f"must be {_LOOKS_LIKE[ctx['pattern']]} (got {_shown(value)})"
     message: str = error["msg"].removeprefix("Value error, ")
     return f"{message[0].lower()}{message[1:]}"
 
