@@ -253,7 +253,9 @@ async def _bench(args: argparse.Namespace, work: Path, pipelines: bool) -> dict[
         planaria = _Planaria(settings, work / "run", shm)
         final = await planaria.run(args.kill_step, plans.WorkerId(args.victim))
         assert final.phase is statuses.Phase.SUCCEEDED, final.message
-        recovery = planaria.controller.recoveries[0]
+        victim = plans.WorkerId(args.victim)  # (a recovery before it, e.g. a step timeout
+        # of an overloaded machine, is not the one measured)
+        recovery = next(r for r in planaria.controller.recoveries if victim in r.failed)
         state_bytes = _state_bytes(settings, planaria.controller.plan or planaria.plan, shm)  # type: ignore[arg-type]
     finally:
         shutil.rmtree(shm, ignore_errors=True)
