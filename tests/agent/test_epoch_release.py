@@ -19,11 +19,13 @@ import threading
 from collections.abc import Iterator
 
 import pytest
+import torch.distributed as dist
 from torch._C import _distributed_c10d as c10d
 
 from planaria.agent.execution import groups
 from planaria.agent.runtime import epoch_watch
 from planaria.contract import rendezvous
+from planaria.wire import messages
 
 JOIN_S = 30.0  # generous bound for a thread that should end promptly (never reached when right)
 
@@ -171,3 +173,37 @@ def test_a_vanished_store_ends_the_watcher_without_releasing() -> None:
     del server  # the controller's store goes away
     watcher._thread.join(JOIN_S)
     assert not watcher._thread.is_alive() and epoch.releases == 0
+
+
+def test_an_nccl_epoch_is_released_by_aborting_its_communicators(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """NCCL has no sockets of ours to shut: `release` aborts every communicator (torch's
+    `_abort_process_group`, safe from another thread), and an abort that fails is swallowed:
+    the epoch is being given up either way. (Only the call is checked here: no GPU in CI.)"""
+    calls: list[str] = []
+    server = _listener()
+    before = groups._sockets()
+    mine, theirs = _connected(server)
+    transport = groups.Transport.opened(before, set())
+
+    def abort() -> None:
+        calls.append("abort")
+        raise RuntimeError("already aborted")
+
+    monkeypatch.setattr(dist.distributed_c10d, "_abort_process_group", abort)
+    epoch = groups.Epoch(
+        number=1,
+        rank=0,
+        world_size=2,
+        backend=messages.Backend.NCCL,
+        timeout_s=1.0,
+        world=None,  # type: ignore[arg-type]
+        subgroups={},
+        transport=transport,
+    )
+    epoch.release()
+    assert calls == ["abort"]
+    assert transport.sockets  # untouched: NCCL's own connections are its business
+    for s in (server, mine, theirs):
+        s.close()
