@@ -266,6 +266,7 @@ def training_settings(global_batch_size: int) -> st.SearchStrategy[messages.Trai
         snapshot_interval_steps=st.integers(min_value=0, max_value=1000),
         redundancy=st.sampled_from(messages.RedundancyMode),
         reduction=st.sampled_from(messages.Reduction),
+        precision=st.sampled_from(messages.Precision),
     ).flatmap(_with_checkpoints)
 
 
@@ -832,6 +833,7 @@ def job_spec_documents(draw: st.DrawFn) -> dict[str, object]:
         "seed": draw(st.integers(0, 2**64 - 1)),
         "device": draw(st.sampled_from(["cpu", "cuda"])),
         "reduction": draw(st.sampled_from(["fast", "exact"])),
+        "precision": draw(st.sampled_from(["fp32", "tf32", "bf16"])),
         "faultTolerance": draw(st.integers(0, nodes - 1)),
         "policy": draw(st.sampled_from(["adaptive", "dynamic", "reroute"])),
         "mtbfSeconds": draw(st.floats(1.0, 1e6)),

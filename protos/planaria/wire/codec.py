@@ -75,6 +75,7 @@ ERROR_KINDS = _EnumCodec(pb.ErrorKind.Value, "ERROR_KIND_", messages.ErrorKind)
 TIERS = _EnumCodec(pb.RecoveryTier.Value, "RECOVERY_TIER_", messages.RecoveryTier)
 REDUNDANCY_MODES = _EnumCodec(pb.RedundancyMode.Value, "REDUNDANCY_MODE_", messages.RedundancyMode)
 REDUCTIONS = _EnumCodec(pb.Reduction.Value, "REDUCTION_", messages.Reduction)
+PRECISIONS = _EnumCodec(pb.Precision.Value, "PRECISION_", messages.Precision)
 BACKENDS = _EnumCodec(pb.Backend.Value, "BACKEND_", messages.Backend)
 DEVICES = _EnumCodec(pb.Device.Value, "DEVICE_", messages.Device)
 
@@ -173,6 +174,7 @@ def encode_settings(settings: messages.TrainingSettings) -> pb.TrainingSettings:
         checkpoint_dir=settings.checkpoint_dir,
         checkpoint_interval_steps=settings.checkpoint_interval_steps,
         reduction=REDUCTIONS.encode(settings.reduction),
+        precision=PRECISIONS.encode(settings.precision),
     )
 
 
@@ -197,6 +199,7 @@ def decode_settings(
     device = DEVICES.decode(msg.device, f"{path}.device")
     redundancy = REDUNDANCY_MODES.decode(msg.redundancy, f"{path}.redundancy")
     reduction = REDUCTIONS.decode(msg.reduction, f"{path}.reduction")
+    precision = PRECISIONS.decode(msg.precision, f"{path}.precision")
     with errors.at(path):
         return messages.TrainingSettings(
             model=msg.model,
@@ -210,6 +213,7 @@ def decode_settings(
             checkpoint_dir=msg.checkpoint_dir,
             checkpoint_interval_steps=msg.checkpoint_interval_steps,
             reduction=reduction,
+            precision=precision,
         )
 
 

@@ -115,6 +115,21 @@ class Reduction(StrEnum):
     EXACT = "exact"
 
 
+class Precision(StrEnum):
+    """The arithmetic of forward and backward (agent.proto, docs/numerics.md "Precision").
+
+    FP32: float32 everywhere; on CUDA matmuls and convolutions in full float32 (TF32 off).
+    TF32: float32 tensors, CUDA matmuls and convolutions on TF32 tensor cores
+    (`torch.set_float32_matmul_precision("high")`); the CPU has no TF32, so there it is FP32.
+    BF16: forward under `torch.autocast(dtype=torch.bfloat16)` on the job's device; parameters,
+    gradients, their reduction and AdamW's state stay float32 (the fp32 master state).
+    """
+
+    FP32 = "fp32"
+    TF32 = "tf32"
+    BF16 = "bf16"
+
+
 class Backend(StrEnum):
     """The torch.distributed backend of an epoch's process group."""
 
@@ -221,6 +236,7 @@ class TrainingSettings:
     checkpoint_dir: str = ""
     checkpoint_interval_steps: int = 0
     reduction: Reduction = Reduction.FAST
+    precision: Precision = Precision.FP32
 
     def __post_init__(self) -> None:
         if not self.model:
