@@ -32,7 +32,7 @@ from google.protobuf import descriptor, message
 from hypothesis import assume
 from hypothesis import strategies as st
 
-from planaria.contract import plan, profile, shapes
+from planaria.contract import plan, precision, profile, shapes
 from planaria.control import suspension
 from planaria.sim import traces
 from planaria.wire import messages
@@ -83,6 +83,7 @@ def profiles(draw: st.DrawFn, *, max_layers: int = 8, max_gpus: int = 4) -> prof
         intra_node=draw(link_profiles()),
         inter_node=draw(link_profiles()),
         synthetic=draw(st.booleans()),
+        precision=draw(st.sampled_from(precision.Precision)),
     )
 
 

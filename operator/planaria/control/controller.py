@@ -154,7 +154,12 @@ class Controller:
         model, size = self._job.training.model, self._job.micro_batch_size
         self._set(Phase.PROFILING, f"profiling {model}")
         await self._publish()
-        order = messages.ProfileOrder(model=model, micro_batch_size=size, repeats=PROFILE_REPEATS)
+        order = messages.ProfileOrder(
+            model=model,
+            micro_batch_size=size,
+            repeats=PROFILE_REPEATS,
+            precision=self._job.training.precision,
+        )
         return await self._lines.profile(self._roster.live(self._clock.monotonic()), order)
 
     async def _take_over(self, record: ports.EpochRecord) -> None:

@@ -1198,22 +1198,26 @@ class ProfileRequest(_message.Message):
     MODEL_FIELD_NUMBER: _builtins.int
     MICRO_BATCH_SIZE_FIELD_NUMBER: _builtins.int
     REPEATS_FIELD_NUMBER: _builtins.int
+    PRECISION_FIELD_NUMBER: _builtins.int
     model: _builtins.str
     """Name of the model shape (planaria.contract.shapes)."""
     micro_batch_size: _builtins.int
     """Samples per micro-batch to profile with; >= 1."""
     repeats: _builtins.int
     """Measurements per layer, of which the median is kept; >= 1."""
+    precision: Global___Precision.ValueType
+    """The arithmetic to measure in: the job's precision."""
     def __init__(
         self,
         *,
         model: _builtins.str = ...,
         micro_batch_size: _builtins.int = ...,
         repeats: _builtins.int = ...,
+        precision: Global___Precision.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["micro_batch_size", b"micro_batch_size", "model", b"model", "repeats", b"repeats"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["micro_batch_size", b"micro_batch_size", "model", b"model", "precision", b"precision", "repeats", b"repeats"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1257,6 +1261,7 @@ class Profile(_message.Message):
     INTRA_NODE_FIELD_NUMBER: _builtins.int
     INTER_NODE_FIELD_NUMBER: _builtins.int
     SYNTHETIC_FIELD_NUMBER: _builtins.int
+    PRECISION_FIELD_NUMBER: _builtins.int
     model: _builtins.str
     """The model's name."""
     accelerator: _builtins.str
@@ -1267,6 +1272,8 @@ class Profile(_message.Message):
     """Memory of one accelerator; >= 1."""
     synthetic: _builtins.bool
     """True for analytic profiles (not measured)."""
+    precision: Global___Precision.ValueType
+    """The arithmetic the costs are for (measured in, or modelled for)."""
     @_builtins.property
     def layers(self) -> _containers.RepeatedCompositeFieldContainer[Global___LayerProfile]:
         """One entry per planner layer (embedding, blocks, head), in order; at least one."""
@@ -1290,10 +1297,11 @@ class Profile(_message.Message):
         intra_node: Global___LinkProfile | None = ...,
         inter_node: Global___LinkProfile | None = ...,
         synthetic: _builtins.bool = ...,
+        precision: Global___Precision.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["inter_node", b"inter_node", "intra_node", b"intra_node"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["accelerator", b"accelerator", "inter_node", b"inter_node", "intra_node", b"intra_node", "layers", b"layers", "memory_bytes", b"memory_bytes", "micro_batch_size", b"micro_batch_size", "model", b"model", "synthetic", b"synthetic"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["accelerator", b"accelerator", "inter_node", b"inter_node", "intra_node", b"intra_node", "layers", b"layers", "memory_bytes", b"memory_bytes", "micro_batch_size", b"micro_batch_size", "model", b"model", "precision", b"precision", "synthetic", b"synthetic"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from planaria.contract import plan as plans
+from planaria.contract import precision
 
 # The largest value a uint32 / uint64 field of the contract can carry.
 MAX_UINT32 = 2**32 - 1
@@ -115,19 +116,9 @@ class Reduction(StrEnum):
     EXACT = "exact"
 
 
-class Precision(StrEnum):
-    """The arithmetic of forward and backward (agent.proto, docs/numerics.md "Precision").
-
-    FP32: float32 everywhere; on CUDA matmuls and convolutions in full float32 (TF32 off).
-    TF32: float32 tensors, CUDA matmuls and convolutions on TF32 tensor cores
-    (`torch.set_float32_matmul_precision("high")`); the CPU has no TF32, so there it is FP32.
-    BF16: forward under `torch.autocast(dtype=torch.bfloat16)` on the job's device; parameters,
-    gradients, their reduction and AdamW's state stay float32 (the fp32 master state).
-    """
-
-    FP32 = "fp32"
-    TF32 = "tf32"
-    BF16 = "bf16"
+# The arithmetic of forward and backward (agent.proto, docs/numerics.md "Precision"): a shared
+# type, since profiles record it too.
+Precision = precision.Precision
 
 
 class Backend(StrEnum):
@@ -454,11 +445,13 @@ class Acknowledgement:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ProfileOrder:
-    """Ask an agent to profile `model` at `micro_batch_size`, keeping the median of `repeats`."""
+    """Ask an agent to profile `model` at `micro_batch_size` in `precision` (the job's), keeping
+    the median of `repeats`."""
 
     model: str
     micro_batch_size: int
     repeats: int
+    precision: Precision = Precision.FP32
 
     def __post_init__(self) -> None:
         if not self.model:
