@@ -8,8 +8,8 @@ bit; the fp32 master state is what a layer's state (the snapshot and checkpoint 
 and a snapshot's tensor layout and bytes carry it bit for bit. Across real processes (gloo on
 loopback), a bf16 job in exact mode is lossless: a named plan, and a worker killed mid-step whose
 survivors regroup with its micro-batches rerouted, equal the fault-free bf16 reference bit for bit
-(parameters, AdamW moments, losses). The refusal of bf16 on a GPU without bfloat16 is tested where
-one exists (never here).
+(parameters, AdamW moments, losses). bf16 on cuda without a GPU is refused in one line; the refusal
+on a GPU without bfloat16 is tested where a GPU exists (never here).
 """
 
 from __future__ import annotations
@@ -154,6 +154,14 @@ def test_the_forward_context_autocasts_only_in_bf16() -> None:
 def test_every_cpu_can_run_bf16() -> None:
     for prec in messages.Precision:
         precision.check_supported(prec, torch.device("cpu"))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA device")
+def test_bf16_on_cuda_without_a_gpu_is_refused_in_one_line() -> None:
+    with pytest.raises(precision.PrecisionError) as refused:
+        precision.check_supported(BF16, torch.device("cuda"))
+    message = str(refused.value)
+    assert message.startswith("precision: bf16 on cuda needs a CUDA GPU") and "\n" not in message
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

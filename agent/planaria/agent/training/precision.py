@@ -51,6 +51,11 @@ def check_supported(precision: messages.Precision, device: torch.device) -> None
     computes in float32, so it is never refused."""
     if precision is not messages.Precision.BF16 or device.type != "cuda":
         return
+    if not torch.cuda.is_available():
+        raise PrecisionError(
+            f"precision: bf16 on {device} needs a CUDA GPU and this machine has none; "
+            "run on a GPU with bfloat16 support or use device cpu"
+        )
     if not torch.cuda.is_bf16_supported(including_emulation=False):
         name = torch.cuda.get_device_name(device)
         raise PrecisionError(
