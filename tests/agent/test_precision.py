@@ -28,7 +28,7 @@ from planaria.agent.execution import groups, held_layers
 from planaria.agent.harness import local_cluster
 from planaria.agent.state import manifests, parity, snapshots
 from planaria.agent.training import data, model, precision, reference, semantics
-from planaria.contract import plan, schedule
+from planaria.contract import instructions, plan, schedule
 from planaria.wire import messages
 from tests.agent import test_executor as lossless
 
@@ -110,8 +110,16 @@ def test_bf16_autocasts_the_forward_and_keeps_fp32_master_state(
     runner = _executor(_config(ONE_WORKER, BF16), tokens, epoch)
     seen = _dtypes_seen(runner)
     trainer = reference.ReferenceTrainer(_config(ONE_WORKER, BF16), tokens)
+    grads: set[torch.dtype] = set()
+
+    def at_optimizer_step(step: int, index: int, op: instructions.Instruction) -> None:
+        if isinstance(op, instructions.OptimizerStep):  # the gradients AdamW steps with
+            params = runner.layers.parameters(op.layers)
+            grads.update(p.grad.dtype for p in params if p.grad is not None)
+
     for step in range(STEPS):
-        assert runner.run_step(step).loss == trainer.step(step)
+        assert runner.run_step(step, at_optimizer_step).loss == trainer.step(step)
+    assert grads == {torch.float32}
     assert seen == {
         "linear": {torch.bfloat16},  # autocast is active inside the forward
         "layer": {torch.float32},  # the residual stream: what stages send each other
