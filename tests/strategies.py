@@ -32,7 +32,7 @@ from google.protobuf import descriptor, message
 from hypothesis import assume
 from hypothesis import strategies as st
 
-from planaria.contract import plan, profile, shapes
+from planaria.contract import plan, precision, profile, shapes
 from planaria.control import suspension
 from planaria.sim import traces
 from planaria.wire import messages
@@ -83,6 +83,7 @@ def profiles(draw: st.DrawFn, *, max_layers: int = 8, max_gpus: int = 4) -> prof
         intra_node=draw(link_profiles()),
         inter_node=draw(link_profiles()),
         synthetic=draw(st.booleans()),
+        precision=draw(st.sampled_from(precision.Precision)),
     )
 
 
@@ -266,6 +267,7 @@ def training_settings(global_batch_size: int) -> st.SearchStrategy[messages.Trai
         snapshot_interval_steps=st.integers(min_value=0, max_value=1000),
         redundancy=st.sampled_from(messages.RedundancyMode),
         reduction=st.sampled_from(messages.Reduction),
+        precision=st.sampled_from(messages.Precision),
     ).flatmap(_with_checkpoints)
 
 
@@ -832,6 +834,7 @@ def job_spec_documents(draw: st.DrawFn) -> dict[str, object]:
         "seed": draw(st.integers(0, 2**64 - 1)),
         "device": draw(st.sampled_from(["cpu", "cuda"])),
         "reduction": draw(st.sampled_from(["fast", "exact"])),
+        "precision": draw(st.sampled_from(["fp32", "tf32", "bf16"])),
         "faultTolerance": draw(st.integers(0, nodes - 1)),
         "policy": draw(st.sampled_from(["adaptive", "dynamic", "reroute"])),
         "mtbfSeconds": draw(st.floats(1.0, 1e6)),

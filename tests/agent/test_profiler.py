@@ -6,7 +6,9 @@ AdamW bytes equal to what the shape predicts for fp32, output bytes of one fp32 
 (none from the head), the embedding's saved token ids, activations that scale with
 the micro-batch, a gloo loopback link with positive latency and bandwidth, the machine's RAM,
 synthetic=False; it survives the profile file format; bad requests are refused with one-line
-errors.
+errors. Per precision: the synthetic model's activation bytes (planaria.planner.synthetic) equal
+the measured ones byte for byte for drawn shapes in fp32, tf32 and bf16; a bf16 profile is
+measured in bf16 (its precision recorded, float32 state and outputs, other activations).
 """
 
 from __future__ import annotations
@@ -15,11 +17,16 @@ import os
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from planaria.agent.execution import profiler
-from planaria.agent.training import model
+from planaria.agent.training import model, precision
 from planaria.contract import profile, shapes
+from planaria.planner import accelerators, synthetic
 from planaria.spec import profile_file
+from planaria.wire import messages
+from tests import strategies
 
 TINY = shapes.named("tiny")
 FP32 = 4
@@ -114,3 +121,50 @@ def test_a_measurement_is_refused_for(
 def test_cuda_is_refused_without_a_cuda_device() -> None:
     with pytest.raises(profiler.ProfilerInputError, match="no CUDA device; use cpu"):
         profiler.measure_profile(TINY, 1, warmup=0, repeats=1, device="cuda")
+
+
+def _measured_activations(
+    shape: shapes.ModelShape, b: int, arithmetic: messages.Precision
+) -> list[int]:
+    """Each layer's measured activation bytes in `arithmetic`, each fed what the one before
+    sends (one untimed-warm-up-free run per layer)."""
+    x = torch.randint(0, shape.vocab_size, (b, shape.seq_len))
+    sizes = []
+    for index in range(shape.num_planner_layers):
+        layer = model.build_layer(shape, 0, index)
+        measured = profiler.measure_layer(
+            shape, layer, x, warmup=0, repeats=1, arithmetic=arithmetic
+        )
+        sizes.append(measured.activation_bytes)
+        with torch.no_grad(), precision.forward(arithmetic, x.device):
+            x = layer(x)
+    return sizes
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+    strategies.small_shapes(max_layers=2),
+    st.integers(min_value=1, max_value=3),
+    st.sampled_from(messages.Precision),
+)
+def test_the_synthetic_activation_model_is_what_the_profiler_measures(
+    shape: shapes.ModelShape, b: int, arithmetic: messages.Precision
+) -> None:
+    # The estimator's m_a (Odyssey eq. 14) from the synthetic model equals, byte for byte, the
+    # storages autograd saves in the real layers, in each precision.
+    predicted = synthetic.synthesize(shape, accelerators.named("h100-80gb"), b, 1, arithmetic)
+    assert _measured_activations(shape, b, arithmetic) == [
+        layer.activation_bytes for layer in predicted.layers
+    ]
+
+
+def test_a_bf16_profile_is_measured_in_bf16() -> None:
+    fp32 = profiler.measure_profile(TINY, 1, warmup=0, repeats=1)
+    bf16 = profiler.measure_profile(
+        TINY, 1, warmup=0, repeats=1, arithmetic=messages.Precision.BF16
+    )
+    assert (fp32.precision, bf16.precision) == (messages.Precision.FP32, messages.Precision.BF16)
+    for layer32, layer16 in zip(fp32.layers[1:-1], bf16.layers[1:-1], strict=True):
+        assert layer16.state_bytes == layer32.state_bytes  # float32 master state
+        assert layer16.output_bytes == layer32.output_bytes  # float32 residual stream
+        assert layer16.activation_bytes != layer32.activation_bytes

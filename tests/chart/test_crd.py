@@ -312,6 +312,7 @@ CHANGES: dict[str, Any] = {
     "data": {"maxBytes": 1000},
     "device": "cuda",
     "reduction": "exact",
+    "precision": "bf16",
     "snapshots": {"intervalSteps": 2},
     "checkpoints": {"dir": "/ckpt"},
     "faultTolerance": 2,

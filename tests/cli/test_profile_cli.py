@@ -4,6 +4,8 @@ script.
 Covers: --synthetic writes the same profile `synthesize` returns, with its assumptions, and prints
 a summary table and the path; --gpus-per-node defaults to the accelerator's node; --check accepts
 a valid file and reports a bad one; --model measures this machine with the agent's profiler;
+--precision makes a measured and a synthetic profile for that precision (fp32 and bf16 by
+default), and fp16 is a usage error;
 every bad input (unknown model or accelerator, bad numbers, misplaced options, bad files) is
 one line on stderr with exit status 2 and no traceback, also from a real subprocess; the options
 a mode requires are shown as required in the usage and every missing one is named in one argparse
@@ -49,7 +51,7 @@ def test_synthetic_writes_what_synthesize_computes(
     assert printed[0].startswith("layers") and "fwd 2 GPUs" in printed[0]
     assert printed[3].startswith("block.0 .. block.3") and printed[3].split()[3] == "4"
     assert printed[5].startswith("total") and printed[5].split()[1] == "6"
-    assert "synthetic profile of tiny" in printed[6]
+    assert "synthetic bf16 profile of tiny" in printed[6]
     assert printed[-1] == f"wrote {out}"
 
 
@@ -117,6 +119,7 @@ def test_check_reports_a_bad_file_on_one_line(
             "--repeats does not apply to --synthetic; leave it out",
         ),
         (["--check", "p.json", "--accelerator", "h100-80gb"], "--accelerator does not apply"),
+        (["--check", "p.json", "--precision", "bf16"], "--precision does not apply to --check"),
         (["--check", "surely-missing.json"], "surely-missing.json: no such file; give the path"),
         (
             ["--model", "tiny", "--micro-batch", "1", "--accelerator", "a100-80gb"],
@@ -137,6 +140,7 @@ def test_check_reports_a_bad_file_on_one_line(
         "negative GPUs per node",
         "repeats for a synthetic profile",
         "an accelerator for a check",
+        "a precision for a check",
         "a missing file to check",
         "an accelerator for a measurement",
         "an unknown model to measure",
@@ -225,6 +229,37 @@ def test_measuring_profiles_this_machine(
     assert written.profile.num_layers == shapes.named("tiny").num_planner_layers
     assert "0 warm-up and 1 timed runs" in written.assumptions
     assert capsys.readouterr().out.endswith(f"wrote {out}\n")
+
+
+@pytest.mark.parametrize("precision", ["fp32", "tf32", "bf16"])
+def test_a_profile_is_for_the_precision_asked(precision: str, tmp_path: Path) -> None:
+    measured, modelled = tmp_path / "measured.json", tmp_path / "synthetic.json"
+    args = ["profile", "--model", "tiny", "--micro-batch", "1", "--repeats", "1", "--warmup", "0"]
+    assert main.main([*args, "--precision", precision, "--out", str(measured)]) == 0
+    assert main.main(_synthetic_args(modelled, "--precision", precision)) == 0
+    for path in (measured, modelled):
+        written = profile_file.read_profile_file(path)
+        assert written.profile.precision == precision
+        assert f"{precision}" in written.assumptions
+
+
+def test_the_precision_defaults_to_fp32_measured_and_bf16_synthetic(tmp_path: Path) -> None:
+    measured, modelled = tmp_path / "measured.json", tmp_path / "synthetic.json"
+    args = ["profile", "--model", "tiny", "--micro-batch", "1", "--repeats", "1", "--warmup", "0"]
+    assert main.main([*args, "--out", str(measured)]) == 0
+    assert main.main(_synthetic_args(modelled)) == 0
+    assert profile_file.load_profile(measured).precision == "fp32"
+    assert profile_file.load_profile(modelled).precision == "bf16"
+
+
+def test_an_unknown_precision_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["profile", "--model", "tiny", "--micro-batch", "1", "--precision", "fp16"]
+    with pytest.raises(SystemExit) as exited:
+        main.main([*args, "--out", "p.json"])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert "argument --precision: invalid choice: 'fp16'" in err
+    assert "'fp32', 'tf32', 'bf16'" in err
 
 
 def test_layers_with_a_common_stem_share_a_row() -> None:

@@ -1,11 +1,11 @@
 """`planaria reference` (planaria.cli.reference).
 
-Covers: training on a named corpus prints a header, one line per --log-every steps (and the
-last step) with step, loss and samples/s, and a summary with the loss change; the default
-corpus (standard library) is used without --corpus; --reduction exact trains too and another
-value is refused by the parser; bad input (unknown model, missing or empty corpus, a global
-batch the micro-batch does not divide, out-of-range numbers) is one line on stderr with exit
-status 2; building the command parser does not import torch.
+Covers: training on a named corpus prints a header, one line per --log-every steps (and the last
+step) with step, loss and samples/s, and a summary with the loss change; the default corpus
+(standard library) is used without --corpus; --reduction exact and --precision bf16 train too and
+another value of either is refused by the parser; bad input (unknown model, missing or empty
+corpus, a global batch the micro-batch does not divide, out-of-range numbers) is one line on stderr
+with exit status 2; building the command parser does not import torch.
 """
 
 from __future__ import annotations
@@ -103,3 +103,12 @@ def test_the_command_parser_does_not_import_torch() -> None:
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.stdout.strip() == "False", result.stderr
+
+
+def test_bf16_trains_and_fp16_is_refused(corpus: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main.main(["reference", "--corpus", str(corpus), *FAST, "--precision", "bf16"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1].startswith("done: 5 steps")
+    with pytest.raises(SystemExit) as exited:
+        main.main(["reference", "--precision", "fp16"])
+    assert exited.value.code == 2
+    assert "argument --precision: invalid choice: 'fp16'" in capsys.readouterr().err

@@ -46,8 +46,10 @@ async def advance(seconds: float) -> None:
 
 def small_profile(memory_mib: int = 30) -> profile.Profile:
     """The `small` model (10 planner layers), b = 2, one GPU per node, `memory_mib` per GPU:
-    30 MiB gives 8 workers [2,2,2,2] and needs 4; 20 MiB gives [4,4] and needs 6."""
-    source = synthetic.synthesize(shapes.named("small"), accelerators.named("a100-80gb"), 2, 1)
+    30 MiB gives 8 workers [2,2,2,2] and needs 4; 24 MiB gives [4,4] and needs 6 (fp32)."""
+    source = synthetic.synthesize(
+        shapes.named("small"), accelerators.named("a100-80gb"), 2, 1, synthetic.Precision.FP32
+    )
     return dataclasses.replace(source, memory_bytes=memory_mib * MIB)
 
 

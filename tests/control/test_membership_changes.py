@@ -120,7 +120,7 @@ def _checkpointed_job(**changes: object) -> settings.JobSettings:
 async def test_too_few_workers_suspend_the_job_until_workers_return() -> None:
     # 20 MiB per GPU: [4,4] on 8 workers, and no template plan on fewer than 6 (adaptive
     # would still find one pipeline of 5: Oobleck's dynamic policy keeps f + 1 pipelines)
-    run = scenarios.Run(_checkpointed_job(profile=scenarios.small_profile(20), policy="dynamic"))
+    run = scenarios.Run(_checkpointed_job(profile=scenarios.small_profile(24), policy="dynamic"))
     await run.until(lambda: run.step() >= 23)
     for worker in (0, 1, 2):
         run.cluster.kill(worker)
@@ -145,7 +145,7 @@ async def test_workers_that_stopped_too_late_for_a_recovery_are_taken_back_once_
     # 20 MiB per GPU: no template plan on fewer than 6 workers. Five workers keep running past
     # the settle bound (step + heartbeat timeouts, 3 s) after worker 7 dies: the recovery
     # counts them failed, two survivors hold no plan, and the job is Suspended with 7 live.
-    run = scenarios.Run(_checkpointed_job(profile=scenarios.small_profile(20), policy="dynamic"))
+    run = scenarios.Run(_checkpointed_job(profile=scenarios.small_profile(24), policy="dynamic"))
     await run.until(lambda: run.step() >= 23)
     for worker in range(5):
         run.cluster.slow(worker, 6.0)
@@ -189,7 +189,9 @@ async def test_a_layer_in_no_tier_suspends_and_resumes_from_the_checkpoint() -> 
 
 @pytest.mark.parametrize("policy_name", ["adaptive", "dynamic", "reroute"])
 async def test_with_two_gpus_per_node_a_death_and_the_return_are_handled(policy_name: str) -> None:
-    source = synthetic.synthesize(shapes.named("small"), accelerators.named("a100-80gb"), 2, 2)
+    source = synthetic.synthesize(
+        shapes.named("small"), accelerators.named("a100-80gb"), 2, 2, synthetic.Precision.FP32
+    )
     two_gpus = dataclasses.replace(source, memory_bytes=30 * scenarios.MIB)
     run = scenarios.Run(scenarios.job(gpus_per_node=2, profile=two_gpus, policy=policy_name))
     await run.until(lambda: run.step() >= 10)

@@ -7,6 +7,9 @@ Covers:
   peer that runs a failed stage's micro-batches, any count for hand-written streams;
 - sent outputs count in the stash, a gradient receive buffer when gradients arrive; a
   tensor-parallel member needs 1/k (rounded up);
+- per precision, over synthetic profiles of drawn shapes and stage cuts: 16 bytes of state per
+  parameter in fp32 and bf16 alike, and bf16's stash differing from fp32's by exactly the
+  bfloat16 matmul tensors and weight copies autocast saves;
 - check_memory returns the estimate at exactly the limit and otherwise raises InfeasibleError
   naming the worst worker, its stage, peak and the limit; bad limits and profiles are input
   errors.
@@ -15,13 +18,15 @@ Covers:
 from __future__ import annotations
 
 import dataclasses
+import itertools
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from planaria.contract import errors, instructions, plan, profile, schedule
-from planaria.planner import memory
+from planaria.contract import errors, instructions, plan, profile, schedule, shapes
+from planaria.planner import accelerators, memory, synthetic
+from tests import strategies
 
 W = plan.WorkerId
 LINK = profile.LinkProfile(bandwidth_bytes_per_s=1.0, latency_s=0.0)
@@ -177,3 +182,56 @@ def test_a_profile_for_another_model_is_an_input_error() -> None:
     sched = schedule.compile_schedule(pipelines(1, [1, 1], 1))
     with pytest.raises(errors.PlanInputError, match="profile has 3 layers but the plan 2"):
         memory.estimate_memory(sched, byte_profile(3, params=1, activations=1))
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    strategies.small_shapes(max_layers=4),
+    st.integers(min_value=1, max_value=4),
+    st.integers(min_value=1, max_value=3),
+    st.data(),
+)
+def test_each_precision_is_estimated_as_the_agent_trains_it(
+    shape: shapes.ModelShape, b: int, num_stages: int, data: st.DataObject
+) -> None:
+    # One pipeline of drawn stages over a synthetic profile in each precision: eq. 14's static
+    # memory is 16 bytes per parameter in all of them (float32 master state), and bf16's stash
+    # per micro-batch in flight differs from fp32's by exactly what autocast changes: bfloat16
+    # matmul inputs and outputs (2 bytes less each) and the saved bfloat16 weight copies.
+    layers = shape.num_planner_layers
+    num_stages = min(num_stages, layers)
+    cuts = sorted(
+        data.draw(
+            st.sets(st.integers(1, layers - 1), min_size=num_stages - 1, max_size=num_stages - 1)
+        )
+    )
+    bounds = [0, *cuts, layers]
+    stages = tuple(
+        plan.Stage(layer_start=a, layer_stop=z, workers=(W(i),))
+        for i, (a, z) in enumerate(itertools.pairwise(bounds))
+    )
+    sched = schedule.compile_schedule(
+        plan.Plan(
+            pipelines=(plan.Pipeline(stages=stages, num_micro_batches=num_stages + 1),),
+            micro_batch_size=b,
+        )
+    )
+    gpu = accelerators.named("a100-80gb")
+    fp32, bf16 = (
+        memory.estimate_memory(sched, synthetic.synthesize(shape, gpu, b, 1, p))
+        for p in (synthetic.Precision.FP32, synthetic.Precision.BF16)
+    )
+    n, d, f, v = b * shape.seq_len, shape.d_model, shape.ffn_dim, shape.vocab_size
+    counts = shape.layer_parameters()
+    for stage, w32, w16 in zip(stages, fp32.workers, bf16.workers, strict=True):
+        held = range(stage.layer_start, stage.layer_stop)
+        assert w32.state_bytes == w16.state_bytes == 16 * sum(counts[i] for i in held)
+        assert w32.max_in_flight == w16.max_in_flight
+        change = 0
+        for i in held:
+            if i == layers - 1:  # the head: bfloat16 projection input, its weight's copy
+                change += 2 * d * v - 2 * n * d
+            elif i > 0:  # a block
+                change += 2 * (4 * d * d + 2 * d * f) - 2 * (6 * n * d + 2 * n * f)
+        assert w16.stash_bytes - w32.stash_bytes == change
+        assert w16.buffer_bytes == w32.buffer_bytes  # float32 gradients between stages

@@ -1,7 +1,10 @@
 """Synthetic profiles (planaria.planner.synthetic) and accelerator specs (planner.accelerators).
 
-Covers: numbers checked by hand for gpt3-6.7b on an A100 (block parameters * 16 bytes, forward
-time = FLOPs / (peak * efficiency), Korthikanti activations, the optimizer step); block and head
+Covers: numbers checked by hand for gpt3-6.7b on an A100 (block parameters * 16 bytes of float32
+master state, forward time = FLOPs / (peak * efficiency), the activations autocast saves, the
+optimizer step); per precision: 16 bytes of state per parameter in each, bf16's activations
+differ from fp32's by exactly the bfloat16 matmul tensors and weight copies, tf32's equal
+fp32's, outputs float32 in each, each precision timed at its datasheet peak; block and head
 FLOPs against two oracles (a brute-force tally of every matmul, and torch's FLOP counter on a
 real block); monotonicity (more GPUs never give a slower compute share, a bigger micro-batch is
 never faster nor smaller); the profile's shape (layer count, widths, 16 bytes per parameter);
@@ -29,10 +32,54 @@ def test_a_gpt3_6_7b_block_holds_16_bytes_per_parameter() -> None:
     # d = 4096: 12 d^2 weights + 13 d biases and norms = 201,379,840 parameters.
     layer = synthetic.synthesize(GPT3_6_7B, A100, 1, 8).layers[1]
     assert GPT3_6_7B.block_parameters() == 201_379_840
-    assert layer.parameter_bytes == 2 * 201_379_840
-    assert layer.gradient_bytes == 2 * 201_379_840
-    assert layer.optimizer_bytes == 12 * 201_379_840
+    assert layer.parameter_bytes == 4 * 201_379_840  # float32 master parameters
+    assert layer.gradient_bytes == 4 * 201_379_840
+    assert layer.optimizer_bytes == 8 * 201_379_840  # AdamW's two float32 moments
     assert layer.state_bytes == 3_222_077_440
+
+
+@given(strategies.small_shapes(), st.integers(min_value=1, max_value=8))
+def test_state_is_16_bytes_per_parameter_in_every_precision(
+    shape: shapes.ModelShape, b: int
+) -> None:
+    # Odyssey eq. 14's static memory: bf16 autocast keeps float32 parameters, gradients and
+    # moments, so m_p + m_g + m_o does not depend on the precision.
+    profiles = [synthetic.synthesize(shape, A100, b, 1, p) for p in synthetic.Precision]
+    for layers in zip(*(p.layers for p in profiles), strict=True):
+        assert len({layer.state_bytes for layer in layers}) == 1
+    assert [p.precision for p in profiles] == list(synthetic.Precision)
+
+
+@given(strategies.small_shapes(), st.integers(min_value=1, max_value=8))
+def test_bf16_saves_exactly_the_autocast_tensors_and_sends_float32(
+    shape: shapes.ModelShape, b: int
+) -> None:
+    fp32, tf32, bf16 = (synthetic.synthesize(shape, A100, b, 1, p) for p in synthetic.Precision)
+    n, d, f, v = b * shape.seq_len, shape.d_model, shape.ffn_dim, shape.vocab_size
+    for layer32, layer_tf, layer16 in zip(fp32.layers, tf32.layers, bf16.layers, strict=True):
+        assert layer32.activation_bytes == layer_tf.activation_bytes  # TF32 tensors are float32
+        assert layer32.output_bytes == layer16.output_bytes  # the residual stream is float32
+    # a block: 6nd + 2nf matmul elements go from 4 to 2 bytes; the matmul weights' bfloat16
+    # copies (4d^2 + 2df of them) are saved besides
+    block32, block16 = fp32.layers[1].activation_bytes, bf16.layers[1].activation_bytes
+    assert block32 - block16 == 2 * (6 * n * d + 2 * n * f) - 2 * (4 * d * d + 2 * d * f)
+    head32, head16 = fp32.layers[-1].activation_bytes, bf16.layers[-1].activation_bytes
+    assert head32 - head16 == 2 * n * d - 2 * d * v
+    assert fp32.layers[0].activation_bytes == bf16.layers[0].activation_bytes == 8 * n
+
+
+def test_each_precision_computes_at_its_own_datasheet_peak() -> None:
+    h100 = accelerators.named("h100-80gb")
+    work = synthetic.block_work(GPT3_6_7B, 1, 0)
+    peaks = {"fp32": 67e12, "tf32": 494.5e12, "bf16": 989e12}
+    for p in synthetic.Precision:
+        expected = work.forward_flops / (peaks[p] * 0.45)
+        assert synthetic.compute_s(work.forward_flops, 0.0, h100, 1, p) == pytest.approx(
+            expected, rel=1e-12
+        )
+    # the V100 has no TF32 cores: TF32 computes at its float32 rate
+    v100 = accelerators.named("v100-16gb")
+    assert v100.flops(synthetic.Precision.TF32) == v100.flops(synthetic.Precision.FP32)
 
 
 def test_a_gpt3_6_7b_block_forward_takes_its_flops_over_effective_peak() -> None:
@@ -44,11 +91,18 @@ def test_a_gpt3_6_7b_block_forward_takes_its_flops_over_effective_peak() -> None
     assert layer.backward_s[0] == pytest.approx(2 * layer.forward_s[0], rel=1e-12)
 
 
-def test_a_gpt3_6_7b_block_stashes_korthikanti_activations() -> None:
-    # s*b*d*(34 + 5*a*s/d) = 2048 * 4096 * (34 + 80) bytes = 912 MiB at b = 1.
+def test_a_gpt3_6_7b_block_stashes_the_tensors_autocast_saves() -> None:
+    # n = 2048 tokens, d = 4096, f = 16384, a = 32: float32 LayerNorm inputs, statistics and
+    # log-sum-exp 4(2nd + 4n + an), bfloat16 matmul inputs and outputs 2(6nd + 2nf), bfloat16
+    # weight copies 2(4d^2 + 2df): 64.3 + 224 + 384 MiB = 672.3 MiB at b = 1 (Korthikanti's
+    # 912 MiB counts dropout masks and the s^2 attention scores this model does not save).
+    n, d, f, a = 2048, 4096, 16384, 32
     layer = synthetic.synthesize(GPT3_6_7B, A100, 1, 8).layers[1]
-    assert layer.activation_bytes == 2048 * 4096 * 114 == 912 * 2**20
-    assert layer.output_bytes == 2048 * 4096 * 2
+    kept = 4 * (2 * n * d + 4 * n + a * n) + 2 * (6 * n * d + 2 * n * f)
+    assert layer.activation_bytes == kept + 2 * (4 * d * d + 2 * d * f) == 704_937_984
+    assert layer.output_bytes == n * d * 4  # float32 hidden states between stages
+    fp32 = synthetic.synthesize(GPT3_6_7B, A100, 1, 8, synthetic.Precision.FP32).layers[1]
+    assert fp32.activation_bytes == 4 * (8 * n * d + 2 * n * f + 4 * n + a * n)
 
 
 def test_the_optimizer_step_is_memory_bound() -> None:
@@ -189,10 +243,10 @@ def test_one_gpu_pays_no_all_reduce() -> None:
 def test_the_embedding_is_costed_by_bytes_moved() -> None:
     b, s, d, v = 1, 2048, 4096, 50257
     layer = synthetic.synthesize(GPT3_6_7B, A100, b, 8).layers[0]
-    moved = 2 * (2 * b * s * d + s * d)
+    moved = 4 * (2 * b * s * d + s * d)  # float32 tables and sums in every precision
     assert layer.forward_s[0] == pytest.approx(moved / (2039e9 * 0.8), rel=1e-12)
     assert layer.backward_s[0] == pytest.approx(
-        (2 * b * s * d + 2 * (v + s) * d) / (2039e9 * 0.8), rel=1e-12
+        (4 * b * s * d + 4 * (v + s) * d) / (2039e9 * 0.8), rel=1e-12
     )
 
 
@@ -220,6 +274,7 @@ def test_an_accelerator_spec_rejects(field: str, value: float) -> None:
     spec = {
         "name": "x",
         "peak_flops": 1e12,
+        "fp32_flops": 1e11,
         "memory_bytes": 1,
         "memory_bandwidth_bytes_per_s": 1e9,
         "intra_node": A100.intra_node,

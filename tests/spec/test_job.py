@@ -1,15 +1,15 @@
 """The job spec and job files (planaria.spec.job, planaria.spec.job_file).
 
 Covers: defaults; camelCase aliases and snake_case names; a bare spec named after its file and a
-whole ResilientJob document named by metadata.name; overrides checked like the file's own
-values; every kind of invalid field (type, strict numbers as in the CRD, range, enum, unknown
-field, cross-field rules, failures, names, not YAML, nested past the YAML parser's recursion,
-not a mapping, missing file) reported as one line with the field path as written in the file
-and a fix; an offending value made of shared YAML aliases shown without expanding it;
-durations; conversion to the controller's JobSettings (corpus default, NCCL on cuda,
-checkpoints only when both dir and interval are given, the gradient reduction); a fuzz of random
-documents: parsing raises nothing but JobSpecError with a path, and any spec that parses
-converts to settings; every spec field has a description and is documented in docs/running.md.
+whole ResilientJob document named by metadata.name; overrides checked like the file's own values;
+every kind of invalid field (type, strict numbers as in the CRD, range, enum, unknown field,
+cross-field rules, failures, names, not YAML, nested past the YAML parser's recursion, not a
+mapping, missing file) reported as one line with the field path as written in the file and a fix; an
+offending value made of shared YAML aliases shown without expanding it; durations; conversion to the
+controller's JobSettings (corpus default, NCCL on cuda, checkpoints only when both dir and interval
+are given, the gradient reduction, the precision); a fuzz of random documents: parsing raises
+nothing but JobSpecError with a path, and any spec that parses converts to settings; every spec
+field has a description and is documented in docs/running.md.
 """
 
 from __future__ import annotations
@@ -65,6 +65,7 @@ def test_an_empty_file_is_the_default_spec() -> None:
     assert spec.snapshots.interval_steps == 1 and spec.snapshots.redundancy == "copy"
     assert spec.policy is job_settings.Policy.ADAPTIVE and spec.failures == []
     assert spec.reduction is job.Reduction.FAST
+    assert spec.precision is job.Precision.FP32
 
 
 def test_camel_case_and_snake_case_names_are_both_accepted() -> None:
@@ -106,6 +107,8 @@ def test_overrides_replace_the_files_values_and_are_checked_the_same_way() -> No
         ("policy: random", r"^job.yaml: policy: must be one of 'adaptive'"),
         ("snapshots: {redundancy: raid}", r"^job.yaml: snapshots.redundancy: must be one of"),
         ("reduction: float64", r"^job.yaml: reduction: must be one of 'fast' or 'exact'"),
+        ("precision: fp16", r"^job.yaml: precision: must be one of 'fp32', 'tf32' or 'bf16'"),
+        ("precision: BF16", r"^job.yaml: precision: must be one of 'fp32', 'tf32' or 'bf16'"),
         ("data: {corpusPaths: []}", r"^job.yaml: data.corpusPaths: must not be empty"),
         ("seed: 1.5", r"^job.yaml: seed: must be a whole number"),
         ("seed: 9007199254740992", r"^job.yaml: seed: must be <= 9007199254740991"),
@@ -237,6 +240,15 @@ def test_the_reduction_reaches_the_training_settings(reduction: job.Reduction) -
     assert out.training.reduction is messages.Reduction(reduction.value)
 
 
+@pytest.mark.parametrize("precision", list(job.Precision), ids=lambda p: f"precision {p}")
+def test_the_precision_reaches_the_training_settings(precision: job.Precision) -> None:
+    spec = _parse(f"precision: {precision}\nreduction: exact").spec
+    assert spec.precision is precision
+    out = job.to_settings(spec, "job", "/stdlib")
+    assert out.training.precision is messages.Precision(precision.value)
+    assert out.training.reduction is messages.Reduction.EXACT  # bf16 is allowed in exact mode
+
+
 def test_settings_refuse_a_bad_name() -> None:
     with pytest.raises(job.JobSpecError, match=r"^metadata.name: 'Bad_Name' is not"):
         job.to_settings(job.JobSpec(), "Bad_Name", "/stdlib")
@@ -253,6 +265,7 @@ _KEYS = st.sampled_from(
         "seed",
         "device",
         "reduction",
+        "precision",
         "policy",
         "mtbfSeconds",
         "faultTolerance",

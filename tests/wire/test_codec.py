@@ -1,12 +1,12 @@
 """The codec translates every contract message and its dataclass both ways, and rejects bad input.
 
-Covers: round trips (dataclass -> message -> bytes -> message -> dataclass equals the original)
-for plans, layer transfers, worker configs (Configure, with either gradient reduction),
-heartbeats (Watch), profiles, snapshot state, profile orders, snapshot loads, acknowledgements
-and the one-value requests; every proto enum value has a dataclass member and back; decoding
-malformed messages (missing sub-messages, empty or non-contiguous stages, inconsistent plans,
-transfers to non-holders, unspecified and unknown enum values, out-of-range scalars) raises the
-WireError subclass that names the field.
+Covers: round trips (dataclass -> message -> bytes -> message -> dataclass equals the original) for
+plans, layer transfers, worker configs (Configure, with either gradient reduction and every
+precision), heartbeats (Watch), profiles, snapshot state, profile orders, snapshot loads,
+acknowledgements and the one-value requests; every proto enum value has a dataclass member and back;
+decoding malformed messages (missing sub-messages, empty or non-contiguous stages, inconsistent
+plans, transfers to non-holders, unspecified and unknown enum values, out-of-range scalars) raises
+the WireError subclass that names the field.
 """
 
 from __future__ import annotations
@@ -222,6 +222,13 @@ def test_the_reduction_survives_the_wire(reduction: messages.Reduction) -> None:
     assert codec.decode_settings(msg).reduction is reduction
 
 
+@pytest.mark.parametrize("precision", list(messages.Precision), ids=lambda p: f"{p} precision")
+def test_the_precision_survives_the_wire(precision: messages.Precision) -> None:
+    settings = dataclasses.replace(_config().settings, precision=precision)
+    msg = _over_the_wire(codec.encode_settings(settings))
+    assert codec.decode_settings(msg).precision is precision
+
+
 @pytest.mark.parametrize("field", ["plan", "rendezvous", "settings"])
 def test_a_configure_request_without_its_sub_message_is_refused(field: str) -> None:
     msg = _configure_request()
@@ -349,8 +356,9 @@ def test_a_nan_timeout_is_refused() -> None:
         ("settings", "device", "ConfigureRequest.settings.device"),
         ("settings", "redundancy", "ConfigureRequest.settings.redundancy"),
         ("settings", "reduction", "ConfigureRequest.settings.reduction"),
+        ("settings", "precision", "ConfigureRequest.settings.precision"),
     ],
-    ids=["backend", "device", "redundancy", "reduction"],
+    ids=["backend", "device", "redundancy", "reduction", "precision"],
 )
 @pytest.mark.parametrize("value", [0, 99], ids=["unspecified", "unknown to this version"])
 def test_an_enum_that_is(message: str, field: str, path: str, value: int) -> None:

@@ -1,14 +1,18 @@
 """`planaria profile`: write a profile file (measured here, or synthetic), or check one.
 
     planaria profile --model NAME --micro-batch B --out FILE [--repeats R] [--warmup W]
+                     [--device DEV] [--precision {fp32,tf32,bf16}]
     planaria profile --synthetic MODEL --accelerator NAME --micro-batch B [--gpus-per-node M]
-                     --out FILE
+                     [--precision {fp32,tf32,bf16}] --out FILE
     planaria profile --check FILE
 
 Each mode's required options are checked before anything runs, all at once, as argparse's own
 usage error (exit status 2): argparse cannot make an option required only in one mode.
-Measuring runs the agent's profiler (torch) on this machine; it is imported only when measuring
-because torch is slow to import. Synthetic profiles come from `planaria.planner.synthetic`.
+--precision is the arithmetic the profile is for, the job's `precision`: measuring runs in it
+(default fp32, a job's default), a synthetic profile models it (default bf16, what GPU clusters
+train in); a job refuses a profile of another precision. Measuring runs the agent's profiler
+(torch) on this machine; it is imported only when measuring because torch is slow to import.
+Synthetic profiles come from `planaria.planner.synthetic`.
 Every user error is a ValueError (ProfileCommandError here, or the planner's and the file
 format's), which `planaria.cli.main` prints as one line with exit status 2.
 """
@@ -22,6 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from planaria.cli import tables
+from planaria.contract import precision as arithmetic
 from planaria.contract import profile as planner_profile
 from planaria.contract import shapes
 from planaria.planner import accelerators, synthetic
@@ -37,9 +42,9 @@ NEEDS: dict[str, tuple[str, ...]] = {
 }
 USAGE = (
     "%(prog)s [-h] --model NAME --micro-batch B --out FILE [--repeats R] [--warmup W] "
-    "[--device DEV]\n"
+    "[--device DEV] [--precision P]\n"
     "       %(prog)s [-h] --synthetic MODEL --accelerator NAME --micro-batch B --out FILE "
-    "[--gpus-per-node M]\n"
+    "[--gpus-per-node M] [--precision P]\n"
     "       %(prog)s [-h] --check FILE"
 )
 
@@ -81,6 +86,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help=f"with --model: untimed runs first (default: {DEFAULT_WARMUP})",
     )
     parser.add_argument("--device", metavar="DEV", help="with --model: torch device (default: cpu)")
+    parser.add_argument(
+        "--precision",
+        choices=[p.value for p in arithmetic.Precision],
+        help="with --model or --synthetic: the job's precision, measured in or modelled "
+        "(default: fp32 when measuring, as a job; bf16 for --synthetic, as GPU clusters train; "
+        "docs/numerics.md)",
+    )
     parser.set_defaults(handler=functools.partial(run, parser=parser))
 
 
@@ -100,7 +112,16 @@ def run(args: argparse.Namespace, *, parser: argparse.ArgumentParser) -> int:
 def _check(args: argparse.Namespace) -> int:
     _reject(
         args,
-        ("micro_batch", "out", "accelerator", "gpus_per_node", "repeats", "warmup", "device"),
+        (
+            "micro_batch",
+            "out",
+            "accelerator",
+            "gpus_per_node",
+            "repeats",
+            "warmup",
+            "device",
+            "precision",
+        ),
     )
     document = profile_file.read_profile_file(args.check)
     print(f"{args.check}: a valid planaria profile (format version {profile_file.VERSION})")
@@ -117,8 +138,10 @@ def _synthesize(args: argparse.Namespace) -> int:
     micro_batch = _positive(args.micro_batch, "--micro-batch")
     gpus = _positive(args.gpus_per_node, "--gpus-per-node", accelerator.default_gpus_per_node)
     out: str = args.out
-    result = synthetic.synthesize(shape, accelerator, micro_batch, gpus)
-    profile_file.dump_profile(result, out, assumptions=synthetic.assumptions(accelerator, gpus))
+    chosen = _precision(args, arithmetic.Precision.BF16)
+    result = synthetic.synthesize(shape, accelerator, micro_batch, gpus, chosen)
+    text = synthetic.assumptions(accelerator, gpus, chosen)
+    profile_file.dump_profile(result, out, assumptions=text)
     print(summarize(result))
     print(f"wrote {out}")
     return 0
@@ -135,14 +158,22 @@ def _measure(args: argparse.Namespace) -> int:
     # Imported here: torch takes seconds to import and only measuring needs it.
     from planaria.agent.execution import profiler
 
+    chosen = _precision(args, arithmetic.Precision.FP32)
     result = profiler.measure_profile(
-        shape, micro_batch, warmup=warmup, repeats=repeats, device=device
+        shape, micro_batch, warmup=warmup, repeats=repeats, device=device, arithmetic=chosen
     )
-    note = f"Measured by planaria profile on {device}: {warmup} warm-up and {repeats} timed runs."
+    note = (
+        f"Measured by planaria profile on {device} in {chosen}: {warmup} warm-up and {repeats} "
+        "timed runs."
+    )
     profile_file.dump_profile(result, out, assumptions=note)
     print(summarize(result))
     print(f"wrote {out}")
     return 0
+
+
+def _precision(args: argparse.Namespace, default: arithmetic.Precision) -> arithmetic.Precision:
+    return arithmetic.Precision(args.precision or default)
 
 
 def _reject(args: argparse.Namespace, options: Sequence[str]) -> None:
@@ -239,7 +270,8 @@ def _context(result: planner_profile.Profile) -> str:
     if shape is not None and shape.num_planner_layers == result.num_layers:
         params = f", {_parameters(sum(shape.layer_parameters()))} parameters"
     return (
-        f"{kind} profile of {result.model}{params} on {result.accelerator}: micro-batch "
+        f"{kind} {result.precision} profile of {result.model}{params} on {result.accelerator}: "
+        "micro-batch "
         f"{result.micro_batch_size}, 1..{result.max_gpus_per_stage} GPUs per stage, "
         f"{_bytes(result.memory_bytes)} per GPU (rows of several layers show per-layer means)"
     )

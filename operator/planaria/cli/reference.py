@@ -2,7 +2,8 @@
 
     planaria reference [--model NAME] [--corpus PATH [PATH ...]] [--max-corpus-bytes N]
                        [--steps N] [--global-batch B] [--micro-batch b] [--seed S] [--lr X]
-                       [--reduction {fast,exact}] [--log-every K]
+                       [--reduction {fast,exact}] [--precision {fp32,tf32,bf16}]
+                       [--log-every K]
 
 Runs the agent's reference trainer (`planaria.agent.training.reference`), the oracle that
 distributed runs are compared against, and prints step, loss and samples/s every K steps, then a
@@ -74,6 +75,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="how gradients are summed: fast (float32, in order) or exact (float64 sums, one "
         "rounding; docs/numerics.md)",
     )
+    parser.add_argument(
+        "--precision",
+        choices=[p.value for p in messages.Precision],
+        default=messages.Precision.FP32.value,
+        help="arithmetic of forward and backward, as a job's precision (docs/numerics.md)",
+    )
     _int(parser, "--log-every", "K", DEFAULT_LOG_EVERY, "print a line every K steps")
     parser.set_defaults(handler=run)
 
@@ -99,6 +106,7 @@ def run(args: argparse.Namespace) -> int:
         micro_batch_size=args.micro_batch,
         optimizer=model.OptimizerConfig(lr=args.lr),
         reduction=messages.Reduction(args.reduction),
+        precision=messages.Precision(args.precision),
     )
     trainer = reference.ReferenceTrainer(config, tokens)
     print(

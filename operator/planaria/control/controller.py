@@ -156,7 +156,10 @@ class Controller:
             self._set(Phase.PROFILING, f"profiling {model}")
             await self._publish()
             order = messages.ProfileOrder(
-                model=model, micro_batch_size=size, repeats=PROFILE_REPEATS
+                model=model,
+                micro_batch_size=size,
+                repeats=PROFILE_REPEATS,
+                precision=self._job.training.precision,
             )
             measured = await self._lines.profile(self._roster.live(self._clock.monotonic()), order)
         cap = self._job.device_memory_bytes

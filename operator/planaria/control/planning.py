@@ -65,6 +65,11 @@ class Planner:
                 f"the profile is for micro-batch size {source.micro_batch_size} but the job's "
                 f"is {job.micro_batch_size}; profile the job's micro-batch size"
             )
+        if source.precision != job.training.precision:  # the costs of another arithmetic
+            raise errors.PlanInputError(
+                f"the profile is for precision {source.precision} but the job trains in "
+                f"{job.training.precision}; profile the job's precision"
+            )
         self._job = job
         self._profile = source
         # mapped for the micro-batches the job's plan runs, not only Oobleck's 4S (§4.1.2)

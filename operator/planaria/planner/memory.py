@@ -19,6 +19,20 @@ peers that run rerouted micro-batches. Per worker:
 A stage of k workers splits its state, stash and buffers evenly over them (tensor parallelism),
 so a member needs 1/k of each, rounded up.
 
+Precision: the estimate is exactly as good as the profile's bytes, so the profile must be of the
+precision the job trains in (`Profile.precision`; the controller's planner refuses another). In
+eq. 14's terms, as Planaria trains (docs/numerics.md "Precision"): m_p = 4, m_g = m_p = 4 and
+m_o = 8 bytes per parameter in fp32, tf32 and bf16 alike, because bf16 is autocast over float32
+master parameters (no 16-bit copy is kept between steps, unlike ZeRO's 2 + 2 + 12); m_a is what
+autograd saves per micro-batch: float32 tensors in fp32 and tf32; in bf16 the matmul inputs
+and outputs in bfloat16, the residual stream, LayerNorm statistics and log-softmax in float32,
+plus the bfloat16 copies of the matmul weights (2 bytes per matmul parameter), which each
+micro-batch's forward makes and autograd keeps until its backward, so they count once per
+micro-batch in flight. Outputs and gradient buffers are float32 hidden states in every
+precision. Measured profiles (`planaria profile --precision`) save these bytes by
+construction; synthetic ones model them tensor by tensor (`synthetic`), and
+tests/agent/test_profiler.py checks the two agree byte for byte.
+
 `check_memory` is the one verdict: it returns the estimate when every worker fits and raises
 `errors.InfeasibleError` naming the worst worker, its peak and the limit otherwise.
 

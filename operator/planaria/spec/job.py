@@ -129,6 +129,14 @@ class Reduction(StrEnum):
     EXACT = "exact"
 
 
+class Precision(StrEnum):
+    """The arithmetic of forward and backward (docs/numerics.md, "Precision")."""
+
+    FP32 = "fp32"
+    TF32 = "tf32"
+    BF16 = "bf16"
+
+
 class SnapshotSpec(_Model):
     """Host-memory snapshots (REFT), the cheap recovery tier behind live replicas."""
 
@@ -289,6 +297,12 @@ class JobSpec(_Model):
         "How gradients are summed: fast (float32, in the plan's order) or exact (float64 sums, "
         "one rounding: parameters bitwise independent of the plan and of failures; see "
         "docs/numerics.md).",
+    )
+    precision: Precision = _field(
+        Precision.FP32,
+        "Arithmetic of forward and backward: fp32, tf32 (CUDA matmuls on TF32 tensor cores; on "
+        "the CPU the same as fp32) or bf16 (bfloat16 autocast forward; parameters, gradients "
+        "and AdamW state stay float32); see docs/numerics.md.",
     )
     snapshots: SnapshotSpec = _field(SnapshotSpec(), "Host-memory snapshots.")
     checkpoints: CheckpointSpec = _field(CheckpointSpec(), "Persistent checkpoints.")
@@ -497,4 +511,5 @@ def _training(spec: JobSpec, corpus_default: str) -> messages.TrainingSettings:
         checkpoint_dir=spec.checkpoints.dir if spec.checkpoints.interval_steps else "",
         checkpoint_interval_steps=spec.checkpoints.interval_steps if spec.checkpoints.dir else 0,
         reduction=messages.Reduction(spec.reduction.value),
+        precision=messages.Precision(spec.precision.value),
     )

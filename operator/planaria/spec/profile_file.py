@@ -30,6 +30,7 @@ import pydantic
 from pydantic import alias_generators
 
 from planaria.contract import errors, shapes
+from planaria.contract import precision as arithmetic
 from planaria.contract import profile as planner_profile
 
 FORMAT = "planaria.profile"
@@ -86,6 +87,11 @@ class ProfileDocument(_Model):
     model: Name
     accelerator: Name
     synthetic: bool = False
+    # Optional within version 1: files written before it are float32 measurements or analytic
+    # profiles whose state is 16 bytes per parameter in every precision (docs/profile-format.md).
+    precision: Annotated[arithmetic.Precision, pydantic.Field(strict=False)] = (
+        arithmetic.Precision.FP32
+    )
     assumptions: str = ""
     micro_batch_size: Annotated[int, pydantic.Field(ge=1)]
     memory_bytes: Annotated[int, pydantic.Field(ge=1)]
@@ -295,6 +301,7 @@ def _to_profile(document: ProfileDocument) -> planner_profile.Profile:
         intra_node=_to_link(document.intra_node),
         inter_node=_to_link(document.inter_node),
         synthetic=document.synthetic,
+        precision=document.precision,
     )
 
 
@@ -325,6 +332,7 @@ def _to_document(profile: planner_profile.Profile, assumptions: str) -> ProfileD
         model=profile.model,
         accelerator=profile.accelerator,
         synthetic=profile.synthetic,
+        precision=profile.precision,
         assumptions=assumptions,
         micro_batch_size=profile.micro_batch_size,
         memory_bytes=profile.memory_bytes,

@@ -17,6 +17,7 @@ import math
 from dataclasses import dataclass
 
 from planaria.contract import errors
+from planaria.contract import precision as arithmetic
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -108,7 +109,8 @@ class Profile:
     """A model's per-layer costs on one kind of accelerator, for one micro-batch size.
 
     `memory_bytes` is the memory of one accelerator the profile was made for (the planner's
-    default memory limit). `synthetic` marks analytic profiles (not measured).
+    default memory limit). `synthetic` marks analytic profiles (not measured). `precision` is
+    the arithmetic the costs are for: a job plans with a profile of the precision it trains in.
     """
 
     model: str
@@ -119,6 +121,7 @@ class Profile:
     intra_node: LinkProfile
     inter_node: LinkProfile
     synthetic: bool = False
+    precision: arithmetic.Precision = arithmetic.Precision.FP32
 
     def __post_init__(self) -> None:
         if not self.layers:

@@ -156,6 +156,38 @@ the plan, rerouting and failures.
 """
 Global___Reduction: _TypeAlias = Reduction  # noqa: Y015
 
+class _Precision:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _PrecisionEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Precision.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    PRECISION_UNSPECIFIED: _Precision.ValueType  # 0
+    """Not set: invalid."""
+    PRECISION_FP32: _Precision.ValueType  # 1
+    """float32 everywhere; on CUDA, matmuls in full float32 (TF32 off)."""
+    PRECISION_TF32: _Precision.ValueType  # 2
+    """float32 tensors, CUDA matmuls and convolutions on TF32 tensor cores; on the CPU: FP32."""
+    PRECISION_BF16: _Precision.ValueType  # 3
+    """Forward under bfloat16 autocast; parameters, gradients, their all-reduce and AdamW's
+    state stay float32.
+    """
+
+class Precision(_Precision, metaclass=_PrecisionEnumTypeWrapper):
+    """Precision is the arithmetic of forward and backward (docs/numerics.md, "Precision")."""
+
+PRECISION_UNSPECIFIED: Precision.ValueType  # 0
+"""Not set: invalid."""
+PRECISION_FP32: Precision.ValueType  # 1
+"""float32 everywhere; on CUDA, matmuls in full float32 (TF32 off)."""
+PRECISION_TF32: Precision.ValueType  # 2
+"""float32 tensors, CUDA matmuls and convolutions on TF32 tensor cores; on the CPU: FP32."""
+PRECISION_BF16: Precision.ValueType  # 3
+"""Forward under bfloat16 autocast; parameters, gradients, their all-reduce and AdamW's
+state stay float32.
+"""
+Global___Precision: _TypeAlias = Precision  # noqa: Y015
+
 class _RecoveryTier:
     ValueType = _typing.NewType("ValueType", _builtins.int)
     V: _TypeAlias = ValueType  # noqa: Y015
@@ -619,6 +651,7 @@ class TrainingSettings(_message.Message):
     CHECKPOINT_DIR_FIELD_NUMBER: _builtins.int
     CHECKPOINT_INTERVAL_STEPS_FIELD_NUMBER: _builtins.int
     REDUCTION_FIELD_NUMBER: _builtins.int
+    PRECISION_FIELD_NUMBER: _builtins.int
     model: _builtins.str
     """Name of the model shape (planaria.contract.shapes), e.g. "tiny"."""
     seed: _builtins.int
@@ -644,6 +677,11 @@ class TrainingSettings(_message.Message):
     order) or EXACT (float64 sums, one rounding: parameters bitwise independent of the plan,
     rerouting and failures); see docs/numerics.md.
     """
+    precision: Global___Precision.ValueType
+    """The arithmetic of forward and backward: FP32, TF32 (CUDA matmuls on TF32 tensor cores; on
+    the CPU the same as FP32) or BF16 (autocast forward, float32 parameters, gradients and
+    optimizer state); see docs/numerics.md.
+    """
     @_builtins.property
     def optimizer(self) -> Global___OptimizerSettings:
         """AdamW hyper-parameters."""
@@ -666,10 +704,11 @@ class TrainingSettings(_message.Message):
         checkpoint_dir: _builtins.str = ...,
         checkpoint_interval_steps: _builtins.int = ...,
         reduction: Global___Reduction.ValueType = ...,
+        precision: Global___Precision.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "optimizer", b"optimizer"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_dir", b"checkpoint_dir", "checkpoint_interval_steps", b"checkpoint_interval_steps", "data", b"data", "device", b"device", "global_batch_size", b"global_batch_size", "model", b"model", "optimizer", b"optimizer", "reduction", b"reduction", "redundancy", b"redundancy", "seed", b"seed", "snapshot_interval_steps", b"snapshot_interval_steps"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checkpoint_dir", b"checkpoint_dir", "checkpoint_interval_steps", b"checkpoint_interval_steps", "data", b"data", "device", b"device", "global_batch_size", b"global_batch_size", "model", b"model", "optimizer", b"optimizer", "precision", b"precision", "reduction", b"reduction", "redundancy", b"redundancy", "seed", b"seed", "snapshot_interval_steps", b"snapshot_interval_steps"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1159,22 +1198,26 @@ class ProfileRequest(_message.Message):
     MODEL_FIELD_NUMBER: _builtins.int
     MICRO_BATCH_SIZE_FIELD_NUMBER: _builtins.int
     REPEATS_FIELD_NUMBER: _builtins.int
+    PRECISION_FIELD_NUMBER: _builtins.int
     model: _builtins.str
     """Name of the model shape (planaria.contract.shapes)."""
     micro_batch_size: _builtins.int
     """Samples per micro-batch to profile with; >= 1."""
     repeats: _builtins.int
     """Measurements per layer, of which the median is kept; >= 1."""
+    precision: Global___Precision.ValueType
+    """The arithmetic to measure in: the job's precision."""
     def __init__(
         self,
         *,
         model: _builtins.str = ...,
         micro_batch_size: _builtins.int = ...,
         repeats: _builtins.int = ...,
+        precision: Global___Precision.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["micro_batch_size", b"micro_batch_size", "model", b"model", "repeats", b"repeats"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["micro_batch_size", b"micro_batch_size", "model", b"model", "precision", b"precision", "repeats", b"repeats"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1218,6 +1261,7 @@ class Profile(_message.Message):
     INTRA_NODE_FIELD_NUMBER: _builtins.int
     INTER_NODE_FIELD_NUMBER: _builtins.int
     SYNTHETIC_FIELD_NUMBER: _builtins.int
+    PRECISION_FIELD_NUMBER: _builtins.int
     model: _builtins.str
     """The model's name."""
     accelerator: _builtins.str
@@ -1228,6 +1272,8 @@ class Profile(_message.Message):
     """Memory of one accelerator; >= 1."""
     synthetic: _builtins.bool
     """True for analytic profiles (not measured)."""
+    precision: Global___Precision.ValueType
+    """The arithmetic the costs are for (measured in, or modelled for)."""
     @_builtins.property
     def layers(self) -> _containers.RepeatedCompositeFieldContainer[Global___LayerProfile]:
         """One entry per planner layer (embedding, blocks, head), in order; at least one."""
@@ -1251,10 +1297,11 @@ class Profile(_message.Message):
         intra_node: Global___LinkProfile | None = ...,
         inter_node: Global___LinkProfile | None = ...,
         synthetic: _builtins.bool = ...,
+        precision: Global___Precision.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["inter_node", b"inter_node", "intra_node", b"intra_node"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["accelerator", b"accelerator", "inter_node", b"inter_node", "intra_node", b"intra_node", "layers", b"layers", "memory_bytes", b"memory_bytes", "micro_batch_size", b"micro_batch_size", "model", b"model", "synthetic", b"synthetic"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["accelerator", b"accelerator", "inter_node", b"inter_node", "intra_node", b"intra_node", "layers", b"layers", "memory_bytes", b"memory_bytes", "micro_batch_size", b"micro_batch_size", "model", b"model", "precision", b"precision", "synthetic", b"synthetic"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

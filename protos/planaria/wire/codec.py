@@ -23,9 +23,7 @@ when a value does not fit its field (a negative worker id), with protobuf's Valu
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
-from enum import StrEnum
-from typing import Generic, TypeVar
+from typing import TypeVar
 
 from planaria.contract import plan as plans
 from planaria.contract import profile as profiles
@@ -37,36 +35,7 @@ from planaria.wire import errors, messages, planner_codec
 # OverflowError in the servicer (a WatchRequest of 1e12 s ended its stream with UNKNOWN).
 MAX_WAIT_S = 365 * 86400.0
 
-_E = TypeVar("_E", bound=StrEnum)
-_V = TypeVar("_V", bound=int)
-
-
-class _EnumCodec(Generic[_E, _V]):
-    """Maps a StrEnum to a proto enum by name (member X <-> PREFIX_X); zero is no member."""
-
-    __slots__ = ("_prefix", "_to_wire", "_from_wire")
-
-    def __init__(self, value_of: Callable[[str], _V], prefix: str, domain: type[_E]) -> None:
-        # value_of raises at import when a member has no proto value: the contract drifted.
-        self._prefix = prefix
-        self._to_wire: Mapping[_E, _V] = {m: value_of(prefix + m.name) for m in domain}
-        self._from_wire: Mapping[int, _E] = {int(v): m for m, v in self._to_wire.items()}
-
-    def encode(self, member: _E) -> _V:
-        return self._to_wire[member]
-
-    def decode(self, value: int, path: str) -> _E:
-        choices = ", ".join(self._prefix + m.name for m in self._to_wire)
-        if value == 0:
-            unset = f"{self._prefix}UNSPECIFIED"
-            raise errors.UnknownEnumError(f"{path} is {unset}; set one of {choices}")
-        member = self._from_wire.get(value)
-        if member is None:
-            raise errors.UnknownEnumError(
-                f"{path} is {value}, which this version of planaria.v1 does not know; "
-                f"set one of {choices} or upgrade this side"
-            )
-        return member
+_EnumCodec = planner_codec.EnumCodec
 
 
 # Public so that a servicer can translate a lone enum value, and tests can check completeness.
@@ -75,6 +44,7 @@ ERROR_KINDS = _EnumCodec(pb.ErrorKind.Value, "ERROR_KIND_", messages.ErrorKind)
 TIERS = _EnumCodec(pb.RecoveryTier.Value, "RECOVERY_TIER_", messages.RecoveryTier)
 REDUNDANCY_MODES = _EnumCodec(pb.RedundancyMode.Value, "REDUNDANCY_MODE_", messages.RedundancyMode)
 REDUCTIONS = _EnumCodec(pb.Reduction.Value, "REDUCTION_", messages.Reduction)
+PRECISIONS = planner_codec.PRECISIONS
 BACKENDS = _EnumCodec(pb.Backend.Value, "BACKEND_", messages.Backend)
 DEVICES = _EnumCodec(pb.Device.Value, "DEVICE_", messages.Device)
 
@@ -173,6 +143,7 @@ def encode_settings(settings: messages.TrainingSettings) -> pb.TrainingSettings:
         checkpoint_dir=settings.checkpoint_dir,
         checkpoint_interval_steps=settings.checkpoint_interval_steps,
         reduction=REDUCTIONS.encode(settings.reduction),
+        precision=PRECISIONS.encode(settings.precision),
     )
 
 
@@ -197,6 +168,7 @@ def decode_settings(
     device = DEVICES.decode(msg.device, f"{path}.device")
     redundancy = REDUNDANCY_MODES.decode(msg.redundancy, f"{path}.redundancy")
     reduction = REDUCTIONS.decode(msg.reduction, f"{path}.reduction")
+    precision = PRECISIONS.decode(msg.precision, f"{path}.precision")
     with errors.at(path):
         return messages.TrainingSettings(
             model=msg.model,
@@ -210,6 +182,7 @@ def decode_settings(
             checkpoint_dir=msg.checkpoint_dir,
             checkpoint_interval_steps=msg.checkpoint_interval_steps,
             reduction=reduction,
+            precision=precision,
         )
 
 
@@ -441,14 +414,21 @@ def decode_snapshot_status(msg: pb.GetSnapshotStatusResponse) -> messages.Snapsh
 
 def encode_profile_request(order: messages.ProfileOrder) -> pb.ProfileRequest:
     return pb.ProfileRequest(
-        model=order.model, micro_batch_size=order.micro_batch_size, repeats=order.repeats
+        model=order.model,
+        micro_batch_size=order.micro_batch_size,
+        repeats=order.repeats,
+        precision=PRECISIONS.encode(order.precision),
     )
 
 
 def decode_profile_request(msg: pb.ProfileRequest) -> messages.ProfileOrder:
+    arithmetic = PRECISIONS.decode(msg.precision, "ProfileRequest.precision")
     with errors.at("ProfileRequest"):
         return messages.ProfileOrder(
-            model=msg.model, micro_batch_size=msg.micro_batch_size, repeats=msg.repeats
+            model=msg.model,
+            micro_batch_size=msg.micro_batch_size,
+            repeats=msg.repeats,
+            precision=arithmetic,
         )
 
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from planaria.contract import plan as plans
+from planaria.contract import precision
 
 # The largest value a uint32 / uint64 field of the contract can carry.
 MAX_UINT32 = 2**32 - 1
@@ -113,6 +114,11 @@ class Reduction(StrEnum):
 
     FAST = "fast"
     EXACT = "exact"
+
+
+# The arithmetic of forward and backward (agent.proto, docs/numerics.md "Precision"): a shared
+# type, since profiles record it too.
+Precision = precision.Precision
 
 
 class Backend(StrEnum):
@@ -221,6 +227,7 @@ class TrainingSettings:
     checkpoint_dir: str = ""
     checkpoint_interval_steps: int = 0
     reduction: Reduction = Reduction.FAST
+    precision: Precision = Precision.FP32
 
     def __post_init__(self) -> None:
         if not self.model:
@@ -438,11 +445,13 @@ class Acknowledgement:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ProfileOrder:
-    """Ask an agent to profile `model` at `micro_batch_size`, keeping the median of `repeats`."""
+    """Ask an agent to profile `model` at `micro_batch_size` in `precision` (the job's), keeping
+    the median of `repeats`."""
 
     model: str
     micro_batch_size: int
     repeats: int
+    precision: Precision = Precision.FP32
 
     def __post_init__(self) -> None:
         if not self.model:

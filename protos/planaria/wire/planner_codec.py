@@ -9,10 +9,50 @@ every invariant of `planaria.contract.plan.Plan`. The RPC-level translation is i
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
+from enum import StrEnum
+from typing import Generic, TypeVar
+
 from planaria.contract import plan as plans
+from planaria.contract import precision
 from planaria.contract import profile as profiles
 from planaria.v1 import agent_pb2 as pb
 from planaria.wire import errors
+
+_E = TypeVar("_E", bound=StrEnum)
+_V = TypeVar("_V", bound=int)
+
+
+class EnumCodec(Generic[_E, _V]):
+    """Maps a StrEnum to a proto enum by name (member X <-> PREFIX_X); zero is no member."""
+
+    __slots__ = ("_prefix", "_to_wire", "_from_wire")
+
+    def __init__(self, value_of: Callable[[str], _V], prefix: str, domain: type[_E]) -> None:
+        # value_of raises at import when a member has no proto value: the contract drifted.
+        self._prefix = prefix
+        self._to_wire: Mapping[_E, _V] = {m: value_of(prefix + m.name) for m in domain}
+        self._from_wire: Mapping[int, _E] = {int(v): m for m, v in self._to_wire.items()}
+
+    def encode(self, member: _E) -> _V:
+        return self._to_wire[member]
+
+    def decode(self, value: int, path: str) -> _E:
+        choices = ", ".join(self._prefix + m.name for m in self._to_wire)
+        if value == 0:
+            unset = f"{self._prefix}UNSPECIFIED"
+            raise errors.UnknownEnumError(f"{path} is {unset}; set one of {choices}")
+        member = self._from_wire.get(value)
+        if member is None:
+            raise errors.UnknownEnumError(
+                f"{path} is {value}, which this version of planaria.v1 does not know; "
+                f"set one of {choices} or upgrade this side"
+            )
+        return member
+
+
+# The precision a profile is for (and, in `codec`, the job's).
+PRECISIONS = EnumCodec(pb.Precision.Value, "PRECISION_", precision.Precision)
 
 
 def encode_plan(plan: plans.Plan) -> pb.Plan:
@@ -110,6 +150,7 @@ def encode_profile(profile: profiles.Profile) -> pb.Profile:
         intra_node=_encode_link(profile.intra_node),
         inter_node=_encode_link(profile.inter_node),
         synthetic=profile.synthetic,
+        precision=PRECISIONS.encode(profile.precision),
     )
 
 
@@ -140,6 +181,7 @@ def decode_profile(msg: pb.Profile, path: str = "Profile") -> profiles.Profile:
     layers = tuple(
         _decode_layer_profile(layer, f"{path}.layers[{i}]") for i, layer in enumerate(msg.layers)
     )
+    arithmetic = PRECISIONS.decode(msg.precision, f"{path}.precision")
     with errors.at(path):
         return profiles.Profile(
             model=msg.model,
@@ -150,6 +192,7 @@ def decode_profile(msg: pb.Profile, path: str = "Profile") -> profiles.Profile:
             intra_node=_decode_link(msg.intra_node, f"{path}.intra_node"),
             inter_node=_decode_link(msg.inter_node, f"{path}.inter_node"),
             synthetic=msg.synthetic,
+            precision=arithmetic,
         )
 
 

@@ -5,10 +5,12 @@ configuration and data), the epoch's process groups and the layers the worker ho
 `Executor.run_step(step)` interprets the worker's instructions literally, in order (the
 instruction set is `planaria.contract.instructions`):
 
-    Forward(g, [a, b))      held layers a..b-1 on micro-batch g; a == 0 loads g's tokens
+    Forward(g, [a, b))      held layers a..b-1 on micro-batch g, under bfloat16 autocast when
+                            the job's precision is bf16 (`precision`); a == 0 loads g's tokens
                             (samples [g*B, (g+1)*B) of the step's global batch); b == L adds
                             `model.micro_batch_loss` to the worker's share of the step's loss
-    Backward(g, [a, b))     from the loss (b == L) or from the received gradient; parameter
+    Backward(g, [a, b))     from the loss (b == L) or from the received gradient (outside
+                            autocast in bf16: `precision`); parameter
                             gradients accumulate, summed over micro-batches as in the reference
                             (in float32, or in float64 in exact mode: `reduction`)
     Send*(to, g, tag)       isend of g's output activation / input gradient; awaited before
@@ -39,7 +41,9 @@ pipeline's neighbours, and its gradients land in the peer's accumulated gradient
 same per-layer sum.
 
 Messages are hidden states [B, T, d_model] in the layers' dtype: stage boundaries lie between
-planner layers and nothing follows the head. Tags are the schedule's (matching by tag, as gloo
+planner layers and nothing follows the head. In bf16 too: the residual stream stays float32
+under autocast, and parameters, their gradients and AdamW's state are float32 (the master
+state snapshots and checkpoints carry). Tags are the schedule's (matching by tag, as gloo
 does, and by order, as NCCL does, agree). On device cuda the tensors live on the device and the
 epoch must use NCCL; gloo is the CPU backend.
 
@@ -69,7 +73,7 @@ import torch
 import torch.distributed as dist
 
 from planaria.agent.execution import failures, groups, held_layers
-from planaria.agent.training import model, reduction, semantics
+from planaria.agent.training import model, precision, reduction, semantics
 from planaria.contract import errors, instructions, plan, schedule
 from planaria.wire import messages
 
@@ -154,7 +158,11 @@ class Executor:
         when an earlier step aborted, or a new one when this step does."""
         if self.latched is not None:
             raise self.latched
-        with reduction.compute_threads(self.job.config.reduction):
+        config, device = self.job.config, self.layers.device
+        with (
+            reduction.compute_threads(config.reduction),
+            precision.matmul_precision(config.precision, device),
+        ):
             return self._run_step(step, before)
 
     def _run_step(self, step: int, before: Hook | None) -> StepResult:
@@ -229,12 +237,13 @@ class Executor:
             x = self._micro_batch(state, g)[0]
         else:
             x = _get(state.inputs, g, "activation", op)
-        out = self.layers.run(op.layer_start, op.layer_stop, x)
-        if op.layer_stop < self.num_layers:
-            state.outputs[g] = out
-            return
-        targets = self._micro_batch(state, g)[1]
-        loss = model.micro_batch_loss(out, targets, self.job.config.global_batch_size)
+        with precision.forward(self.job.config.precision, self.layers.device):
+            out = self.layers.run(op.layer_start, op.layer_stop, x)
+            if op.layer_stop < self.num_layers:
+                state.outputs[g] = out
+                return
+            targets = self._micro_batch(state, g)[1]
+            loss = model.micro_batch_loss(out, targets, self.job.config.global_batch_size)
         state.outputs[g] = loss
         state.losses.append(loss.detach())  # read once at the end: .item() syncs a device
 
@@ -364,6 +373,10 @@ def _check_fit(
     _check_epoch(sched, stream, epoch)
     _check_layers(stream, layers)
     _check_device(layers.device, epoch.backend)
+    try:
+        precision.check_supported(config.precision, layers.device)
+    except precision.PrecisionError as exc:
+        raise failures.ExecutorInputError(str(exc)) from exc
 
 
 def _check_epoch(

@@ -13,6 +13,12 @@ micro-batch of random tokens, times each layer on its own the way a pipeline sta
   the forward, found with `torch.autograd.graph.saved_tensors_hooks`, parameters excluded) and
   the output sent downstream (the head sends nothing).
 
+Everything runs in the job's precision, as the executor runs it (`precision`): the forward (loss
+included) under bfloat16 autocast for bf16, CUDA matmuls on TF32 for tf32. So a bf16 profile's
+activations are what autocast saves: mostly bfloat16, the residual stream and LayerNorm
+statistics float32, and the bfloat16 copies of the matmul weights (saved per micro-batch, so
+they count as activations); its parameters, gradients and moments are float32 as in fp32.
+
 One device is one "GPU": every layer has timings for one GPU per stage only. The links are
 measured, not assumed: two gloo process groups in this process, joined through an in-memory
 store, send tensors to each other over the loopback interface; the one-way time of a tiny
@@ -41,8 +47,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from planaria.agent.training import model
+from planaria.agent.training import model, precision
 from planaria.contract import profile, shapes
+from planaria.wire import messages
 
 PROFILE_SEED = 0  # parameter values do not change costs; any fixed seed will do
 SMALL_MESSAGE_BYTES = 4
@@ -77,23 +84,23 @@ def measure_profile(
     warmup: int,
     repeats: int,
     device: str = "cpu",
+    arithmetic: messages.Precision = messages.Precision.FP32,
 ) -> profile.Profile:
-    """A measured (synthetic=False) profile of `shape` for micro-batches of `micro_batch_size`.
+    """A measured (synthetic=False) profile of `shape` for micro-batches of `micro_batch_size`,
+    computed in `arithmetic` (the job's precision).
 
-    Raises ProfilerInputError when micro_batch_size or repeats is < 1, warmup < 0, or the
-    device does not exist here.
+    Raises ProfilerInputError when micro_batch_size or repeats is < 1, warmup < 0, the
+    device does not exist here, or it cannot compute in `arithmetic` (bf16 before Ampere).
     """
     _check_counts(micro_batch_size, warmup, repeats)
     target = _device(device)
+    try:
+        precision.check_supported(arithmetic, target)
+    except precision.PrecisionError as exc:
+        raise ProfilerInputError(str(exc)) from exc
     link = measure_loopback_link()
-    layers = []
-    hidden = _token_ids(shape, micro_batch_size, target)
-    for index in range(shape.num_planner_layers):
-        layer = model.build_layer(shape, PROFILE_SEED, index, target)
-        measured = measure_layer(shape, layer, hidden, warmup=warmup, repeats=repeats)
-        layers.append(_layer_profile(model.layer_name(shape, index), layer, measured))
-        with torch.no_grad():
-            hidden = layer(hidden)  # the next layer's input, as the stage before would send it
+    with precision.matmul_precision(arithmetic, target):
+        layers = _measure_layers(shape, micro_batch_size, target, arithmetic, (warmup, repeats))
     return profile.Profile(
         model=shape.name,
         accelerator=f"{_accelerator_name(target)}-gloo-loopback",
@@ -103,19 +110,50 @@ def measure_profile(
         intra_node=link,
         inter_node=link,
         synthetic=False,
+        precision=arithmetic,
     )
 
 
+def _measure_layers(
+    shape: shapes.ModelShape,
+    micro_batch_size: int,
+    target: torch.device,
+    arithmetic: messages.Precision,
+    runs: tuple[int, int],
+) -> list[profile.LayerProfile]:
+    """Every planner layer measured in turn on `runs` = (warmup, repeats)."""
+    warmup, repeats = runs
+    layers = []
+    hidden = _token_ids(shape, micro_batch_size, target)
+    for index in range(shape.num_planner_layers):
+        layer = model.build_layer(shape, PROFILE_SEED, index, target)
+        measured = measure_layer(
+            shape, layer, hidden, warmup=warmup, repeats=repeats, arithmetic=arithmetic
+        )
+        layers.append(_layer_profile(model.layer_name(shape, index), layer, measured))
+        with torch.no_grad(), precision.forward(arithmetic, target):
+            hidden = layer(hidden)  # the next layer's input, as the stage before would send it
+    return layers
+
+
 def measure_layer(
-    shape: shapes.ModelShape, layer: nn.Module, x: torch.Tensor, *, warmup: int, repeats: int
+    shape: shapes.ModelShape,
+    layer: nn.Module,
+    x: torch.Tensor,
+    *,
+    warmup: int,
+    repeats: int,
+    arithmetic: messages.Precision = messages.Precision.FP32,
 ) -> LayerMeasurement:
-    """Time forward, backward and AdamW step of `layer` on input `x` (one micro-batch): the
-    medians of `repeats` runs after `warmup` untimed ones."""
+    """Time forward, backward and AdamW step of `layer` on input `x` (one micro-batch) with the
+    forward in `arithmetic`: the medians of `repeats` runs after `warmup` untimed ones."""
     # Random targets for the head's loss: the values do not change its cost.
     is_head = isinstance(layer, model.Head)
     targets = torch.randint(0, shape.vocab_size, x.shape[:2], device=x.device) if is_head else None
     optimizer = model.make_optimizer(layer, model.OptimizerConfig())
-    runs = [_run_once(layer, optimizer, x, targets) for _ in range(warmup + repeats)][warmup:]
+    runs = [_run_once(layer, optimizer, x, targets, arithmetic) for _ in range(warmup + repeats)][
+        warmup:
+    ]
     return LayerMeasurement(
         forward_s=statistics.median(run.forward_s for run in runs),
         backward_s=statistics.median(run.backward_s for run in runs),
@@ -130,10 +168,11 @@ def _run_once(
     optimizer: torch.optim.Optimizer,
     x: torch.Tensor,
     targets: torch.Tensor | None,
+    arithmetic: messages.Precision,
 ) -> LayerMeasurement:
     """One forward, backward and optimizer step, each timed; x is a fresh leaf every run."""
     inputs = x if x.dtype == torch.int64 else x.detach().requires_grad_(True)
-    with _SavedBytes(layer) as saved:
+    with _SavedBytes(layer) as saved, precision.forward(arithmetic, x.device):
         start = _now(x.device)
         output = _forward(layer, inputs, targets)
         forward_s = _now(x.device) - start

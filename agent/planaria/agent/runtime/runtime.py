@@ -232,6 +232,7 @@ class Runtime:
                 warmup=PROFILE_WARMUP,
                 repeats=order.repeats,
                 device=self.device,
+                arithmetic=order.precision,
             )
         finally:
             with self._cond:

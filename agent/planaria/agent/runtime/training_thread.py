@@ -72,6 +72,7 @@ def training_config(
             lr=opt.lr, beta1=opt.beta1, beta2=opt.beta2, eps=opt.eps, weight_decay=opt.weight_decay
         ),
         reduction=settings.reduction,
+        precision=settings.precision,
     )
 
 

@@ -7,7 +7,8 @@ floating-point sums are taken):
 2. it is cut into B / b micro-batches of b consecutive samples (`Sampler.split` with one
    pipeline);
 3. for each micro-batch, in order: forward through all planner layers, `model.micro_batch_loss`
-   (token cross-entropy summed, divided by B * seq_len), backward; gradients accumulate, so each
+   (token cross-entropy summed, divided by B * seq_len), both under bfloat16 autocast in bf16
+   (`precision.forward`, as the executor), backward; gradients accumulate, so each
    parameter's gradient is the sum over micro-batches (in float32, or in exact mode in float64,
    rounded once: `reduction.GradientSums`, the executor's very object);
 4. every layer's own AdamW (`model.make_optimizer`) steps once, and gradients are cleared.
@@ -22,7 +23,9 @@ from __future__ import annotations
 
 import torch
 
-from planaria.agent.training import data, model, reduction, semantics
+from planaria.agent.training import data, model, precision, reduction, semantics
+
+CPU = torch.device("cpu")  # the reference trains on the CPU (TF32 is FP32 there)
 
 
 class ReferenceTrainer:
@@ -66,8 +69,9 @@ class ReferenceTrainer:
         loss = 0.0
         for samples in micro_batches:
             inputs, targets = self.dataset.batch(samples)
-            logits = model.run_layers(self.layers, inputs)
-            micro_loss = model.micro_batch_loss(logits, targets, config.global_batch_size)
+            with precision.forward(config.precision, CPU):
+                logits = model.run_layers(self.layers, inputs)
+                micro_loss = model.micro_batch_loss(logits, targets, config.global_batch_size)
             torch.autograd.backward(micro_loss)
             sums.absorb(params)
             loss += micro_loss.item()
@@ -90,5 +94,6 @@ class ReferenceTrainer:
     def evaluate(self, samples: tuple[int, ...]) -> float:
         """Mean token loss of `samples` without training (no gradients, no optimizer step)."""
         inputs, targets = self.dataset.batch(samples)
-        logits = model.run_layers(self.layers, inputs)
-        return model.micro_batch_loss(logits, targets, len(samples)).item()
+        with precision.forward(self.config.precision, CPU):
+            logits = model.run_layers(self.layers, inputs)
+            return model.micro_batch_loss(logits, targets, len(samples)).item()

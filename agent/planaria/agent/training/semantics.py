@@ -29,7 +29,8 @@ class TrainingConfig:
     """What fixes a training run's semantics: model, seed, batch sizes, optimizer.
 
     `seed` seeds both the layers' initial parameters and the sampler; `reduction` says how
-    gradients are summed (`planaria.agent.training.reduction`). Raises TrainingConfigError when a
+    gradients are summed (`planaria.agent.training.reduction`), `precision` the arithmetic of
+    forward and backward (`planaria.agent.training.precision`). Raises TrainingConfigError when a
     size is < 1 or the global batch is not a multiple of the micro-batch.
     """
 
@@ -39,6 +40,7 @@ class TrainingConfig:
     micro_batch_size: int
     optimizer: model.OptimizerConfig = field(default_factory=model.OptimizerConfig)
     reduction: messages.Reduction = messages.Reduction.FAST
+    precision: messages.Precision = messages.Precision.FP32
 
     def __post_init__(self) -> None:
         if self.seed < 0:
