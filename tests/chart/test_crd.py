@@ -318,6 +318,7 @@ CHANGES: dict[str, Any] = {
     "faultTolerance": 2,
     "policy": "dynamic",
     "mtbfSeconds": 600,
+    "deviceMemory": "40Gi",
     "timeouts": {"stepSeconds": 20},
 }
 
