@@ -9,7 +9,9 @@ The clock is the shipped `clock.RealClock`; the tests run it on looptime's virtu
                   steps every epoch's group every `step_s` simulated seconds; the test injects
                   deaths (`kill`), hangs, latched errors (in a step, or at every set-up
                   of a worker: `setup_errors`), preemption notices and joins.
-    FakeAgent     a `ports.Agent`: Watch heartbeats every interval, Configure per the rules.
+    FakeAgent     a `ports.Agent`: Watch heartbeats every interval, Configure judged by the
+                  contract's rules (`planaria.contract.configure_rules`), as the real agent's
+                  runtime does; tests/contract runs one suite against both.
 
 The cluster records what a test checks: every Configure sent per epoch (ranks), and every
 lockstep violation (members of a group at different steps).
@@ -21,8 +23,8 @@ import asyncio
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 
+from planaria.contract import configure_rules, profile
 from planaria.contract import plan as plans
-from planaria.contract import profile
 from planaria.control import ports
 from planaria.planner import transfers
 from planaria.wire import messages
@@ -42,6 +44,8 @@ class FakeAgent:
     hung: bool = False
     stalls: bool = False  # Configure never answers (a wedged RPC)
     slow_until: float | None = None  # until then it does not notice a lost peer (`slow`)
+    device: str = "cpu"  # what it runs on (the rules refuse settings for another device)
+    profiling: bool = False  # a Profile is being measured
     epoch: int = 0
     state: messages.AgentState = messages.AgentState.IDLE
     step: int = 0
@@ -67,16 +71,25 @@ class FakeAgent:
         await self.cluster.clock.sleep(self.cluster.configure_delay_s)
         self.received.append(config)
         self.cluster.sent.setdefault(config.epoch, []).append(config)
-        newest = max(self.epoch, self.pending.epoch if self.pending else 0)
-        if config.epoch <= newest or config.worker != self.id:
-            return refuse(f"epoch {config.epoch} is not after {newest} or not worker {self.id}")
-        if self.state is RUNNING:
-            if config.resume_step <= self.step:
-                return refuse(f"running at step {self.step}; resume_step must be later")
-            self.pending = config
-            return messages.Acknowledgement(accepted=True)
-        self.cluster.set_up(self, config)
+        verdict = configure_rules.judge(offer(config), self.receiver())
+        if not verdict.accepted:
+            return refuse(verdict.reason)
+        if verdict.timing is configure_rules.Timing.AT_STEP:
+            self.pending = config  # taken up at its resume step (`FakeCluster._commit`)
+        else:
+            self.cluster.set_up(self, config)
         return messages.Acknowledgement(accepted=True)
+
+    def receiver(self) -> configure_rules.Receiver:
+        """This agent as the contract's rules see it."""
+        return configure_rules.Receiver(
+            worker=self.id,
+            device=self.device,
+            newest_epoch=max(self.epoch, self.pending.epoch if self.pending else 0),
+            running_step=self.step if self.state is RUNNING else None,
+            stopping=self.state is messages.AgentState.STOPPED,
+            profiling=self.profiling,
+        )
 
     async def watch(self, interval_s: float) -> AsyncIterator[messages.Heartbeat]:
         while True:
@@ -103,7 +116,11 @@ class FakeAgent:
     async def profile(self, order: messages.ProfileOrder) -> profile.Profile:
         self._reachable()
         assert self.cluster.profile is not None, "the test gave the cluster no profile"
-        await self.cluster.clock.sleep(self.cluster.profile_s)
+        self.profiling = True
+        try:
+            await self.cluster.clock.sleep(self.cluster.profile_s)
+        finally:
+            self.profiling = False
         return self.cluster.profile
 
     async def load_snapshot(self, load: messages.SnapshotLoad) -> messages.Acknowledgement:
@@ -151,6 +168,16 @@ class FakeAgent:
 
 def refuse(reason: str) -> messages.Acknowledgement:
     return messages.Acknowledgement(accepted=False, reason=reason)
+
+
+def offer(config: messages.WorkerConfig) -> configure_rules.Offer:
+    """What the contract's rules read of `config` (as the agent's `acceptance.offer`)."""
+    return configure_rules.Offer(
+        epoch=config.epoch,
+        worker=config.worker,
+        resume_step=config.resume_step,
+        device=str(config.settings.device),
+    )
 
 
 class FakeCluster:
@@ -394,7 +421,8 @@ class FakeCluster:
             if settings.checkpoint_dir and every and agent.step % every == 0:
                 self.checkpoints.add(agent.step)
                 agent.checkpoint_step = agent.step
-            if agent.pending is not None and agent.step == agent.pending.resume_step:
-                self.set_up(agent, agent.pending)
+            pending = agent.pending
+            if pending is not None and configure_rules.due(pending.resume_step, agent.step):
+                self.set_up(agent, pending)
         if self.on_step is not None and group:
             self.on_step(max(a.step for a in group))

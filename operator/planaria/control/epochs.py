@@ -1,10 +1,10 @@
 """Epochs: what opens one, and the mechanics of opening it and watching it run.
 
 `configs`: one `WorkerConfig` per worker of the plan. The epoch's process group is exactly the
-plan's workers, ranked by worker id (the same order as
-`planaria.agent.execution.groups.worker_ranks`), under the key prefix "epoch-E" of the backend's
-store; the group's collectives time out after the job's `step_timeout_s`. Each worker receives only
-the transfers it takes part in.
+plan's workers, ranked by worker id (`planaria.contract.configure_rules.ranks`: the agents
+form their groups and judge every Configure by the same rules), under the key prefix "epoch-E"
+of the backend's store (`planaria.contract.rendezvous.key_prefix`); the group's collectives
+time out after the job's `step_timeout_s`. Each worker receives only the transfers it takes part in.
 
 `Driver`: the current epoch (plan, number, resume step) and the two halves of opening the
 next: `configure` (journal the epoch, then every Configure at once, each bounded; running agents
@@ -24,9 +24,9 @@ import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from planaria.contract import configure_rules, rendezvous
 from planaria.contract import plan as plans
 from planaria.contract import profile as profiles
-from planaria.contract import rendezvous
 from planaria.control import connections, history, membership, planning, ports
 from planaria.control import settings as job_settings
 from planaria.control import status as statuses
@@ -36,11 +36,6 @@ LOG = logging.getLogger(__name__)
 JOURNAL_ATTEMPTS = 3  # a journal write is retried this often before the epoch opens anyway
 JOURNAL_RETRY_S = 0.2
 _RAN = (messages.AgentState.RUNNING, messages.AgentState.FINISHED)
-
-
-def ranks(plan: plans.Plan) -> dict[plans.WorkerId, int]:
-    """Rank of every worker of `plan` in its epoch's group: position in sorted worker ids."""
-    return {worker: rank for rank, worker in enumerate(sorted(plan.workers))}
 
 
 def configs(
@@ -54,7 +49,7 @@ def configs(
 ) -> dict[plans.WorkerId, messages.WorkerConfig]:
     """The Configure of every worker of `plan` for `epoch` (module docstring)."""
     copies = tuple(transfers)
-    ranked = ranks(plan)
+    ranked = configure_rules.ranks(plan.workers)
     return {
         worker: messages.WorkerConfig(
             epoch=epoch,

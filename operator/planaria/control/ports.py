@@ -19,8 +19,8 @@ against agents over gRPC (`planaria.rpc`), processes on this machine (`planaria.
 
 Rules every implementation keeps:
 - An epoch's process group is the plan's workers, ranked by worker id
-  (`planaria.agent.execution.groups.worker_ranks`); the controller sends Configure to exactly those
-  workers. Layer transfer sources are live workers of the new plan.
+  (`planaria.contract.configure_rules.ranks`, which the agents use too); the controller sends
+  Configure to exactly those workers. Layer transfer sources are live workers of the new plan.
 - `Backend.events` yields each event once, in the order they happened; a worker reported DIED
   stays dead until a JOINED event for it (a restarted or returning worker).
 """

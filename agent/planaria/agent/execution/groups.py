@@ -7,7 +7,9 @@ other's keys. `leave_epoch` tears them down, and the same process can then form 
 with another rank and world size without restarting (about 20 ms for two gloo ranks here).
 
 Ranks: a worker's rank in an epoch is its position among the schedule's workers sorted by id
-(`worker_ranks`); the controller hands out ranks the same way, and the executor checks it.
+(`worker_ranks`, by `planaria.contract.configure_rules.ranks`, the rule the controller hands
+ranks out by); the executor checks it. The `epoch-N` key prefix is
+`planaria.contract.rendezvous.key_prefix`, the one the controller sends.
 
 Subgroups: torch requires `new_group` to be called on every rank of the world, members or not,
 in the same order. `form_epoch` therefore creates every subgroup of the epoch at once, from one
@@ -55,7 +57,7 @@ import torch.distributed as dist
 # torch's stubs do not re-export the store classes from torch.distributed; these are the same.
 from torch._C import _distributed_c10d as c10d
 
-from planaria.contract import instructions, plan, schedule
+from planaria.contract import configure_rules, instructions, plan, rendezvous, schedule
 from planaria.wire import messages
 
 RankSet = tuple[int, ...]
@@ -196,7 +198,7 @@ class Epoch:
 
 def worker_ranks(sched: schedule.Schedule) -> dict[plan.WorkerId, int]:
     """Rank of each worker of `sched` in its epoch: its position in worker-id order."""
-    return {stream.worker: rank for rank, stream in enumerate(sched.streams)}
+    return configure_rules.ranks(stream.worker for stream in sched.streams)
 
 
 def subgroup_ranks(sched: schedule.Schedule) -> tuple[RankSet, ...]:
@@ -240,7 +242,7 @@ def form_epoch(
     try:
         dist.init_process_group(
             str(backend),
-            store=c10d.PrefixStore(f"epoch-{epoch}", store),
+            store=c10d.PrefixStore(rendezvous.key_prefix(epoch), store),
             rank=rank,
             world_size=world_size,
             timeout=timeout,

@@ -49,6 +49,7 @@ from planaria.agent.recovery import layer_transfer
 from planaria.agent.state import checkpoints, snapshot_store, snapshots
 from planaria.agent.training import model, semantics
 from planaria.contract import plan, schedule
+from planaria.contract import rendezvous as epoch_keys
 from planaria.wire import messages
 
 Tier = messages.RecoveryTier
@@ -123,7 +124,7 @@ def form(
     """Join the config's epoch (groups.form_epoch adds the `epoch-N` prefix itself; any other
     prefix the controller chose is put in front of it)."""
     rendezvous = config.rendezvous
-    if rendezvous.key_prefix != f"epoch-{config.epoch}":
+    if rendezvous.key_prefix != epoch_keys.key_prefix(config.epoch):
         store = c10d.PrefixStore(rendezvous.key_prefix, store)
     try:
         return groups.form_epoch(

@@ -1,12 +1,12 @@
 """Which commands an agent accepts in which state, and how it classes its own errors.
 
 Pure rules over what the runtime shows (`Published`, what the heartbeat reports), so they read
-the same for every command and can be tested without a training thread. Configure acceptance
-(interfaces.md): the epoch must be newer than the agent's current (and pending) one, the worker
-must be this agent's, the device the agent's; a stopping or profiling agent refuses, and a
-RUNNING one accepts only a switch at a later step. Pause, resume, snapshots and loads name the
-agent's current epoch and need one of a few states (`epoch_refusal`). A refusal is a sentence
-that says what to do instead; "" accepts.
+the same for every command and can be tested without a training thread. A Configure is judged
+by the contract's rules, which the controller's side shares
+(`planaria.contract.configure_rules`, module docstring): `configure_verdict` only says what
+this agent is to them (`Situation`). Pause, resume, snapshots and loads name the agent's current
+epoch and need one of a few states (`epoch_refusal`). A refusal is a sentence that says what to
+do instead; "" accepts.
 
 `own_error` classes an error of the worker's own, not a peer's (docs/agent.md, "Errors").
 
@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from planaria.agent.training import data
-from planaria.contract import plan
+from planaria.contract import configure_rules, plan
 from planaria.wire import messages
 
 State = messages.AgentState
@@ -54,32 +54,34 @@ class Situation:
     stopping: bool
     profiling: bool
 
+    def receiver(self) -> configure_rules.Receiver:
+        """This agent as the contract's rules see it."""
+        running = self.shown.state is State.RUNNING
+        return configure_rules.Receiver(
+            worker=self.worker,
+            device=self.device,
+            newest_epoch=self.newest_epoch,
+            running_step=self.shown.step if running else None,
+            stopping=self.stopping,
+            profiling=self.profiling,
+        )
 
-def configure_refusal(config: messages.WorkerConfig, situation: Situation) -> str:
-    """Why `config` is refused, or "" when it is accepted."""
-    shown = situation.shown
-    if config.worker != situation.worker:
-        return (
-            f"this agent is worker {situation.worker}, not {config.worker}; "
-            "send it to its own agent"
-        )
-    if config.epoch <= situation.newest_epoch:
-        return f"epoch {config.epoch} is stale: this agent is at epoch {situation.newest_epoch}"
-    if situation.stopping:
-        return "the agent is stopping; start a new agent"
-    if situation.profiling:
-        return "the agent is profiling; configure it when the profile is done"
-    if str(config.settings.device) != situation.device:
-        return (
-            f"settings ask for device {config.settings.device} but this agent runs on "
-            f"{situation.device}; start the agent with --device {config.settings.device}"
-        )
-    if shown.state is State.RUNNING and config.resume_step <= shown.step:
-        return (
-            f"running at step {shown.step}; a running agent switches only at a later "
-            f"step (resume_step {config.resume_step} <= {shown.step})"
-        )
-    return ""
+
+def offer(config: messages.WorkerConfig) -> configure_rules.Offer:
+    """What the contract's rules read of `config`."""
+    return configure_rules.Offer(
+        epoch=config.epoch,
+        worker=config.worker,
+        resume_step=config.resume_step,
+        device=str(config.settings.device),
+    )
+
+
+def configure_verdict(
+    config: messages.WorkerConfig, situation: Situation
+) -> configure_rules.Verdict:
+    """Whether this agent accepts `config`, when it takes it up, or why it refuses it."""
+    return configure_rules.judge(offer(config), situation.receiver())
 
 
 def epoch_refusal(shown: Published, epoch: int, states: tuple[messages.AgentState, ...]) -> str:

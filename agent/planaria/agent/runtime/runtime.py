@@ -12,8 +12,10 @@ condition variable; the training thread (the only one touching torch state, thro
     any     --stop--> STOPPED (the loop ends at the next boundary, the epoch is left)
 
 Which commands are accepted in which state, and how the worker's own errors are classed, are
-pure rules (`acceptance`). A RUNNING agent accepts only a planned switch, `resume_step > c`:
-it trains up to resume_step, then sets the new epoch up; any other state sets it up at once.
+pure rules (`acceptance`; a Configure's are the contract's, `planaria.contract.configure_rules`,
+which the controller's side shares). A RUNNING agent accepts only a planned switch,
+`resume_step > c`: it trains up to resume_step, then sets the new epoch up
+(`configure_rules.due`); any other state sets it up at once.
 A configuration that arrives while another is being set up waits for that
 setup to end (it fails within the epoch's timeout when a peer is gone), then replaces it.
 
@@ -41,7 +43,7 @@ from pathlib import Path
 from planaria.agent.execution import executor, failures, profiler
 from planaria.agent.recovery import epoch_setup
 from planaria.agent.runtime import acceptance, training_thread
-from planaria.contract import plan, profile, shapes
+from planaria.contract import configure_rules, plan, profile, shapes
 from planaria.wire import messages
 
 LOG = logging.getLogger(__name__)
@@ -103,9 +105,9 @@ class Runtime:
     def configure(self, config: messages.WorkerConfig) -> messages.Acknowledgement:
         """Accept `config` per the acceptance rules, or refuse it with the reason."""
         with self._cond:
-            reason = acceptance.configure_refusal(config, self._situation())
-            if reason:
-                return messages.Acknowledgement(accepted=False, reason=reason)
+            verdict = acceptance.configure_verdict(config, self._situation())
+            if not verdict.accepted:
+                return messages.Acknowledgement(accepted=False, reason=verdict.reason)
             self._pending = config
             self._cond.notify_all()
         return messages.Acknowledgement(accepted=True)
@@ -270,7 +272,8 @@ class Runtime:
                 running = shown.state is State.RUNNING
                 if self._stop:
                     return _Order.STOP
-                if pending is not None and (not running or shown.step >= pending.resume_step):
+                at = shown.step if running else None
+                if pending is not None and configure_rules.due(pending.resume_step, at):
                     return _Order.CONFIGURE
                 if self._snapshot:
                     return _Order.SNAPSHOT
