@@ -3,10 +3,10 @@
 Pure rules over what the runtime shows (`Published`, what the heartbeat reports), so they read
 the same for every command and can be tested without a training thread. A Configure is judged
 by the contract's rules, which the controller's side shares
-(`planaria.contract.configure_rules`, module docstring): `configure_verdict` only says what
-this agent is to them (`Situation`). Pause, resume, snapshots and loads name the agent's current
-epoch and need one of a few states (`epoch_refusal`). A refusal is a sentence that says what to
-do instead; "" accepts.
+(`planaria.contract.configure_rules`, module docstring): `offer` is what they read of a
+Configure; the runtime says what they read of the agent (a `configure_rules.Receiver`). Pause,
+resume, snapshots and loads name the agent's current epoch and need one of a few states
+(`epoch_refusal`). A refusal is a sentence that says what to do instead; "" accepts.
 
 `own_error` classes an error of the worker's own, not a peer's (docs/agent.md, "Errors").
 
@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from planaria.agent.training import data
-from planaria.contract import configure_rules, plan
+from planaria.contract import configure_rules
 from planaria.wire import messages
 
 State = messages.AgentState
@@ -43,30 +43,6 @@ class Published:
     checkpoint_step: int | None = None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Situation:
-    """What the Configure rule reads of an agent, taken under the runtime's lock."""
-
-    worker: plan.WorkerId
-    device: str
-    shown: Published
-    newest_epoch: int  # the newest of the current and the pending configuration's epochs
-    stopping: bool
-    profiling: bool
-
-    def receiver(self) -> configure_rules.Receiver:
-        """This agent as the contract's rules see it."""
-        running = self.shown.state is State.RUNNING
-        return configure_rules.Receiver(
-            worker=self.worker,
-            device=self.device,
-            newest_epoch=self.newest_epoch,
-            running_step=self.shown.step if running else None,
-            stopping=self.stopping,
-            profiling=self.profiling,
-        )
-
-
 def offer(config: messages.WorkerConfig) -> configure_rules.Offer:
     """What the contract's rules read of `config`."""
     return configure_rules.Offer(
@@ -78,10 +54,10 @@ def offer(config: messages.WorkerConfig) -> configure_rules.Offer:
 
 
 def configure_verdict(
-    config: messages.WorkerConfig, situation: Situation
+    config: messages.WorkerConfig, agent: configure_rules.Receiver
 ) -> configure_rules.Verdict:
-    """Whether this agent accepts `config`, when it takes it up, or why it refuses it."""
-    return configure_rules.judge(offer(config), situation.receiver())
+    """Whether `agent` accepts `config`, when it takes it up, or why it refuses it."""
+    return configure_rules.judge(offer(config), agent)
 
 
 def epoch_refusal(shown: Published, epoch: int, states: tuple[messages.AgentState, ...]) -> str:

@@ -105,22 +105,23 @@ class Runtime:
     def configure(self, config: messages.WorkerConfig) -> messages.Acknowledgement:
         """Accept `config` per the acceptance rules, or refuse it with the reason."""
         with self._cond:
-            verdict = acceptance.configure_verdict(config, self._situation())
+            verdict = acceptance.configure_verdict(config, self._receiver())
             if not verdict.accepted:
                 return messages.Acknowledgement(accepted=False, reason=verdict.reason)
             self._pending = config
             self._cond.notify_all()
         return messages.Acknowledgement(accepted=True)
 
-    def _situation(self) -> acceptance.Situation:
-        """What the acceptance rules read (the caller holds the lock)."""
+    def _receiver(self) -> configure_rules.Receiver:
+        """This agent as the Configure rules see it (the caller holds the lock)."""
+        shown = self._shown
         pending = self._pending.epoch if self._pending else 0
-        return acceptance.Situation(
+        return configure_rules.Receiver(
             worker=self.worker,
             device=self.device,
-            shown=self._shown,
-            newest_epoch=max(self._shown.epoch, pending),
-            stopping=self._shown.state is State.STOPPED or self._stop,
+            newest_epoch=max(shown.epoch, pending),
+            running_step=shown.step if shown.state is State.RUNNING else None,
+            stopping=shown.state is State.STOPPED or self._stop,
             profiling=self._profiling,
         )
 
