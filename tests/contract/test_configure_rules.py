@@ -4,11 +4,12 @@ Covers: `judge` refuses for exactly the first broken rule in the documented orde
 that lists every broken rule independently), accepts with an empty reason otherwise, AT_STEP
 exactly for a running agent; an accepted Configure sent again is refused as stale; `due` holds
 a planned switch until its step and takes anything else up at once; `ranks` is a bijection of
-any distinct worker ids onto 0..n-1 in id order and refuses repeated ids; `key_prefix` gives
-distinct epochs disjoint key spaces and refuses epoch 0. Across the planes, over drawn plans:
-the controller's Configures (`epochs.configs`) carry exactly these ranks, world size and prefix,
-and the agent's `groups.worker_ranks` of the compiled schedule agrees with them (for the plans
-it runs: one worker per stage); the agent and the fake read a Configure into the rules alike.
+any distinct worker ids onto 0..n-1 in id order and refuses repeated ids; the epoch key prefix
+(`planaria.contract.rendezvous.key_prefix`) gives distinct epochs disjoint key spaces. Across
+the planes, over drawn plans: the controller's Configures (`epochs.configs`) carry exactly these
+ranks, world size and prefix, and the agent's `groups.worker_ranks` of the compiled schedule
+agrees with them (for the plans it runs: one worker per stage); the agent and the fake read a
+Configure into the rules alike.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from hypothesis import strategies as st
 
 from planaria.agent.execution import groups
 from planaria.agent.runtime import acceptance
-from planaria.contract import configure_rules, plan, schedule
+from planaria.contract import configure_rules, plan, rendezvous, schedule
 from planaria.control import epochs, ports
 from planaria.control import settings as job_settings
 from planaria.wire import messages
@@ -133,14 +134,9 @@ def test_ranks_refuse_a_repeated_worker(ids: list[int], data: st.DataObject) -> 
 @given(epoch_numbers, epoch_numbers)
 def test_distinct_epochs_have_disjoint_key_spaces(a: int, b: int) -> None:
     # torch's PrefixStore puts "/" between a prefix and a key
-    first, second = configure_rules.key_prefix(a) + "/", configure_rules.key_prefix(b) + "/"
+    first, second = rendezvous.key_prefix(a) + "/", rendezvous.key_prefix(b) + "/"
     assert (first == second) is (a == b)
     assert (first.startswith(second) or second.startswith(first)) is (a == b)
-
-
-def test_epoch_0_has_no_key_prefix() -> None:
-    with pytest.raises(ValueError, match="epochs count from 1"):
-        configure_rules.key_prefix(0)
 
 
 def _job(p: plan.Plan) -> job_settings.JobSettings:
@@ -171,9 +167,9 @@ def test_the_controllers_configures_and_the_agents_schedule_rank_workers_by_the_
     )
     assert set(sent) == set(p.workers)
     for worker, config in sent.items():
-        rendezvous = config.rendezvous
-        assert (rendezvous.rank, rendezvous.world_size) == (ranked[worker], len(ranked))
-        assert rendezvous.key_prefix == configure_rules.key_prefix(epoch)
+        sent_rank = (config.rendezvous.rank, config.rendezvous.world_size)
+        assert sent_rank == (ranked[worker], len(ranked))
+        assert config.rendezvous.key_prefix == rendezvous.key_prefix(epoch)
     assert groups.worker_ranks(schedule.compile_schedule(p)) == ranked
 
 
