@@ -77,6 +77,7 @@ REDUNDANCY_MODES = _EnumCodec(pb.RedundancyMode.Value, "REDUNDANCY_MODE_", messa
 REDUCTIONS = _EnumCodec(pb.Reduction.Value, "REDUCTION_", messages.Reduction)
 BACKENDS = _EnumCodec(pb.Backend.Value, "BACKEND_", messages.Backend)
 DEVICES = _EnumCodec(pb.Device.Value, "DEVICE_", messages.Device)
+DATA_FORMATS = _EnumCodec(pb.DataFormat.Value, "DATA_FORMAT_", messages.DataFormat)
 
 
 def _check(path: str, ok: bool, what: str) -> None:
@@ -164,9 +165,7 @@ def encode_settings(settings: messages.TrainingSettings) -> pb.TrainingSettings:
             weight_decay=optimizer.weight_decay,
         ),
         global_batch_size=settings.global_batch_size,
-        data=pb.DataSettings(
-            corpus_paths=settings.data.corpus_paths, max_bytes=settings.data.max_bytes
-        ),
+        data=encode_data(settings.data),
         device=DEVICES.encode(settings.device),
         snapshot_interval_steps=settings.snapshot_interval_steps,
         redundancy=REDUNDANCY_MODES.encode(settings.redundancy),
@@ -174,6 +173,32 @@ def encode_settings(settings: messages.TrainingSettings) -> pb.TrainingSettings:
         checkpoint_interval_steps=settings.checkpoint_interval_steps,
         reduction=REDUCTIONS.encode(settings.reduction),
     )
+
+
+def encode_data(data: messages.DataSettings) -> pb.DataSettings:
+    return pb.DataSettings(
+        corpus_paths=data.corpus_paths,
+        max_bytes=data.max_bytes,
+        format=DATA_FORMATS.encode(data.format),
+        text_field=data.text_field,
+        tokenizer_path=data.tokenizer_path,
+        separator=data.separator,
+        cache_dir=data.cache_dir,
+    )
+
+
+def decode_data(msg: pb.DataSettings, path: str) -> messages.DataSettings:
+    fmt = DATA_FORMATS.decode(msg.format, f"{path}.format")
+    with errors.at(path):
+        return messages.DataSettings(
+            corpus_paths=tuple(msg.corpus_paths),
+            max_bytes=msg.max_bytes if msg.HasField("max_bytes") else None,
+            format=fmt,
+            text_field=msg.text_field,
+            tokenizer_path=msg.tokenizer_path,
+            separator=msg.separator,
+            cache_dir=msg.cache_dir,
+        )
 
 
 def decode_settings(
@@ -191,9 +216,7 @@ def decode_settings(
             eps=optimizer.eps,
             weight_decay=optimizer.weight_decay,
         )
-    with errors.at(f"{path}.data"):
-        max_bytes = data.max_bytes if data.HasField("max_bytes") else None
-        corpus = messages.DataSettings(corpus_paths=tuple(data.corpus_paths), max_bytes=max_bytes)
+    corpus = decode_data(data, f"{path}.data")
     device = DEVICES.decode(msg.device, f"{path}.device")
     redundancy = REDUNDANCY_MODES.decode(msg.redundancy, f"{path}.redundancy")
     reduction = REDUCTIONS.decode(msg.reduction, f"{path}.reduction")
