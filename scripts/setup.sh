@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Creates .venv (if missing) and installs Planaria with its test tools into it.
+# Creates .venv (if missing) and installs Planaria with its test tools and the hf extra into it.
 # torch 2.13.0 is installed first and on its own: an unpinned torch resolved with nothing
 # installed pulls several GB of CUDA packages on a CPU machine.
 set -euo pipefail
@@ -14,5 +14,6 @@ if ! .venv/bin/python -c 'import torch, sys; sys.exit(torch.__version__.split("+
   echo "setup: installing torch 2.13.0 (CPU build)"
   pip install --quiet "torch==2.13.0"
 fi
-echo "setup: installing planaria[test] (editable)"
-pip install --quiet -e ".[test]"
+# The hf extra too: its tests (tokenizers, Parquet) run in CI; torch stays installed first.
+echo "setup: installing planaria[test,hf] (editable)"
+pip install --quiet -e ".[test,hf]"

@@ -255,6 +255,11 @@ def training_settings(global_batch_size: int) -> st.SearchStrategy[messages.Trai
         messages.DataSettings,
         corpus_paths=st.lists(_WORDS, min_size=1, max_size=3).map(tuple),
         max_bytes=st.none() | st.integers(min_value=1, max_value=2**64 - 1),
+        format=st.sampled_from(messages.DataFormat),
+        text_field=_WORDS,
+        tokenizer_path=st.just("") | _WORDS,
+        separator=st.text(max_size=5),
+        cache_dir=st.just("") | _WORDS,
     )
     return st.builds(
         messages.TrainingSettings,

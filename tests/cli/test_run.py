@@ -155,8 +155,7 @@ def test_the_summary_tabulates_recoveries_and_goodput(tmp_path: Path) -> None:
     assert len(table) == 2
     assert (
         "| 38.0 | 3 | dynamic | live_replica | 0.30 | 0.40 | 0.05 | 0.60 | 0.20 | 1.10 | 2.25 | 1 "
-        "| 1.50 |"
-        in table[0]
+        "| 1.50 |" in table[0]
     )
     assert (
         "re-planning beats rerouting / by 3 s" in table[0]

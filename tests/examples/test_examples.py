@@ -1,9 +1,14 @@
-"""The example scripts in examples/ run as documented and print what they promise."""
+"""The examples in examples/ run as documented and print what they promise: the GPU cluster
+planning script, and the bring-your-own-data job with the script that makes its data."""
 
 from __future__ import annotations
 
 import subprocess
+import sys
 from pathlib import Path
+
+from planaria.agent.training import corpora
+from planaria.spec import job, job_file
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -19,3 +24,30 @@ def test_planning_a_gpu_cluster_ends_with_a_recovery_decision() -> None:
     assert "templates (Oobleck §4.1)" in result.stdout
     assert "recovery policy (Odyssey eq. 8)" in result.stdout
     assert "\nchose " in result.stdout
+
+
+def test_the_byo_data_example_makes_its_data_and_its_job_tokenises_it(tmp_path: Path) -> None:
+    """examples/byo-data: prepare.py writes the dataset and tokenizer; the job file is a valid
+    ResilientJob whose data section, pointed at them, tokenises into the cache with the
+    tokenizer's vocabulary (the run itself: docs/running.md, "Data")."""
+    example = ROOT / "examples" / "byo-data"
+    made = subprocess.run(
+        [sys.executable, str(example / "prepare.py"), "--out", str(tmp_path), "--documents", "8"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert made.returncode == 0, made.stderr
+    loaded = job_file.load_job(str(example / "job.yaml"))
+    assert loaded.document and loaded.name == "byo-data" and loaded.spec.failures
+    assert [Path(p).name for p in loaded.spec.data.corpus_paths or []] == ["train.jsonl"]
+    assert Path(loaded.spec.data.tokenizer).name == "tokenizer.json"
+    data_spec = loaded.spec.data.model_copy(
+        update={
+            "corpus_paths": [str(tmp_path / "train.jsonl")],
+            "tokenizer": str(tmp_path / "tokenizer.json"),
+            "cache_dir": str(tmp_path / "cache"),
+        }
+    )
+    corpus = corpora.load(job.data_settings(data_spec, corpus_default="-"))
+    assert corpus.vocab_size == 1024 and len(corpus.tokens) > 1000

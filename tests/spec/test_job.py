@@ -110,6 +110,9 @@ def test_overrides_replace_the_files_values_and_are_checked_the_same_way() -> No
         ("precision: fp16", r"^job.yaml: precision: must be one of 'fp32', 'tf32' or 'bf16'"),
         ("precision: BF16", r"^job.yaml: precision: must be one of 'fp32', 'tf32' or 'bf16'"),
         ("data: {corpusPaths: []}", r"^job.yaml: data.corpusPaths: must not be empty"),
+        ("data: {format: csv}", r"^job.yaml: data.format: must be one of 'text', 'jsonl' or"),
+        ("data: {textField: ''}", r"^job.yaml: data.textField: must not be empty"),
+        ("data: {tokenizer: 3}", r"^job.yaml: data.tokenizer: must be a string"),
         ("seed: 1.5", r"^job.yaml: seed: must be a whole number"),
         ("seed: 9007199254740992", r"^job.yaml: seed: must be <= 9007199254740991"),
         ("gpusPerNode: true", r"^job.yaml: gpusPerNode: must be a whole number \(got true\)"),
@@ -230,6 +233,25 @@ def test_byte_quantities_read_as_their_exact_bytes_rounded_down(
     assert job.memory_bytes(f"{whole}.{thousandths:03d}{suffix}") == (
         whole * scale + thousandths * scale // 1000
     )
+
+
+def test_the_data_section_reaches_the_training_settings() -> None:
+    spec = _parse(
+        "data: {corpusPaths: [d], format: parquet, textField: body, tokenizer: t.json, "
+        "separator: '</s>', cacheDir: /cache}"
+    ).spec
+    out = job.to_settings(spec, "job", "/stdlib").training.data
+    assert out == messages.DataSettings(
+        corpus_paths=("d",),
+        format=messages.DataFormat.PARQUET,
+        text_field="body",
+        tokenizer_path="t.json",
+        separator="</s>",
+        cache_dir="/cache",
+    )
+    default = job.to_settings(_parse("").spec, "job", "/stdlib").training.data
+    assert default == messages.DataSettings(corpus_paths=("/stdlib",))
+    assert not default.needs_tokenising and out.needs_tokenising
 
 
 @pytest.mark.parametrize("reduction", list(job.Reduction), ids=lambda r: f"reduction {r}")

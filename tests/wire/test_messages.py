@@ -95,6 +95,7 @@ CASES: list[tuple[str, Callable[[], object], str]] = [
     ("no corpus", lambda: messages.DataSettings(corpus_paths=()), "corpus_paths"),
     ("an empty path", lambda: messages.DataSettings(corpus_paths=("",)), "corpus_paths"),
     ("a zero byte cap", lambda: messages.DataSettings(corpus_paths=("a",), max_bytes=0), "max_"),
+    ("no text field", lambda: messages.DataSettings(corpus_paths=("a",), text_field=""), "text_"),
     ("no model", lambda: _settings(model=""), "model"),
     ("a negative seed", lambda: _settings(seed=-1), "seed"),
     ("an empty global batch", lambda: _settings(global_batch_size=0), "global_batch_size"),

@@ -6,8 +6,10 @@ Every option is refused here, with one line naming it and what to change, before
 directory is made, the lock taken or an agent started, so a refused command leaves nothing on
 disk: the failures (`--fail` parsed and checked against the job by the job file's own rule,
 `planaria.local.faults.parse_failures`; the file's entries were checked when it was loaded),
-`--mtbf`, `--metrics-port`, the two directories, `--out` and `--snapshot-base`, and the job's
-device: `device: cuda` needs a GPU per worker on this machine (`planaria.local.devices`).
+`--mtbf`, `--metrics-port`, the two directories, `--out` and `--snapshot-base`, the job's
+device: `device: cuda` needs a GPU per worker on this machine (`planaria.local.devices`), and
+the job's data when it needs tokenising (`prepare_data`: it is tokenised into its cache here,
+once, before any agent starts).
 
 A directory is checked by trying it, not with `os.access`: the missing folders are made, a
 temporary file is created in the last and everything made is removed again. root passes every
@@ -29,7 +31,7 @@ from pathlib import Path
 
 from planaria.contract import plan
 from planaria.local import devices, faults
-from planaria.spec import job_file
+from planaria.spec import job, job_file
 
 DEFAULT_SNAPSHOT_BASE = Path("/dev/shm/planaria")  # = planaria.local.backend's (torch-free here)
 
@@ -85,6 +87,7 @@ def options(
     base = Path(args.snapshot_base) if args.snapshot_base else DEFAULT_SNAPSHOT_BASE
     check_directory(out, "--out", default=not args.out)
     check_directory(base, "--snapshot-base", default=not args.snapshot_base)
+    prepare_data(args.job, spec.data)
     return Options(
         failures=tuple(failures),
         mtbf_s=mtbf_s,
@@ -122,3 +125,23 @@ def check_directory(path: Path, option: str, *, default: bool = False) -> None:
         for folder in reversed(made):
             with contextlib.suppress(OSError):
                 folder.rmdir()
+
+
+def prepare_data(source: str, spec: job.DataSpec) -> None:
+    """Tokenise the job's corpus into its cache now, when it needs tokenising (a tokenizer, a
+    separator, JSONL or Parquet), so every agent maps the cached tokens and a bad field, file or
+    tokenizer, an empty corpus or a missing `planaria[hf]` is refused before anything starts.
+    Plain byte text is the agents' to read, as before (docs/running.md, "A job that fails on
+    its agents' errors")."""
+    if not job.data_settings(spec, corpus_default=UNUSED_DEFAULT).needs_tokenising:
+        return
+    from planaria.agent.training import corpora, data  # torch: only for a job with such data
+
+    settings = job.data_settings(spec, corpus_default=str(data.default_corpus_root()))
+    try:
+        corpora.load(settings)
+    except data.CorpusError as exc:
+        raise RunCommandError(f"{source}: {exc}") from None
+
+
+UNUSED_DEFAULT = "(the default corpus)"  # a stand-in where only the data's kind is asked

@@ -99,8 +99,16 @@ class OptimizerSpec(_Model):
     )
 
 
+class DataFormat(StrEnum):
+    """How the corpus files hold their documents (docs/running.md, "Data")."""
+
+    TEXT = "text"
+    JSONL = "jsonl"
+    PARQUET = "parquet"
+
+
 class DataSpec(_Model):
-    """The training text."""
+    """The training text and how it becomes tokens (docs/running.md, "Data")."""
 
     corpus_paths: list[Annotated[str, pydantic.Field(min_length=1)]] | None = _field(
         None,
@@ -110,7 +118,29 @@ class DataSpec(_Model):
     )
     max_bytes: (
         Annotated[int, pydantic.Field(strict=True, ge=1, le=messages.MAX_JSON_INTEGER)] | None
-    ) = _field(None, "Read at most this many bytes of the corpus.")
+    ) = _field(None, "Read at most this many bytes of the corpus text.")
+    format: DataFormat = _field(
+        DataFormat.TEXT,
+        "text (every file one document), jsonl (one JSON object per line) or parquet.",
+    )
+    text_field: str = _field(
+        "text", "The JSONL field or Parquet column that holds the text.", min_length=1
+    )
+    tokenizer: str = _field(
+        "",
+        "Path of a tokenizer.json (Hugging Face tokenizers; needs planaria[hf]); the model's "
+        "vocabulary becomes its size. Empty: byte tokens.",
+    )
+    separator: str = _field(
+        "",
+        "Text appended after every document, e.g. an end-of-text token such as </s> (with a "
+        "tokenizer: one of its tokens). Empty: documents are joined as they are.",
+    )
+    cache_dir: str = _field(
+        "",
+        "Folder of the tokenised-corpus cache; empty: $XDG_CACHE_HOME/planaria/tokens or "
+        "~/.cache/planaria/tokens on each worker.",
+    )
 
 
 class Redundancy(StrEnum):
@@ -501,10 +531,7 @@ def _training(spec: JobSpec, corpus_default: str) -> messages.TrainingSettings:
             weight_decay=optimizer.weight_decay,
         ),
         global_batch_size=spec.global_batch_size,
-        data=messages.DataSettings(
-            corpus_paths=tuple(spec.data.corpus_paths or (corpus_default,)),
-            max_bytes=spec.data.max_bytes,
-        ),
+        data=data_settings(spec.data, corpus_default),
         device=messages.Device(spec.device),
         snapshot_interval_steps=spec.snapshots.interval_steps,
         redundancy=messages.RedundancyMode(spec.snapshots.redundancy.value),
@@ -512,4 +539,17 @@ def _training(spec: JobSpec, corpus_default: str) -> messages.TrainingSettings:
         checkpoint_interval_steps=spec.checkpoints.interval_steps if spec.checkpoints.dir else 0,
         reduction=messages.Reduction(spec.reduction.value),
         precision=messages.Precision(spec.precision.value),
+    )
+
+
+def data_settings(spec: DataSpec, corpus_default: str) -> messages.DataSettings:
+    """The contract's data settings of `spec`; `corpus_default` when it names no corpus."""
+    return messages.DataSettings(
+        corpus_paths=tuple(spec.corpus_paths or (corpus_default,)),
+        max_bytes=spec.max_bytes,
+        format=messages.DataFormat(spec.format.value),
+        text_field=spec.text_field,
+        tokenizer_path=spec.tokenizer,
+        separator=spec.separator,
+        cache_dir=spec.cache_dir,
     )

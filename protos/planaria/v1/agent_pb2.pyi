@@ -66,6 +66,34 @@ BACKEND_NCCL: Backend.ValueType  # 2
 """NCCL (CUDA tensors)."""
 Global___Backend: _TypeAlias = Backend  # noqa: Y015
 
+class _DataFormat:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _DataFormatEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_DataFormat.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    DATA_FORMAT_UNSPECIFIED: _DataFormat.ValueType  # 0
+    """Not set: invalid."""
+    DATA_FORMAT_TEXT: _DataFormat.ValueType  # 1
+    """Every file is one document of text."""
+    DATA_FORMAT_JSONL: _DataFormat.ValueType  # 2
+    """One JSON object per line; the document is its text_field."""
+    DATA_FORMAT_PARQUET: _DataFormat.ValueType  # 3
+    """Parquet files; a document is one row's text_field column."""
+
+class DataFormat(_DataFormat, metaclass=_DataFormatEnumTypeWrapper):
+    """DataFormat is how corpus files hold their documents."""
+
+DATA_FORMAT_UNSPECIFIED: DataFormat.ValueType  # 0
+"""Not set: invalid."""
+DATA_FORMAT_TEXT: DataFormat.ValueType  # 1
+"""Every file is one document of text."""
+DATA_FORMAT_JSONL: DataFormat.ValueType  # 2
+"""One JSON object per line; the document is its text_field."""
+DATA_FORMAT_PARQUET: DataFormat.ValueType  # 3
+"""Parquet files; a document is one row's text_field column."""
+Global___DataFormat: _TypeAlias = DataFormat  # noqa: Y015
+
 class _Device:
     ValueType = _typing.NewType("ValueType", _builtins.int)
     V: _TypeAlias = ValueType  # noqa: Y015
@@ -754,14 +782,29 @@ Global___OptimizerSettings: _TypeAlias = OptimizerSettings  # noqa: Y015
 
 @_typing.final
 class DataSettings(_message.Message):
-    """DataSettings name the corpus files training reads."""
+    """DataSettings name the corpus files training reads and how they become tokens."""
 
     DESCRIPTOR: _descriptor.Descriptor
 
     CORPUS_PATHS_FIELD_NUMBER: _builtins.int
     MAX_BYTES_FIELD_NUMBER: _builtins.int
+    FORMAT_FIELD_NUMBER: _builtins.int
+    TEXT_FIELD_FIELD_NUMBER: _builtins.int
+    TOKENIZER_PATH_FIELD_NUMBER: _builtins.int
+    SEPARATOR_FIELD_NUMBER: _builtins.int
+    CACHE_DIR_FIELD_NUMBER: _builtins.int
     max_bytes: _builtins.int
-    """Read at most this many bytes of the corpus; absent means all of it."""
+    """Read at most this many bytes of the corpus text; absent means all of it."""
+    format: Global___DataFormat.ValueType
+    """How the files hold their documents."""
+    text_field: _builtins.str
+    """The JSONL field or Parquet column that holds the text; not empty."""
+    tokenizer_path: _builtins.str
+    """Path of a tokenizer.json (Hugging Face tokenizers); empty means byte tokens."""
+    separator: _builtins.str
+    """Text appended after every document (with a tokenizer, one of its tokens); empty: none."""
+    cache_dir: _builtins.str
+    """Folder of the tokenised-corpus cache; empty means the worker's default cache folder."""
     @_builtins.property
     def corpus_paths(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Paths of the corpus files, read in this order; at least one."""
@@ -771,10 +814,15 @@ class DataSettings(_message.Message):
         *,
         corpus_paths: _abc.Iterable[_builtins.str] | None = ...,
         max_bytes: _builtins.int | None = ...,
+        format: Global___DataFormat.ValueType = ...,
+        text_field: _builtins.str = ...,
+        tokenizer_path: _builtins.str = ...,
+        separator: _builtins.str = ...,
+        cache_dir: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_max_bytes", b"_max_bytes", "max_bytes", b"max_bytes"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_bytes", b"_max_bytes", "corpus_paths", b"corpus_paths", "max_bytes", b"max_bytes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_bytes", b"_max_bytes", "cache_dir", b"cache_dir", "corpus_paths", b"corpus_paths", "format", b"format", "max_bytes", b"max_bytes", "separator", b"separator", "text_field", b"text_field", "tokenizer_path", b"tokenizer_path"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__max_bytes: _TypeAlias = _typing.Literal["max_bytes"]  # noqa: Y015
     _WhichOneofArgType__max_bytes: _TypeAlias = _typing.Literal["_max_bytes", b"_max_bytes"]  # noqa: Y015

@@ -47,6 +47,7 @@ REDUCTIONS = _EnumCodec(pb.Reduction.Value, "REDUCTION_", messages.Reduction)
 PRECISIONS = planner_codec.PRECISIONS
 BACKENDS = _EnumCodec(pb.Backend.Value, "BACKEND_", messages.Backend)
 DEVICES = _EnumCodec(pb.Device.Value, "DEVICE_", messages.Device)
+DATA_FORMATS = _EnumCodec(pb.DataFormat.Value, "DATA_FORMAT_", messages.DataFormat)
 
 
 def _check(path: str, ok: bool, what: str) -> None:
@@ -134,9 +135,7 @@ def encode_settings(settings: messages.TrainingSettings) -> pb.TrainingSettings:
             weight_decay=optimizer.weight_decay,
         ),
         global_batch_size=settings.global_batch_size,
-        data=pb.DataSettings(
-            corpus_paths=settings.data.corpus_paths, max_bytes=settings.data.max_bytes
-        ),
+        data=encode_data(settings.data),
         device=DEVICES.encode(settings.device),
         snapshot_interval_steps=settings.snapshot_interval_steps,
         redundancy=REDUNDANCY_MODES.encode(settings.redundancy),
@@ -145,6 +144,32 @@ def encode_settings(settings: messages.TrainingSettings) -> pb.TrainingSettings:
         reduction=REDUCTIONS.encode(settings.reduction),
         precision=PRECISIONS.encode(settings.precision),
     )
+
+
+def encode_data(data: messages.DataSettings) -> pb.DataSettings:
+    return pb.DataSettings(
+        corpus_paths=data.corpus_paths,
+        max_bytes=data.max_bytes,
+        format=DATA_FORMATS.encode(data.format),
+        text_field=data.text_field,
+        tokenizer_path=data.tokenizer_path,
+        separator=data.separator,
+        cache_dir=data.cache_dir,
+    )
+
+
+def decode_data(msg: pb.DataSettings, path: str) -> messages.DataSettings:
+    fmt = DATA_FORMATS.decode(msg.format, f"{path}.format")
+    with errors.at(path):
+        return messages.DataSettings(
+            corpus_paths=tuple(msg.corpus_paths),
+            max_bytes=msg.max_bytes if msg.HasField("max_bytes") else None,
+            format=fmt,
+            text_field=msg.text_field,
+            tokenizer_path=msg.tokenizer_path,
+            separator=msg.separator,
+            cache_dir=msg.cache_dir,
+        )
 
 
 def decode_settings(
@@ -162,9 +187,7 @@ def decode_settings(
             eps=optimizer.eps,
             weight_decay=optimizer.weight_decay,
         )
-    with errors.at(f"{path}.data"):
-        max_bytes = data.max_bytes if data.HasField("max_bytes") else None
-        corpus = messages.DataSettings(corpus_paths=tuple(data.corpus_paths), max_bytes=max_bytes)
+    corpus = decode_data(data, f"{path}.data")
     device = DEVICES.decode(msg.device, f"{path}.device")
     redundancy = REDUNDANCY_MODES.decode(msg.redundancy, f"{path}.redundancy")
     reduction = REDUCTIONS.decode(msg.reduction, f"{path}.reduction")

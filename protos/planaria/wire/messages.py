@@ -192,18 +192,44 @@ class OptimizerSettings:
             raise ValueError(f"optimizer: weight_decay is {self.weight_decay}; give one >= 0")
 
 
+class DataFormat(StrEnum):
+    """How the corpus files hold their documents (agent.proto, docs/running.md)."""
+
+    TEXT = "text"
+    JSONL = "jsonl"
+    PARQUET = "parquet"
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class DataSettings:
-    """The corpus files, read in order, and an optional cap on the bytes read."""
+    """The corpus files, read in order, and how they become tokens.
+
+    `max_bytes` caps the text read; `text_field` names the JSONL field or Parquet column of the
+    text; `tokenizer_path` is a `tokenizer.json` ("" = byte tokens); `separator` is appended
+    after every document ("" = none; with a tokenizer, one of its tokens); `cache_dir` holds
+    the tokenised corpus ("" = the worker's default cache).
+    """
 
     corpus_paths: tuple[str, ...]
     max_bytes: int | None = None
+    format: DataFormat = DataFormat.TEXT
+    text_field: str = "text"
+    tokenizer_path: str = ""
+    separator: str = ""
+    cache_dir: str = ""
 
     def __post_init__(self) -> None:
         if not self.corpus_paths or not all(self.corpus_paths):
             raise ValueError(f"data: corpus_paths {self.corpus_paths}; give non-empty paths")
         if self.max_bytes is not None:
             _check_range("data", "max_bytes", self.max_bytes, 1, MAX_UINT64)
+        if not self.text_field:
+            raise ValueError("data: text_field is empty; name the JSONL field or Parquet column")
+
+    @property
+    def needs_tokenising(self) -> bool:
+        """Whether the corpus is more than the files' bytes (then it is tokenised and cached)."""
+        return bool(self.format is not DataFormat.TEXT or self.tokenizer_path or self.separator)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

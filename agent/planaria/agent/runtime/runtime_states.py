@@ -16,7 +16,7 @@ from pathlib import Path
 
 from planaria.agent.runtime import training_thread
 from planaria.agent.state import snapshot_store, snapshots
-from planaria.agent.training import data, model, reference
+from planaria.agent.training import corpora, model, reference
 from planaria.contract import plan
 from planaria.wire import messages
 
@@ -40,9 +40,9 @@ def reference_states(
     settings: messages.TrainingSettings, micro_batch_size: int, step: int
 ) -> tuple[dict[int, model.LayerState], list[float]]:
     """The reference trainer's layer states after committed `step`, and each step's loss."""
-    config = training_thread.training_config(settings, micro_batch_size)
-    tokens = data.load_corpus(settings.data.corpus_paths, max_bytes=settings.data.max_bytes)
-    trainer = reference.ReferenceTrainer(config, tokens)
+    corpus = corpora.load(settings.data)
+    config = training_thread.training_config(settings, micro_batch_size, corpus.vocab_size)
+    trainer = reference.ReferenceTrainer(config, corpus.tokens)
     losses = [trainer.step(i) for i in range(step)]
     layers = range(config.shape.num_planner_layers)
     return {i: trainer.layer_state(i) for i in layers}, losses

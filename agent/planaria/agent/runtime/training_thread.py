@@ -30,7 +30,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from torch._C import _distributed_c10d as c10d  # the store classes (see groups.py)
@@ -39,7 +39,7 @@ from planaria.agent.execution import executor, groups
 from planaria.agent.recovery import epoch_setup
 from planaria.agent.runtime import epoch_watch, epoch_writers
 from planaria.agent.state import snapshot_store, snapshot_writer
-from planaria.agent.training import data, model, semantics
+from planaria.agent.training import corpora, model, semantics
 from planaria.contract import instructions, plan, rendezvous, shapes
 from planaria.wire import messages
 
@@ -59,12 +59,14 @@ class Committed:
 
 
 def training_config(
-    settings: messages.TrainingSettings, micro_batch: int
+    settings: messages.TrainingSettings, micro_batch: int, vocab_size: int | None = None
 ) -> semantics.TrainingConfig:
-    """The reference's configuration of a job's settings and a plan's micro-batch size."""
+    """The reference's configuration of a job's settings and a plan's micro-batch size; a
+    tokenizer's `vocab_size` (`corpora.Corpus`) replaces the model shape's."""
     opt = settings.optimizer
+    shape = shapes.named(settings.model)
     return semantics.TrainingConfig(
-        shape=shapes.named(settings.model),
+        shape=shape if vocab_size is None else replace(shape, vocab_size=vocab_size),
         seed=settings.seed,
         global_batch_size=settings.global_batch_size,
         micro_batch_size=micro_batch,
@@ -99,7 +101,7 @@ class Training:
         self._extra_hook = hook
         self._executor: executor.Executor | None = None
         self._writers: epoch_writers.EpochWriters | None = None
-        self._tokens: dict[messages.DataSettings, data.Tokens] = {}
+        self._corpora: dict[messages.DataSettings, corpora.Corpus] = {}
         self._stores: dict[tuple[str, int], c10d.Store] = {}
         self._snapshot_s = 0.0
         self._hooked = False  # the step's first OptimizerStep has been seen
@@ -311,12 +313,13 @@ class Training:
 
     def _job(self, config: messages.WorkerConfig) -> semantics.Job:
         settings = config.settings
-        tokens = self._tokens.get(settings.data)
-        if tokens is None:
-            tokens = data.load_corpus(settings.data.corpus_paths, max_bytes=settings.data.max_bytes)
-            self._tokens = {settings.data: tokens}
+        corpus = self._corpora.get(settings.data)
+        if corpus is None:
+            corpus = corpora.load(settings.data)
+            self._corpora = {settings.data: corpus}
+        micro_batch = config.plan.micro_batch_size
         return semantics.Job.from_tokens(
-            training_config(settings, config.plan.micro_batch_size), tokens
+            training_config(settings, micro_batch, corpus.vocab_size), corpus.tokens
         )
 
     def _store_client(self, rendezvous: messages.Rendezvous) -> c10d.Store:

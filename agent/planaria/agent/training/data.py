@@ -1,6 +1,8 @@
 """Training data: byte tokenizer, text corpus, fixed-window dataset and the global-batch sampler.
 
-- Tokens are bytes (vocab 256): `encode` / `decode`, no vocabulary file.
+- Tokens are bytes (vocab 256): `encode` / `decode`, no vocabulary file. A job's tokenizer,
+  JSONL and Parquet corpora, packing and the token cache are `corpora`'s and `documents`';
+  whatever made the tokens, the dataset and the sampler below are these.
 - A corpus is the bytes of the files a user names. A named file is read whatever its name; a
   named directory contributes, recursively, its files whose suffix is in `TEXT_SUFFIXES` (or the
   suffixes the caller gives), skipping hidden entries and `site-packages` / `dist-packages`, in
@@ -30,6 +32,7 @@ import sysconfig
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -43,7 +46,8 @@ TEXT_SUFFIXES = frozenset(
 # Directories never descended into: installed third-party code is not "the standard library".
 SKIPPED_DIRECTORIES = frozenset({"site-packages", "dist-packages", "__pycache__"})
 
-Tokens = npt.NDArray[np.uint8]
+# Token ids: bytes (uint8) here; a tokenizer's ids (uint16/uint32, memory-mapped) in `corpora`.
+Tokens = npt.NDArray[np.unsignedinteger[Any]]
 
 
 class DataError(ValueError):

@@ -1,0 +1,83 @@
+"""`planaria run` on a JSONL dataset with a tokenizer trained in the test, through a failure.
+
+Covers, with the real command in a subprocess (2 workers, exact reduction, a checkpoint every
+2 steps, worker 1 killed at step 3): the run Succeeds; its final checkpoint equals the fault-free
+reference trainer's state bitwise (parameters, AdamW moments, step counts), the reference
+reading the same corpus through the same cache; the model trained has the tokenizer's
+vocabulary (384 embedding rows, not the shape's 256); the command tokenised the corpus once
+into the job's cache folder, one entry, which the agents mapped. The bound is a test timeout,
+not a performance claim.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+from planaria.agent.runtime import runtime_states
+from planaria.agent.state import checkpoints
+from planaria.agent.training import comparison
+from planaria.spec import job, job_file
+from tests import hf_data
+from tests.chaos import processes
+
+BOUND_S = 240.0
+STEPS = 6
+JOB = """\
+workers: 2
+steps: {steps}
+microBatchSize: 1
+globalBatchSize: 2
+seed: 3
+reduction: exact
+snapshots: {{intervalSteps: 1}}
+checkpoints: {{dir: {checkpoints}, intervalSteps: 2}}
+failures: [{{step: 3, worker: 1}}]
+data:
+  corpusPaths: [{corpus}]
+  format: jsonl
+  tokenizer: {tokenizer}
+  separator: "</s>"
+  cacheDir: {cache}
+"""
+
+
+def test_a_jsonl_dataset_with_a_trained_tokenizer_trains_exactly_through_a_failure(
+    tmp_path: Path, shm: Path
+) -> None:
+    tokenizer = tmp_path / "tokenizer.json"
+    hf_data.train_tokenizer(tokenizer)
+    corpus = hf_data.write_jsonl(tmp_path / "train.jsonl", hf_data.stdlib_documents(20))
+    text = JOB.format(
+        steps=STEPS,
+        checkpoints=tmp_path / "ckpt",
+        corpus=corpus,
+        tokenizer=tokenizer,
+        cache=tmp_path / "cache",
+    )
+    (tmp_path / "job.yaml").write_text(text, encoding="utf-8")
+    name = f"byo-{uuid.uuid4().hex[:8]}"
+    argv = [sys.executable, "-m", "planaria", "run", "job.yaml", "--name", name, "--no-progress"]
+    argv += ["--out", str(tmp_path / "out"), "--snapshot-base", str(shm)]
+    try:
+        done = subprocess.run(
+            argv, cwd=tmp_path, capture_output=True, text=True, timeout=BOUND_S, check=False
+        )
+    finally:
+        processes.kill(processes.agents_of(name))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert f"Succeeded at step {STEPS}" in done.stdout.splitlines()[-1]
+    recoveries = json.loads((tmp_path / "out" / "recoveries.json").read_text(encoding="utf-8"))
+    assert [r["failed"] for r in recoveries] == [[1]]
+
+    settings = job.to_settings(job_file.load_job(str(tmp_path / "job.yaml")).spec, name, "-")
+    got = checkpoints.load_checkpoint(tmp_path / "ckpt", STEPS)
+    want, _ = runtime_states.reference_states(settings.training, 1, STEPS)
+    found = comparison.compare(got, want)
+    assert found.equal, found.describe()
+    embedding = got[0]
+    assert tuple(embedding.parameters[embedding.names.index("tokens")].shape) == (384, 64)
+    assert len(list((tmp_path / "cache").iterdir())) == 1
