@@ -58,7 +58,7 @@ def _check(state: model.LayerState, wanted: list[range], stage: staging.Staging)
         assert staged.copy(r.start, r.stop).tobytes() == live[r.start : r.stop]
 
 
-BIG = staging.STAGE_BELOW_BYTES // 4 + 3  # float32 elements: one tensor above the limit
+BIG = 16 * 1024 + 3  # float32 elements: a tensor of more than 64 KiB
 
 
 @settings(max_examples=25, deadline=None)

@@ -1,20 +1,32 @@
 """The snapshot writer and the checkpoint writer of one epoch, as the training thread drives them.
 
 Snapshots follow `snapshot_writer`'s contract: after committed step t that is due (every
-`snapshot_interval_steps`, or asked for by TakeSnapshot), `begin`; the training thread waits for
-it (`finish_snapshot`) right before the next step's first OptimizerStep (before the commit
-barrier), and (RECOMPUTE) replays that step's moment update on the writer's host replicas
-(`recompute`). Once a snapshot is complete, a due persistent checkpoint is copied from it in
-the background (`checkpoints`), and `poll_checkpoint` records the newest step a resume can load
-(`checkpoint_step`, which the heartbeat reports; it carries over from the previous epoch).
+`snapshot_interval_steps`, or asked for by TakeSnapshot), `begin` launches the copy of the live
+state into the staging buffers; right before the next step's first OptimizerStep (before the
+commit barrier) the training thread calls `release`, which waits only for that copy (REFT
+§4.1: the checksums and writes go on in the background), and (RECOMPUTE) replays that step's
+moment update on the writer's host replicas (`recompute`). `collect` (called at `release` and
+after every step) records a snapshot once it is complete, bytes and checksums written, and
+starts a due persistent checkpoint from it (`checkpoints`); `poll_checkpoint` records the
+newest step a resume can load (`checkpoint_step`, which the heartbeat reports; it carries over
+from the previous epoch).
+
+Never blocking training on the writer: when a snapshot is due while the previous one is still
+being written, the step is skipped and the snapshot is owed: it is taken after the first step
+at which the writer is free (the interval stretches; the next due steps stay multiples of the
+interval). `achieved_interval_steps` is the mean distance between the snapshots begun this
+epoch, which the heartbeat reports. Two kinds of snapshot still wait for the writer: one asked
+for by TakeSnapshot, and one whose step a persistent checkpoint is due at (skipping it would
+skip the checkpoint; they are rare by design).
 
 Writers are rebuilt for every epoch (the sharding groups come from the plan); closing the old
 ones first makes their pending snapshot complete, which the roll-back tiers rely on.
 
 Not here: when the training thread calls these, and how long it waits (`training_thread`).
 
-Errors: none escape. A failed snapshot or checkpoint is logged and training goes on; the tier
-it would have fed is stale.
+Errors: none escape from the background work. A failed snapshot or checkpoint is logged and
+training goes on; the tier it would have fed is stale. A `begin` that breaks the writer's
+contract (SnapshotConfigError: a layer outside its group) fails the step, as before.
 """
 
 from __future__ import annotations
@@ -23,7 +35,14 @@ import logging
 from pathlib import Path
 
 from planaria.agent.execution import held_layers
-from planaria.agent.state import checkpoints, snapshot_store, snapshot_writer, snapshots
+from planaria.agent.state import (
+    checkpoints,
+    manifests,
+    snapshot_store,
+    snapshot_writer,
+    snapshots,
+    staging,
+)
 from planaria.agent.training import model
 from planaria.contract import plan
 from planaria.wire import messages
@@ -43,12 +62,13 @@ class EpochWriters:
         config: messages.WorkerConfig,
         writer: snapshot_writer.WriterConfig,
         checkpoint_step: int | None,
+        copier: staging.Copier | None = None,
     ) -> None:
         settings = config.settings
         self.store, self.worker, self.config = store, worker, config
         self.checkpoint_step = checkpoint_step
         self.groups = snapshots.sharding_groups(config.plan)
-        self.writer = snapshot_writer.SnapshotWriter(store, writer)
+        self.writer = snapshot_writer.SnapshotWriter(store, writer, copier)
         self.checkpoints: checkpoints.CheckpointWriter | None = None
         if settings.checkpoint_dir and settings.checkpoint_interval_steps:
             self.checkpoints = checkpoints.CheckpointWriter(
@@ -59,6 +79,9 @@ class EpochWriters:
                 )
             )
         self._checkpoint_pending: int | None = None
+        self._owed = False  # a due snapshot was skipped: take one as soon as the writer is free
+        self._begun: list[int] = []  # steps of the snapshots begun this epoch
+        self.skipped = 0  # due snapshots skipped because the writer was busy
 
     @property
     def in_progress(self) -> bool:
@@ -66,15 +89,48 @@ class EpochWriters:
         return self.writer.in_progress
 
     def due(self, t: int) -> bool:
-        """Whether committed step `t` is snapshotted by the interval."""
+        """Whether committed step `t` is snapshotted by the interval (or one is owed)."""
         interval = self.config.settings.snapshot_interval_steps
-        return bool(interval) and t % interval == 0
+        return self._owed or (bool(interval) and t % interval == 0)
 
-    def begin(self, t: int, layers: held_layers.HeldLayers) -> None:
-        """Start the snapshot of committed step `t` from the live layers."""
+    @property
+    def achieved_interval_steps(self) -> float:
+        """Mean committed steps between the snapshots begun this epoch; 0.0 before two."""
+        begun = self._begun
+        return 0.0 if len(begun) < 2 else (begun[-1] - begun[0]) / (len(begun) - 1)
+
+    def begin(self, t: int, layers: held_layers.HeldLayers, *, forced: bool = False) -> bool:
+        """Start the snapshot of committed step `t` from the live layers; False when it is
+        skipped because the writer is still busy (module docstring: the interval stretches)."""
+        self.collect()
+        if self.writer.busy:
+            ckpt = self.checkpoints
+            if not (forced or (ckpt is not None and ckpt.due(t))):
+                self.skipped += 0 if self._owed else 1
+                self._owed = True
+                return False
+            self.finish_snapshot()
         self.writer.begin(
             step=t, epoch=self.config.epoch, states=live_states(layers), groups=self.groups
         )
+        self._owed = False
+        self._begun.append(t)
+        return True
+
+    def release(self) -> None:
+        """Before the next optimizer step: wait until the pending snapshot no longer reads the
+        live state (its copy), not for its writes; then collect it if it is complete."""
+        self.writer.release()
+        self.collect()
+
+    def collect(self) -> None:
+        """Record the pending snapshot if it is complete, starting a due checkpoint from it."""
+        try:
+            manifest = self.writer.poll()
+        except snapshot_store.SnapshotError as exc:  # training goes on; the tier is stale
+            LOG.warning("worker %d: snapshot failed: %s", self.worker, exc)
+            return
+        self._completed(manifest)
 
     def recompute(self, t: int, layers: held_layers.HeldLayers) -> None:
         """(RECOMPUTE) replay step `t`'s moment update on the host replicas, before the
@@ -86,12 +142,15 @@ class EpochWriters:
         self.writer.recompute_step(t, states, grads, self.groups)
 
     def finish_snapshot(self) -> None:
-        """Wait for the pending snapshot; start a due checkpoint from it once complete."""
+        """Wait until the pending snapshot is complete; start a due checkpoint from it."""
         try:
             manifest = self.writer.wait()
         except snapshot_store.SnapshotError as exc:  # training goes on; the tier is stale
             LOG.warning("worker %d: snapshot failed: %s", self.worker, exc)
             return
+        self._completed(manifest)
+
+    def _completed(self, manifest: manifests.Manifest | None) -> None:
         ckpt = self.checkpoints
         if manifest is not None and ckpt is not None and ckpt.due(manifest.step):
             self.poll_checkpoint(wait=True)

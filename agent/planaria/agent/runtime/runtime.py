@@ -33,6 +33,7 @@ copies (`layer_transfer`), steps, snapshots and checkpoints (`training_thread`),
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import logging
 import threading
@@ -199,7 +200,9 @@ class Runtime:
     def snapshot_state(self) -> messages.SnapshotState:
         """The host-memory snapshots this worker holds (the store is safe to read any time)."""
         busy = self._snapshot or self._training.snapshot_in_progress
-        return self._training.store.state(in_progress=busy)
+        state = self._training.store.state(in_progress=busy)
+        interval = self._training.snapshot_achieved_interval_steps
+        return dataclasses.replace(state, achieved_interval_steps=interval)
 
     def load_snapshot(self, load: messages.SnapshotLoad) -> messages.Acknowledgement:
         """Load every held layer from the snapshots of `load.step` (PAUSED or FINISHED only)."""

@@ -10,10 +10,13 @@ less than the contract's.
 
 Snapshots and checkpoints: after committed step t that is due (every
 `snapshot_interval_steps`, or asked for by TakeSnapshot), the epoch's writers begin its
-snapshot; the executor hook waits for it right before the next step's first OptimizerStep
-(before the commit barrier), and (RECOMPUTE) replays that step's moment update on the writer's
-host replicas. The time spent there is the step's `snapshot_s`. The writers, and the
-checkpoint started once a snapshot is complete, are `epoch_writers`.
+snapshot (the copy into staging buffers); the executor hook releases it right before the next
+step's first OptimizerStep (before the commit barrier), waiting only for that copy, not for
+the checksums and writes, and (RECOMPUTE) replays that step's moment update on the writer's
+host replicas. The time spent in both places is the step's `snapshot_s`. When the writer is
+still busy with an earlier snapshot, a due one is skipped and taken later (the interval
+stretches; `snapshot_achieved_interval_steps`). The writers, and the checkpoint started once a
+snapshot is complete, are `epoch_writers`.
 
 A failed step sets FAILED_KEY under the epoch's key prefix in the controller's store and aborts
 the epoch's groups; the executors of the epoch poll that flag while they wait
@@ -32,13 +35,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
 import torch.distributed as dist
 from torch._C import _distributed_c10d as c10d  # the store classes (see groups.py)
 
 from planaria.agent.execution import executor, groups
 from planaria.agent.recovery import epoch_setup
 from planaria.agent.runtime import epoch_writers
-from planaria.agent.state import snapshot_store, snapshot_writer
+from planaria.agent.state import snapshot_store, snapshot_writer, staging
 from planaria.agent.training import data, model, semantics
 from planaria.contract import instructions, plan, shapes
 from planaria.wire import messages
@@ -217,7 +221,7 @@ class Training:
         if isinstance(op, instructions.OptimizerStep) and not self._hooked:
             self._hooked = True
             with self._timed():
-                self.finish_snapshot()
+                self._release_snapshot()
                 self._recompute(step + 1)
         if self._extra_hook is not None:
             self._extra_hook(step, index, op)
@@ -238,10 +242,21 @@ class Training:
         self.finish_snapshot()
         return True
 
+    @property
+    def snapshot_achieved_interval_steps(self) -> float:
+        """Mean steps between this epoch's snapshots (0.0 before two; safe from any thread)."""
+        writers = self._writers
+        return 0.0 if writers is None else writers.achieved_interval_steps
+
     def finish_snapshot(self) -> None:
-        """Wait for the pending snapshot; start a due checkpoint from it once complete."""
+        """Wait until the pending snapshot is complete; start a due checkpoint from it."""
         if self._writers is not None:
             self._writers.finish_snapshot()
+
+    def _release_snapshot(self) -> None:
+        """Wait until the pending snapshot no longer reads the live state (not its writes)."""
+        if self._writers is not None:
+            self._writers.release()
 
     def poll_checkpoint(self, *, wait: bool = False) -> None:
         """Record a finished background checkpoint (wait for it when `wait`)."""
@@ -254,7 +269,7 @@ class Training:
             return
         if forced or writers.due(t):
             with self._timed():
-                writers.begin(t, layers)
+                writers.begin(t, layers, forced=forced)
 
     def load_snapshot(self, step: int) -> None:
         """Replace every held layer with its state at `step` from the snapshot tiers."""
@@ -290,6 +305,7 @@ class Training:
                 optimizer=opt,
             ),
             checkpoint_step=self._checkpoint_step,
+            copier=staging.copier_for(torch.device(self.device)),
         )
 
     def _close_writers(self) -> None:
