@@ -8,7 +8,9 @@ is, it holds the state as it was at `begin`, bit for bit, though the live tensor
 right after `release` (hypothesis over states, groups and redundancy modes); a failed copy
 releases training and surfaces as a write error; while the writer is held back, due
 snapshots are skipped, owed and taken at the first step the writer is free, the next due steps
-keep the interval's phase, and the achieved interval says how far they stretched; a snapshot
+keep the interval's phase, and the achieved interval says how far they stretched; a busy writer
+anywhere (the commit barrier's sum) makes every worker skip, and a snapshot counts as complete
+everywhere (what the heartbeat reports) only after a barrier with no writer busy; a snapshot
 whose step a persistent checkpoint is due at waits instead of skipping; store files are
 rewritten in place (the same inode, pre-faulted pages) unless a reader holds the slot open;
 snapshots checksummed with crc32 (older stores) stay readable next to xxh3 ones. No test here
@@ -243,10 +245,14 @@ def _writers(
     return writers, held_layers.HeldLayers.build(training, [0, 1])
 
 
-def _after_step(writers: epoch_writers.EpochWriters, t: int, layers: Any) -> bool:
-    """What the training thread does around committed step t: release before the update,
+def _after_step(
+    writers: epoch_writers.EpochWriters, t: int, layers: Any, others_busy: float = 0.0
+) -> bool:
+    """What the training thread does around committed step t: release before the update, the
+    commit barrier (summing this worker's busy flag and `others_busy`, the other workers'),
     then begin when due. Whether a snapshot of t was begun."""
     writers.release()
+    writers.barrier(t, writers.busy_flag() + others_busy)
     return writers.due(t) and writers.begin(t, layers)
 
 
@@ -267,6 +273,25 @@ def test_a_busy_writer_stretches_the_interval_instead_of_blocking(tmp_path: Path
     assert writers.achieved_interval_steps == 3.0  # steps 2, 4, 8
     writers.close()
     assert store.latest().step == 8
+
+
+def test_every_worker_skips_when_any_writer_is_busy_and_confirms_only_when_none_is(
+    tmp_path: Path,
+) -> None:
+    store = snapshot_store.SnapshotStore(tmp_path / "s")
+    writers, layers = _writers(store, 1, tmp_path)
+    assert writers.confirmed == 0  # nothing yet
+    assert _after_step(writers, 1, layers)
+    writers.finish_snapshot()  # this worker is done with step 1 ...
+    assert not _after_step(writers, 2, layers, others_busy=1.0)  # ... another one is not
+    assert writers.confirmed == 0  # so step 1 may still be incomplete elsewhere
+    assert store.state(at_most=writers.confirmed).latest_step is None
+    assert _after_step(writers, 3, layers)  # all free at barrier 3: the owed one, and ...
+    assert writers.confirmed == 1  # ... step 1 is complete everywhere
+    writers.finish_snapshot()
+    assert store.state(at_most=writers.confirmed).latest_step == 1  # what the heartbeat says
+    assert store.state().latest_step == 3  # what this worker alone holds
+    writers.close()
 
 
 def test_a_snapshot_feeding_a_due_checkpoint_waits_for_the_writer(

@@ -11,13 +11,28 @@ starts a due persistent checkpoint from it (`checkpoints`); `poll_checkpoint` re
 newest step a resume can load (`checkpoint_step`, which the heartbeat reports; it carries over
 from the previous epoch).
 
-Never blocking training on the writer: when a snapshot is due while the previous one is still
-being written, the step is skipped and the snapshot is owed: it is taken after the first step
-at which the writer is free (the interval stretches; the next due steps stay multiples of the
-interval). `achieved_interval_steps` is the mean distance between the snapshots begun this
-epoch, which the heartbeat reports. Two kinds of snapshot still wait for the writer: one asked
-for by TakeSnapshot, and one whose step a persistent checkpoint is due at (skipping it would
-skip the checkpoint; they are rare by design).
+Never blocking training on the writer, and every worker alike: each worker says at the commit
+barrier of step t whether its writer is still busy (`busy_flag`; the barrier sums the flags,
+`executor`), so every worker of the epoch learns the same thing at the same step. Snapshot t
+is begun only when no writer was busy at barrier t; otherwise every worker skips it and it is
+owed: taken after the first step whose barrier finds all writers free (the interval stretches;
+the next due steps stay multiples of the interval). The members of a sharding group therefore
+always snapshot the same steps, which the copy and parity redundancy need.
+`achieved_interval_steps` is the mean distance between the snapshots begun this epoch.
+
+What is complete everywhere (`confirmed`): a barrier with no writer busy proves that every
+snapshot begun before it is complete on every worker of the epoch, the ones that die later
+included. The heartbeat reports the newest snapshot at or before `confirmed` while training,
+so the controller's roll-back (`control.recovery.complete_everywhere`: a snapshot older than
+the survivors' step is complete everywhere) stays true although writes now run past the next
+barrier. It starts at this worker's newest complete snapshot when the epoch is set up (every
+worker closed its writers, completing them, before).
+
+Three kinds of snapshot still wait for this worker's writer: one whose step a persistent
+checkpoint is due at (skipping it would skip the checkpoint), one of the epoch's stop step
+(FINISHED promises it; the run's final state is read from it) — every worker waits at the same
+step for these, so what they waited for is complete everywhere at the next barrier — and one
+asked for by TakeSnapshot.
 
 Writers are rebuilt for every epoch (the sharding groups come from the plan); closing the old
 ones first makes their pending snapshot complete, which the roll-back tiers rely on.
@@ -79,9 +94,13 @@ class EpochWriters:
                 )
             )
         self._checkpoint_pending: int | None = None
-        self._owed = False  # a due snapshot was skipped: take one as soon as the writer is free
+        self._owed = False  # a due snapshot was skipped: take one once every writer is free
         self._begun: list[int] = []  # steps of the snapshots begun this epoch
-        self.skipped = 0  # due snapshots skipped because the writer was busy
+        self._all_free = True  # no writer was busy at the last commit barrier
+        self._settled: int | None = None  # begun before a wait every worker made alike
+        self.skipped = 0  # due snapshots skipped because a writer was busy
+        latest = store.complete_manifests()
+        self.confirmed = latest[0].step if latest else 0  # 0: none yet
 
     @property
     def in_progress(self) -> bool:
@@ -99,17 +118,35 @@ class EpochWriters:
         begun = self._begun
         return 0.0 if len(begun) < 2 else (begun[-1] - begun[0]) / (len(begun) - 1)
 
-    def begin(self, t: int, layers: held_layers.HeldLayers, *, forced: bool = False) -> bool:
-        """Start the snapshot of committed step `t` from the live layers; False when it is
-        skipped because the writer is still busy (module docstring: the interval stretches)."""
+    def busy_flag(self) -> float:
+        """What this worker says at the commit barrier: 1.0 while its writer still writes."""
+        return 1.0 if self.writer.in_progress else 0.0
+
+    def barrier(self, t: int, flags: float) -> None:
+        """Step `t` committed and its barrier summed the workers' `busy_flag`s to `flags`."""
+        self._all_free = flags == 0
+        before = [s for s in self._begun if s < t] if self._all_free else []
+        for step in (*before[-1:], *(() if self._settled is None else (self._settled,))):
+            self.confirmed = max(self.confirmed, step)
+        self._settled = None
+
+    def begin(
+        self, t: int, layers: held_layers.HeldLayers, *, forced: bool = False, last: bool = False
+    ) -> bool:
+        """Start the snapshot of committed step `t` from the live layers; False when every
+        worker skips it because a writer was busy at its barrier (module docstring). Not
+        skipped: a `forced` one (TakeSnapshot), the epoch's `last` step (its stop step, which
+        FINISHED promises) and a step a checkpoint is due at; these wait for the writer."""
         self.collect()
-        if self.writer.busy:
-            ckpt = self.checkpoints
-            if not (forced or (ckpt is not None and ckpt.due(t))):
-                self.skipped += 0 if self._owed else 1
-                self._owed = True
-                return False
+        ckpt = self.checkpoints
+        if forced or last or (ckpt is not None and ckpt.due(t)):
+            if not forced and self._begun:  # every worker waits here alike
+                self._settled = self._begun[-1]
             self.finish_snapshot()
+        elif not self._all_free:
+            self.skipped += 0 if self._owed else 1
+            self._owed = True
+            return False
         self.writer.begin(
             step=t, epoch=self.config.epoch, states=live_states(layers), groups=self.groups
         )

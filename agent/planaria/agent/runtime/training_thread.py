@@ -14,9 +14,11 @@ snapshot (the copy into staging buffers); the executor hook releases it right be
 step's first OptimizerStep (before the commit barrier), waiting only for that copy, not for
 the checksums and writes, and (RECOMPUTE) replays that step's moment update on the writer's
 host replicas. The time spent in both places is the step's `snapshot_s`. When the writer is
-still busy with an earlier snapshot, a due one is skipped and taken later (the interval
-stretches; `snapshot_achieved_interval_steps`). The writers, and the checkpoint started once a
-snapshot is complete, are `epoch_writers`.
+busy with an earlier snapshot at a step's commit barrier (every worker's flag is summed there),
+a due one is skipped by every worker and taken later (the interval stretches;
+`snapshot_achieved_interval_steps`); `snapshot_confirmed_step` is the newest snapshot known
+complete on every worker, which the heartbeat reports while training. The writers, and the
+checkpoint started once a snapshot is complete, are `epoch_writers`.
 
 A failed step sets FAILED_KEY under the epoch's key prefix in the controller's store and aborts
 the epoch's groups; the executors of the epoch poll that flag while they wait
@@ -102,6 +104,7 @@ class Training:
         self.config: messages.WorkerConfig | None = None
         self.epoch: groups.Epoch | None = None
         self._checkpoint_step: int | None = None  # as the last epoch's writers left it
+        self._confirmed: int | None = None  # likewise (`snapshot_confirmed_step`)
         self._extra_hook = hook
         self._executor: executor.Executor | None = None
         self._writers: epoch_writers.EpochWriters | None = None
@@ -167,6 +170,7 @@ class Training:
                 epoch=ready.epoch,
                 layers=ready.layers,
                 abandoned=lambda: self.abandon_requested or flag.check([FAILED_KEY]),
+                barrier_flag=self._busy_flag,
             )
         except BaseException:
             self.end_epoch()
@@ -204,6 +208,8 @@ class Training:
         self._snapshot_s, self._hooked = 0.0, False
         result = self._executor.run_step(t - 1, before=self._hook)
         self.holding = epoch_setup.Holding(layers=self.holding.layers, step=t)
+        if self._writers is not None:
+            self._writers.barrier(t, result.barrier_flags)
         self._after_commit(t, forced=False)
         seconds = result.seconds
         timings = messages.Timings(
@@ -242,6 +248,17 @@ class Training:
         self.finish_snapshot()
         return True
 
+    def _busy_flag(self) -> float:
+        writers = self._writers
+        return 0.0 if writers is None else writers.busy_flag()
+
+    @property
+    def snapshot_confirmed_step(self) -> int | None:
+        """The newest snapshot step known complete on every worker of the current (or last)
+        epoch (`epoch_writers`; 0: none), None before the first epoch; safe from any thread."""
+        writers = self._writers
+        return self._confirmed if writers is None else writers.confirmed
+
     @property
     def snapshot_achieved_interval_steps(self) -> float:
         """Mean steps between this epoch's snapshots (0.0 before two; safe from any thread)."""
@@ -268,8 +285,9 @@ class Training:
         if writers is None or layers is None:
             return
         if forced or writers.due(t):
+            last = self.config is not None and t == self.config.stop_step
             with self._timed():
-                writers.begin(t, layers, forced=forced)
+                writers.begin(t, layers, forced=forced, last=last)
 
     def load_snapshot(self, step: int) -> None:
         """Replace every held layer with its state at `step` from the snapshot tiers."""
@@ -314,6 +332,7 @@ class Training:
             return
         writers.close()
         self._checkpoint_step = writers.checkpoint_step
+        self._confirmed = writers.confirmed
         self._writers = None
 
     @contextlib.contextmanager

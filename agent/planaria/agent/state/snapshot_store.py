@@ -298,9 +298,12 @@ class SnapshotStore:
             entry = snapshot.manifest.layer(layer)
             return {f.file: snapshot.read(f) for f in entry.files}
 
-    def state(self, *, in_progress: bool = False) -> messages.SnapshotState:
-        """What the heartbeat reports: latest complete step and the bytes it holds here."""
-        found = self.complete_manifests()
+    def state(
+        self, *, in_progress: bool = False, at_most: int | None = None
+    ) -> messages.SnapshotState:
+        """What the heartbeat reports: the latest complete step (at or before `at_most` when
+        given) and the bytes it holds here."""
+        found = [m for m in self.complete_manifests() if at_most is None or m.step <= at_most]
         if not found:
             return messages.SnapshotState(in_progress=in_progress)
         latest = found[0]
