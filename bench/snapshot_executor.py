@@ -1,6 +1,6 @@
 """Step time of the executor with host-memory snapshots off, every 5 steps and every step.
 
-    .venv/bin/python bench/snapshot_executor.py [--model small] [--steps 10] [--rounds 3]
+    .venv/bin/python bench/snapshot_executor.py [--model small] [--steps 5] [--rounds 6]
                                                 [--threads 1]
                                                 [--out bench/results/snapshot_executor.json]
 
@@ -101,9 +101,8 @@ class Worker:
             snapshot_interval_steps=interval,
             redundancy=messages.RedundancyMode.XOR,
         )
-        stage = plan.Stage(
-            layer_start=0, layer_stop=shapes.named(self.model_name).num_planner_layers, workers=(0,)
-        )
+        num_layers = shapes.named(self.model_name).num_planner_layers
+        stage = plan.Stage(layer_start=0, layer_stop=num_layers, workers=(plan.WorkerId(0),))
         p = plan.Plan(
             pipelines=(plan.Pipeline(stages=(stage,), num_micro_batches=NUM_MICRO_BATCHES),),
             micro_batch_size=MICRO_BATCH,
@@ -140,7 +139,7 @@ class Worker:
         arm.cpu_s += time.process_time() - cpu
         writers = self.training._writers  # the epoch's writers: what the heartbeat reads
         assert writers is not None
-        arm.taken += len(writers._begun)
+        arm.taken += writers.num_begun
         arm.skipped += writers.skipped
         arm.achieved = (arm.achieved or []) + [writers.achieved_interval_steps]
         self.training.end_epoch()  # completes the pending snapshot outside the measurement
@@ -151,7 +150,8 @@ class Worker:
 
 def checksum_speeds(nbytes: int = 64 << 20) -> dict[str, float]:
     """GB/s of each checksum over `nbytes` of random bytes (best of 5)."""
-    buffer = memoryview(np.random.default_rng(0).integers(0, 256, nbytes, dtype=np.uint8))
+    data = np.random.default_rng(0).integers(0, 256, nbytes, dtype=np.uint8)
+    buffer = memoryview(data.tobytes())
     candidates: dict[str, Callable[[Any], object]] = {
         "crc32 (zlib)": zlib.crc32,
         "xxh3 (xxhash)": lambda b: xxhash.xxh3_64(b).intdigest(),
@@ -218,8 +218,8 @@ def print_table(rows: list[Row], speeds: dict[str, float]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="small")
-    parser.add_argument("--steps", type=int, default=10, help="measured steps per arm and round")
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=5, help="measured steps per arm and round")
+    parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     parser.add_argument("--out", type=Path, default=Path("bench/results/snapshot_executor.json"))
     args = parser.parse_args()

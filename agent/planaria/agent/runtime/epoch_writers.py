@@ -113,6 +113,11 @@ class EpochWriters:
         return self._owed or (bool(interval) and t % interval == 0)
 
     @property
+    def num_begun(self) -> int:
+        """Snapshots begun this epoch."""
+        return len(self._begun)
+
+    @property
     def achieved_interval_steps(self) -> float:
         """Mean committed steps between the snapshots begun this epoch; 0.0 before two."""
         begun = self._begun
