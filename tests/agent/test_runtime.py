@@ -354,6 +354,8 @@ def test_a_corrupted_shard_falls_back_to_the_checkpoint_and_then_to_nothing(
     settings = _settings(corpus, checkpoint_dir=str(ckpt), checkpoint_interval_steps=2)
     beat = _run_solo(base, store, settings, epoch=1, resume=0, stop=4)
     assert beat.state is State.FINISHED and beat.checkpoint_step == 4
+    assert beat.snapshot.latest_step == 4  # FINISHED: its own last snapshot, waited for
+    assert beat.snapshot.achieved_interval_steps >= 1.0  # steps 1 and 4 at least (interval 1)
     _flip_a_byte(base, 4, "layer-0.shard")
     beat = _run_solo(base, store, settings, epoch=2, resume=4, stop=6)  # a fresh agent
     assert beat.state is State.FINISHED, beat.errors
