@@ -95,7 +95,8 @@ class EpochWriters:
             )
         self._checkpoint_pending: int | None = None
         self._owed = False  # a due snapshot was skipped: take one once every writer is free
-        self._begun: list[int] = []  # steps of the snapshots begun this epoch
+        # The snapshots begun this epoch: how many, the first's step and the last's (0: none).
+        self._num_begun, self._first_begun, self._last_begun = 0, 0, 0
         self._all_free = True  # no writer was busy at the last commit barrier
         self._settled: int | None = None  # begun before a wait every worker made alike
         self.skipped = 0  # due snapshots skipped because a writer was busy
@@ -115,13 +116,13 @@ class EpochWriters:
     @property
     def num_begun(self) -> int:
         """Snapshots begun this epoch."""
-        return len(self._begun)
+        return self._num_begun
 
     @property
     def achieved_interval_steps(self) -> float:
         """Mean committed steps between the snapshots begun this epoch; 0.0 before two."""
-        begun = self._begun
-        return 0.0 if len(begun) < 2 else (begun[-1] - begun[0]) / (len(begun) - 1)
+        n = self._num_begun
+        return 0.0 if n < 2 else (self._last_begun - self._first_begun) / (n - 1)
 
     def busy_flag(self) -> float:
         """What this worker says at the commit barrier: 1.0 while its writer still writes."""
@@ -130,9 +131,10 @@ class EpochWriters:
     def barrier(self, t: int, flags: float) -> None:
         """Step `t` committed and its barrier summed the workers' `busy_flag`s to `flags`."""
         self._all_free = flags == 0
-        before = [s for s in self._begun if s < t] if self._all_free else []
-        for step in (*before[-1:], *(() if self._settled is None else (self._settled,))):
-            self.confirmed = max(self.confirmed, step)
+        if self._all_free:  # every snapshot begun so far (all before barrier t) is complete
+            self.confirmed = max(self.confirmed, self._last_begun)
+        if self._settled is not None:
+            self.confirmed = max(self.confirmed, self._settled)
         self._settled = None
 
     def begin(
@@ -145,8 +147,8 @@ class EpochWriters:
         self.collect()
         ckpt = self.checkpoints
         if forced or last or (ckpt is not None and ckpt.due(t)):
-            if not forced and self._begun:  # every worker waits here alike
-                self._settled = self._begun[-1]
+            if not forced and self._num_begun:  # every worker waits here alike
+                self._settled = self._last_begun
             self.finish_snapshot()
         elif not self._all_free:
             self.skipped += 0 if self._owed else 1
@@ -156,7 +158,9 @@ class EpochWriters:
             step=t, epoch=self.config.epoch, states=live_states(layers), groups=self.groups
         )
         self._owed = False
-        self._begun.append(t)
+        if not self._num_begun:
+            self._first_begun = t
+        self._num_begun, self._last_begun = self._num_begun + 1, t
         return True
 
     def release(self) -> None:
