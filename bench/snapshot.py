@@ -15,7 +15,8 @@ than wall-clock time, and its ratio bounds the overhead when no core is spare fo
 
 Also measured: each configuration's snapshot written alone (begin + wait with no training
 running; the background work the step hides) and the bytes it writes, and the throughput of the
-two checksums the store supports, which is why crc32 is the default.
+two checksums the store first supported (bench/snapshot_executor.py measures xxh3, now the
+default, beside them).
 """
 
 from __future__ import annotations

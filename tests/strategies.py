@@ -334,11 +334,15 @@ def timings() -> st.SearchStrategy[messages.Timings]:
 
 @st.composite
 def snapshot_states(draw: st.DrawFn) -> messages.SnapshotState:
-    """No snapshot (0 bytes held), or the latest one's step and size."""
+    """No snapshot (0 bytes held), or the latest one's step and size; any achieved interval."""
     latest = draw(st.none() | st.integers(min_value=1, max_value=2**64 - 1))
     held = 0 if latest is None else draw(st.integers(min_value=0, max_value=2**64 - 1))
+    interval = draw(st.floats(min_value=0, max_value=1e9, allow_nan=False))
     return messages.SnapshotState(
-        latest_step=latest, held_bytes=held, in_progress=draw(st.booleans())
+        latest_step=latest,
+        held_bytes=held,
+        in_progress=draw(st.booleans()),
+        achieved_interval_steps=interval,
     )
 
 

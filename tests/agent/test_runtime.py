@@ -7,9 +7,11 @@ before its update leaves both survivors FAILED with PEER_LOST at the same commit
 they go on over the survivors with their layers KEPT, losslessly; a re-split of 2x2 stages into
 1x3 copies exactly the missing layers' bytes from live replicas (LIVE_REPLICA, one layer from
 two sources) and goes on losslessly; a killed pipeline stage restarted as a fresh process
-reloads its own snapshot (LOCAL_SNAPSHOT) while the survivor rolls back a step from its own,
+reloads its own snapshot (LOCAL_SNAPSHOT) while the survivor rolls back from its own,
 losslessly; with RECOMPUTE redundancy a restarted data-parallel replica rebuilds its layers from
-its own shard plus its host-recomputed copy of the peer's (LOCAL_SNAPSHOT), losslessly. In this
+its own shard plus its host-recomputed copy of the peer's (LOCAL_SNAPSHOT), losslessly. Both
+resume at the snapshot step the survivor's heartbeat reports, as the controller does: one
+complete on every worker, the killed one included, though writes run in the background. In this
 process (a one-rank epoch): a corrupted snapshot shard is caught by its checksum and the
 persistent checkpoint is used instead (CHECKPOINT), losslessly; with no tier left the agent
 latches SNAPSHOT_UNAVAILABLE and is FAILED; an error of the agent's own is latched with the kind
@@ -251,12 +253,23 @@ def test_a_restarted_stage_reloads_its_snapshot_and_the_survivor_rolls_back(
     _start_epoch(cluster, p, settings, epoch=1, resume=0, stop=6)
     (beat,) = cluster.wait([0], _failed).values()
     assert beat.last_committed_step == 3
+    resume = _complete_everywhere(beat)
     cluster.wait_dead(1)
     cluster.start([1])  # a fresh agent process: it holds nothing but its store
-    _start_epoch(cluster, p, settings, epoch=2, resume=2, stop=5)
+    _start_epoch(cluster, p, settings, epoch=2, resume=resume, stop=5)
     beats = cluster.wait([0, 1], _finished)
     assert all(b.setup is not None and b.setup.tier is Tier.LOCAL_SNAPSHOT for b in beats.values())
     _assert_like_reference("job", cluster.base, p, settings, 5)
+
+
+def _complete_everywhere(beat: messages.Heartbeat) -> int:
+    """The snapshot step a survivor reports, where the controller resumes a roll-back: one
+    complete on every worker of the epoch, the dead included (docs/resilience.md). Writes run
+    in the background, so the killed worker may not have finished its newest one: which
+    earlier step it is depends on the writers' speed, but it is before the failed step."""
+    step = beat.snapshot.latest_step
+    assert step is not None and 1 <= step < beat.last_committed_step
+    return step
 
 
 # --- in this process: one rank ------------------------------------------------------------
@@ -341,6 +354,8 @@ def test_a_corrupted_shard_falls_back_to_the_checkpoint_and_then_to_nothing(
     settings = _settings(corpus, checkpoint_dir=str(ckpt), checkpoint_interval_steps=2)
     beat = _run_solo(base, store, settings, epoch=1, resume=0, stop=4)
     assert beat.state is State.FINISHED and beat.checkpoint_step == 4
+    assert beat.snapshot.latest_step == 4  # FINISHED: its own last snapshot, waited for
+    assert beat.snapshot.achieved_interval_steps >= 1.0  # steps 1 and 4 at least (interval 1)
     _flip_a_byte(base, 4, "layer-0.shard")
     beat = _run_solo(base, store, settings, epoch=2, resume=4, stop=6)  # a fresh agent
     assert beat.state is State.FINISHED, beat.errors
@@ -510,10 +525,15 @@ def test_load_snapshot_rolls_the_layers_back_to_a_snapshot(
         assert len(idle.layers) == 6
         assert agent.configure(_solo_config(store, settings, epoch=1, resume=0, stop=4)).accepted
         _wait(agent, lambda b: b.state is State.FINISHED)
-        assert not agent.load_snapshot(messages.SnapshotLoad(epoch=2, step=3)).accepted
-        assert agent.load_snapshot(messages.SnapshotLoad(epoch=1, step=3)).accepted
-        _wait(agent, lambda b: b.last_committed_step == 3)
-        assert agent.configure(_solo_config(store, settings, epoch=2, resume=3, stop=5)).accepted
+        # The store's older snapshot: 3 unless the writer fell behind and steps were skipped.
+        held = snapshot_store.SnapshotStore(snapshot_store.store_root("solo", 0, tmp_path))
+        older = min(m.step for m in held.complete_manifests())
+        assert 1 <= older < 4
+        assert not agent.load_snapshot(messages.SnapshotLoad(epoch=2, step=older)).accepted
+        assert agent.load_snapshot(messages.SnapshotLoad(epoch=1, step=older)).accepted
+        _wait(agent, lambda b: b.last_committed_step == older)
+        config = _solo_config(store, settings, epoch=2, resume=older, stop=5)
+        assert agent.configure(config).accepted
         beat = _wait(agent, lambda b: b.state is State.FINISHED and b.epoch == 2)
         assert beat.setup is not None and beat.setup.tier is Tier.KEPT
     finally:
@@ -532,10 +552,11 @@ def test_a_restarted_replica_rebuilds_from_its_shard_and_its_recomputed_copy(
     _start_epoch(cluster, p, settings, epoch=1, resume=0, stop=6)
     (beat,) = cluster.wait([0], _failed).values()
     assert beat.last_committed_step == 3
+    resume = _complete_everywhere(beat)
     cluster.wait_dead(1)
     cluster.start([1])
-    _start_epoch(cluster, p, settings, epoch=2, resume=3, stop=5)
+    _start_epoch(cluster, p, settings, epoch=2, resume=resume, stop=5)
     beats = cluster.wait([0, 1], _finished)
     tiers = {w: b.setup.tier for w, b in beats.items() if b.setup is not None}
-    assert tiers == {0: Tier.KEPT, 1: Tier.LOCAL_SNAPSHOT}
+    assert tiers == {0: Tier.LOCAL_SNAPSHOT, 1: Tier.LOCAL_SNAPSHOT}  # 0 rolls back too
     _assert_like_reference("job", cluster.base, p, settings, 5)

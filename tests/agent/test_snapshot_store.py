@@ -8,7 +8,7 @@ loader then rebuilds the member from its peers' redundancy (the next tier); a da
 makes its slot untrusted; files opened for reading keep their bytes while newer snapshots
 overwrite the slot; files are 0600 and directories 0700, including the job and base directories
 it creates, under umask 0, 022 or 277; cleanup leaves nothing behind; job names that are not a
-plain directory name and unknown checksums are refused; crc32 and blake2b both verify.
+plain directory name and unknown checksums are refused; xxh3, crc32 and blake2b all verify.
 """
 
 from __future__ import annotations
@@ -294,7 +294,7 @@ def test_an_unknown_checksum_is_refused(tmp_path: Path) -> None:
         snapshot_store.SnapshotStore(tmp_path, checksum="md5")
 
 
-@pytest.mark.parametrize("algorithm", ["crc32", "blake2b"])
+@pytest.mark.parametrize("algorithm", ["xxh3", "crc32", "blake2b"])
 def test_either_checksum_verifies_what_it_wrote(tmp_path: Path, algorithm: str) -> None:
     store = snapshot_store.SnapshotStore(tmp_path / algorithm, checksum=algorithm)
     _write_steps([store], [1], Mode.NONE)

@@ -296,7 +296,7 @@ def test_begin_before_wait_breaks_the_contract(tmp_path: Path) -> None:
     writer = _one_writer(tmp_path)
     state = _fixed_state()
     writer.begin(step=1, epoch=1, states=[state], groups=GROUPS)
-    with pytest.raises(snapshot_store.SnapshotConfigError, match="call wait"):
+    with pytest.raises(snapshot_store.SnapshotConfigError, match="still pending"):
         writer.begin(step=2, epoch=1, states=[state], groups=GROUPS)
     writer.wait(30)
 

@@ -1,8 +1,8 @@
 """Host staging of live layer state (planaria.agent.state.staging).
 
 Covers: merged ranges cover exactly the same bytes, sorted and disjoint (hypothesis); staged
-flattened bytes equal the live state's in the wanted ranges for tensors above and below the
-staging size, whatever the ranges (hypothesis); a second stage after an in-place update shows
+flattened bytes equal the live state's in the wanted ranges for small and large tensors,
+whatever the ranges (hypothesis); a second stage after an in-place update shows
 the new bytes (the cached views follow the tensors); a replaced tensor or new ranges prepare the
 layer afresh; non-contiguous tensors are copied each time; forgotten layers are dropped.
 """
@@ -58,7 +58,7 @@ def _check(state: model.LayerState, wanted: list[range], stage: staging.Staging)
         assert staged.copy(r.start, r.stop).tobytes() == live[r.start : r.stop]
 
 
-BIG = staging.STAGE_BELOW_BYTES // 4 + 3  # float32 elements: one tensor above the limit
+BIG = 16 * 1024 + 3  # float32 elements: a tensor of more than 64 KiB
 
 
 @settings(max_examples=25, deadline=None)

@@ -120,6 +120,11 @@ CASES: list[tuple[str, Callable[[], object], str]] = [
     ("snapshot step 0", lambda: messages.SnapshotState(latest_step=0), "latest_step"),
     ("bytes without a snapshot", lambda: messages.SnapshotState(held_bytes=5), "held_bytes"),
     (
+        "a negative achieved interval",
+        lambda: messages.SnapshotState(achieved_interval_steps=-1.0),
+        "achieved_interval_steps",
+    ),
+    (
         "an error without a message",
         lambda: messages.LatchedError(kind=messages.ErrorKind.TIMEOUT, message="", step=1),
         "message",

@@ -254,11 +254,12 @@ def complete_everywhere(
     found: failures.Assessment, snapshot: int, training: messages.TrainingSettings
 ) -> int:
     """The newest snapshot step at or before `snapshot` that is complete on every worker, the
-    dead included (their stores hold the lost layers). A writer finishes step t's snapshot
-    before the commit barrier of the next step, so a snapshot older than the survivors' step c
-    is complete everywhere, and so is c when a worker died in the barrier after it (some
-    survivors committed past c). A worker killed while training step c + 1 may still have been
-    writing c's: then the one before it (the other slot of the double buffer) is the safe one."""
+    dead included (their stores hold the lost layers). While training, an agent reports only
+    snapshots confirmed complete on every worker by a later commit barrier (docs/resilience.md,
+    "Snapshots that never stall training"), so a snapshot older than the survivors' step c is
+    complete everywhere; c itself is never reported so by a worker still in the epoch, and is
+    kept when some survivors committed past it, as before. Otherwise the one before c (the
+    other slot of the double buffer) is the safe one."""
     split = found.newest_step > found.resume_step
     if snapshot < found.resume_step or split:
         return snapshot

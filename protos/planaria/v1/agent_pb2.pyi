@@ -1034,22 +1034,29 @@ class SnapshotState(_message.Message):
     LATEST_STEP_FIELD_NUMBER: _builtins.int
     HELD_BYTES_FIELD_NUMBER: _builtins.int
     IN_PROGRESS_FIELD_NUMBER: _builtins.int
+    ACHIEVED_INTERVAL_STEPS_FIELD_NUMBER: _builtins.int
     latest_step: _builtins.int
     """Step of the latest complete snapshot; absent when none."""
     held_bytes: _builtins.int
     """Bytes the latest snapshot occupies on this worker (shards and redundancy)."""
     in_progress: _builtins.bool
     """True while a snapshot is being taken."""
+    achieved_interval_steps: _builtins.float
+    """Mean committed steps between the snapshots begun this epoch (0 until two were): above
+    the configured interval when the writer could not keep up and steps were skipped rather
+    than training blocked.
+    """
     def __init__(
         self,
         *,
         latest_step: _builtins.int | None = ...,
         held_bytes: _builtins.int = ...,
         in_progress: _builtins.bool = ...,
+        achieved_interval_steps: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_latest_step", b"_latest_step", "latest_step", b"latest_step"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_latest_step", b"_latest_step", "held_bytes", b"held_bytes", "in_progress", b"in_progress", "latest_step", b"latest_step"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_latest_step", b"_latest_step", "achieved_interval_steps", b"achieved_interval_steps", "held_bytes", b"held_bytes", "in_progress", b"in_progress", "latest_step", b"latest_step"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__latest_step: _TypeAlias = _typing.Literal["latest_step"]  # noqa: Y015
     _WhichOneofArgType__latest_step: _TypeAlias = _typing.Literal["_latest_step", b"_latest_step"]  # noqa: Y015

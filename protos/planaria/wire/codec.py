@@ -325,7 +325,10 @@ def decode_timings(msg: pb.StepTimings, path: str = "StepTimings") -> messages.T
 
 def encode_snapshot_state(state: messages.SnapshotState) -> pb.SnapshotState:
     return pb.SnapshotState(
-        latest_step=state.latest_step, held_bytes=state.held_bytes, in_progress=state.in_progress
+        latest_step=state.latest_step,
+        held_bytes=state.held_bytes,
+        in_progress=state.in_progress,
+        achieved_interval_steps=state.achieved_interval_steps,
     )
 
 
@@ -337,6 +340,7 @@ def decode_snapshot_state(
             latest_step=msg.latest_step if msg.HasField("latest_step") else None,
             held_bytes=msg.held_bytes,
             in_progress=msg.in_progress,
+            achieved_interval_steps=msg.achieved_interval_steps,
         )
 
 

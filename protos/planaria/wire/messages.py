@@ -366,13 +366,21 @@ class Timings:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SnapshotState:
     """The host-memory snapshots a worker holds: the latest complete one's step (None when none)
-    and the bytes it occupies here (shards and redundancy), and whether one is being taken."""
+    and the bytes it occupies here (shards and redundancy), whether one is being taken, and the
+    mean steps between the snapshots begun this epoch (0.0 until two were; above the configured
+    interval when the writer could not keep up and skipped steps)."""
 
     latest_step: int | None = None
     held_bytes: int = 0
     in_progress: bool = False
+    achieved_interval_steps: float = 0.0
 
     def __post_init__(self) -> None:
+        value = self.achieved_interval_steps
+        if not (math.isfinite(value) and value >= 0):
+            raise ValueError(
+                f"snapshot: achieved_interval_steps is {value}; give a finite number >= 0"
+            )
         if self.latest_step is not None:
             _check_range("snapshot", "latest_step", self.latest_step, 1, MAX_UINT64)
         _check_range("snapshot", "held_bytes", self.held_bytes, 0, MAX_UINT64)

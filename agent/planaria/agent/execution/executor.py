@@ -93,7 +93,9 @@ class StepResult:
     per kind of instruction (receives and collectives include their waiting), `send_wait_s` the
     time spent awaiting posted sends. `snapshot_layers` are the layers the Snapshot marker named.
     `step_loss` is the step's loss summed over every worker by the commit barrier (None for a
-    stream without an optimizer step, which has no barrier).
+    stream without an optimizer step, which has no barrier). `barrier_flags` is the sum over
+    every worker of what its `barrier_flag` said right before the barrier (the snapshot writer's
+    "still busy", so that all workers decide alike whether to snapshot the step).
     """
 
     step: int
@@ -104,6 +106,7 @@ class StepResult:
     send_wait_s: float
     snapshot_layers: tuple[int, ...]
     step_loss: float | None = None
+    barrier_flags: float = 0.0
 
 
 @dataclass(slots=True, kw_only=True)
@@ -119,6 +122,7 @@ class _StepState:
     send_wait_s: float = 0.0
     snapshot: tuple[int, ...] = ()
     step_loss: float | None = None  # set by the commit barrier
+    barrier_flags: float = 0.0  # likewise
 
 
 class Executor:
@@ -139,8 +143,10 @@ class Executor:
         epoch: groups.Epoch,
         layers: held_layers.HeldLayers,
         abandoned: Callable[[], bool] | None = None,
+        barrier_flag: Callable[[], float] | None = None,
     ) -> None:
         schedule.require_one_worker_per_stage(sched)
+        self.barrier_flag = barrier_flag
         self.job, self.epoch, self.layers = job, epoch, layers
         self.waits = failures.Waits(epoch, abandoned)
         self.stream = _stream_of(sched, worker)
@@ -192,6 +198,7 @@ class Executor:
             send_wait_s=state.send_wait_s,
             snapshot_layers=state.snapshot,
             step_loss=state.step_loss,
+            barrier_flags=state.barrier_flags,
         )
 
     @contextlib.contextmanager
@@ -295,13 +302,14 @@ class Executor:
         sends are awaited first, so nothing after the barrier can fail on a peer."""
         self._await(state)
         share = sum((loss.item() for loss in state.losses), 0.0)
-        total = torch.tensor([share], dtype=torch.float64, device=self.layers.device)
+        flag = 0.0 if self.barrier_flag is None else self.barrier_flag()
+        total = torch.tensor([share, flag], dtype=torch.float64, device=self.layers.device)
         reduce = dist.ReduceOp.SUM
         work = self.waits.post(
             None, lambda: dist.all_reduce(total, reduce, self.epoch.world, async_op=True)
         )
         self.waits.wait(work, None, collective=True)
-        state.step_loss = float(total.item())
+        state.step_loss, state.barrier_flags = float(total[0]), float(total[1])
 
     def _await(self, state: _StepState) -> None:
         """Wait for every posted send of the step to complete."""

@@ -1,20 +1,47 @@
 """The snapshot writer and the checkpoint writer of one epoch, as the training thread drives them.
 
 Snapshots follow `snapshot_writer`'s contract: after committed step t that is due (every
-`snapshot_interval_steps`, or asked for by TakeSnapshot), `begin`; the training thread waits for
-it (`finish_snapshot`) right before the next step's first OptimizerStep (before the commit
-barrier), and (RECOMPUTE) replays that step's moment update on the writer's host replicas
-(`recompute`). Once a snapshot is complete, a due persistent checkpoint is copied from it in
-the background (`checkpoints`), and `poll_checkpoint` records the newest step a resume can load
-(`checkpoint_step`, which the heartbeat reports; it carries over from the previous epoch).
+`snapshot_interval_steps`, or asked for by TakeSnapshot), `begin` launches the copy of the live
+state into the staging buffers; right before the next step's first OptimizerStep (before the
+commit barrier) the training thread calls `release`, which waits only for that copy (REFT
+§4.1: the checksums and writes go on in the background), and (RECOMPUTE) replays that step's
+moment update on the writer's host replicas (`recompute`). `collect` (called at `release` and
+after every step) records a snapshot once it is complete, bytes and checksums written, and
+starts a due persistent checkpoint from it (`checkpoints`); `poll_checkpoint` records the
+newest step a resume can load (`checkpoint_step`, which the heartbeat reports; it carries over
+from the previous epoch).
+
+Never blocking training on the writer, and every worker alike: each worker says at the commit
+barrier of step t whether its writer is still busy (`busy_flag`; the barrier sums the flags,
+`executor`), so every worker of the epoch learns the same thing at the same step. Snapshot t
+is begun only when no writer was busy at barrier t; otherwise every worker skips it and it is
+owed: taken after the first step whose barrier finds all writers free (the interval stretches;
+the next due steps stay multiples of the interval). The members of a sharding group therefore
+always snapshot the same steps, which the copy and parity redundancy need.
+`achieved_interval_steps` is the mean distance between the snapshots begun this epoch.
+
+What is complete everywhere (`confirmed`): a barrier with no writer busy proves that every
+snapshot begun before it is complete on every worker of the epoch, the ones that die later
+included. The heartbeat reports the newest snapshot at or before `confirmed` while training,
+so the controller's roll-back (`control.recovery.complete_everywhere`: a snapshot older than
+the survivors' step is complete everywhere) stays true although writes now run past the next
+barrier. It starts at this worker's newest complete snapshot when the epoch is set up (every
+worker closed its writers, completing them, before).
+
+Three kinds of snapshot still wait for this worker's writer: one whose step a persistent
+checkpoint is due at (skipping it would skip the checkpoint), one of the epoch's stop step
+(FINISHED promises it; the run's final state is read from it) — every worker waits at the same
+step for these, so what they waited for is complete everywhere at the next barrier — and one
+asked for by TakeSnapshot.
 
 Writers are rebuilt for every epoch (the sharding groups come from the plan); closing the old
 ones first makes their pending snapshot complete, which the roll-back tiers rely on.
 
 Not here: when the training thread calls these, and how long it waits (`training_thread`).
 
-Errors: none escape. A failed snapshot or checkpoint is logged and training goes on; the tier
-it would have fed is stale.
+Errors: none escape from the background work. A failed snapshot or checkpoint is logged and
+training goes on; the tier it would have fed is stale. A `begin` that breaks the writer's
+contract (SnapshotConfigError: a layer outside its group) fails the step, as before.
 """
 
 from __future__ import annotations
@@ -23,7 +50,14 @@ import logging
 from pathlib import Path
 
 from planaria.agent.execution import held_layers
-from planaria.agent.state import checkpoints, snapshot_store, snapshot_writer, snapshots
+from planaria.agent.state import (
+    checkpoints,
+    manifests,
+    snapshot_store,
+    snapshot_writer,
+    snapshots,
+    staging,
+)
 from planaria.agent.training import model
 from planaria.contract import plan
 from planaria.wire import messages
@@ -43,12 +77,13 @@ class EpochWriters:
         config: messages.WorkerConfig,
         writer: snapshot_writer.WriterConfig,
         checkpoint_step: int | None,
+        copier: staging.Copier | None = None,
     ) -> None:
         settings = config.settings
         self.store, self.worker, self.config = store, worker, config
         self.checkpoint_step = checkpoint_step
         self.groups = snapshots.sharding_groups(config.plan)
-        self.writer = snapshot_writer.SnapshotWriter(store, writer)
+        self.writer = snapshot_writer.SnapshotWriter(store, writer, copier)
         self.checkpoints: checkpoints.CheckpointWriter | None = None
         if settings.checkpoint_dir and settings.checkpoint_interval_steps:
             self.checkpoints = checkpoints.CheckpointWriter(
@@ -59,6 +94,14 @@ class EpochWriters:
                 )
             )
         self._checkpoint_pending: int | None = None
+        self._owed = False  # a due snapshot was skipped: take one once every writer is free
+        # The snapshots begun this epoch: how many, the first's step and the last's (0: none).
+        self._num_begun, self._first_begun, self._last_begun = 0, 0, 0
+        self._all_free = True  # no writer was busy at the last commit barrier
+        self._settled: int | None = None  # begun before a wait every worker made alike
+        self.skipped = 0  # due snapshots skipped because a writer was busy
+        latest = store.complete_manifests()
+        self.confirmed = latest[0].step if latest else 0  # 0: none yet
 
     @property
     def in_progress(self) -> bool:
@@ -66,15 +109,74 @@ class EpochWriters:
         return self.writer.in_progress
 
     def due(self, t: int) -> bool:
-        """Whether committed step `t` is snapshotted by the interval."""
+        """Whether committed step `t` is snapshotted by the interval (or one is owed)."""
         interval = self.config.settings.snapshot_interval_steps
-        return bool(interval) and t % interval == 0
+        return self._owed or (bool(interval) and t % interval == 0)
 
-    def begin(self, t: int, layers: held_layers.HeldLayers) -> None:
-        """Start the snapshot of committed step `t` from the live layers."""
+    @property
+    def num_begun(self) -> int:
+        """Snapshots begun this epoch."""
+        return self._num_begun
+
+    @property
+    def achieved_interval_steps(self) -> float:
+        """Mean committed steps between the snapshots begun this epoch; 0.0 before two."""
+        n = self._num_begun
+        return 0.0 if n < 2 else (self._last_begun - self._first_begun) / (n - 1)
+
+    def busy_flag(self) -> float:
+        """What this worker says at the commit barrier: 1.0 while its writer still writes."""
+        return 1.0 if self.writer.in_progress else 0.0
+
+    def barrier(self, t: int, flags: float) -> None:
+        """Step `t` committed and its barrier summed the workers' `busy_flag`s to `flags`."""
+        self._all_free = flags == 0
+        if self._all_free:  # every snapshot begun so far (all before barrier t) is complete
+            self.confirmed = max(self.confirmed, self._last_begun)
+        if self._settled is not None:
+            self.confirmed = max(self.confirmed, self._settled)
+        self._settled = None
+
+    def begin(
+        self, t: int, layers: held_layers.HeldLayers, *, forced: bool = False, last: bool = False
+    ) -> bool:
+        """Start the snapshot of committed step `t` from the live layers; False when every
+        worker skips it because a writer was busy at its barrier (module docstring). Not
+        skipped: a `forced` one (TakeSnapshot), the epoch's `last` step (its stop step, which
+        FINISHED promises) and a step a checkpoint is due at; these wait for the writer."""
+        self.collect()
+        ckpt = self.checkpoints
+        if forced or last or (ckpt is not None and ckpt.due(t)):
+            if not forced and self._num_begun:  # every worker waits here alike
+                self._settled = self._last_begun
+            self.finish_snapshot()
+        elif not self._all_free:
+            self.skipped += 0 if self._owed else 1
+            self._owed = True
+            return False
         self.writer.begin(
             step=t, epoch=self.config.epoch, states=live_states(layers), groups=self.groups
         )
+        self._owed = False
+        if not self._num_begun:
+            self._first_begun = t
+        self._num_begun, self._last_begun = self._num_begun + 1, t
+        return True
+
+    def release(self) -> None:
+        """Before the next optimizer step: wait until the pending snapshot no longer reads the
+        live state (its copy), not for its writes; then collect it if it is complete."""
+        self.writer.release()
+        self.collect()
+
+    def collect(self) -> None:
+        """Record the pending snapshot if it is complete, starting a due checkpoint from it."""
+        try:
+            manifest = self.writer.poll()
+        except snapshot_store.SnapshotError as exc:  # training goes on; the tier is stale
+            LOG.warning("worker %d: snapshot failed: %s", self.worker, exc)
+            return
+        self._completed(manifest)
 
     def recompute(self, t: int, layers: held_layers.HeldLayers) -> None:
         """(RECOMPUTE) replay step `t`'s moment update on the host replicas, before the
@@ -86,12 +188,15 @@ class EpochWriters:
         self.writer.recompute_step(t, states, grads, self.groups)
 
     def finish_snapshot(self) -> None:
-        """Wait for the pending snapshot; start a due checkpoint from it once complete."""
+        """Wait until the pending snapshot is complete; start a due checkpoint from it."""
         try:
             manifest = self.writer.wait()
         except snapshot_store.SnapshotError as exc:  # training goes on; the tier is stale
             LOG.warning("worker %d: snapshot failed: %s", self.worker, exc)
             return
+        self._completed(manifest)
+
+    def _completed(self, manifest: manifests.Manifest | None) -> None:
         ckpt = self.checkpoints
         if manifest is not None and ckpt is not None and ckpt.due(manifest.step):
             self.poll_checkpoint(wait=True)

@@ -35,6 +35,7 @@ copies (`layer_transfer`), steps, snapshots and checkpoints (`training_thread`),
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import logging
 import threading
@@ -202,7 +203,13 @@ class Runtime:
     def snapshot_state(self) -> messages.SnapshotState:
         """The host-memory snapshots this worker holds (the store is safe to read any time)."""
         busy = self._snapshot or self._training.snapshot_in_progress
-        return self._training.store.state(in_progress=busy)
+        # While training, only what is complete on every worker (`epoch_writers`); once
+        # FINISHED every worker waited for its own last snapshot.
+        finished = self._shown.state is State.FINISHED
+        at_most = None if finished else self._training.snapshot_confirmed_step
+        state = self._training.store.state(in_progress=busy, at_most=at_most)
+        interval = self._training.snapshot_achieved_interval_steps
+        return dataclasses.replace(state, achieved_interval_steps=interval)
 
     def load_snapshot(self, load: messages.SnapshotLoad) -> messages.Acknowledgement:
         """Load every held layer from the snapshots of `load.step` (PAUSED or FINISHED only)."""

@@ -10,9 +10,14 @@ less than the contract's.
 
 Snapshots and checkpoints: after committed step t that is due (every
 `snapshot_interval_steps`, or asked for by TakeSnapshot), the epoch's writers begin its
-snapshot; the executor hook waits for it right before the next step's first OptimizerStep
-(before the commit barrier), and (RECOMPUTE) replays that step's moment update on the writer's
-host replicas. The time spent there is the step's `snapshot_s`. The writers, and the
+snapshot (the copy into staging buffers); the executor hook releases it right before the next
+step's first OptimizerStep (before the commit barrier), waiting only for that copy, not for
+the checksums and writes, and (RECOMPUTE) replays that step's moment update on the writer's
+host replicas. The time spent in both places is the step's `snapshot_s`. When the writer is
+busy with an earlier snapshot at a step's commit barrier (every worker's flag is summed there),
+a due one is skipped by every worker and taken later (the interval stretches;
+`snapshot_achieved_interval_steps`); `snapshot_confirmed_step` is the newest snapshot known
+complete on every worker, which the heartbeat reports while training. The writers, and the
 checkpoint started once a snapshot is complete, are `epoch_writers`.
 
 A failed step sets the epoch's failure keys in the controller's store
@@ -33,12 +38,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import torch
 from torch._C import _distributed_c10d as c10d  # the store classes (see groups.py)
 
 from planaria.agent.execution import executor, groups
 from planaria.agent.recovery import epoch_setup
 from planaria.agent.runtime import epoch_watch, epoch_writers
-from planaria.agent.state import snapshot_store, snapshot_writer
+from planaria.agent.state import snapshot_store, snapshot_writer, staging
 from planaria.agent.training import corpora, model, semantics
 from planaria.contract import instructions, plan, rendezvous, shapes
 from planaria.wire import messages
@@ -98,6 +104,7 @@ class Training:
         self.config: messages.WorkerConfig | None = None
         self.epoch: groups.Epoch | None = None
         self._checkpoint_step: int | None = None  # as the last epoch's writers left it
+        self._confirmed: int | None = None  # likewise (`snapshot_confirmed_step`)
         self._extra_hook = hook
         self._executor: executor.Executor | None = None
         self._writers: epoch_writers.EpochWriters | None = None
@@ -167,6 +174,7 @@ class Training:
                 epoch=ready.epoch,
                 layers=ready.layers,
                 abandoned=lambda: self.abandon_requested or watcher.failed.is_set(),
+                barrier_flag=self._busy_flag,
             )
         except BaseException:
             self.end_epoch()
@@ -201,6 +209,8 @@ class Training:
         self._snapshot_s, self._hooked = 0.0, False
         result = self._executor.run_step(t - 1, before=self._hook)
         self.holding = epoch_setup.Holding(layers=self.holding.layers, step=t)
+        if self._writers is not None:
+            self._writers.barrier(t, result.barrier_flags)
         self._after_commit(t, forced=False)
         seconds = result.seconds
         timings = messages.Timings(
@@ -218,7 +228,7 @@ class Training:
         if isinstance(op, instructions.OptimizerStep) and not self._hooked:
             self._hooked = True
             with self._timed():
-                self.finish_snapshot()
+                self._release_snapshot()
                 self._recompute(step + 1)
         if self._extra_hook is not None:
             self._extra_hook(step, index, op)
@@ -239,10 +249,32 @@ class Training:
         self.finish_snapshot()
         return True
 
+    def _busy_flag(self) -> float:
+        writers = self._writers
+        return 0.0 if writers is None else writers.busy_flag()
+
+    @property
+    def snapshot_confirmed_step(self) -> int | None:
+        """The newest snapshot step known complete on every worker of the current (or last)
+        epoch (`epoch_writers`; 0: none), None before the first epoch; safe from any thread."""
+        writers = self._writers
+        return self._confirmed if writers is None else writers.confirmed
+
+    @property
+    def snapshot_achieved_interval_steps(self) -> float:
+        """Mean steps between this epoch's snapshots (0.0 before two; safe from any thread)."""
+        writers = self._writers
+        return 0.0 if writers is None else writers.achieved_interval_steps
+
     def finish_snapshot(self) -> None:
-        """Wait for the pending snapshot; start a due checkpoint from it once complete."""
+        """Wait until the pending snapshot is complete; start a due checkpoint from it."""
         if self._writers is not None:
             self._writers.finish_snapshot()
+
+    def _release_snapshot(self) -> None:
+        """Wait until the pending snapshot no longer reads the live state (not its writes)."""
+        if self._writers is not None:
+            self._writers.release()
 
     def poll_checkpoint(self, *, wait: bool = False) -> None:
         """Record a finished background checkpoint (wait for it when `wait`)."""
@@ -254,8 +286,9 @@ class Training:
         if writers is None or layers is None:
             return
         if forced or writers.due(t):
+            last = self.config is not None and t == self.config.stop_step
             with self._timed():
-                writers.begin(t, layers)
+                writers.begin(t, layers, forced=forced, last=last)
 
     def load_snapshot(self, step: int) -> None:
         """Replace every held layer with its state at `step` from the snapshot tiers."""
@@ -291,6 +324,7 @@ class Training:
                 optimizer=opt,
             ),
             checkpoint_step=self._checkpoint_step,
+            copier=staging.copier_for(torch.device(self.device)),
         )
 
     def _close_writers(self) -> None:
@@ -299,6 +333,7 @@ class Training:
             return
         writers.close()
         self._checkpoint_step = writers.checkpoint_step
+        self._confirmed = writers.confirmed
         self._writers = None
 
     @contextlib.contextmanager

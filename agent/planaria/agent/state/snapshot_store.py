@@ -11,15 +11,25 @@ ongoing one (REFT keeps "one completed copy and one ongoing snapshot").
     slot-1/manifest.json      written last, to a temp name, then renamed: the commit point
 
 Writing a snapshot (`begin` -> `write_file`... -> `commit`): the target slot's manifest is
-removed first, then every file is written (unlink + create, never rewritten in place, so a
-reader that opened the old file keeps its bytes) and fsync'ed, then the manifest is written
-and atomically renamed. A snapshot is complete exactly when its manifest exists. A crash or
-SIGKILL at any point leaves the other slot's snapshot untouched and loadable.
+removed first, then every file is written and fsync'ed, files the new manifest does not name
+are removed, then the manifest is written and atomically renamed. A snapshot is complete
+exactly when its manifest exists. A crash or SIGKILL at any point leaves the other slot's
+snapshot untouched and loadable.
 
-Readers trust only manifests and verify every file: its length and checksum (crc32 by default,
-which runs at about twice blake2b's speed here and detects accidental corruption; blake2b is
-available). The manifest itself carries a checksum of its body. Nothing is pickled: raw bytes
-and JSON only. Files are mode 0600 and directories 0700.
+Data files are pre-faulted memory: a slot's files are rewritten in place, so after the first
+two snapshots every write lands on pages tmpfs already holds (a new file's pages are allocated
+and zeroed on first touch, several times slower). While a reader of this store has the target
+slot's files open (`open_snapshot`: a peer being served, a checkpoint being copied), that
+slot's files are unlinked and created afresh instead, so the reader keeps its bytes. A reader
+in another process is not tracked: if it reads the older slot while it is being rewritten (it
+never does in the protocol: peers read during epoch set-up, when no writer runs), the torn file
+fails its checksum and counts as lost (SnapshotCorrupt), never as wrong bytes.
+
+Readers trust only manifests and verify every file: its length and checksum, named in the
+manifest as `algorithm:hexdigest` (xxh3 by default, about 9x crc32's speed here; crc32, the
+default of older snapshots, and blake2b stay readable; docs/benchmarks.md). The manifest
+itself carries a crc32 of its body. Nothing is pickled: raw bytes and JSON only. Files are
+mode 0600 and directories 0700.
 
 Not here: what goes into the files (`snapshots`), parity arithmetic (`parity`), writing one
 file durably (`durable_files`).
@@ -58,6 +68,7 @@ LOG = logging.getLogger(__name__)
 
 DEFAULT_BASE = Path("/dev/shm/planaria")
 SLOTS = ("slot-0", "slot-1")
+DEFAULT_CHECKSUM = "xxh3"
 MANIFEST = "manifest.json"
 # Buffers per writev call (well under IOV_MAX, 1024 on Linux).
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -181,11 +192,12 @@ class _Slot:
 class SnapshotStore:
     """A worker's two-slot snapshot directory. Thread-safe for one writer plus readers."""
 
-    def __init__(self, root: Path, *, checksum: str = "crc32") -> None:
+    def __init__(self, root: Path, *, checksum: str = DEFAULT_CHECKSUM) -> None:
         check_checksum_name(checksum)
         self.root = root
         self.checksum = checksum
         self._lock = threading.Lock()
+        self._readers: dict[str, int] = {}  # slot name -> open_snapshot readers now
         self._decoded: dict[str, tuple[bytes, manifests.Manifest]] = {}
         durable_files.make_private_dir(root)
         for slot in SLOTS:
@@ -203,26 +215,35 @@ class SnapshotStore:
             slots = self._slots()
             for slot in slots:
                 if slot.manifest is not None and slot.manifest.step >= step:
-                    self._invalidate(slot.path)
+                    self._invalidate(slot.path, keep_files=not self._readers.get(slot.path.name))
             slots = self._slots()
             target = min(slots, key=lambda s: -1 if s.manifest is None else s.manifest.step)
-            self._invalidate(target.path)
+            self._invalidate(target.path, keep_files=not self._readers.get(target.path.name))
             return target.path
 
     def write_file(self, directory: Path, name: str, chunks: Iterable[Any]) -> str:
-        """Write one data file of the ongoing snapshot; returns its checksum."""
-        return durable_files.write_private_file(directory / name, chunks, self.checksum)
+        """Write one data file of the ongoing snapshot (in place when it exists: `begin`
+        removed it if anyone here reads it); returns its checksum."""
+        path = directory / name
+        return durable_files.write_private_file(path, chunks, self.checksum, reuse=True)
 
     def commit(self, directory: Path, manifest: manifests.Manifest) -> None:
         """Make the snapshot in `directory` complete (see the module docstring)."""
+        named = {*manifest.file_names(), MANIFEST}
+        for path in directory.iterdir():
+            if path.name not in named:  # a layer this snapshot no longer holds
+                path.unlink()
         raw = commit_manifest(directory, manifest)
         self._decoded[directory.name] = (raw, manifest)
 
-    def _invalidate(self, directory: Path) -> None:
+    def _invalidate(self, directory: Path, *, keep_files: bool) -> None:
+        """Take the slot's snapshot away (its manifest), and its files unless `keep_files`
+        (then the next snapshot rewrites them in place: their pages stay faulted in)."""
         (directory / MANIFEST).unlink(missing_ok=True)
         durable_files.fsync_dir(directory)
         for path in directory.iterdir():
-            path.unlink()
+            if not keep_files or path.name.endswith(".tmp"):
+                path.unlink()
 
     # -- reading
 
@@ -261,11 +282,15 @@ class SnapshotStore:
                 for handle in handles.values():
                     handle.close()
                 raise SnapshotCorrupt(f"{slot.path}: a file named by the manifest is gone") from exc
+            name = slot.path.name
+            self._readers[name] = self._readers.get(name, 0) + 1  # begin() keeps off its files
         try:
             yield OpenSnapshot(manifest=slot.manifest, handles=handles, where=str(slot.path))
         finally:
             for handle in handles.values():
                 handle.close()
+            with self._lock:
+                self._readers[name] -= 1
 
     def read_layer(self, step: int, layer: int) -> dict[str, parity.Bytes]:
         """The verified files of `layer` in the snapshot of `step`, by file name."""
@@ -273,9 +298,12 @@ class SnapshotStore:
             entry = snapshot.manifest.layer(layer)
             return {f.file: snapshot.read(f) for f in entry.files}
 
-    def state(self, *, in_progress: bool = False) -> messages.SnapshotState:
-        """What the heartbeat reports: latest complete step and the bytes it holds here."""
-        found = self.complete_manifests()
+    def state(
+        self, *, in_progress: bool = False, at_most: int | None = None
+    ) -> messages.SnapshotState:
+        """What the heartbeat reports: the latest complete step (at or before `at_most` when
+        given) and the bytes it holds here."""
+        found = [m for m in self.complete_manifests() if at_most is None or m.step <= at_most]
         if not found:
             return messages.SnapshotState(in_progress=in_progress)
         latest = found[0]

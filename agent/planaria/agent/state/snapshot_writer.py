@@ -1,4 +1,4 @@
-"""The asynchronous snapshot writer: copies live layer state into the store in the background.
+"""The asynchronous snapshot writer: stages live layer state, then writes it in the background.
 
 THE CONTRACT WITH THE EXECUTOR (REFT §4.1: the snapshot overlaps training):
 
@@ -6,25 +6,35 @@ THE CONTRACT WITH THE EXECUTOR (REFT §4.1: the snapshot overlaps training):
     [RECOMPUTE only] writer.recompute_step(t, layers and their gradients)   before the update
     OptimizerStep of step t
     writer.begin(step=t, ...)        right after: parameters and optimizer state are now stable
-    ... forward/backward/all-reduce of step t+1 run while the snapshot is written ...
-    writer.wait(timeout_s)           before the OptimizerStep of step t+1 changes them
+    ... forward/backward/all-reduce of step t+1 run while the snapshot is staged and written ...
+    writer.release(timeout_s)        before the next update (and its recompute_step) changes them
     OptimizerStep of step t+1
+    ... the checksums and writes of snapshot t may still run here, from the staging buffers ...
+    writer.poll() / writer.wait()    its manifest once it is complete
 
-`begin` takes the live tensors by reference (`snapshots.live_layer_state`), so the training
-thread pays no copy: a background thread reads the tensors, computes the redundancy, writes
-and fsyncs the files and commits the manifest (`snapshot_store`). Forward and backward only read
-parameters and write gradients, so the bytes cannot change before `wait`. `begin` does nothing
-on steps that are not a multiple of `interval_steps`; steps count committed optimizer steps
-from 1 (after the reference trainer's `step(i)` it is i + 1).
+`begin` takes the live tensors by reference (`snapshots.live_layer_state`) and launches their
+copy into preallocated staging buffers (`staging`: a plain copy on a CPU, pinned buffers and a
+side stream on a GPU). A background thread completes the copy (and, RECOMPUTE, takes the
+replica's moments), which is all that reads the live state: `release` waits for exactly that.
+The same thread then computes the redundancy and the checksums from the staging buffers,
+writes the files and commits the manifest (`snapshot_store`); only then is the snapshot
+complete: `poll`/`wait` return its manifest and the store reports its step, never before.
 
-Errors: SnapshotTimeout from `wait` when the snapshot is not done in time (it keeps running;
-wait again), SnapshotWriteError when the background write failed, SnapshotConfigError for bad
+One snapshot at a time: while one is being written, `busy` is true and `begin` refuses; the
+caller skips the step instead of blocking training (`epoch_writers` stretches the interval and
+reports the achieved one). `begin` does nothing on steps that are not a multiple of
+`interval_steps`; steps count committed optimizer steps from 1 (after the reference trainer's
+`step(i)` it is i + 1).
+
+Errors: SnapshotTimeout from `release`/`wait` when not done in time (the work goes on; wait
+again), SnapshotWriteError when the background work failed, SnapshotConfigError for bad
 settings or a begin that breaks the contract.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,15 +70,24 @@ class WriterConfig:
 
 
 class SnapshotWriter:
-    """Writes a worker's snapshots into `store` on one background thread."""
+    """Writes a worker's snapshots into `store` on one background thread, staging them with
+    `copier` (default: the CPU's)."""
 
-    def __init__(self, store: snapshot_store.SnapshotStore, config: WriterConfig) -> None:
+    def __init__(
+        self,
+        store: snapshot_store.SnapshotStore,
+        config: WriterConfig,
+        copier: staging.Copier | None = None,
+    ) -> None:
         self.store = store
         self.config = config
         self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="snapshot")
         self._future: concurrent.futures.Future[manifests.Manifest] | None = None
+        self._ticket: staging.Ticket | None = None
+        self._released = threading.Event()
+        self._released.set()
         self._parity_buffers: dict[int, parity.Bytes] = {}
-        self._staging = staging.Staging()
+        self._staging = staging.Staging(copier)
         self._replicas: dict[int, recompute.OptimizerReplica] = {}
 
     def due(self, step: int) -> bool:
@@ -79,23 +98,53 @@ class SnapshotWriter:
     def in_progress(self) -> bool:
         return self._future is not None and not self._future.done()
 
+    @property
+    def busy(self) -> bool:
+        """Whether a snapshot is begun and not yet collected by `poll` or `wait`."""
+        return self._future is not None
+
     def begin(
         self, *, step: int, epoch: int, states: Sequence[model.LayerState], groups: Groups
     ) -> bool:
-        """Start the snapshot of `step` in the background; False when the step is not due.
+        """Launch the copy of `step`'s state and its write in the background; False when the
+        step is not due.
 
-        `states` are this worker's layers (live references are fine, see the module
-        docstring) and `groups` every layer's sharding group (`snapshots.sharding_groups`).
+        `states` are this worker's layers (live references, see the module docstring) and
+        `groups` every layer's sharding group (`snapshots.sharding_groups`). Refused
+        (SnapshotConfigError) while the previous snapshot is `busy`.
         """
         if self._future is not None:
             raise snapshot_store.SnapshotConfigError(
-                "a snapshot is still pending; call wait() before begin() (see the contract)"
+                "a snapshot is still pending; poll() or wait() before begin() (see the contract)"
             )
         if not self.due(step):
             return False
         jobs = [self._layer_job(state, groups, step) for state in states]
-        self._future = self._pool.submit(self._write, step, epoch, jobs)
+        self._ticket = ticket = self._staging.copier.launch([job.prepared.copy for job in jobs])
+        self._released = released = threading.Event()
+        self._future = self._pool.submit(self._write, step, epoch, jobs, ticket, released)
         return True
+
+    def release(self, timeout_s: float | None = None) -> None:
+        """Return once nothing of the pending snapshot reads the live tensors (or the RECOMPUTE
+        replicas) any more: the next optimizer step may change them. SnapshotTimeout after
+        `timeout_s` (the copy goes on)."""
+        ticket = self._ticket
+        if ticket is None:
+            return
+        ticket.release()
+        recomputing = self.config.redundancy is messages.RedundancyMode.RECOMPUTE
+        if (ticket.host_waits or recomputing) and not self._released.wait(timeout_s):
+            raise snapshot_store.SnapshotTimeout(f"snapshot not staged after {timeout_s} s")
+        self._ticket = None
+
+    def poll(self) -> manifests.Manifest | None:
+        """The pending snapshot's manifest once it is complete (collecting it), else None.
+        SnapshotWriteError when it failed."""
+        future = self._future
+        if future is None or not future.done():
+            return None
+        return self.wait()
 
     def wait(self, timeout_s: float | None = None) -> manifests.Manifest | None:
         """Block until the pending snapshot is complete; its manifest, or None if none was
@@ -111,9 +160,9 @@ class SnapshotWriter:
                 f"snapshot not complete after {timeout_s} s"
             ) from exc
         except Exception as exc:  # a background-thread failure, re-raised to the caller
-            self._future = None
+            self._future = self._ticket = None
             raise snapshot_store.SnapshotWriteError(f"writing the snapshot failed: {exc}") from exc
-        self._future = None
+        self._future = self._ticket = None
         return manifest
 
     def state(self) -> messages.SnapshotState:
@@ -187,12 +236,30 @@ class SnapshotWriter:
                     f"layer {state.index}: the recompute replica is not at step {step}; call "
                     "recompute_step before every optimizer step"
                 )
-        return _LayerJob(state=state, group=group, replica=replica)
+        member = group.index(self.config.worker)
+        wanted = self._wanted(state.nbytes, member, len(group))
+        prepared = self._staging.prepare(state, wanted)
+        return _LayerJob(index=state.index, group=group, replica=replica, prepared=prepared)
 
-    def _write(self, step: int, epoch: int, jobs: Sequence[_LayerJob]) -> manifests.Manifest:
+    def _write(
+        self,
+        step: int,
+        epoch: int,
+        jobs: Sequence[_LayerJob],
+        ticket: staging.Ticket,
+        released: threading.Event,
+    ) -> manifests.Manifest:
+        try:  # the only part that reads the live state (and the replicas)
+            ticket.complete()
+            staged = [self._staged(job) for job in jobs]
+        finally:
+            released.set()
         directory = self.store.begin(step)
-        entries = tuple(self._write_layer(directory, job) for job in jobs)
-        self._staging.keep_only({job.state.index for job in jobs})
+        entries = tuple(
+            self._write_layer(directory, job, data, copy)
+            for job, (data, copy) in zip(jobs, staged, strict=True)
+        )
+        self._staging.keep_only({job.index for job in jobs})
         mode = self.config.redundancy
         unprotected = [e.layer for e in entries if e.tolerated_losses == 0]
         note = "" if not unprotected else f"layers {unprotected} survive no lost member"
@@ -208,21 +275,35 @@ class SnapshotWriter:
         self.store.commit(directory, manifest)
         return manifest
 
-    def _write_layer(self, directory: Path, job: _LayerJob) -> manifests.LayerEntry:
-        state, group = job.state, job.group
+    def _staged(self, job: _LayerJob) -> tuple[parity.FlatBytes, parity.FlatBytes]:
+        """The layer's staged bytes, and the bytes its COPY file is written from: the same,
+        except under RECOMPUTE, where the peer's shard takes the replica's moments (copied now,
+        before the next step's recompute_step updates them)."""
+        data = job.prepared.staged
+        if job.replica is None:
+            return data, data
+        m = len(job.group)
+        span = parity.shard_range(data.nbytes, m, (job.group.index(self.config.worker) + 1) % m)
+        copy = job.replica.overlay(data).copy(span.start, span.stop)
+        gap = staging.zeros(span.start), copy, staging.zeros(data.nbytes - span.stop)
+        return data, parity.FlatBytes(gap)
+
+    def _write_layer(
+        self, directory: Path, job: _LayerJob, data: parity.FlatBytes, copy: parity.FlatBytes
+    ) -> manifests.LayerEntry:
+        group = job.group
         member, m = group.index(self.config.worker), len(group)
-        layout, data = self._staging.stage(state, self._wanted(state.nbytes, member, m))
         files = [self._write_range(directory, job, data, member, manifests.FileKind.SHARD)]
         tolerated = snapshots.tolerated_losses(self.config.redundancy, m)
         if tolerated:
-            files.append(self._write_redundancy(directory, job, data, member))
+            files.append(self._write_redundancy(directory, job, data, copy, member))
         return manifests.LayerEntry(
-            layer=state.index,
-            names=state.names,
+            layer=job.index,
+            names=job.prepared.names,
             group=tuple(int(w) for w in group),
             member=member,
             total_bytes=data.nbytes,
-            tensors=layout,
+            tensors=job.prepared.layout,
             files=tuple(files),
             tolerated_losses=tolerated,
         )
@@ -239,14 +320,17 @@ class SnapshotWriter:
         return [*wanted, parity.shard_range(total_bytes, m, (member + 1) % m)]
 
     def _write_redundancy(
-        self, directory: Path, job: _LayerJob, data: parity.FlatBytes, member: int
+        self,
+        directory: Path,
+        job: _LayerJob,
+        data: parity.FlatBytes,
+        copy: parity.FlatBytes,
+        member: int,
     ) -> manifests.StoredFile:
         m = len(job.group)
         if self.config.redundancy is messages.RedundancyMode.XOR:
-            return self._write_parity(directory, job.state.index, data, member, m)
-        if job.replica is not None:  # RECOMPUTE: moments of the peer's shard from the replica
-            data = job.replica.overlay(data)
-        return self._write_range(directory, job, data, (member + 1) % m, manifests.FileKind.COPY)
+            return self._write_parity(directory, job.index, data, member, m)
+        return self._write_range(directory, job, copy, (member + 1) % m, manifests.FileKind.COPY)
 
     def _write_range(
         self,
@@ -258,7 +342,7 @@ class SnapshotWriter:
     ) -> manifests.StoredFile:
         """Write member `owner`'s shard of `data` (as this member's SHARD or as a COPY)."""
         span = parity.shard_range(data.nbytes, len(job.group), owner)
-        name = f"layer-{job.state.index}.{kind.value}"
+        name = f"layer-{job.index}.{kind.value}"
         checksum = self.store.write_file(directory, name, data.views(span.start, span.stop))
         return manifests.StoredFile(
             kind=kind, file=name, member=owner, start=span.start, stop=span.stop, checksum=checksum
@@ -286,8 +370,10 @@ class SnapshotWriter:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class _LayerJob:
-    """One layer to snapshot: its (live) state, its group and, for RECOMPUTE, its replica."""
+    """One layer to snapshot: its index, its group, for RECOMPUTE its replica, and its staging
+    (the copy plan from the live tensors and the staged bytes)."""
 
-    state: model.LayerState
+    index: int
     group: tuple[plans.WorkerId, ...]
     replica: recompute.OptimizerReplica | None
+    prepared: staging.Prepared

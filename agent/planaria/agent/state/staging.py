@@ -1,74 +1,183 @@
-"""Host staging of live layer state for the snapshot writer: one bulk copy per layer.
+"""Host staging of live layer state: the copy that frees the live tensors (REFT §4.1).
 
-The writer runs on a background thread of the training process, so every Python operation it
-performs holds the GIL against the training thread; per-tensor work (a view, a checksum call, a
-write call for each of hundreds of small tensors) measurably slows training. Staging replaces
-it with one `torch.cat` per layer (a single call that releases the GIL for the whole copy) of
-the small tensors' parts of the byte ranges this member writes (its shard, and the copy or the
-parity's pieces) into a preallocated host buffer, so checksums and writes see a few large
-buffers: consecutive small pieces become one run of the buffer, and pieces of large tensors
-are read in place (copying them would only add a memory pass).
+A snapshot reads the parameters and AdamW state that the next optimizer step overwrites, so
+the training thread must not run that step while anything still reads them. Staging reduces
+"anything" to one bulk copy per layer into a host buffer allocated once and reused: once the
+copy is done the live tensors are free, and the checksums and store writes (slow: they run at
+memory and tmpfs speed) read the staging buffer while training goes on.
 
-The views that feed the copy are built once and reused while the layer's tensors stay put:
-parameters and AdamW state are updated in place, so their storage does not move between
-steps (a cached view also keeps its tensor alive, so no other tensor can take its address).
-A layer is prepared afresh when a tensor's address, dtype or shape, or the wanted ranges,
-change. Tensors that are not contiguous CPU tensors (e.g. on a GPU) are copied to the host on
-every snapshot instead and nothing is cached for them.
+Only the bytes this member writes are staged (its shard, and the copy or the parity's pieces:
+the wanted ranges); the rest of the flattened state is never read by the writer and reads as
+zeros here. The source views are built once and reused while the layer's tensors stay put:
+parameters and AdamW state are updated in place, so their storage does not move between steps
+(a cached view also keeps its tensor alive, so no other tensor can take its address). A layer
+is prepared afresh when a tensor's address, dtype, shape or contiguity, or the wanted ranges,
+change; a non-contiguous tensor is prepared afresh every time (its flat view is a copy).
 
-Not thread-safe: the one writer thread uses it.
+The device abstraction (`Copier`, one per device kind; `copier_for`):
+
+    CpuCopier   a plain `torch.cat` per layer into the staging buffer (one call that releases
+                the GIL for the whole copy), run by the writer thread; the training thread's
+                `release` waits until it is done.
+    CudaCopier  pinned host buffers (allocated once, reused); the copies are enqueued by the
+                training thread on a side stream that first waits on an event recorded on the
+                compute stream right after the optimizer step, and end with a second event;
+                `release` makes the compute stream wait on that event (the host does not
+                block), and the writer thread synchronizes on it before reading the buffer.
+
+Not thread-safe: the training thread prepares and launches, the writer thread completes, and
+the writer never launches a snapshot while the previous one is being written.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
+import numpy as np
 import torch
 
 from planaria.agent.state import manifests, parity, snapshots
 from planaria.agent.training import model
 
-# Pieces of tensors smaller than this are gathered into the staging buffer; larger ones are
-# written straight from the tensor (one write and one checksum call each is cheap for them).
-STAGE_BELOW_BYTES = 64 * 1024
+
+class Ticket(Protocol):
+    """One launched copy of several layers into their staging buffers."""
+
+    # Whether `release` must wait on the host until `complete` ran (CPU: the copy runs there).
+    host_waits: bool
+
+    def complete(self) -> None:
+        """Writer thread: return once every staged byte is in its host buffer."""
+
+    def release(self) -> None:
+        """Training thread, before the next optimizer step: order it after the copy."""
+
+
+class Copier(Protocol):
+    """Allocates staging buffers and copies live tensors into them, for one device kind."""
+
+    def buffer(self, nbytes: int) -> torch.Tensor:
+        """A host uint8 buffer of `nbytes`, kept for as long as the layer's layout holds."""
+
+    def launch(self, copies: Sequence[tuple[Sequence[torch.Tensor], torch.Tensor]]) -> Ticket:
+        """Training thread, right after the optimizer step: copy each group of uint8 sources,
+        back to back, into its buffer."""
+
+
+class _CpuTicket:
+    host_waits = True
+
+    def __init__(self, copies: Sequence[tuple[Sequence[torch.Tensor], torch.Tensor]]) -> None:
+        self._copies = copies
+
+    def complete(self) -> None:
+        for sources, buffer in self._copies:
+            if sources:
+                torch.cat(tuple(sources), out=buffer)
+
+    def release(self) -> None:
+        """Nothing to order on a CPU: the writer signals the end of the copy itself."""
+
+
+class CpuCopier:
+    """Preallocated pageable buffers, copied into by the writer thread."""
+
+    def buffer(self, nbytes: int) -> torch.Tensor:
+        return torch.empty(nbytes, dtype=torch.uint8)
+
+    def launch(self, copies: Sequence[tuple[Sequence[torch.Tensor], torch.Tensor]]) -> Ticket:
+        return _CpuTicket(copies)
+
+
+class _CudaTicket:
+    host_waits = False
+
+    def __init__(self, done: torch.cuda.Event) -> None:
+        self._done = done
+
+    def complete(self) -> None:
+        self._done.synchronize()
+
+    def release(self) -> None:
+        torch.cuda.current_stream().wait_event(self._done)
+
+
+class CudaCopier:
+    """Pinned buffers and a side stream ordered by events (module docstring)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self._stream = torch.cuda.Stream(device=device)  # type: ignore[no-untyped-call]
+
+    def buffer(self, nbytes: int) -> torch.Tensor:
+        return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+
+    def launch(self, copies: Sequence[tuple[Sequence[torch.Tensor], torch.Tensor]]) -> Ticket:
+        stepped = torch.cuda.Event()  # type: ignore[no-untyped-call]
+        stepped.record(torch.cuda.current_stream(self.device))  # after the optimizer step
+        done = torch.cuda.Event()  # type: ignore[no-untyped-call]
+        with torch.cuda.stream(self._stream):
+            self._stream.wait_event(stepped)
+            for sources, buffer in copies:
+                position = 0
+                for source in sources:
+                    end = position + source.numel()
+                    buffer[position:end].copy_(source, non_blocking=True)
+                    position = end
+            done.record(self._stream)
+        return _CudaTicket(done)
+
+
+def copier_for(device: torch.device) -> Copier:
+    """The copier for tensors on `device` (CUDA: pinned buffers and a side stream)."""
+    if device.type == "cuda":
+        return CudaCopier(device)
+    return CpuCopier()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class _Prepared:
-    """A layer's layout, the views its wanted ranges are gathered from, the staging buffer,
-    and the flattened bytes to read from (staged in the wanted ranges, live elsewhere)."""
+class Prepared:
+    """A layer's layout, the uint8 views its wanted ranges are copied from, the staging buffer
+    and the flattened bytes the writer reads (the buffer in the wanted ranges)."""
 
     key: object
+    names: tuple[str, ...]
     ranges: tuple[range, ...]
     layout: tuple[manifests.TensorLayout, ...]
-    gather: tuple[torch.Tensor, ...]
+    sources: tuple[torch.Tensor, ...]
     buffer: torch.Tensor
     staged: parity.FlatBytes
 
-    def refresh(self) -> None:
-        if self.gather:
-            torch.cat(self.gather, out=self.buffer)
+    @property
+    def copy(self) -> tuple[Sequence[torch.Tensor], torch.Tensor]:
+        return self.sources, self.buffer
 
 
 class Staging:
-    """Per-layer staging buffers of one writer."""
+    """Per-layer staging buffers of one writer, on one device's copier."""
 
-    def __init__(self) -> None:
-        self._layers: dict[int, _Prepared] = {}
+    def __init__(self, copier: Copier | None = None) -> None:
+        self.copier: Copier = copier if copier is not None else CpuCopier()
+        self._layers: dict[int, Prepared] = {}
+
+    def prepare(self, state: model.LayerState, ranges: Sequence[range]) -> Prepared:
+        """The (cached) copy plan of bytes `ranges` of `state`'s flattened bytes."""
+        key, wanted = _identity(state), merge(ranges)
+        prepared = self._layers.get(state.index)
+        if key is None or prepared is None or prepared.key != key or prepared.ranges != wanted:
+            buffer = None if prepared is None else prepared.buffer
+            prepared = self._layers[state.index] = _prepare(state, key, wanted, self, buffer)
+        return prepared
 
     def stage(
         self, state: model.LayerState, ranges: Sequence[range]
     ) -> tuple[tuple[manifests.TensorLayout, ...], parity.FlatBytes]:
-        """Copy bytes `ranges` of `state`'s flattened bytes to the host buffer; returns the
-        layout and flattened bytes in which those ranges read from the copy."""
-        key, wanted = _identity(state), merge(ranges)
-        if key is None:  # fresh host copies already; nothing to cache
-            return snapshots.tensor_layout(state), snapshots.flat_bytes(state)
-        prepared = self._layers.get(state.index)
-        if prepared is None or prepared.key != key or prepared.ranges != wanted:
-            prepared = self._layers[state.index] = _prepare(state, key, wanted)
-        prepared.refresh()
+        """Prepare, copy and wait, in one call: the layout and the flattened bytes in which
+        `ranges` read from the staged copy."""
+        prepared = self.prepare(state, ranges)
+        self.copier.launch([prepared.copy]).complete()
         return prepared.layout, prepared.staged
 
     def keep_only(self, layers: set[int]) -> None:
@@ -91,49 +200,66 @@ def merge(ranges: Sequence[range]) -> tuple[range, ...]:
 def _identity(state: model.LayerState) -> object | None:
     """What must not change for cached views to stay valid; None when caching is unsafe."""
     tensors = state.tensors()
-    if not all(t.device.type == "cpu" and t.is_contiguous() for t in tensors):
+    if not all(t.is_contiguous() for t in tensors):
         return None
-    return (state.names, tuple((t.data_ptr(), t.dtype, t.shape) for t in tensors))
+    return (state.names, tuple((t.device, t.data_ptr(), t.dtype, t.shape) for t in tensors))
 
 
-def _prepare(state: model.LayerState, key: object, wanted: tuple[range, ...]) -> _Prepared:
-    """Plan the copy: runs of small pieces of the wanted ranges go to consecutive places in the
-    buffer (one segment each), large pieces are read in place (copying them would only add
-    a memory pass); everything outside the wanted ranges reads the live bytes."""
-    live = snapshots.flat_bytes(state)  # zero-copy views of the contiguous CPU tensors
-    small: list[parity.Bytes] = []
-    plan: list[parity.Bytes | int] = []  # a live view, or the byte count of a staged run
-    cursor = 0
+def _flat(tensor: torch.Tensor) -> torch.Tensor:
+    """A tensor's bytes as a flat uint8 tensor on its device (a view when contiguous)."""
+    if tensor.numel() == 0:
+        return torch.empty(0, dtype=torch.uint8, device=tensor.device)
+    return tensor.detach().reshape(-1).view(torch.uint8)
+
+
+def _prepare(
+    state: model.LayerState,
+    key: object,
+    wanted: tuple[range, ...],
+    owner: Staging,
+    old: torch.Tensor | None,
+) -> Prepared:
+    """Plan the copy of the wanted ranges, back to back, into the buffer (reusing `old` when
+    it has the size); outside them the flattened bytes read as zeros (never read)."""
+    flats = [_flat(t) for t in state.tensors()]
+    starts = np.cumsum([0] + [f.numel() for f in flats])
+    sources: list[torch.Tensor] = []
     for r in wanted:
-        plan.extend(live.views(cursor, r.start))
-        for view in live.views(r.start, r.stop):
-            if view.size >= STAGE_BELOW_BYTES:
-                plan.append(view)
-            elif plan and isinstance(plan[-1], int):
-                plan[-1] += view.size
-                small.append(view)
-            else:
-                plan.append(view.size)
-                small.append(view)
-        cursor = r.stop
-    plan.extend(live.views(cursor, live.nbytes))
-    buffer = torch.empty(sum(v.size for v in small), dtype=torch.uint8)
-    return _Prepared(
+        first = int(np.searchsorted(starts, r.start, side="right")) - 1
+        for index in range(first, len(flats)):
+            base = int(starts[index])
+            if base >= r.stop:
+                break
+            low, high = max(r.start - base, 0), min(r.stop - base, flats[index].numel())
+            if high > low:
+                sources.append(flats[index][low:high])
+    size = sum(len(r) for r in wanted)
+    buffer = old if old is not None and old.numel() == size else owner.copier.buffer(size)
+    return Prepared(
         key=key,
+        names=state.names,
         ranges=wanted,
         layout=snapshots.tensor_layout(state),
-        gather=tuple(torch.from_numpy(v) for v in small),
+        sources=tuple(sources),
         buffer=buffer,
-        staged=parity.FlatBytes(_segments(plan, buffer.numpy())),
+        staged=parity.FlatBytes(_segments(wanted, int(starts[-1]), buffer.numpy())),
     )
 
 
-def _segments(plan: list[parity.Bytes | int], staged: parity.Bytes) -> list[parity.Bytes]:
-    segments, position = [], 0
-    for item in plan:
-        if isinstance(item, int):
-            segments.append(staged[position : position + item])
-            position += item
-        else:
-            segments.append(item)
+def _segments(wanted: tuple[range, ...], total: int, staged: parity.Bytes) -> list[parity.Bytes]:
+    """The flattened bytes: the staged runs in the wanted ranges, zeros (no memory) between."""
+    segments: list[parity.Bytes] = []
+    cursor = position = 0
+    for r in wanted:
+        segments.append(zeros(r.start - cursor))
+        segments.append(staged[position : position + len(r)])
+        position += len(r)
+        cursor = r.stop
+    segments.append(zeros(total - cursor))
     return segments
+
+
+def zeros(n: int) -> parity.Bytes:
+    """`n` zero bytes that take no memory (read-only): the bytes a writer never reads."""
+    zeros: parity.Bytes = np.broadcast_to(np.zeros(1, dtype=np.uint8), (n,))
+    return zeros
