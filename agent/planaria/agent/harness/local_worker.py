@@ -166,6 +166,11 @@ class _Runner:
             for step in command.steps:
                 result = runner.run_step(step, before=hook)
                 self.reports.send(StepDone(step=step, loss=result.loss, step_s=result.step_s))
+        except failures.StepError:
+            # as the runtime does: end every peer's wait on this worker at once, so a peer
+            # whose idle connection to the dead one gloo never failed learns of it from us
+            epoch.release()
+            raise
         finally:
             groups.leave_epoch(epoch)
 
