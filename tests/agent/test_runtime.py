@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import os
+import signal
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -560,3 +562,28 @@ def test_a_restarted_replica_rebuilds_from_its_shard_and_its_recomputed_copy(
     tiers = {w: b.setup.tier for w, b in beats.items() if b.setup is not None}
     assert tiers == {0: Tier.LOCAL_SNAPSHOT, 1: Tier.LOCAL_SNAPSHOT}  # 0 rolls back too
     _assert_like_reference("job", cluster.base, p, settings, 5)
+
+
+def test_a_stop_past_its_grace_releases_a_step_blocked_on_a_hung_peer(
+    cluster: runtime_cluster.RuntimeCluster, corpus: Path
+) -> None:
+    """Worker 0's step waits point to point on worker 1, which hangs (SIGSTOP). A Stop whose
+    grace ran out (close: grace 0) releases the epoch's transport (`Training.abandon`), so the
+    step ends as abandoned at once instead of by the epoch's timeout (the error text tells
+    which: gloo's timeout says "Timed out waiting")."""
+    settings = _settings(corpus)
+    p = _plan(([(0, 3, 0), (3, 6, 1)], 4))
+    cluster.start([0, 1])
+    _start_epoch(cluster, p, settings, epoch=1, resume=0, stop=10_000)
+    cluster.wait([0, 1], lambda beat: beat.last_committed_step >= 2)
+    hung = cluster._processes[1]
+    os.kill(hung.pid, signal.SIGSTOP)
+    try:
+        beat = cluster.ask(0, "stop")  # Runtime.close
+    finally:
+        os.kill(hung.pid, signal.SIGKILL)
+        cluster.wait_dead(1)
+    assert beat.state is State.STOPPED
+    texts = [e.message for e in beat.errors]
+    assert texts and all("this wait was abandoned" in t for t in texts), texts
+    assert not any("Timed out" in t for t in texts), texts

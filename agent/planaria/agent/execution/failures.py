@@ -121,7 +121,7 @@ class Waits:
         try:
             work = post()
         except RuntimeError as exc:
-            raise CommFailure(exc, peer, 0.0) from exc
+            raise self._failure(exc, peer, 0.0) from exc
         assert work is not None, "every rank of the epoch is a member of the world group"
         return work
 
@@ -137,15 +137,19 @@ class Waits:
             else:
                 self._poll(work, started)
         except RuntimeError as exc:
-            waited = time.monotonic() - started
-            if self.abandoned is not None and self.abandoned():
-                abandoned = RuntimeError(f"{self._abandoned_text()} ({exc})")
-                raise CommFailure(abandoned, peer, waited) from exc
-            raise CommFailure(exc, peer, waited) from exc
+            raise self._failure(exc, peer, time.monotonic() - started) from exc
+
+    def _failure(self, exc: RuntimeError, peer: plan.WorkerId | None, waited: float) -> CommFailure:
+        """`exc` as a CommFailure; one caused by this epoch's release (it failed elsewhere, or
+        a Stop gave the step up) says so."""
+        if self.abandoned is not None and self.abandoned():
+            return CommFailure(RuntimeError(f"{self._abandoned_text()} ({exc})"), peer, waited)
+        return CommFailure(exc, peer, waited)
 
     def _abandoned_text(self) -> str:
         return (
-            f"another worker of epoch {self.epoch.number} failed its step; this wait was abandoned"
+            f"epoch {self.epoch.number} was given up (a worker's step failed, or this worker was "
+            "stopped); this wait was abandoned"
         )
 
     def _poll(self, work: dist.Work, started: float) -> None:

@@ -169,8 +169,8 @@ class Runtime:
 
     def stop(self, grace_s: float) -> messages.Acknowledgement:
         """End the loop at the next step boundary, leave the epoch and close the writers; then
-        state STOPPED. A step still in flight after `grace_s` gives up its collectives (its
-        point-to-point waits end within the epoch's timeout)."""
+        state STOPPED. A step still in flight after `grace_s` gives up: its collectives and
+        point-to-point waits end at once (`Training.abandon`), and so do its peers'."""
         with self._cond:
             self._stop = True
             if self._thread is None:
@@ -185,7 +185,7 @@ class Runtime:
 
     def _abandon(self) -> None:
         if not self._stopped.is_set():
-            self._training.abandon_requested = True
+            self._training.abandon()
 
     def take_snapshot(self, epoch: int) -> messages.Acknowledgement:
         """Snapshot the committed step at the next boundary, whatever the interval."""

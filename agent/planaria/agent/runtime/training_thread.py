@@ -117,6 +117,15 @@ class Training:
         # Set from another thread (a Stop's grace ran out): the step's collectives give up.
         self.abandon_requested = False
 
+    def abandon(self) -> None:
+        """Give up the step in flight (from another thread: a Stop's grace ran out): its
+        polled collectives stop, and releasing the epoch's transport ends its point-to-point
+        waits and its peers' waits on it at once."""
+        self.abandon_requested = True
+        epoch = self.epoch
+        if epoch is not None:
+            epoch.release()
+
     @property
     def step(self) -> int:
         return self.holding.step
