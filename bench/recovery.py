@@ -87,13 +87,7 @@ PIPELINE_MEMORY = 0.6  # of the model's training state, per worker, in the pipel
 def _model_bytes() -> int:
     """The tiny model's training state at micro-batch 1 as the profiler counts it."""
     measured = profiler.measure_profile(shapes.named("tiny"), 1, warmup=0, repeats=1)
-    return sum(
-        layer.parameter_bytes
-        + layer.gradient_bytes
-        + layer.optimizer_bytes
-        + layer.activation_bytes
-        for layer in measured.layers
-    )
+    return sum(layer.state_bytes + layer.activation_bytes for layer in measured.layers)
 
 
 class _Planaria:

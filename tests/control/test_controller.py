@@ -62,13 +62,7 @@ async def test_without_a_profile_the_controller_asks_an_agent() -> None:
 
 async def test_the_jobs_device_memory_caps_the_profile_the_planner_uses() -> None:
     measured = scenarios.small_profile()
-    need = sum(
-        layer.parameter_bytes
-        + layer.gradient_bytes
-        + layer.optimizer_bytes
-        + layer.activation_bytes
-        for layer in measured.layers
-    )
+    need = sum(layer.state_bytes + layer.activation_bytes for layer in measured.layers)
     cap = int(need * 0.6)  # the whole model no longer fits one worker
     job = scenarios.job(steps=10, profile=None, device_memory_bytes=cap)
     run = scenarios.Run(job, profile=measured)

@@ -148,11 +148,5 @@ def pipelined_profile(micro_batch_size: int) -> profile.Profile:
     """The tiny model's measured profile with a device too small for the whole model on one
     worker (85 % of its layers' memory), so every pipeline of a plan has 2 or more stages."""
     measured = profiler.measure_profile(shapes.named("tiny"), micro_batch_size, warmup=0, repeats=1)
-    need = sum(
-        layer.parameter_bytes
-        + layer.gradient_bytes
-        + layer.optimizer_bytes
-        + layer.activation_bytes
-        for layer in measured.layers
-    )
+    need = sum(layer.state_bytes + layer.activation_bytes for layer in measured.layers)
     return dataclasses.replace(measured, memory_bytes=int(need * 0.85))

@@ -33,15 +33,16 @@ def failure_keys(world_size: int) -> tuple[str, ...]:
 
 
 class Store(Protocol):
-    """What `flag_failed` needs of a torch store (c10d.Store's signature)."""
+    """What `flag_failed` needs of a torch store (c10d.Store's `set`; its `multi_set`, one
+    round trip for every key, is missing from torch's stubs)."""
 
     def set(self, key: str, value: str) -> None: ...
 
 
 def flag_failed(store: Store, world_size: int, by: str) -> None:
     """Set the failure keys of an epoch of `world_size` ranks in `store` (prefixed with the
-    epoch's key prefix) as `by`, FAILED_KEY first; nothing once the store is gone (torch's
+    epoch's key prefix) as `by`, in one request; nothing once the store is gone (torch's
     RuntimeError)."""
+    keys = list(failure_keys(world_size))
     with contextlib.suppress(RuntimeError):
-        for key in failure_keys(world_size):
-            store.set(key, by)
+        getattr(store, "multi_set")(keys, [by] * len(keys))  # noqa: B009 (see Store)
