@@ -25,7 +25,7 @@ from tests import hf_data
 from tests.chaos import processes
 
 BOUND_S = 240.0
-STEPS = 6
+STEPS = 30  # the injected kill at step 3 lands and is seen long before the last step
 JOB = """\
 workers: 2
 steps: {steps}
