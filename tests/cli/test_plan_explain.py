@@ -2,7 +2,8 @@
 
 Covers: the text report ends with the recovery policy's reason (the choice, eq. 8's numbers, the
 ranking with rerouting and the reinstantiations as given candidates, the window); a short MTBF
-keeps rerouting and a long one re-plans (a profile where that differs); --json gains a
+keeps rerouting and a long one re-plans (a profile where that differs), and so do a few
+--steps-left against many; --json gains a
 `recoveryPolicy` member with the documented fields, consistent with the planner; without
 --explain the output has no policy part; bad --explain/--mtbf combinations are one line on
 stderr with exit status 2 and no traceback.
@@ -58,6 +59,7 @@ def test_json_gains_a_documented_recovery_policy_member(
     member = document["recoveryPolicy"]
     assert set(member) == {
         "timeToFailureS",
+        "stepsLeft",
         "choice",
         "ranked",
         "breakEvenS",
@@ -66,6 +68,7 @@ def test_json_gains_a_documented_recovery_policy_member(
         "plan",
     }
     assert member["timeToFailureS"] == 600.0
+    assert member["stepsLeft"] is None
     top = member["ranked"][0]
     assert set(top) == {
         "kind",
@@ -89,6 +92,22 @@ def test_json_gains_a_documented_recovery_policy_member(
     assert not used & dead
 
 
+def test_a_few_steps_left_keep_rerouting_where_a_long_job_replans(
+    profile_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    chosen = {}
+    for left in ("1", "100000000"):
+        argv = _args(profile_path, "--failed", "2", "--explain", "--mtbf", "1h")
+        assert main.main([*argv, "--steps-left", left, "--json"]) == 0
+        chosen[left] = json.loads(capsys.readouterr().out)["recoveryPolicy"]
+    assert chosen["1"]["choice"]["kind"] == "reroute" and chosen["1"]["stepsLeft"] == 1
+    assert chosen["100000000"]["choice"]["kind"] != "reroute"
+    assert chosen["100000000"]["stepsLeft"] is None  # the next failure comes first
+    argv = _args(profile_path, "--failed", "2", "--explain", "--mtbf", "1h")
+    assert main.main([*argv, "--steps-left", "1"]) == 0
+    assert "eq. 8 over the job's last 1 step(s)" in capsys.readouterr().out
+
+
 def test_without_explain_there_is_no_policy_part(
     profile_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -106,6 +125,9 @@ def test_without_explain_there_is_no_policy_part(
         (("--failed", "1", "--explain", "--mtbf", "-3"), "--mtbf must be a duration"),
         (("--failed", "1", "--explain", "--mtbf", "inf"), "--mtbf must be a duration"),
         (("--failed", "1", "--explain", "--mtbf", "0s"), "--mtbf must be > 0 seconds"),
+        (("--failed", "1", "--steps-left", "3"), "--steps-left is used only with --explain"),
+        (("--failed", "1", "--explain", "--mtbf", "1h", "--steps-left", "0"), "must be >= 1"),
+        (("--failed", "1", "--explain", "--mtbf", "1h", "--steps-left", "x"), "a whole number"),
     ],
     ids=[
         "explain without failed nodes",
@@ -115,6 +137,9 @@ def test_without_explain_there_is_no_policy_part(
         "a negative mtbf",
         "an infinite mtbf",
         "a zero mtbf",
+        "steps left without explain",
+        "zero steps left",
+        "steps left that are not a number",
     ],
 )
 def test_bad_explain_options_are_one_line_errors(

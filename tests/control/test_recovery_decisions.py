@@ -55,7 +55,11 @@ def _planner(policy_name: str = "adaptive") -> tuple[planning.Planner, plans.Pla
 
 
 def _decide(
-    found: failures.Assessment, *, policy_name: str = "adaptive", own_faults: bool = False
+    found: failures.Assessment,
+    *,
+    policy_name: str = "adaptive",
+    own_faults: bool = False,
+    steps_left: int = 1000,
 ) -> planning.Move | outcomes.Suspend:
     planner, running = _planner(policy_name)
     return recovery.decide(
@@ -66,6 +70,7 @@ def _decide(
         own_faults=own_faults,
         policy_name=policy_name,
         time_to_failure_s=3600.0,
+        steps_left=steps_left,
         lost="every worker of the plan is lost",
     )
 
@@ -104,6 +109,18 @@ def test_a_lost_worker_gets_the_policys_plan_without_it() -> None:
     decided = _decide(_found({3}), policy_name="dynamic")
     assert isinstance(decided, planning.Move) and decided.kind is status.MoveKind.DYNAMIC
     assert W(3) not in decided.plan.workers
+
+
+def test_the_adaptive_policy_reroutes_near_the_jobs_end_where_it_replans_earlier() -> None:
+    """Worker 1's stage: re-planning's faster step repays its transition over 1000 steps,
+    not over the last 3 (eq. 8 bounded by the steps left, docs/policy.md)."""
+    early = _decide(_found({1}), steps_left=1000)
+    late = _decide(_found({1}), steps_left=3)
+    assert isinstance(early, planning.Move) and isinstance(late, planning.Move)
+    assert early.kind is status.MoveKind.SYMMETRIC
+    assert late.kind is status.MoveKind.REROUTE and late.plan.reroutes
+    assert "the job's last 3 step(s) end before the next failure" in late.reason
+    assert "next best symmetric" in late.reason
 
 
 def test_without_a_policy_plan_the_templates_start_anew_over_the_survivors() -> None:

@@ -2,7 +2,10 @@
 
 Covers: eq. 8 value and its clamp (hand numbers); the break-even formula (hand numbers;
 hypothesis: both values agree at the tie and the order flips across it); the expected time to
-the next failure from an MTBF or an observed rate, and its errors. Scripted scenarios asserting
+the next failure from an MTBF or an observed rate, and its errors. The job's end bounding the
+state: eq. 8 over the remaining steps (hand numbers; hypothesis: it ranks by finishing time and
+the steps break-even is where those meet), rerouting chosen near the end where re-planning wins
+otherwise, flipping across the reported break-even. Scripted scenarios asserting
 on the decision and its reason: frequent failures with a small rerouting slowdown choose
 rerouting, with the window ending where a re-plan takes over; a long time to the next failure
 chooses re-planning, with rerouting winning below the window; the decision flips across the
@@ -88,6 +91,81 @@ def test_time_to_failure_from_mtbf_or_observed_rate() -> None:
         policy.time_to_failure_s()
     with pytest.raises(errors.PlanInputError, match="mtbf_s is -1"):
         policy.time_to_failure_s(mtbf_s=-1.0)
+
+
+# --- the job's end bounds the state ------------------------------------------------------------
+
+
+def test_steps_left_bound_the_value_when_they_end_before_the_next_failure() -> None:
+    # 10 steps of 2 s after a 10 s transition end at 30 s, before a failure at 100 s
+    assert policy.value(64, 2.0, 10.0, 100.0, steps_left=10) == pytest.approx(64 * 10 / 30)
+    # 100 steps would end at 210 s: the failure at 100 s bounds them, as without steps_left
+    assert policy.value(64, 2.0, 10.0, 100.0, steps_left=100) == policy.value(64, 2.0, 10.0, 100.0)
+    assert policy.finishes_first(2.0, 10.0, 100.0, 10)
+    assert not policy.finishes_first(2.0, 10.0, 100.0, None)
+
+
+def test_break_even_steps_by_hand() -> None:
+    # 0.04 + W x 1.0 = 0.02 + W x 1.01  ->  W = 2
+    assert policy.break_even_steps(1.0, 0.04, 1.01, 0.02) == pytest.approx(2.0)
+    assert policy.break_even_steps(1.0, 0.02, 1.01, 0.04) is None  # faster and cheaper
+    assert policy.break_even_steps(1.0, 0.02, 1.0, 0.04) is None  # equal steps never tie
+
+
+@given(
+    st.floats(min_value=0.01, max_value=10.0),
+    st.floats(min_value=0.0, max_value=100.0),
+    st.floats(min_value=0.01, max_value=10.0),
+    st.floats(min_value=0.0, max_value=100.0),
+    st.integers(min_value=1, max_value=10_000),
+)
+def test_with_steps_left_the_value_is_the_remaining_work_over_the_time_to_finish(
+    step1: float, cost1: float, step2: float, cost2: float, left: int
+) -> None:
+    """Far from the next failure, eq. 8 ranks two candidates as their finishing times do, and
+    the break-even in steps is where those times meet."""
+    far = 10 * (max(cost1, cost2) + left * max(step1, step2))
+    v1 = policy.value(8, step1, cost1, far, steps_left=left)
+    v2 = policy.value(8, step2, cost2, far, steps_left=left)
+    assert math.isclose(v1, 8 * left / (cost1 + left * step1), rel_tol=1e-9)
+    finish1, finish2 = cost1 + left * step1, cost2 + left * step2
+    if not math.isclose(finish1, finish2, rel_tol=1e-9):
+        assert (v1 > v2) == (finish1 < finish2)
+    tie = policy.break_even_steps(step1, cost1, step2, cost2)
+    if tie is not None:
+        assert math.isclose(cost1 + tie * step1, cost2 + tie * step2, rel_tol=1e-9, abs_tol=1e-9)
+
+
+def test_near_the_jobs_end_rerouting_beats_a_replan_that_would_win_otherwise() -> None:
+    failure, estimates = four_by_two()
+    unbounded, _ = policy.decide(failure, estimates, 1000.0, SETTINGS)
+    assert unbounded.choice.kind != candidates.Kind.REROUTE
+    _, long_job = policy.decide(failure, estimates, 1000.0, SETTINGS, steps_left=100_000)
+    assert long_job.steps_left is None  # the next failure comes first: eq. 8 as it was
+    top, reroute = (
+        long_job.ranked[0],
+        next(r for r in long_job.ranked if r.kind == candidates.Kind.REROUTE),
+    )
+    tie = policy.break_even_steps(
+        top.step_s, top.transition_s, reroute.step_s, reroute.transition_s
+    )
+    assert tie is not None and tie > 1
+    near, reason = policy.decide(
+        failure, estimates, 1000.0, SETTINGS, steps_left=max(1, math.floor(tie * 0.8))
+    )
+    far, _ = policy.decide(failure, estimates, 1000.0, SETTINGS, steps_left=math.ceil(tie * 1.25))
+    assert near.choice.kind == candidates.Kind.REROUTE
+    assert far.choice.kind != candidates.Kind.REROUTE
+    assert reason.steps_left == max(1, math.floor(tie * 0.8))
+    text = policy.render_reason(reason)
+    assert f"eq. 8 over the job's last {reason.steps_left} step(s)" in text
+    assert "finish together with" in text and "with more steps left" in text
+
+
+def test_steps_left_below_one_is_an_input_error() -> None:
+    failure, estimates = four_by_two()
+    with pytest.raises(errors.PlanInputError, match="steps_left is 0"):
+        policy.decide(failure, estimates, 10.0, SETTINGS, steps_left=0)
 
 
 # --- scripted scenarios ------------------------------------------------------------------------

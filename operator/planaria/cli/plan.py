@@ -89,6 +89,7 @@ def run(args: argparse.Namespace) -> int:
     memory = _memory(args.gpu_memory_gib)
     failed = _failed(args.failed, num_nodes)
     mtbf_s = plan_explain.mtbf(args.explain, args.mtbf, failed)
+    left = plan_explain.steps_left(args.explain, args.steps_left)
     source = profile_file.load_profile(profile_path)
     if micro_batch != source.micro_batch_size:
         raise PlanCommandError(
@@ -105,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
     after = reinstantiation.reinstantiate(choice.plan, template_set, failed) if failed else None
     decided = None
     if after is not None and mtbf_s is not None:
-        decided = plan_explain.decide(source, memory, choice.plan, after, failed, mtbf_s)
+        decided = plan_explain.decide(source, memory, choice.plan, after, failed, mtbf_s, left)
     if args.json:
         document = to_json(template_set, choice, after, failed)
         if decided is not None:

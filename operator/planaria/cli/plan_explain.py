@@ -36,6 +36,12 @@ def add_options(parser: argparse.ArgumentParser) -> None:
         metavar="DURATION",
         help="with --explain: the job's mean time between failures (seconds, or e.g. 1h, 90m)",
     )
+    parser.add_argument(
+        "--steps-left",
+        metavar="N",
+        help="with --explain: steps the job still trains after the failure (default: more "
+        "than fit before the next failure); near the end they bound eq. 8's horizon",
+    )
 
 
 def render(reason: policy.Reason) -> str:
@@ -67,6 +73,21 @@ def mtbf(explain: bool, value: str | None, failed: Sequence[int]) -> float | Non
     return seconds
 
 
+def steps_left(explain: bool, value: str | None) -> int | None:
+    """--steps-left as a whole number >= 1 (only with --explain); None when not given."""
+    if value is None:
+        return None
+    if not explain:
+        raise ExplainError("--steps-left is used only with --explain; add --explain")
+    try:
+        steps = int(value)
+    except ValueError:
+        raise ExplainError(f"--steps-left must be a whole number >= 1 (got {value!r})") from None
+    if steps < 1:
+        raise ExplainError(f"--steps-left must be >= 1 (got {value})")
+    return steps
+
+
 def decide(
     source: profile.Profile,
     memory: int | None,
@@ -74,6 +95,7 @@ def decide(
     after: reinstantiation.Reinstantiation,
     failed: Sequence[int],
     mtbf_s: float,
+    left: int | None = None,
 ) -> tuple[policy.Decision, policy.Reason]:
     """Rerouting, the DP/PP candidates and the reinstantiations, ranked by eq. 8."""
     dead = frozenset(w for w in running.workers if running.node_of(w) in failed)
@@ -84,6 +106,7 @@ def decide(
         mtbf_s,
         policy.PolicySettings(),
         given=layouts,
+        steps_left=left,
     )
 
 
@@ -92,6 +115,7 @@ def to_json(decision: policy.Decision, reason: policy.Reason) -> dict[str, Any]:
     window = reason.window
     return {
         "timeToFailureS": reason.time_to_failure_s,
+        "stepsLeft": reason.steps_left,
         "choice": {"kind": str(decision.choice.kind), "label": decision.choice.label},
         "ranked": [
             {

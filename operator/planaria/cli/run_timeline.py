@@ -1,4 +1,4 @@
-"""timeline.png of a `planaria run`: throughput, loss and live workers over time, recoveries marked.
+"""timeline.png of a `planaria run`: throughput, loss, workers training; recoveries marked.
 
 Three panels share the time axis (seconds since the run started). Every recovery is a shaded
 band from the death (or the planned switch) to the first step of its new epoch, red for
@@ -177,7 +177,7 @@ def _outside(axes: Any, start_s: float, end_s: float, label: str) -> None:
 def _labels(axes: Any, wall_s: float) -> None:
     axes[0].set_ylabel("samples / s\n(thin: per step, bold: median of 5)")
     axes[1].set_ylabel("loss (nats/byte)")
-    axes[2].set_ylabel("live workers")
+    axes[2].set_ylabel("workers training")
     axes[2].set_xlabel(
         "seconds since start  (red: failure to first step of the new epoch; green: planned move)"
     )

@@ -127,8 +127,10 @@ class Planner:
         failed: Collection[plans.WorkerId],
         spare: Collection[plans.WorkerId],
         time_to_failure_s: float,
+        steps_left: int | None = None,
     ) -> Move:
-        """The next plan after `failed` workers of `running` are lost, per the job's policy.
+        """The next plan after `failed` workers of `running` are lost, per the job's policy
+        (`steps_left`: the job's steps still to train, which bound eq. 8's horizon).
         Raises InfeasibleError when the policy has no plan for the survivors."""
         lost = frozenset(failed)
         chosen = job_settings.Policy(self._job.policy)
@@ -136,7 +138,7 @@ class Planner:
             return self._rerouted(running, lost)
         if chosen is job_settings.Policy.DYNAMIC:
             return self._reinstantiated(running, lost)
-        return self._decided(running, lost, frozenset(spare), time_to_failure_s)
+        return self._decided(running, lost, frozenset(spare), time_to_failure_s, steps_left)
 
     def prepare(self, running: plans.Plan) -> None:
         """Warm the estimates memo for failures of the running plan (Odyssey §IV-C)."""
@@ -170,6 +172,7 @@ class Planner:
         lost: frozenset[plans.WorkerId],
         spare: frozenset[plans.WorkerId],
         time_to_failure_s: float,
+        steps_left: int | None,
     ) -> Move:
         failure = candidates.Failure(
             running=running, failed=lost, spare=spare - set(running.workers)
@@ -180,6 +183,7 @@ class Planner:
             time_to_failure_s,
             self._policy,
             given=self._oobleck_layouts(running, lost),
+            steps_left=steps_left,
         )
         choice = decision.choice
         given = choice.kind is candidates.Kind.GIVEN
@@ -189,7 +193,7 @@ class Planner:
             kind,
             f"chose {choice.kind}: {choice.label}; "
             f"{reason.ranked[0].value:.4g} samples/s estimated by Odyssey eq. 8 for one device "
-            f"per worker, among {len(reason.ranked)} candidate(s)",
+            f"per worker, among {len(reason.ranked)} candidate(s){_runner_up(reason)}",
         )
 
     def _oobleck_layouts(
@@ -213,6 +217,22 @@ class Planner:
             reason=reason,
             needs_snapshot=bool(orphaned or transition.restores),
         )
+
+
+def _runner_up(reason: policy.Reason) -> str:
+    """The best candidate of another kind and what settled it, for the one-line reason."""
+    top = reason.ranked[0]
+    rival = next((r for r in reason.ranked[1:] if r.kind != top.kind), None)
+    if rival is None:
+        return ""
+    against = (
+        f"; next best {rival.kind} {rival.value:.4g} samples/s "
+        f"(step {rival.step_s * 1e3:.3g} ms vs {top.step_s * 1e3:.3g} ms, transition "
+        f"{rival.transition_s * 1e3:.3g} ms vs {top.transition_s * 1e3:.3g} ms)"
+    )
+    if reason.steps_left is not None:
+        against += f"; the job's last {reason.steps_left} step(s) end before the next failure"
+    return against
 
 
 def within(

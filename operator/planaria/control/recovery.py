@@ -122,6 +122,7 @@ class Handler:
             own_faults=bool(self._roster.own_faults(running.workers, self._epochs.epoch)),
             policy_name=self._job.policy,
             time_to_failure_s=self.time_to_failure(),
+            steps_left=self._job.steps - found.resume_step,
             lost=failures.without_survivors(self._roster, found.failed, now),
         )
         if isinstance(move, outcomes.Suspend):
@@ -204,6 +205,7 @@ def decide(
     own_faults: bool,
     policy_name: str,
     time_to_failure_s: float,
+    steps_left: int,
     lost: str,
 ) -> planning.Move | outcomes.Suspend:
     """The move after `found` (the planner is pure): the same plan when every worker is alive
@@ -220,7 +222,7 @@ def decide(
         )
     spare = live - set(running.workers)
     try:
-        return planner.recover(running, found.failed, spare, time_to_failure_s)
+        return planner.recover(running, found.failed, spare, time_to_failure_s, max(1, steps_left))
     except errors.InfeasibleError as exc:
         refused = f"the {policy_name} policy has no plan ({exc})"
     try:  # Oobleck's last resort: instantiate the templates anew over the survivors

@@ -102,7 +102,9 @@ class Switches:
             return None  # the job ends first; if the worker goes before, it is a plain failure
         spare = self._roster.live(now) - set(running.workers)
         try:
-            move = planner.recover(running, noticed, spare, time_to_failure_s)
+            move = planner.recover(
+                running, noticed, spare, time_to_failure_s, self._job.steps - switch
+            )
         except errors.InfeasibleError as exc:
             LOG.warning("no plan without workers %s ahead of preemption: %s", sorted(noticed), exc)
             return None

@@ -13,6 +13,17 @@ B is the global batch in samples (constant across plans), t_step E's step estima
 t_transition the transition's time (`transfers`). Rerouting has a tiny transition and a slower
 step; re-planning pays copies and a restart for a faster step, so it wins when failures are rare.
 
+The job's end bounds the state too. Odyssey's eq. 8 assumes the job outlives the next failure;
+when the remaining W steps end first (t_transition + W t_step <= T_next), the state trains only
+t_S(i+1) = W t_step, and eq. 8 with that t_S is the remaining work over the time to finish it,
+
+    value = B W / (t_transition + W t_step),
+
+which is eq. 8 with T_next replaced by t_transition + W t_step (`value`, `steps_left`). A
+failure close to the end then goes to the cheaper transition unless the faster step repays it
+within the W steps: two candidates tie at W* = (c1 - c2) / (t2 - t1) steps left
+(`break_even_steps`), the faster one wins above it.
+
 `decide` ranks every candidate of the search by that value. Screened candidates (eq. 10 over
 pipelines alone, see `screening`) are optimistic (no all-reduce), so the ranking is refined
 lazily, branch-and-bound style: while one of the top `exact_top` is only screened it is
@@ -116,10 +127,12 @@ class Decision:
 class Reason:
     """Why: the inputs of eq. 8, every candidate ranked (whole-plan estimates first, the choice
     at the top, then screened ones), the rejected ones, break-even times, and how many screened
-    candidates have optimistic values above the choice (module docstring)."""
+    candidates have optimistic values above the choice (module docstring). `steps_left`: the
+    job's remaining steps when they bound the state (None: unbounded)."""
 
     time_to_failure_s: float
     global_batch: int
+    steps_left: int | None
     ranked: tuple[Ranked, ...]
     rejected: tuple[candidates.Rejection, ...]
     break_even: BreakEven | None
@@ -127,10 +140,38 @@ class Reason:
     unverified: int
 
 
-def value(global_batch: int, step_s: float, transition_s: float, time_to_failure_s: float) -> float:
-    """Odyssey eq. 8 with t_S(i+1) = T_next - t_transition, clamped at 0 (samples/s)."""
+def value(
+    global_batch: int,
+    step_s: float,
+    transition_s: float,
+    time_to_failure_s: float,
+    steps_left: int | None = None,
+) -> float:
+    """Odyssey eq. 8 with t_S(i+1) = T_next - t_transition, clamped at 0 (samples/s); with
+    `steps_left`, t_S(i+1) at most the time those steps take (module docstring)."""
+    if finishes_first(step_s, transition_s, time_to_failure_s, steps_left):
+        assert steps_left is not None
+        time_to_failure_s = transition_s + steps_left * step_s  # the job ends first
     # throughput x effective time ratio; a transition longer than T_next trains nothing
     return global_batch / step_s * max(0.0, time_to_failure_s - transition_s) / time_to_failure_s
+
+
+def finishes_first(
+    step_s: float, transition_s: float, time_to_failure_s: float, steps_left: int | None
+) -> bool:
+    """Whether the job's remaining steps end before the next failure on this candidate."""
+    return steps_left is not None and transition_s + steps_left * step_s < time_to_failure_s
+
+
+def break_even_steps(
+    step1_s: float, cost1_s: float, step2_s: float, cost2_s: float
+) -> float | None:
+    """The steps left at which two candidates finish the job together (c1 + W t1 = c2 + W t2),
+    when that is positive; the faster step wins above it. None when they never tie."""
+    if math.isclose(step1_s, step2_s, rel_tol=1e-12):
+        return None
+    tie = (cost2_s - cost1_s) / (step1_s - step2_s)
+    return tie if tie > 0 else None
 
 
 def break_even_s(step1_s: float, cost1_s: float, step2_s: float, cost2_s: float) -> float | None:
@@ -166,24 +207,34 @@ def decide(
     time_to_failure: float,
     settings: PolicySettings,
     given: Sequence[plan.Plan] = (),
+    steps_left: int | None = None,
 ) -> tuple[Decision, Reason]:
-    """Choose how to recover from `failure` (module docstring). Raises PlanInputError for bad
-    inputs, InfeasibleError (with every rejection's reason) when no candidate can run."""
+    """Choose how to recover from `failure` (module docstring); `steps_left`: the job's steps
+    still to train, which bound the next state (None: the job outlives the next failure).
+    Raises PlanInputError for bad inputs, InfeasibleError (with every rejection's reason) when
+    no candidate can run."""
     if not (math.isfinite(time_to_failure) and time_to_failure > 0):
         raise errors.PlanInputError(
             f"time to the next failure is {time_to_failure}; give finite seconds > 0"
         )
+    if steps_left is not None and steps_left < 1:
+        raise errors.PlanInputError(f"steps_left is {steps_left}; give 1 or more (or None)")
+    horizon = Horizon(time_to_failure, steps_left)
     found = candidates.search(failure, estimates, settings.search, given)
     batch = failure.running.global_batch_size
-    ranked, late = _refined(list(found.candidates), estimates, batch, time_to_failure, settings)
+    ranked, late = _refined(list(found.candidates), estimates, batch, horizon, settings)
     rejected = (*found.rejected, *late)
     if not ranked:
         reasons = "; ".join(f"{r.label}: {r.why}" for r in rejected)
         raise errors.InfeasibleError(f"no candidate can recover from this failure: {reasons}")
-    rows = tuple(_row(i, c, batch, time_to_failure) for i, c in enumerate(ranked, start=1))
+    rows = tuple(_row(i, c, batch, horizon) for i, c in enumerate(ranked, start=1))
+    bounded = any(
+        finishes_first(r.step_s, r.transition_s, time_to_failure, steps_left) for r in rows
+    )
     reason = Reason(
         time_to_failure_s=time_to_failure,
         global_batch=batch,
+        steps_left=steps_left if bounded else None,
         ranked=rows,
         rejected=rejected,
         break_even=_break_even(rows[0], rows[1]) if len(rows) > 1 else None,
@@ -197,7 +248,7 @@ def _refined(
     pool: list[candidates.Candidate],
     estimates: screening.Estimates,
     batch: int,
-    time_to_failure: float,
+    horizon: Horizon,
     settings: PolicySettings,
 ) -> tuple[list[candidates.Candidate], list[candidates.Rejection]]:
     """Refine the top `exact_top` (within `max_whole` whole-plan estimates, if set), then order:
@@ -214,7 +265,7 @@ def _refined(
 
     budget = settings.max_whole
     while pool and (budget is None or budget > 0):
-        pool.sort(key=lambda c: _order(c, batch, time_to_failure))
+        pool.sort(key=lambda c: _order(c, batch, horizon))
         pending = [i for i, c in enumerate(pool[: settings.exact_top]) if not c.exact]
         if not pending:  # screens are optimistic: no screened rival below can overtake
             break
@@ -222,21 +273,32 @@ def _refined(
             pending, budget = pending[:budget], budget - len(pending[:budget])
         refine(pending)
     while pool and not any(c.exact for c in pool):  # the choice must be estimated whole
-        pool.sort(key=lambda c: _order(c, batch, time_to_failure))
+        pool.sort(key=lambda c: _order(c, batch, horizon))
         refine([0])
-    pool.sort(key=lambda c: (not c.exact, *_order(c, batch, time_to_failure)))
+    pool.sort(key=lambda c: (not c.exact, *_order(c, batch, horizon)))
     return pool, rejected
 
 
+@dataclass(frozen=True, slots=True)
+class Horizon:
+    """What bounds the next state: the next failure, and the job's remaining steps (or None)."""
+
+    time_to_failure_s: float
+    steps_left: int | None
+
+    def value(self, batch: int, step_s: float, transition_s: float) -> float:
+        return value(batch, step_s, transition_s, self.time_to_failure_s, self.steps_left)
+
+
 def _order(
-    candidate: candidates.Candidate, batch: int, time_to_failure: float
+    candidate: candidates.Candidate, batch: int, horizon: Horizon
 ) -> tuple[float, float, float, str]:
     """Sort key: higher value first, then cheaper transition, faster step, label."""
     step, cost = candidate.estimate.step_s, candidate.transition.total_s
-    return (-value(batch, step, cost, time_to_failure), cost, step, candidate.label)
+    return (-horizon.value(batch, step, cost), cost, step, candidate.label)
 
 
-def _row(rank: int, candidate: candidates.Candidate, batch: int, time_to_failure: float) -> Ranked:
+def _row(rank: int, candidate: candidates.Candidate, batch: int, horizon: Horizon) -> Ranked:
     step, cost = candidate.estimate.step_s, candidate.transition.total_s
     return Ranked(
         rank=rank,
@@ -246,7 +308,7 @@ def _row(rank: int, candidate: candidates.Candidate, batch: int, time_to_failure
         transition_s=cost,
         moved_bytes=candidate.transition.moved_bytes,
         peak_bytes=candidate.estimate.peak_bytes,
-        value=value(batch, step, cost, time_to_failure),
+        value=horizon.value(batch, step, cost),
         exact=candidate.exact,
     )
 
@@ -280,12 +342,8 @@ def _window(rows: tuple[Ranked, ...]) -> Window:
 def render_reason(reason: Reason) -> str:
     """The reason as text: the choice and eq. 8, the ranking table, break-evens, rejections."""
     top = reason.ranked[0]
-    lines = [
-        f"chose {top.kind}: {top.label}",
-        f"  eq. 8: {reason.global_batch} samples / {top.step_s:.4g} s x "
-        f"({reason.time_to_failure_s:.6g} s - {top.transition_s:.4g} s) / "
-        f"{reason.time_to_failure_s:.6g} s = {top.value:.4g} samples/s until the next failure",
-        "",
+    lines = [f"chose {top.kind}: {top.label}", _equation_line(reason), ""]
+    lines += [
         f"{'rank':>4}  {'kind':<10} {'step s':>9} {'switch s':>9} {'moved':>10} {'peak':>10} "
         f"{'samples/s':>10}  candidate",
     ]
@@ -297,13 +355,47 @@ def render_reason(reason: Reason) -> str:
             f"  note: {reason.unverified} screened candidate(s) have optimistic values above the "
             "choice; whole-plan estimates were capped (PolicySettings.max_whole)"
         )
-    if reason.break_even is not None:
+    if reason.steps_left is not None:
+        lines.append(_steps_line(reason))
+    if reason.break_even is not None and reason.steps_left is None:
         lines.append(_break_even_line(reason, reason.break_even))
     lines.append(_window_line(reason))
     if reason.rejected:
         lines.append("rejected:")
         lines.extend(f"  {r.kind}: {r.label}: {r.why}" for r in reason.rejected)
     return "\n".join(lines)
+
+
+def _equation_line(reason: Reason) -> str:
+    top, ttf, left = reason.ranked[0], reason.time_to_failure_s, reason.steps_left
+    if left is not None and finishes_first(top.step_s, top.transition_s, ttf, left):
+        return (
+            f"  eq. 8 over the job's last {left} step(s), which end before the next failure in "
+            f"{ttf:.6g} s: {reason.global_batch} samples x {left} / ({top.transition_s:.4g} s + "
+            f"{left} x {top.step_s:.4g} s) = {top.value:.4g} samples/s"
+        )
+    return (
+        f"  eq. 8: {reason.global_batch} samples / {top.step_s:.4g} s x "
+        f"({ttf:.6g} s - {top.transition_s:.4g} s) / {ttf:.6g} s = {top.value:.4g} samples/s "
+        "until the next failure"
+    )
+
+
+def _steps_line(reason: Reason) -> str:
+    """With the job's end bounding: where the best rival of another kind would take over."""
+    top = reason.ranked[0]
+    rival = next((r for r in reason.ranked[1:] if r.kind != top.kind), None)
+    if rival is None:
+        return f"  the job's last {reason.steps_left} step(s) bound every candidate's value"
+    tie = break_even_steps(top.step_s, top.transition_s, rival.step_s, rival.transition_s)
+    if tie is None:
+        return f"  #{rival.rank} ({rival.kind}) does not overtake #1 however many steps are left"
+    more = "more" if rival.step_s < top.step_s else "fewer"
+    return (
+        f"  #1 and #{rival.rank} ({rival.kind}) finish together with {tie:.3g} step(s) left; "
+        f"with {more} steps left #{rival.rank} would win (its transition of "
+        f"{rival.transition_s:.4g} s against steps of {rival.step_s:.4g} s)"
+    )
 
 
 def _table_row(row: Ranked) -> str:
@@ -343,4 +435,5 @@ def _window_line(reason: Reason) -> str:
     window = reason.window
     low = "0 s" if window.below is None else f"{window.from_s:.4g} s (below: #{window.below})"
     high = "no end" if window.above is None else f"{window.until_s:.4g} s (above: #{window.above})"
-    return f"#1 stays the best at least for a time to the next failure from {low} to {high}"
+    line = f"#1 stays the best at least for a time to the next failure from {low} to {high}"
+    return line if reason.steps_left is None else line + " (were the job to outlive it)"
