@@ -44,7 +44,7 @@ from planaria.agent.runtime import runtime_states
 from planaria.agent.state import checkpoints
 from planaria.agent.training import data
 from planaria.contract import plan as plans
-from planaria.contract import shapes
+from planaria.contract import rendezvous, shapes
 from planaria.control import clock, controller, ports
 from planaria.control import settings as job_settings
 from planaria.control import status as statuses
@@ -189,7 +189,7 @@ def _config(
         rendezvous=messages.Rendezvous(
             store_host=address[0],
             store_port=address[1],
-            key_prefix="epoch-1",
+            key_prefix=rendezvous.key_prefix(1),
             rank=ranked.index(worker),
             world_size=len(ranked),
             backend=settings.backend,

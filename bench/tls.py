@@ -35,6 +35,7 @@ import grpc.aio
 
 from planaria.agent.server import service
 from planaria.contract import plan, profile
+from planaria.contract import rendezvous as rendezvous_keys
 from planaria.rpc import client, tls
 from planaria.wire import messages
 
@@ -91,7 +92,7 @@ def _config() -> messages.WorkerConfig:
     rendezvous = messages.Rendezvous(
         store_host="127.0.0.1",
         store_port=1234,
-        key_prefix="epoch-1",
+        key_prefix=rendezvous_keys.key_prefix(1),
         rank=0,
         world_size=1,
         backend=messages.Backend.GLOO,
