@@ -1,5 +1,5 @@
 """`KubeBackend`'s bookkeeping of pod events into worker events (`observe`, `events`), and its
-rendezvous store; no API calls are made by these paths.
+rendezvous store; no API calls are made by these paths but the last.
 
 Covered: a pod's death is reported once per worker of the pod (a later DELETED of the same pod
 adds nothing); a replacement pod (new uid) of a dead node that becomes ready is JOINED for each
@@ -8,12 +8,14 @@ dead; late events of a retired pod are ignored; NotReady after Ready is a death 
 pod again does not undo; a preemption notice is reported per worker; pods of nodes outside the
 job are ignored; a pod that did not serve within `connect`'s time joins once it does; `close`
 ends `events` and nothing is queued after it; `host_store` serves on a
-free port and skips taken ones.
+free port and skips taken ones. One path with API calls (a fake API): a replacement pod whose
+creation was under way when the job shut down is deleted, not left behind.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import asyncio
+from typing import Any, cast
 
 import kubernetes
 import pytest
@@ -137,3 +139,49 @@ async def test_a_pod_too_slow_for_connect_joins_once_it_serves() -> None:
         await workers.connect(plan.WorkerId(2), timeout_s=0.05)
     workers.observe("MODIFIED", _pod(1, "a"))
     assert await _events(workers) == [(JOINED, 2), (JOINED, 3)]
+
+
+class _SlowPods:
+    """An API whose pod creations wait for `release`: a reconcile still creating when the job's
+    shutdown runs. Records every pod that exists."""
+
+    def __init__(self) -> None:
+        self.release = asyncio.Event()
+        self.creating = asyncio.Event()
+        self.existing: dict[str, dict[str, Any]] = {}
+
+    async def list(self, *_: Any, **__: Any) -> list[dict[str, Any]]:
+        return list(self.existing.values())
+
+    async def create(self, _kind: Any, _namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+        self.creating.set()
+        await self.release.wait()
+        made = {**body, "metadata": {**body["metadata"], "uid": "new"}}
+        self.existing[body["metadata"]["name"]] = made
+        return made
+
+    async def delete(self, _kind: Any, _namespace: str, name: str) -> None:
+        self.existing.pop(name, None)
+
+
+@pytest.mark.asyncio
+async def test_a_pod_created_while_the_job_shuts_down_is_deleted_not_left_behind() -> None:
+    """The timer's reconcile replaced a dead pod while the job ended: shutdown had already
+    passed that node, so the new pod outlived the job (a flake of the operator e2e)."""
+    slow = _SlowPods()
+    slow.release.set()
+    workers = _backend()
+    workers._api = cast(api.Api, slow)  # noqa: SLF001 - the API calls are what is tested
+    await workers.start([plan.WorkerId(0)])  # node 0's pod, created at once
+    name = constants.pod_name(OWNER.name, 0)
+    assert set(slow.existing) == {name}
+    workers.observe("MODIFIED", _pod(0, "new", phase="Failed"))  # it dies
+    slow.release.clear()
+    reconciling = asyncio.ensure_future(workers.reconcile())
+    slow.creating.clear()
+    while not slow.creating.is_set():  # the timer deletes the dead pod, then creates anew
+        await asyncio.sleep(0)
+    await workers.shutdown()  # the job ended: every pod of the job is deleted
+    slow.release.set()
+    await reconciling
+    assert slow.existing == {}

@@ -107,6 +107,7 @@ class KubeBackend:
         self._changed = asyncio.Event()
         self._events: asyncio.Queue[ports.WorkerEvent | None] = asyncio.Queue()
         self._closed = False
+        self._ending = False  # shutdown began: create no pod
 
     # -- ports.Backend -----------------------------------------------------------------------
 
@@ -155,9 +156,11 @@ class KubeBackend:
         return ports.until_closed(self._events)
 
     async def shutdown(self) -> None:
-        """Delete the job's pods and release the store; idempotent."""
+        """Delete the job's pods and release the store; idempotent. From its start no pod is
+        created any more: a reconcile already under way deletes what it creates."""
         if self._closed:
             return
+        self._ending = True
         for node in sorted(self._wanted | set(self._pods)):
             with contextlib.suppress(api.NotFound):
                 await self._api.delete(
@@ -202,7 +205,7 @@ class KubeBackend:
 
     async def reconcile(self) -> None:
         """Delete dead pods and create missing ones, for every node the job started."""
-        if self._closed:
+        if self._closed or self._ending:
             return
         await self._sync()
         for node in sorted(self._wanted):
@@ -238,11 +241,17 @@ class KubeBackend:
             with contextlib.suppress(api.NotFound):
                 await self._api.delete(api.PODS, self._owner.namespace, name)
             self.observe("DELETED", {**state_body(state), "metadata": _meta(state)})
+        if self._ending:
+            return
         body = pods.worker_pod(self._owner, self._spec, node=node, image=self._image)
         try:
             created = await self._api.create(api.PODS, self._owner.namespace, body)
         except api.Conflict:  # still there (deleting, or made by a predecessor): adopt
             created = await self._api.get(api.PODS, self._owner.namespace, name)
+        if self._ending:  # the job ended while the pod was made: shutdown has passed its node
+            with contextlib.suppress(api.NotFound):
+                await self._api.delete(api.PODS, self._owner.namespace, name)
+            return
         self.observe(None, created)
 
     async def _serving(self, worker: plan.WorkerId, node: int, deadline: float) -> signals.PodState:
