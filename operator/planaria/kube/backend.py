@@ -215,11 +215,6 @@ class KubeBackend:
                 LOG.warning("job %s node %d: %s", self._owner.name, node, exc)
 
     @property
-    def ending(self) -> bool:
-        """Whether the job's shutdown began (no pod is created from then on)."""
-        return self._ending
-
-    @property
     def pods(self) -> dict[int, signals.PodState]:
         """The latest state of each node's pod (nodes with no pod are absent)."""
         return dict(self._pods)
@@ -246,14 +241,14 @@ class KubeBackend:
             with contextlib.suppress(api.NotFound):
                 await self._api.delete(api.PODS, self._owner.namespace, name)
             self.observe("DELETED", {**state_body(state), "metadata": _meta(state)})
-        if self.ending:
+        if self._shutting_down():
             return
         body = pods.worker_pod(self._owner, self._spec, node=node, image=self._image)
         try:
             created = await self._api.create(api.PODS, self._owner.namespace, body)
         except api.Conflict:  # still there (deleting, or made by a predecessor): adopt
             created = await self._api.get(api.PODS, self._owner.namespace, name)
-        if self.ending:  # the job ended while the pod was made: shutdown has passed its node
+        if self._shutting_down():  # the job ended while the pod was made: shutdown has passed its node
             with contextlib.suppress(api.NotFound):
                 await self._api.delete(api.PODS, self._owner.namespace, name)
             return
@@ -284,6 +279,11 @@ class KubeBackend:
             self.observe(None, await self._api.get(api.PODS, self._owner.namespace, name))
         except api.KubeError as exc:
             LOG.debug("reading pod %s: %s", name, exc)
+
+    def _shutting_down(self) -> bool:
+        """Whether the job's shutdown began (no pod is created from then on); a call, read
+        afresh after every await."""
+        return self._ending
 
     def _lost(self, state: signals.PodState) -> bool:
         """Whether `state`'s pod is dead or was reported so (NotReady after Ready: it is
