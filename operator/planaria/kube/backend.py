@@ -248,7 +248,7 @@ class KubeBackend:
             created = await self._api.create(api.PODS, self._owner.namespace, body)
         except api.Conflict:  # still there (deleting, or made by a predecessor): adopt
             created = await self._api.get(api.PODS, self._owner.namespace, name)
-        if self._shutting_down():  # the job ended while the pod was made: shutdown has passed its node
+        if self._shutting_down():  # ended while the pod was made: shutdown passed its node
             with contextlib.suppress(api.NotFound):
                 await self._api.delete(api.PODS, self._owner.namespace, name)
             return
