@@ -361,6 +361,27 @@ async def test_execute_runs_the_job_with_the_injector_and_writes_the_report(
     assert "Succeeded" in stream.getvalue().splitlines()[-1]
 
 
+def test_the_summary_says_how_often_snapshots_were_taken_against_the_interval() -> None:
+    history = _history()
+    assert "Host-memory snapshots" not in run_report.summary(history)  # none reported
+    kept = dataclasses.replace(
+        history,
+        final=dataclasses.replace(history.final, snapshot_interval_steps=1.0),
+        snapshot_every=1,
+    )
+    assert "Host-memory snapshots: every 1 step(s) asked, every 1 achieved in the last epoch." in (
+        run_report.summary(kept)
+    )
+    stretched = dataclasses.replace(
+        kept, final=dataclasses.replace(history.final, snapshot_interval_steps=2.5)
+    )
+    assert "every 2.5 achieved in the last epoch (the writers could not keep up" in (
+        run_report.summary(stretched)
+    )
+    off = dataclasses.replace(stretched, snapshot_every=0)
+    assert "Host-memory snapshots" not in run_report.summary(off)
+
+
 def test_the_summary_says_in_its_first_line_how_the_run_ended() -> None:
     history = _history()
     assert run_report.summary(history).splitlines()[0] == (

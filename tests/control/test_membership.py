@@ -12,6 +12,8 @@ workers once stopped).
 
 from __future__ import annotations
 
+import dataclasses
+
 from planaria.contract import plan as plans
 from planaria.control import failures, membership, ports
 from planaria.wire import messages
@@ -116,6 +118,18 @@ def test_the_checkpoint_is_the_newest_reported_complete_and_the_snapshot_the_old
     roster.beats[W(0)] = _beat(0, 1, snapshot=25)
     roster.beats[W(1)] = _beat(1, 1)
     assert roster.checkpoint_step([W(0), W(1)]) is None and roster.snapshot_step([W(0)]) == 25
+
+
+def test_the_snapshot_interval_is_the_widest_any_worker_achieved() -> None:
+    roster = _roster(0, 1, 2)
+    assert roster.snapshot_interval([W(0), W(1)]) is None  # no heartbeat yet
+    for worker, interval in ((0, 1.0), (1, 2.5), (2, 0.0)):
+        beat = _beat(worker, 1)
+        snapshot = messages.SnapshotState(achieved_interval_steps=interval)
+        roster.beats[W(worker)] = dataclasses.replace(beat, snapshot=snapshot)
+    assert roster.snapshot_interval([W(0), W(1), W(2)]) == 2.5  # a snapshot needs every part
+    assert roster.snapshot_interval([W(0), W(2)]) == 1.0
+    assert roster.snapshot_interval([W(2)]) is None  # fewer than two begun: unknown
 
 
 def test_a_broken_epoch_is_split_into_failed_and_survivors() -> None:

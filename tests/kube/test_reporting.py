@@ -218,6 +218,16 @@ def test_samples_per_second_is_rounded_to_one_decimal_for_the_printer_column() -
     assert column["jsonPath"] == ".status.samplesPerSecond"
 
 
+def test_the_achieved_snapshot_interval_is_in_the_status() -> None:
+    unknown = reporting.status_body(_status(), generation=1, total_steps=10, at=T0)
+    assert unknown["snapshotIntervalSteps"] is None
+    body = reporting.status_body(
+        _status(snapshot_interval_steps=2.3456), generation=1, total_steps=10, at=T0
+    )
+    assert body["snapshotIntervalSteps"] == 2.35
+    assert _valid(body).snapshot_interval_steps == 2.35
+
+
 SCALE_UP = statuses.Recovery(
     started_s=20.0,
     failed=(),

@@ -406,6 +406,7 @@ def _history(
         controllers=(*(s.describe() for s in earlier), this) if earlier else (),
         adopted_at_s=started_s if adopted else None,
         lost=before.lost_line() if before is not None else None,
+        snapshot_every=settings.training.snapshot_interval_steps,
     )
 
 

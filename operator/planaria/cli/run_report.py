@@ -57,6 +57,7 @@ class History:
     controllers: tuple[str, ...] = ()
     adopted_at_s: float | None = None
     lost: str | None = None
+    snapshot_every: int = 0  # the job's snapshot interval in steps (0: no periodic snapshots)
 
     @property
     def outcome(self) -> str:
@@ -169,6 +170,8 @@ def summary(history: History) -> str:
         lines.append(f"Last message: {final.message}")
     if history.lost:
         lines.append(f"This run {history.lost}.")
+    if (snapshots := snapshot_line(history)) is not None:
+        lines.append(snapshots)
     if history.controllers:
         lines += ["", "## Controllers", ""]
         lines += [f"{i}. {line}" for i, line in enumerate(history.controllers, start=1)]
@@ -179,6 +182,21 @@ def summary(history: History) -> str:
     lines += ["", "## Recoveries", "", *_recovery_table(history), "", "## Goodput", ""]
     lines += _goodput_lines(good, history)
     return "\n".join(lines) + "\n"
+
+
+def snapshot_line(history: History) -> str | None:
+    """How often host-memory snapshots were taken in the last epoch against the job's
+    interval (None without periodic snapshots or before two were begun)."""
+    achieved, every = history.final.snapshot_interval_steps, history.snapshot_every
+    if every <= 0 or achieved is None:
+        return None
+    line = (
+        f"Host-memory snapshots: every {every} step(s) asked, every {achieved:.3g} achieved in "
+        "the last epoch"
+    )
+    if achieved > every * 1.001:
+        return line + " (the writers could not keep up: training skipped snapshots, not waited)."
+    return line + "."
 
 
 _HEADER = (

@@ -303,6 +303,9 @@ class Controller:
             message=self._message,
             checkpoint_step=self._suspended.state.checkpoint,
             failure_reason=self._reason,
+            snapshot_interval_steps=(
+                None if plan is None else self._roster.snapshot_interval(plan.workers)
+            ),
         )
 
     async def _publish(self) -> None:

@@ -238,6 +238,15 @@ class Roster:
         steps = [b.checkpoint_step for w in workers if (b := self.beats.get(w)) is not None]
         return max((s for s in steps if s is not None), default=None)
 
+    def snapshot_interval(self, workers: Iterable[plans.WorkerId]) -> float | None:
+        """The widest achieved snapshot interval (mean steps between the snapshots begun this
+        epoch) any of `workers` reports: the job's, since a snapshot needs every worker's part.
+        None while none has begun two yet."""
+        intervals = [
+            b.snapshot.achieved_interval_steps for w in workers if (b := self.beats.get(w))
+        ]
+        return max((i for i in intervals if i > 0), default=None)
+
     def snapshot_step(self, workers: Iterable[plans.WorkerId]) -> int | None:
         """The latest host-memory snapshot all of `workers` hold (None when one has none)."""
         return _oldest(

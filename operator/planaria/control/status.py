@@ -109,7 +109,9 @@ class StepRecord:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class JobStatus:
     """The job's status (module docstring). `plan` summarises the plan, e.g. "[4,4,3] dynamic":
-    the pipelines' worker counts and the kind of the move that made it."""
+    the pipelines' worker counts and the kind of the move that made it. `snapshot_interval_steps`:
+    the host-memory snapshots' achieved interval in the running epoch (steps between snapshots,
+    above the configured one when the writers could not keep up; None while unknown)."""
 
     phase: Phase
     conditions: tuple[Condition, ...]
@@ -124,6 +126,7 @@ class JobStatus:
     recoveries: int
     message: str
     checkpoint_step: int | None = None
+    snapshot_interval_steps: float | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -143,6 +146,7 @@ class View:
     message: str
     checkpoint_step: int | None = None
     failure_reason: str = ""  # CamelCase, why the job Failed ("" until it did)
+    snapshot_interval_steps: float | None = None
 
 
 def plan_summary(plan: plans.Plan | None, kind: MoveKind) -> str:
@@ -169,6 +173,7 @@ def compute(view: View) -> JobStatus:
         recoveries=len(view.recoveries),
         message=view.message,
         checkpoint_step=view.checkpoint_step,
+        snapshot_interval_steps=view.snapshot_interval_steps,
     )
 
 

@@ -237,6 +237,12 @@ class StatusModel(_StatusPart):
     recoveries: int = _f(0, "Recoveries so far.", ge=0)
     last_recovery: RecoveryReport | None = _f(None, "The last recovery, when there was one.")
     checkpoint_step: int | None = _f(None, "Step of the last complete checkpoint.", ge=0)
+    snapshot_interval_steps: float | None = _f(
+        None,
+        "Achieved steps between host-memory snapshots in the running epoch (above "
+        "spec.snapshots.intervalSteps when the writers could not keep up; null while unknown).",
+        ge=0,
+    )
     message: str = _f("", "Human-readable summary of the current state.")
     start_time: pydantic.AwareDatetime | None = _f(None, "When training started (RFC 3339).")
     completion_time: pydantic.AwareDatetime | None = _f(

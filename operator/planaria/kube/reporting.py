@@ -133,6 +133,11 @@ def status_body(
         "recoveries": status.recoveries + recoveries_offset,
         "lastRecovery": before.get("lastRecovery"),
         "checkpointStep": status.checkpoint_step,
+        "snapshotIntervalSteps": (
+            None
+            if status.snapshot_interval_steps is None
+            else round(status.snapshot_interval_steps, 2)
+        ),
         "message": status.message,
         "startTime": before.get("startTime"),
         "completionTime": before.get("completionTime"),
