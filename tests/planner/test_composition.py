@@ -4,14 +4,15 @@ Covers, against replaying the whole compiled schedule (the path it replaces, kep
 oracle): the composed step time and peak memory are equal bit for bit (hypothesis over plans
 with heterogeneous pipelines, multi-GPU stages and shared nodes, and over profiles with
 arbitrary float times, where any change in the order of additions would show); the
-all-reduces are those the schedule compiles; `screening.Estimates` composes only plans without
-reroutes; and the policy's decision, with its whole reason, is the same with or without
+all-reduces are those the schedule compiles; plans with reroutes and holes, composed from the
+pipelines the reroutes tie together, equal their whole replay too (hypothesis), replaying only
+those pipelines, or the whole plan when the longer pipelines beside them could reorder streams;
+and the policy's decision, with its whole reason, is the same with or without
 composition (hypothesis over running plans and failures).
 """
 
 from __future__ import annotations
 
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -19,6 +20,7 @@ from planaria.contract import errors, instructions, plan, profile, schedule
 from planaria.planner import (
     candidates,
     composition,
+    distribution,
     estimator,
     memory,
     policy,
@@ -92,7 +94,12 @@ def test_the_composed_estimate_is_the_whole_replay_bit_for_bit(
         for p in plan_.pipelines
     ]
     want = replayed(plan_, prof)
-    assert composition.step_s(plan_, runs, prof) == want.step_s  # ==, not approx
+    arrival = {
+        worker: t
+        for p, run in zip(plan_.pipelines, runs, strict=True)
+        for worker, t in composition.arrivals(p, run)
+    }
+    assert composition.step_s(plan_, arrival, prof) == want.step_s  # ==, not approx
     assert max(r.peak_bytes for r in runs) == want.peak_bytes
     assert screening.Estimates(prof).whole(plan_) == want
 
@@ -112,16 +119,81 @@ def test_the_all_reduces_are_those_the_schedule_compiles(
     assert set(composition.reductions(plan_)) == compiled
 
 
-def test_a_plan_with_reroutes_is_replayed_whole_not_composed() -> None:
+@given(strategies.plans(max_layers=5, max_pipelines=4, max_gpus_per_node=2))
+@settings(max_examples=150, deadline=None)
+def test_a_rerouted_plan_composed_is_the_whole_replay_bit_for_bit(plan_: plan.Plan) -> None:
+    width = max(len(stage.workers) for p in plan_.pipelines for stage in p.stages)
+    prof = profile_with_odd_costs(plan_.num_layers, width)
+    assert screening.Estimates(prof).whole(plan_) == replayed(plan_, prof)
+
+
+@given(
+    st.lists(st.integers(min_value=2, max_value=4), min_size=2, max_size=5).map(tuple),
+    st.data(),
+)
+@settings(max_examples=100, deadline=None)
+def test_a_plan_with_holes_composed_is_the_whole_replay_bit_for_bit(
+    depths: tuple[int, ...], data: st.DataObject
+) -> None:
+    plan_ = data.draw(strategies.shaped_plans(depths, max_holes=2, max_micro_batches=6))
+    prof = profile_with_odd_costs(plan_.num_layers, 1)
+    assert screening.Estimates(prof).whole(plan_) == replayed(plan_, prof)
+
+
+def test_a_reroute_replays_only_the_pipelines_it_ties_together() -> None:
     prof = strategies.timed_profile([0.001, 0.002, 0.003, 0.001])
-    running = strategies.grid_plan(3, (2,), 4, 4)
+    running = strategies.grid_plan(6, (2,), 4, 1)
     rerouted = rerouting.reroute(running, frozenset({plan.WorkerId(1)}))
+    assert composition.involved(rerouted) == (0, 1)  # one micro-batch: one peer takes it
     estimates = screening.Estimates(prof)
-    before = estimates.computed
     assert estimates.whole(rerouted) == replayed(rerouted, prof)
-    assert estimates.computed == before + 1  # the whole schedule, once
-    with pytest.raises(errors.PlanInputError, match="reroutes"):
-        composition.step_s(rerouted, [], prof)
+    assert estimates.computed == 2  # pipelines 0 and 1 together, the four others alike, once
+
+
+def test_a_reroute_beside_longer_pipelines_is_replayed_whole() -> None:
+    prof = strategies.timed_profile([0.001, 0.002, 0.003, 0.001])
+    W = plan.WorkerId
+    running = plan.Plan(
+        pipelines=(
+            distribution.pipeline_of((2, 2), [W(0), W(1)], 2),
+            distribution.pipeline_of((2, 2), [W(2), W(3)], 2),
+            distribution.pipeline_of((2, 2), [W(4), W(5)], 5),  # more slots than 0 and 1 use
+        ),
+        micro_batch_size=1,
+    )
+    rerouted = rerouting.reroute(running, frozenset({plan.WorkerId(1)}))
+    assert composition.run_rerouted(rerouted, composition.involved(rerouted), prof) is None
+    estimates = screening.Estimates(prof)
+    assert estimates.whole(rerouted) == replayed(rerouted, prof)
+    assert estimates.computed == 1
+
+
+def profile_with_odd_costs(num_layers: int, max_gpus: int) -> profile.Profile:
+    """Layer costs that are not round in binary, so any change in the order of additions
+    shows; links of different speeds."""
+    layers = tuple(
+        profile.LayerProfile(
+            name=f"layer{i}",
+            forward_s=tuple(0.1 / (3 + i) / k for k in range(1, max_gpus + 1)),
+            backward_s=tuple(0.3 / (7 + 2 * i) / k for k in range(1, max_gpus + 1)),
+            parameter_bytes=997 * (i + 1),
+            gradient_bytes=991 * (i + 1),
+            optimizer_bytes=4001,
+            activation_bytes=301,
+            output_bytes=203 + i,
+            optimizer_s=0.01 / (i + 3),
+        )
+        for i in range(num_layers)
+    )
+    return profile.Profile(
+        model="composed",
+        accelerator="test",
+        micro_batch_size=1,
+        memory_bytes=2**40,
+        layers=layers,
+        intra_node=profile.LinkProfile(bandwidth_bytes_per_s=3e6, latency_s=1.3e-4),
+        inter_node=profile.LinkProfile(bandwidth_bytes_per_s=7e5, latency_s=1.1e-3),
+    )
 
 
 def test_identical_pipelines_are_replayed_once() -> None:

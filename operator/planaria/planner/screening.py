@@ -62,8 +62,9 @@ class Estimates:
         shape = canonical(plan_.pipelines, plan_.gpus_per_node)
         key = (shape, plan_.micro_batch_size, plan_.gpus_per_node, plan_.reroutes)
         if key not in self._memo:
-            if self.compose and not plan_.reroutes:
-                self._memo[key] = self._composed(plan_)
+            composed = self._composed(plan_) if self.compose else None
+            if composed is not None:
+                self._memo[key] = composed
             else:
                 self.computed += 1
                 sched = schedule.compile_schedule(plan_)
@@ -86,14 +87,28 @@ class Estimates:
     def fits(self, estimate: Estimate) -> bool:
         return estimate.peak_bytes <= self.memory_bytes
 
-    def _composed(self, plan_: plan.Plan) -> Estimate:
-        """`composition`'s estimate: each distinct pipeline replayed alone once, then the tail."""
-        runs = [self._run(p, plan_.micro_batch_size, plan_.gpus_per_node) for p in plan_.pipelines]
-        if len(runs) == 1:  # alone, the tail is the optimizer step: the replay timed it already
+    def _composed(self, plan_: plan.Plan) -> Estimate | None:
+        """`composition`'s estimate: each distinct pipeline outside the reroutes replayed alone
+        once, those in them together, then the tail; None when it must be replayed whole."""
+        moved = composition.involved(plan_)
+        arrival: dict[plan.WorkerId, float] = {}
+        peak = 0
+        if moved:
+            rerouted = composition.run_rerouted(plan_, moved, self.profile)
+            if rerouted is None:
+                return None
+            self.computed += 1
+            arrival, peak = rerouted
+        gpus = plan_.gpus_per_node
+        alone = [p for q, p in enumerate(plan_.pipelines) if q not in moved]
+        runs = [self._run(p, plan_.micro_batch_size, gpus) for p in alone]
+        if len(runs) == len(plan_.pipelines) == 1:  # alone, the replay timed the tail already
             return Estimate(step_s=runs[0].step_s, peak_bytes=runs[0].peak_bytes)
+        for pipeline, run in zip(alone, runs, strict=True):
+            arrival.update(composition.arrivals(pipeline, run))
         return Estimate(
-            step_s=composition.step_s(plan_, runs, self.profile),
-            peak_bytes=max(r.peak_bytes for r in runs),
+            step_s=composition.step_s(plan_, arrival, self.profile),
+            peak_bytes=max([peak, *(r.peak_bytes for r in runs)]),
         )
 
     def _run(
