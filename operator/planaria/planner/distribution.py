@@ -131,6 +131,7 @@ def distribute_batch(
 ) -> tuple[int, ...]:
     """Micro-batches per pipeline minimising the slowest one (Oobleck eq. 6 as solved exactly
     by `batching.distribute`) on the affine costs `pipeline_cost` fits to E's estimator."""
-    costs = [pipeline_cost(estimates, counts, running) for counts in splits]
+    fitted = {counts: pipeline_cost(estimates, counts, running) for counts in set(splits)}
+    costs = [fitted[counts] for counts in splits]  # pipelines of one split share their cost
     spread = batching.distribute(costs, running.global_batch_size, running.micro_batch_size)
     return spread.micro_batches

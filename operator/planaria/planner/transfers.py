@@ -149,17 +149,28 @@ def cost_matrix(
     held: Sequence[frozenset[int]], wanted: Sequence[frozenset[int]], layer_bytes: Sequence[int]
 ) -> CostMatrix:
     """cost[i][j]: bytes survivor i must receive to play role j (Odyssey §IV-B)."""
-    num_layers = len(layer_bytes)
-    have = np.zeros((len(held), num_layers))
-    need = np.zeros((len(wanted), num_layers))
-    for i, layers in enumerate(held):
-        have[i, list(layers)] = 1.0
-    for j, layers in enumerate(wanted):
-        need[j, list(layers)] = 1.0
+    # survivors of one stage hold the same layers and roles repeat: cost each distinct pair
+    # once (entries are sums of integer byte counts: exact in float64 in any order while a
+    # model holds under 2**53 bytes, 9 PB)
+    have, held_index = _incidence(held, len(layer_bytes))
+    need, wanted_index = _incidence(wanted, len(layer_bytes))
     weights = np.asarray(layer_bytes, dtype=np.float64)
     # (1 - have) masks what a survivor already holds; dropping a layer it holds costs nothing
-    result: CostMatrix = ((1.0 - have) * weights) @ need.T
+    distinct = ((1.0 - have) * weights) @ need.T
+    result: CostMatrix = distinct[np.ix_(held_index, wanted_index)]
     return result
+
+
+def _incidence(
+    sets: Sequence[Collection[int]], num_layers: int
+) -> tuple[CostMatrix, npt.NDArray[np.intp]]:
+    """0/1 rows of the distinct layer sets among `sets`, and each set's row."""
+    rows: dict[frozenset[int], int] = {}
+    index = np.array([rows.setdefault(frozenset(s), len(rows)) for s in sets], dtype=np.intp)
+    matrix = np.zeros((len(rows), num_layers))
+    for layers, row in rows.items():
+        matrix[row, list(layers)] = 1.0
+    return matrix, index
 
 
 def match(
