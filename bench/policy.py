@@ -17,7 +17,14 @@ bench/results/policy.json. With --profile, cProfile's top functions (by own time
 decisions.
 
     .venv/bin/python bench/policy.py [--runs N] [--profile]
-    .venv/bin/python bench/policy.py --scale [--runs N]   (cold only, 32 / 256 / 1,024 workers)
+    .venv/bin/python bench/policy.py --scale [--runs N] [--before DIR]
+        (cold only, 32 / 256 / 1,024 workers: wall and CPU milliseconds per decision)
+
+With --scale --before DIR (an older tree, e.g. `git archive 79253ef operator | tar -x -C DIR`),
+each size runs in two fresh processes, the older planner (DIR/operator first on PYTHONPATH)
+and this one, one after the other, and the two decisions are compared: the same choice, eq. 8
+value, step estimate and peak memory, or the bench fails. CPU time is the figure to compare on a
+shared machine (wall time counts the other work's share of the cores).
 """
 
 from __future__ import annotations
@@ -25,8 +32,11 @@ from __future__ import annotations
 import argparse
 import cProfile
 import json
+import os
 import pstats
 import statistics
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -110,9 +120,14 @@ def main() -> None:
     parser.add_argument(
         "--scale", action="store_true", help="cold decisions at 32, 256 and 1,024 workers only"
     )
+    parser.add_argument("--before", metavar="DIR", help="with --scale: an older tree beside")
+    parser.add_argument("--child", nargs=4, type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.child:
+        print(json.dumps(cold_decisions(*args.child)))
+        return
     if args.scale:
-        scale(min(args.runs, 3))
+        scale(min(args.runs, 3), args.before)
         return
     print(
         f"{'DP x PP':>8} {'workers':>7} {'M':>4} {'cold ms (min..max)':>22} {'E runs':>6} "
@@ -137,31 +152,71 @@ def main() -> None:
         profile_one(args.runs)
 
 
-def scale(runs: int) -> None:
-    """Cold decisions (fresh estimates each) as the cluster grows: median ms, estimator runs."""
-    prof = synthetic.synthesize(shapes.named("gpt3-2.7b"), accelerators.named("a100-40gb"), 1, 1)
-    print(f"{'DP x PP':>8} {'workers':>7} {'cold ms (min..max)':>22} {'E runs':>6}  choice")
+def scale(runs: int, before: str | None) -> None:
+    """Cold decisions (fresh estimates each) as the cluster grows, in fresh processes: median
+    wall and CPU ms, estimator runs; with `before`, the older planner beside and the same
+    decision checked."""
+    print(
+        f"{'DP x PP':>8} {'workers':>7} {'planner':>7} {'wall ms (min..max)':>24} "
+        f"{'CPU ms (min..max)':>24} {'E runs':>6}  choice"
+    )
     report = []
     for dp, pp, m in SCALE_SIZES:
-        running = running_plan(dp, pp, m, prof.num_layers)
-        victims = [(7 * i + 3) % len(running.workers) for i in range(runs)]
-        cold = [decide(running, w, screening.Estimates(prof)) for w in victims]
-        row = {
-            "pipelines": dp,
-            "stages": pp,
-            "workers": len(running.workers),
-            "cold_ms": [ms for ms, _, _, _ in cold],
-            "cold_estimator_runs": statistics.median(n for _, n, _, _ in cold),
-            "choice": cold[0][2].choice.label,
-        }
-        report.append(row)
-        print(
-            f"{f'{dp} x {pp}':>8} {row['workers']:>7} {_spread(row['cold_ms']):>22} "
-            f"{row['cold_estimator_runs']:>6}  {row['choice']}"
-        )
+        trees = {"before": f"{before}/operator", "after": None} if before else {"after": None}
+        found_by: dict[str, dict[str, object]] = {}
+        for name, tree in trees.items():
+            found = found_by[name] = _child(dp, pp, m, runs, tree)
+            print(
+                f"{f'{dp} x {pp}':>8} {dp * pp:>7} {name:>7} {_spread(found['wall_ms']):>24} "
+                f"{_spread(found['cpu_ms']):>24} {found['estimator_runs']:>6}  {found['choice']}"
+            )
+        if before and found_by["before"]["decision"] != found_by["after"]["decision"]:
+            raise SystemExit(f"the decisions differ at {dp} x {pp}: {found_by}")
+        report.append({"pipelines": dp, "stages": pp, "micro_batches": m, **found_by})
     SCALE_RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    SCALE_RESULTS.write_text(json.dumps({"time_to_failure_s": HOUR_S, "sizes": report}, indent=2))
+    document = {"time_to_failure_s": HOUR_S, "load_average": os.getloadavg(), "sizes": report}
+    SCALE_RESULTS.write_text(json.dumps(document, indent=2))
     print(f"wrote {SCALE_RESULTS}")
+
+
+def _child(dp: int, pp: int, m: int, runs: int, tree: str | None) -> dict[str, object]:
+    """`cold_decisions` in a fresh process, with `tree` first on the path when given."""
+    env = dict(os.environ)
+    if tree is not None:
+        env["PYTHONPATH"] = os.pathsep.join([tree, env.get("PYTHONPATH", "")])
+    argv = [sys.executable, __file__, "--child", str(dp), str(pp), str(m), str(runs)]
+    done = subprocess.run(argv, env=env, check=True, capture_output=True, text=True)
+    result: dict[str, object] = json.loads(done.stdout)
+    return result
+
+
+def cold_decisions(dp: int, pp: int, m: int, runs: int) -> dict[str, object]:
+    """`runs` cold decisions (a different worker failing each): wall and CPU ms, the median
+    estimator runs, and the first decision's choice and numbers."""
+    # scipy.optimize is imported by the first matching; not part of any decision's time
+    from scipy import optimize  # noqa: F401
+
+    prof = synthetic.synthesize(shapes.named("gpt3-2.7b"), accelerators.named("a100-40gb"), 1, 1)
+    running = running_plan(dp, pp, m, prof.num_layers)
+    wall, cpu, counts, decisions = [], [], [], []
+    for i in range(runs):
+        worker = (7 * i + 3) % len(running.workers)
+        start_cpu = time.process_time()
+        ms, n, decision, _ = decide(running, worker, screening.Estimates(prof))
+        cpu.append((time.process_time() - start_cpu) * 1e3)
+        wall.append(ms)
+        counts.append(n)
+        choice = decision.choice
+        decisions.append(
+            [choice.label, decision.value, choice.estimate.step_s, choice.estimate.peak_bytes]
+        )
+    return {
+        "wall_ms": wall,
+        "cpu_ms": cpu,
+        "estimator_runs": statistics.median(counts),
+        "choice": decisions[0][0],
+        "decision": decisions,
+    }
 
 
 def _spread(values: object) -> str:

@@ -1,21 +1,24 @@
 """Layer and batch distribution (planaria.planner.distribution), Odyssey Alg. 1 lines 13-14.
 
 Covers: remainder placements (count C(S, L mod S), each an even split plus one); the layer split
-equals a brute-force search over every placement with the same estimator and memory filter, and
-is None when nothing fits; a heavy last layer gets the shorter stage; more placements than
-max_splits are pre-ranked by bottleneck compute; the fitted pipeline cost is E's estimate at S
-and 2S micro-batches; the batch sums to the global batch, splits evenly between identical
-pipelines and feeds a deeper (faster) pipeline at least as much.
+equals a brute-force search over every placement with the same estimator and memory filter, and is
+None when nothing fits, also over arbitrary float costs, where the bound that prunes it is never
+above the estimate (hypothesis); a heavy last layer gets the shorter stage; more placements than
+max_splits are pre-ranked by bottleneck compute; the fitted pipeline cost is E's estimate at S and
+2S micro-batches; the batch sums to the global batch, splits evenly between identical pipelines and
+feeds a deeper (faster) pipeline at least as much.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from planaria.contract import plan as plans
+from planaria.contract import profile
 from planaria.planner import distribution, screening
 from tests import strategies
 
@@ -89,3 +92,30 @@ def test_the_fitted_cost_passes_through_the_estimates_at_s_and_2s() -> None:
     for m in (3, 6):
         alone = distribution.pipeline_of((2, 2, 2), [W(0), W(1), W(2)], m)
         assert math.isclose(cost.time_s(m), estimates.pipeline(alone, 1, 1).step_s)
+
+
+@given(
+    st.lists(strategies.layer_profiles(1), min_size=1, max_size=7),
+    st.integers(min_value=1, max_value=5),
+    st.integers(min_value=1, max_value=2**45),
+    strategies.link_profiles(),
+)
+@settings(max_examples=60, deadline=None)
+def test_the_pruned_search_is_the_brute_force_and_its_bound_holds(
+    layers: list[profile.LayerProfile], depth: int, memory_bytes: int, link: profile.LinkProfile
+) -> None:
+    if depth > len(layers):
+        return
+    base = strategies.uniform_profile(len(layers), memory_bytes=memory_bytes)
+    prof = dataclasses.replace(base, layers=tuple(layers), intra_node=link, inter_node=link)
+    estimates = screening.Estimates(prof)
+    scored = []
+    for counts in distribution.remainder_placements(len(layers), depth):
+        alone = distribution.pipeline_of(counts, [W(w) for w in range(depth)], depth)
+        estimate = estimates.pipeline(alone, 1, 1)
+        assert distribution._step_bound_s(prof, counts, depth) <= estimate.step_s * (1 + 1e-12)
+        if estimate.peak_bytes <= memory_bytes:
+            scored.append((estimate.step_s, counts))
+    running = strategies.grid_plan(1, (), len(layers), 1)
+    chosen = distribution.split_layers(screening.Estimates(prof), depth, running, max_splits=32)
+    assert chosen == (min(scored)[1] if scored else None)

@@ -7,11 +7,13 @@ strictly fewer than the identity; the matching's bytes equal a brute-force optim
 node-preserving assignment (hypothesis, up to 6 workers, 1 or 2 GPUs per node); every worker
 receives exactly the layers it lacks, from every live holder, and restores only layers nobody
 holds; node co-location is kept; the bandwidth model against hand-computed times (sources
-spread, intra vs inter node, latency per message, restores); overheads per transition kind.
+spread, intra vs inter node, latency per message, restores) and, exactly, against the
+message-by-message model it replaced (hypothesis); overheads per transition kind.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from collections.abc import Sequence
@@ -277,3 +279,94 @@ def test_rerouting_pays_the_regroup_and_replanning_the_restart_too() -> None:
 def test_overheads_must_be_finite_seconds(field: str, bad: float) -> None:
     with pytest.raises(errors.PlanInputError, match=field):
         transfers.Overheads(**{field: bad})
+
+
+def transfer_s_by_shard(
+    copies: Sequence[plans.LayerTransfer],
+    restores: Sequence[transfers.Restore],
+    prof: profile.Profile,
+    gpus_per_node: int,
+) -> float:
+    """The bandwidth model message by message through `LayerTransfer.shard`: the
+    implementation `transfers.transfer_s` replaced (kept as its oracle)."""
+    load: dict[tuple[plans.WorkerId, bool, bool], tuple[int, int]] = {}
+    for copy in copies:
+        size = transfers.moved_bytes(prof.layers[copy.layer])
+        for source in copy.sources:
+            shard = copy.shard(source, size)
+            intra = source // gpus_per_node == copy.destination // gpus_per_node
+            for key in ((source, intra, True), (copy.destination, intra, False)):
+                count, num_bytes = load.get(key, (0, 0))
+                load[key] = (count + 1, num_bytes + len(shard))
+    for restore in restores:
+        count, num_bytes = load.get((restore.destination, False, False), (0, 0))
+        size = transfers.moved_bytes(prof.layers[restore.layer])
+        load[(restore.destination, False, False)] = (count + 1, num_bytes + size)
+    return max(
+        (
+            c * (prof.intra_node if intra else prof.inter_node).latency_s
+            + b / (prof.intra_node if intra else prof.inter_node).bandwidth_bytes_per_s
+            for (_, intra, _), (c, b) in load.items()
+        ),
+        default=0.0,
+    )
+
+
+@st.composite
+def copies_and_restores(
+    draw: st.DrawFn,
+) -> tuple[list[plans.LayerTransfer], list[transfers.Restore], profile.Profile, int]:
+    """Copies of 1..4 layers among 12 workers (a layer's holders often alike, as after a
+    failure, sometimes not), restores, a profile with odd byte counts and two links of similar
+    speeds (either may be the busiest)."""
+    num_layers = draw(st.integers(min_value=1, max_value=4))
+    sizes = st.integers(min_value=0, max_value=10**4)
+    speeds = st.floats(min_value=1.0, max_value=100.0)
+    latencies = st.floats(min_value=0.0, max_value=1e-2)
+    base = one_layer(
+        1,
+        intra=link(draw(speeds), latency=draw(latencies)),
+        inter=link(draw(speeds), latency=draw(latencies)),
+    )
+    state = draw(st.lists(st.tuples(sizes, sizes), min_size=num_layers, max_size=num_layers))
+    layers = tuple(
+        dataclasses.replace(base.layers[0], parameter_bytes=p, optimizer_bytes=o) for p, o in state
+    )
+    prof = dataclasses.replace(base, layers=layers)
+    workers = st.integers(min_value=0, max_value=11).map(W)
+    holders = {
+        n: draw(st.lists(workers, min_size=1, max_size=6, unique=True)) for n in range(num_layers)
+    }
+    copies = []
+    for _ in range(draw(st.integers(min_value=0, max_value=12))):
+        layer = draw(st.integers(min_value=0, max_value=num_layers - 1))
+        sources = (
+            sorted(holders[layer])
+            if draw(st.booleans())
+            else draw(st.lists(workers, min_size=1, max_size=4, unique=True))
+        )
+        destination = draw(st.sampled_from([W(w) for w in range(12) if W(w) not in sources]))
+        copies.append(
+            plans.LayerTransfer(layer=layer, destination=destination, sources=tuple(sources))
+        )
+    restores = draw(
+        st.lists(
+            st.builds(
+                transfers.Restore,
+                layer=st.integers(min_value=0, max_value=num_layers - 1),
+                destination=workers,
+            ),
+            max_size=3,
+        )
+    )
+    return copies, restores, prof, draw(st.integers(min_value=1, max_value=4))
+
+
+@given(copies_and_restores())
+@settings(max_examples=200, deadline=None)
+def test_the_copy_time_equals_the_message_by_message_model(
+    drawn: tuple[list[plans.LayerTransfer], list[transfers.Restore], profile.Profile, int],
+) -> None:
+    copies, restores, prof, gpus = drawn
+    want = transfer_s_by_shard(copies, restores, prof, gpus)
+    assert transfers.transfer_s(copies, restores, prof, gpus) == want  # ==: same integer sums

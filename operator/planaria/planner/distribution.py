@@ -61,7 +61,11 @@ def split_layers(
     if len(splits) > max_splits:
         splits = heapq.nsmallest(max_splits, splits, key=lambda c: _stage_work_s(prof, c))
     best: tuple[float, tuple[int, ...]] | None = None
-    for counts in splits:
+    # cheapest bound first; a split whose bound exceeds the best step so far cannot win, and
+    # neither can any after it (the answer is that of costing every split)
+    for bound, counts in sorted((_step_bound_s(prof, c, depth), c) for c in splits):
+        if best is not None and bound * (1 - _ROUNDING) > best[0]:
+            break
         # S micro-batches: each stage reaches its steady-state count in flight (memory holds
         # for any larger count) at the least estimation cost
         alone = pipeline_of(counts, [plan.WorkerId(w) for w in range(depth)], depth)
@@ -69,6 +73,27 @@ def split_layers(
         if estimates.fits(estimate) and (best is None or (estimate.step_s, counts) < best):
             best = (estimate.step_s, counts)
     return None if best is None else best[1]
+
+
+# Relative slack on a bound summed in another order than the replay adds the same costs.
+_ROUNDING = 1e-9
+
+
+def _step_bound_s(prof: profile.Profile, counts: tuple[int, ...], num_micro_batches: int) -> float:
+    """A lower bound on E's step of a pipeline of one-GPU stages of `counts` layers running
+    `num_micro_batches` (free links): for each stage s, micro-batch 0's forward through the
+    stages before it, all of s's forwards and backwards one after another, the last
+    micro-batch's backward back through the stages before it, and stage 0's optimizer step
+    are a chain of events each of which waits for the one before (Odyssey eq. 11)."""
+    bounds = list(itertools.accumulate(counts, initial=0))
+    stages = [prof.layers[a:b] for a, b in itertools.pairwise(bounds)]
+    forward = [sum(layer.forward_s[0] for layer in layers) for layers in stages]
+    backward = [sum(layer.backward_s[0] for layer in layers) for layers in stages]
+    optimizer = sum(layer.optimizer_s for layer in stages[0])
+    return optimizer + max(
+        sum(forward[:s]) + num_micro_batches * (forward[s] + backward[s]) + sum(backward[:s])
+        for s in range(len(counts))
+    )
 
 
 def pipeline_of(
@@ -106,6 +131,7 @@ def distribute_batch(
 ) -> tuple[int, ...]:
     """Micro-batches per pipeline minimising the slowest one (Oobleck eq. 6 as solved exactly
     by `batching.distribute`) on the affine costs `pipeline_cost` fits to E's estimator."""
-    costs = [pipeline_cost(estimates, counts, running) for counts in splits]
+    fitted = {counts: pipeline_cost(estimates, counts, running) for counts in set(splits)}
+    costs = [fitted[counts] for counts in splits]  # pipelines of one split share their cost
     spread = batching.distribute(costs, running.global_batch_size, running.micro_batch_size)
     return spread.micro_batches

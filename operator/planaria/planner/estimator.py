@@ -26,6 +26,7 @@ Not here: memory (`memory`), choosing plans (the policy).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from planaria.contract import errors, instructions, plan, profile, schedule
@@ -97,8 +98,7 @@ class ProfileCosts:
         instruction: instructions.Compute | instructions.OptimizerStep | instructions.Snapshot,
     ) -> float:
         if isinstance(instruction, instructions.OptimizerStep):
-            optimizer_s = sum(self.profile.layers[i].optimizer_s for i in instruction.layers)
-            return optimizer_s / stream.width
+            return optimizer_s(self.profile, instruction.layers, stream.width)
         if isinstance(instruction, instructions.Snapshot):
             return 0.0
         key = (instruction.op, instruction.layer_start, instruction.layer_stop, stream.width)
@@ -122,16 +122,30 @@ class ProfileCosts:
         return self._memo[key]
 
     def collective_s(self, instruction: instructions.AllReduce) -> float:
-        num_bytes = sum(self.profile.layers[i].gradient_bytes for i in instruction.layers)
         narrowest = min(self.width[w] for w in instruction.group)
-        return self._link(*instruction.group).allreduce_s(
-            num_bytes / narrowest, len(instruction.group)
-        )
+        return allreduce_s(self._link(*instruction.group), self.profile, instruction, narrowest)
 
     def _link(self, *workers: plan.WorkerId) -> profile.LinkProfile:
         """The intra-node link when all `workers` share a node, else the inter-node link."""
         nodes = {self.schedule.node_of(w) for w in workers}
         return self.profile.intra_node if len(nodes) == 1 else self.profile.inter_node
+
+
+def optimizer_s(prof: profile.Profile, layers: Sequence[int], width: int) -> float:
+    """An OptimizerStep over `layers` on a stage of `width` GPUs: sum of optimizer_s / k."""
+    return sum(prof.layers[i].optimizer_s for i in layers) / width
+
+
+def allreduce_s(
+    link: profile.LinkProfile,
+    prof: profile.Profile,
+    instruction: instructions.AllReduce,
+    narrowest: int,
+) -> float:
+    """Ring all-reduce of the layers' gradient bytes over `link`, per shard of the narrowest
+    member's `narrowest` GPUs (module docstring)."""
+    num_bytes = sum(prof.layers[i].gradient_bytes for i in instruction.layers)
+    return link.allreduce_s(num_bytes / narrowest, len(instruction.group))
 
 
 def _check_fits(sched: schedule.Schedule, prof: profile.Profile) -> None:
@@ -153,11 +167,10 @@ def estimate_step(sched: schedule.Schedule, prof: profile.Profile) -> StepEstima
     the schedule, DeadlockError when the schedule cannot finish."""
     result = execution.replay(sched, ProfileCosts(sched, prof))
     execution.raise_if_stuck(sched, result)
+    step_s = result.step_s  # once: a max over every worker's events
     return StepEstimate(
-        step_s=result.step_s,
-        workers=tuple(
-            _worker_time(s, result.events[s.worker], result.step_s) for s in sched.streams
-        ),
+        step_s=step_s,
+        workers=tuple(_worker_time(s, result.events[s.worker], step_s) for s in sched.streams),
         critical_path=_critical_path(sched, result),
     )
 

@@ -6,7 +6,9 @@ estimate depends on (layer ranges, micro-batches, node pattern: `canonical`), so
 pipelines and relabelled plans are estimated once. The candidate search screens a layout by
 its slowest pipeline alone (Odyssey eq. 10, t_step = max over pipelines) and estimates whole
 plans only for the shortlist; the memo can be filled ahead of a failure (Odyssey §IV-C: the
-search overlaps with training).
+search overlaps with training). A plan without reroutes is not replayed whole: its pipelines'
+replays alone (memoised, usually already made by the screen) and a replay of its all-reduce
+tail give the same numbers (`composition`).
 
 This module adds no cost model of its own: every number comes from `estimator` and `memory`.
 """
@@ -18,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from planaria.contract import errors, plan, profile, schedule
-from planaria.planner import estimator, memory
+from planaria.planner import composition, estimator, memory
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -35,14 +37,23 @@ class Estimates:
     estimates of relabelled plans (a layout and its matched copy, the same layout after
     different failures) and of identical pipelines are computed once. Keep one instance per
     profile to reuse the memo across decisions (Odyssey: the search can run ahead of failures).
-    `memory_bytes` is the per-worker limit plans must fit (default: the profile's accelerator)."""
+    `memory_bytes` is the per-worker limit plans must fit (default: the profile's accelerator).
 
-    def __init__(self, prof: profile.Profile, memory_bytes: int | None = None) -> None:
+    A plan without reroutes is estimated from its pipelines run alone (each replayed once, and
+    usually already, by the screen) and a replay of its gradient tail (`composition`): the
+    same numbers as replaying it whole, bit for bit. `compose=False` replays every plan whole
+    (the reference the tests and `bench/policy.py --before` compare with)."""
+
+    def __init__(
+        self, prof: profile.Profile, memory_bytes: int | None = None, *, compose: bool = True
+    ) -> None:
         if memory_bytes is not None and memory_bytes < 1:
             raise errors.PlanInputError(f"memory_bytes is {memory_bytes}; give bytes >= 1")
         self.profile = prof
         self.memory_bytes = prof.memory_bytes if memory_bytes is None else memory_bytes
+        self.compose = compose
         self._memo: dict[object, Estimate] = {}
+        self._runs: dict[object, composition.PipelineRun] = {}
         self.computed = 0  # estimator runs so far (schedules compiled and replayed)
 
     def whole(self, plan_: plan.Plan) -> Estimate:
@@ -51,12 +62,16 @@ class Estimates:
         shape = canonical(plan_.pipelines, plan_.gpus_per_node)
         key = (shape, plan_.micro_batch_size, plan_.gpus_per_node, plan_.reroutes)
         if key not in self._memo:
-            self.computed += 1
-            sched = schedule.compile_schedule(plan_)
-            self._memo[key] = Estimate(
-                step_s=estimator.estimate_step(sched, self.profile).step_s,
-                peak_bytes=memory.estimate_memory(sched, self.profile).peak_bytes,
-            )
+            composed = self._composed(plan_) if self.compose else None
+            if composed is not None:
+                self._memo[key] = composed
+            else:
+                self.computed += 1
+                sched = schedule.compile_schedule(plan_)
+                self._memo[key] = Estimate(
+                    step_s=estimator.estimate_step(sched, self.profile).step_s,
+                    peak_bytes=memory.estimate_memory(sched, self.profile).peak_bytes,
+                )
         return self._memo[key]
 
     def pipeline(self, pipeline: plan.Pipeline, micro_batch_size: int, gpus: int) -> Estimate:
@@ -71,6 +86,39 @@ class Estimates:
 
     def fits(self, estimate: Estimate) -> bool:
         return estimate.peak_bytes <= self.memory_bytes
+
+    def _composed(self, plan_: plan.Plan) -> Estimate | None:
+        """`composition`'s estimate: each distinct pipeline outside the reroutes replayed alone
+        once, those in them together, then the tail; None when it must be replayed whole."""
+        moved = composition.involved(plan_)
+        arrival: dict[plan.WorkerId, float] = {}
+        peak = 0
+        if moved:
+            rerouted = composition.run_rerouted(plan_, moved, self.profile)
+            if rerouted is None:
+                return None
+            self.computed += 1
+            arrival, peak = rerouted
+        gpus = plan_.gpus_per_node
+        alone = [p for q, p in enumerate(plan_.pipelines) if q not in moved]
+        runs = [self._run(p, plan_.micro_batch_size, gpus) for p in alone]
+        if len(runs) == len(plan_.pipelines) == 1:  # alone, the replay timed the tail already
+            return Estimate(step_s=runs[0].step_s, peak_bytes=runs[0].peak_bytes)
+        for pipeline, run in zip(alone, runs, strict=True):
+            arrival.update(composition.arrivals(pipeline, run))
+        return Estimate(
+            step_s=composition.step_s(plan_, arrival, self.profile),
+            peak_bytes=max([peak, *(r.peak_bytes for r in runs)]),
+        )
+
+    def _run(
+        self, pipeline: plan.Pipeline, micro_batch_size: int, gpus: int
+    ) -> composition.PipelineRun:
+        key = (canonical((pipeline,), gpus), micro_batch_size, gpus)
+        if key not in self._runs:
+            self.computed += 1
+            self._runs[key] = composition.run_alone(pipeline, micro_batch_size, gpus, self.profile)
+        return self._runs[key]
 
 
 _Shape = tuple[tuple[tuple[tuple[int, int, tuple[int, ...]], ...], int], ...]

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -149,17 +149,28 @@ def cost_matrix(
     held: Sequence[frozenset[int]], wanted: Sequence[frozenset[int]], layer_bytes: Sequence[int]
 ) -> CostMatrix:
     """cost[i][j]: bytes survivor i must receive to play role j (Odyssey §IV-B)."""
-    num_layers = len(layer_bytes)
-    have = np.zeros((len(held), num_layers))
-    need = np.zeros((len(wanted), num_layers))
-    for i, layers in enumerate(held):
-        have[i, list(layers)] = 1.0
-    for j, layers in enumerate(wanted):
-        need[j, list(layers)] = 1.0
+    # survivors of one stage hold the same layers and roles repeat: cost each distinct pair
+    # once (entries are sums of integer byte counts: exact in float64 in any order while a
+    # model holds under 2**53 bytes, 9 PB)
+    have, held_index = _incidence(held, len(layer_bytes))
+    need, wanted_index = _incidence(wanted, len(layer_bytes))
     weights = np.asarray(layer_bytes, dtype=np.float64)
     # (1 - have) masks what a survivor already holds; dropping a layer it holds costs nothing
-    result: CostMatrix = ((1.0 - have) * weights) @ need.T
+    distinct = ((1.0 - have) * weights) @ need.T
+    result: CostMatrix = distinct[np.ix_(held_index, wanted_index)]
     return result
+
+
+def _incidence(
+    sets: Sequence[Collection[int]], num_layers: int
+) -> tuple[CostMatrix, npt.NDArray[np.intp]]:
+    """0/1 rows of the distinct layer sets among `sets`, and each set's row."""
+    rows: dict[frozenset[int], int] = {}
+    index = np.array([rows.setdefault(frozenset(s), len(rows)) for s in sets], dtype=np.intp)
+    matrix = np.zeros((len(rows), num_layers))
+    for layers, row in rows.items():
+        matrix[row, list(layers)] = 1.0
+    return matrix, index
 
 
 def match(
@@ -291,22 +302,36 @@ def transfer_s(
 ) -> float:
     """Seconds to move everything: the busiest worker's send or receive direction on one link
     kind (module docstring). 0.0 when nothing moves."""
-    load: dict[tuple[plan.WorkerId, bool, bool], tuple[int, float]] = defaultdict(lambda: (0, 0))
+    load: dict[tuple[plan.WorkerId, bool, bool], tuple[int, int]] = defaultdict(lambda: (0, 0))
+
+    def add(key: tuple[plan.WorkerId, bool, bool], count: int, num_bytes: int) -> None:
+        if count:
+            before = load[key]
+            load[key] = (before[0] + count, before[1] + num_bytes)
+
+    # every destination of a layer gets it from the same holders in the same shards: one pass
+    # over the holders per layer, not per (destination, source); integer sums, so the same
+    # totals as adding `LayerTransfer.shard` message by message
+    by_layer: dict[tuple[int, tuple[plan.WorkerId, ...]], list[plan.WorkerId]] = defaultdict(list)
     for transfer in transfers:
-        size = moved_bytes(prof.layers[transfer.layer])
-        # every source's shard is one message on its send side and the destination's receive
-        for source in transfer.sources:
-            shard = transfer.shard(source, size)
-            intra = source // gpus_per_node == transfer.destination // gpus_per_node
-            for key in ((source, intra, True), (transfer.destination, intra, False)):
-                count, num_bytes = load[key]
-                load[key] = (count + 1, num_bytes + len(shard))
+        by_layer[(transfer.layer, transfer.sources)].append(transfer.destination)
+    for (layer, sources), destinations in by_layer.items():
+        size, k = moved_bytes(prof.layers[layer]), len(sources)
+        shards = [(i + 1) * size // k - i * size // k for i in range(k)]
+        to_node = Counter(d // gpus_per_node for d in destinations)
+        from_node: dict[int, tuple[int, int]] = defaultdict(lambda: (0, 0))
+        for source, shard in zip(sources, shards, strict=True):
+            near = to_node[source // gpus_per_node]
+            add((source, True, True), near, near * shard)
+            add((source, False, True), len(destinations) - near, (len(destinations) - near) * shard)
+            count, num_bytes = from_node[source // gpus_per_node]
+            from_node[source // gpus_per_node] = (count + 1, num_bytes + shard)
+        for destination in destinations:
+            count, num_bytes = from_node.get(destination // gpus_per_node, (0, 0))
+            add((destination, True, False), count, num_bytes)
+            add((destination, False, False), k - count, size - num_bytes)
     for restore in restores:  # snapshot shards sit on other nodes (REFT §4): inter-node link
-        count, num_bytes = load[(restore.destination, False, False)]
-        load[(restore.destination, False, False)] = (
-            count + 1,
-            num_bytes + moved_bytes(prof.layers[restore.layer]),
-        )
+        add((restore.destination, False, False), 1, moved_bytes(prof.layers[restore.layer]))
     return max((_busy_s(prof, intra, c, b) for (_, intra, _), (c, b) in load.items()), default=0.0)
 
 
