@@ -1,0 +1,230 @@
+"""Hugging Face causal LMs (Llama, GPT-2) cut into the planner's ordered layers.
+
+A shape whose `family` is one of `shapes.HF_FAMILIES` carries its Hugging Face config as JSON
+(`shapes.hf_reference`); `build_layer` builds one planner layer of it from `transformers`' own
+modules, wrapped so that every layer is called with one tensor, as Planaria's GPT layers are:
+
+    layer 0            embeddings      Llama: embed_tokens; GPT-2: wte + wpe
+    layers 1..L        decoder block   hidden -> hidden; position ids, rotary cos/sin (Llama)
+                                       and the causal mask (SDPA's is_causal) made inside
+    layer L + 1        final norm + lm_head
+
+Initialisation is Planaria's, not transformers': each layer's parameters are drawn on the CPU
+from a generator seeded with (seed, layer index) (`model.layer_seed`), in module order, with
+the family's scheme (matrices N(0, initializer_range), GPT-2's residual projections scaled by
+1 / sqrt(2 * n_layer), biases zero, norm gains one), so any worker building any subset of the
+layers has bit-identical parameters. Dropout is forced to 0 (the same inputs give the same
+outputs wherever a layer runs), and the model's vocabulary is the shape's (a tokenizer's).
+
+Tied embeddings (GPT-2's `tie_word_embeddings`): the head layer holds its own `lm_head.weight`,
+initialised equal to the embedding's `wte` (drawn from the embedding layer's generator); the
+two copies are then trained UNTIED, each with its own gradient and AdamW state (documented in
+docs/running.md). `export_names` writes both tensors, and the exported config says
+`tie_word_embeddings: false`, so what a user loads back is what was trained.
+
+`transformers` is imported lazily, only when an HF layer is built: the core install and the
+built-in GPT never pay for it.
+
+Not here: the shared seam (`model.build_layer` dispatches here), the optimizer and per-layer
+state (`model`), the safetensors export (`hf_export`).
+
+Errors: HfModelError (ValueError) for a config transformers refuses, or a missing dependency.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from planaria.contract import shapes
+
+# Config fields set whatever the user gave: no dropout, the SDPA kernel (causal without a mask).
+_DROPOUT = {
+    "llama": ("attention_dropout",),
+    "gpt2": ("attn_pdrop", "resid_pdrop", "embd_pdrop", "summary_first_dropout"),
+}
+
+
+class HfModelError(ValueError):
+    """A Hugging Face model source that cannot be built; the message says what to change."""
+
+
+@functools.lru_cache(maxsize=8)
+def hf_config(shape: shapes.ModelShape) -> Any:
+    """The transformers config of `shape`: its JSON with the shape's vocabulary, no dropout,
+    SDPA attention and untied embeddings (the head trains its own copy; module docstring)."""
+    raw = json.loads(shape.hf_config)
+    raw.update({key: 0.0 for key in _DROPOUT[shape.family]})
+    raw.update(vocab_size=shape.vocab_size, tie_word_embeddings=False, use_cache=False)
+    raw.pop("architectures", None)
+    raw.pop("model_type", None)
+    config_class = _transformers_class(shape.family, "Config")
+    try:
+        config = config_class(**raw)
+    except (TypeError, ValueError) as exc:
+        raise HfModelError(f"modelSource.config: transformers refuses it: {exc}") from exc
+    config._attn_implementation = "sdpa"
+    return config
+
+
+class LlamaEmbedding(nn.Module):
+    """Planner layer 0 of a Llama: token embeddings only (positions are rotary, per block)."""
+
+    def __init__(self, config: Any) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        hidden: torch.Tensor = self.embed_tokens(ids)
+        return hidden
+
+
+class Gpt2Embedding(nn.Module):
+    """Planner layer 0 of a GPT-2: token plus learned position embeddings."""
+
+    def __init__(self, config: Any) -> None:
+        super().__init__()
+        self.wte = nn.Embedding(config.vocab_size, config.n_embd)
+        self.wpe = nn.Embedding(config.n_positions, config.n_embd)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        positions = torch.arange(ids.shape[1], device=ids.device)
+        hidden: torch.Tensor = self.wte(ids) + self.wpe(positions)
+        return hidden
+
+
+class DecoderBlock(nn.Module):
+    """One transformers decoder layer called with the hidden states alone: position ids (and a
+    Llama's rotary cos/sin) are made here; SDPA without a mask is causal."""
+
+    def __init__(self, family: str, config: Any, block: int) -> None:
+        super().__init__()
+        self.family = family
+        self.block = _transformers_class(family, "DecoderLayer")(config, layer_idx=block)
+        # Buffers only (inv_freq), no parameters: not part of the layer's state.
+        rotary = _transformers_class(family, "RotaryEmbedding") if family == "llama" else None
+        self.rotary = None if rotary is None else rotary(config)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.rotary is None:
+            out = self.block(x)
+        else:
+            positions = torch.arange(x.shape[1], device=x.device).unsqueeze(0)
+            cos_sin = self.rotary(x, positions)
+            out = self.block(x, position_ids=positions, position_embeddings=cos_sin)
+        return out[0] if isinstance(out, tuple) else out
+
+
+class HfHead(nn.Module):
+    """The last planner layer: the final norm and the output projection to logits."""
+
+    produces_logits = True  # `model.is_head`
+
+    def __init__(self, family: str, config: Any) -> None:
+        super().__init__()
+        if family == "llama":
+            norm_class = _transformers_class(family, "RMSNorm")
+            self.norm: nn.Module = norm_class(config.hidden_size, eps=config.rms_norm_eps)
+        else:
+            self.ln_f = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        norm = self.norm if hasattr(self, "norm") else self.ln_f
+        logits: torch.Tensor = self.lm_head(norm(x))
+        return logits
+
+
+def layer_module(shape: shapes.ModelShape, index: int) -> nn.Module:
+    """Planner layer `index` of `shape`, built on the current default device, uninitialised
+    (`model.build_layer` builds on meta, materialises and calls `initialise`)."""
+    config = hf_config(shape)
+    if index == 0:
+        return LlamaEmbedding(config) if shape.family == "llama" else Gpt2Embedding(config)
+    if index == shape.num_layers + 1:
+        return HfHead(shape.family, config)
+    return DecoderBlock(shape.family, config, index - 1)
+
+
+def rotary_buffers(shape: shapes.ModelShape, layer: nn.Module) -> None:
+    """Give a Llama block built on meta its rotary module again, made on the CPU (its inverse
+    frequencies are computed, not drawn: no randomness)."""
+    if isinstance(layer, DecoderBlock) and layer.rotary is not None:
+        layer.rotary = _transformers_class(shape.family, "RotaryEmbedding")(hf_config(shape))
+
+
+def initialise(
+    shape: shapes.ModelShape, layer: nn.Module, index: int, generators: Sequence[torch.Generator]
+) -> None:
+    """The family's init of `layer`'s parameters in module order from `generators[0]` (module
+    docstring). A GPT-2 head draws its `lm_head` from `generators[1]`, the embedding layer's
+    generator, so it starts equal to `wte` (the tie)."""
+    config = hf_config(shape)
+    std = config.initializer_range
+    residual_std = std / math.sqrt(2 * shape.num_layers)
+    for module_name, module in layer.named_modules():
+        for name, p in module.named_parameters(recurse=False):
+            if p.dim() >= 2:
+                scaled = shape.family == "gpt2" and module_name.endswith("c_proj")
+                source = generators[-1] if _tied_head(shape, module_name) else generators[0]
+                nn.init.normal_(p, 0.0, residual_std if scaled else std, generator=source)
+            elif name == "weight" and "norm" in type(module).__name__.lower():
+                nn.init.ones_(p)
+            else:
+                nn.init.zeros_(p)
+
+
+def _tied_head(shape: shapes.ModelShape, module_name: str) -> bool:
+    return shape.family == "gpt2" and module_name == "lm_head"
+
+
+def export_names(shape: shapes.ModelShape, index: int, names: Sequence[str]) -> list[str]:
+    """The transformers state-dict names of layer `index`'s parameters `names` (for
+    `LlamaForCausalLM` / `GPT2LMHeadModel`)."""
+    base = "model." if shape.family == "llama" else "transformer."
+    if index == 0:
+        return [base + name for name in names]
+    if index == shape.num_layers + 1:
+        return [name if name.startswith("lm_head") else base + name for name in names]
+    inner = "layers" if shape.family == "llama" else "h"
+    return [f"{base}{inner}.{index - 1}.{name.removeprefix('block.')}" for name in names]
+
+
+def export_config(shape: shapes.ModelShape) -> dict[str, Any]:
+    """The config.json of an exported checkpoint: the model's, as trained (module docstring)."""
+    raw: dict[str, Any] = hf_config(shape).to_dict()
+    raw["architectures"] = ["LlamaForCausalLM" if shape.family == "llama" else "GPT2LMHeadModel"]
+    return raw
+
+
+def causal_lm(shape: shapes.ModelShape) -> nn.Module:
+    """An empty transformers causal LM of `shape` (for loading an export back: tests, users)."""
+    return _transformers_class(shape.family, "ForCausalLM")(hf_config(shape))
+
+
+def _transformers_class(family: str, suffix: str) -> Any:
+    """transformers' `<Family><suffix>` class, imported on first use (module docstring)."""
+    try:
+        if family == "llama":
+            from transformers.models.llama import modeling_llama as module
+        else:
+            from transformers.models.gpt2 import modeling_gpt2 as module
+        from transformers.models.gpt2 import configuration_gpt2
+        from transformers.models.llama import configuration_llama
+    except ImportError as exc:
+        raise HfModelError(
+            "a Hugging Face model needs transformers; pip install 'planaria[hf]'"
+        ) from exc
+    prefix = "Llama" if family == "llama" else "GPT2"
+    if suffix == "Config":
+        config_module = configuration_llama if family == "llama" else configuration_gpt2
+        return getattr(config_module, prefix + suffix)
+    if family == "gpt2":
+        suffix = {"DecoderLayer": "Block", "ForCausalLM": "LMHeadModel"}.get(suffix, suffix)
+    return getattr(module, prefix + suffix)
