@@ -1,0 +1,166 @@
+"""Hugging Face causal LMs as planner layers (planaria.agent.training.hf_models via `model`).
+
+Covers, with tiny 2-block configs (Llama with grouped-query attention, GPT-2): the layers a
+worker builds are bit-identical whichever subset it builds and however often; the layers run in
+order give bit for bit the logits of transformers' own `LlamaForCausalLM` / `GPT2LMHeadModel`
+holding the same parameters (so the wrappers' position ids, rotary embeddings and causal mask
+are transformers'); GPT-2's head copy starts equal to `wte`; the planner's parameter counts
+(`shapes`) equal the built layers'; per-layer state extract/load round trips bit-exactly; the
+profiler measures an HF model's layers; and, across real processes (gloo), one plan that holds
+a 2-stage pipeline beside a 1-stage replica (pipeline, data parallel and heterogeneous at once)
+trains each family bit for bit like the single-process reference in exact mode: per-step
+losses, parameters and AdamW moments.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+from planaria.agent.execution import profiler
+from planaria.agent.harness import local_cluster
+from planaria.agent.training import comparison, data, hf_models, model, reference, semantics
+from planaria.contract import plan, shapes
+from planaria.wire import messages
+
+pytest.importorskip("transformers")
+
+SEED = 5
+STEPS = 3
+VOCAB = 256  # byte tokens
+LLAMA = {
+    "vocab_size": VOCAB,
+    "hidden_size": 32,
+    "intermediate_size": 48,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 16,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+}
+GPT2 = {
+    "vocab_size": VOCAB,
+    "n_embd": 32,
+    "n_layer": 2,
+    "n_head": 4,
+    "n_positions": 16,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+}
+FAMILIES = {"llama": LLAMA, "gpt2": GPT2}
+
+
+def _shape(family: str) -> shapes.ModelShape:
+    return shapes.resolve(shapes.hf_reference(family, FAMILIES[family]))
+
+
+@pytest.fixture(scope="module")
+def tokens() -> data.Tokens:
+    return data.load_default_corpus(max_bytes=50_000)
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_layers_equal_whichever_subset_is_built(family: str) -> None:
+    shape = _shape(family)
+    whole = model.build_layers(shape, SEED)
+    for index in (2, 0, 3):
+        alone = model.build_layer(shape, SEED, index)
+        pairs = zip(alone.parameters(), whole[index].parameters(), strict=True)
+        assert all(torch.equal(a, b) for a, b in pairs)
+    other = model.build_layer(shape, SEED + 1, 1)
+    pairs = zip(other.parameters(), whole[1].parameters(), strict=True)
+    matrices = [(a, b) for a, b in pairs if a.dim() > 1]
+    assert not any(torch.equal(a, b) for a, b in matrices)
+    # (GPT-2's wpe has n_positions rows, the count seq_len: equal here, seqLen left at 0.)
+    counts = [sum(p.numel() for p in layer.parameters()) for layer in whole]
+    assert counts == list(shape.layer_parameters())
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_layers_in_order_give_transformers_logits_bit_for_bit(family: str) -> None:
+    shape = _shape(family)
+    layers = model.build_layers(shape, SEED)
+    reference_lm = hf_models.causal_lm(shape)
+    weights = {}
+    for index, layer in enumerate(layers):
+        names, params = zip(*layer.named_parameters(), strict=True)
+        weights.update(zip(hf_models.export_names(shape, index, names), params, strict=True))
+    reference_lm.load_state_dict(weights, strict=True)
+    ids = torch.randint(0, VOCAB, (2, shape.seq_len), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.equal(model.run_layers(layers, ids), reference_lm(ids).logits)
+    if family == "gpt2":
+        assert torch.equal(layers[0].wte.weight, layers[-1].lm_head.weight)
+
+
+def test_layer_state_round_trips_and_the_profiler_measures_every_layer() -> None:
+    shape = _shape("llama")
+    config = model.OptimizerConfig()
+    layer = model.build_layer(shape, SEED, 1)
+    optimizer = model.make_optimizer(layer, config)
+    layer(torch.randn(1, 8, 32)).sum().backward()
+    optimizer.step()
+    state = model.extract_layer_state(1, layer, optimizer)
+    fresh = model.build_layer(shape, SEED + 9, 1)
+    fresh_optimizer = model.make_optimizer(fresh, config)
+    model.load_layer_state(1, fresh, fresh_optimizer, state)
+    again = model.extract_layer_state(1, fresh, fresh_optimizer)
+    assert comparison.compare({1: again}, {1: state}).equal
+    measured = profiler.measure_profile(shape, 1, warmup=0, repeats=1, device="cpu")
+    assert [layer.name for layer in measured.layers] == ["embedding", "block.0", "block.1", "head"]
+    assert measured.layers[1].parameter_bytes == 4 * shape.block_parameters()
+
+
+# --- across processes -------------------------------------------------------------------------
+
+# A 2-stage pipeline (workers 0, 1) beside a 1-stage replica of all 4 layers (worker 2).
+MIXED = plan.Plan(
+    pipelines=(
+        plan.Pipeline(
+            stages=(
+                plan.Stage(layer_start=0, layer_stop=2, workers=(plan.WorkerId(0),)),
+                plan.Stage(layer_start=2, layer_stop=4, workers=(plan.WorkerId(1),)),
+            ),
+            num_micro_batches=2,
+        ),
+        plan.Pipeline(
+            stages=(plan.Stage(layer_start=0, layer_stop=4, workers=(plan.WorkerId(2),)),),
+            num_micro_batches=1,
+        ),
+    ),
+    micro_batch_size=2,
+)
+
+
+@pytest.fixture(scope="module")
+def cluster(tokens: data.Tokens) -> Iterator[local_cluster.LocalCluster]:
+    with local_cluster.LocalCluster(workers=range(3), tokens=tokens, timeout_s=60.0) as pool:
+        yield pool
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_a_pipeline_beside_a_replica_trains_exactly_like_the_reference(
+    cluster: local_cluster.LocalCluster, tokens: data.Tokens, family: str
+) -> None:
+    config = semantics.TrainingConfig(
+        shape=_shape(family),
+        seed=SEED,
+        global_batch_size=MIXED.global_batch_size,
+        micro_batch_size=MIXED.micro_batch_size,
+        optimizer=model.OptimizerConfig(lr=3e-3, eps=1e-6),
+        reduction=messages.Reduction.EXACT,
+    )
+    run = cluster.run(config, MIXED, range(STEPS))
+    assert run.ok, (run.errors, run.lost)
+    trainer = reference.ReferenceTrainer(config, tokens)
+    losses = [trainer.step(step) for step in range(STEPS)]
+    assert list(run.losses) == losses
+    for index in range(4):
+        want = {index: trainer.layer_state(index)}
+        for worker, states in run.states.items():
+            if index in states:
+                found = comparison.compare({index: states[index]}, want)
+                assert found.equal, f"worker {worker}, layer {index}: {found.describe()}"
