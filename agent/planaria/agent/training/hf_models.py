@@ -118,7 +118,8 @@ class DecoderBlock(nn.Module):
             positions = torch.arange(x.shape[1], device=x.device).unsqueeze(0)
             cos_sin = self.rotary(x, positions)
             out = self.block(x, position_ids=positions, position_embeddings=cos_sin)
-        return out[0] if isinstance(out, tuple) else out
+        hidden: torch.Tensor = out[0] if isinstance(out, tuple) else out
+        return hidden
 
 
 class HfHead(nn.Module):
@@ -205,18 +206,15 @@ def export_config(shape: shapes.ModelShape) -> dict[str, Any]:
 
 def causal_lm(shape: shapes.ModelShape) -> nn.Module:
     """An empty transformers causal LM of `shape` (for loading an export back: tests, users)."""
-    return _transformers_class(shape.family, "ForCausalLM")(hf_config(shape))
+    lm: nn.Module = _transformers_class(shape.family, "ForCausalLM")(hf_config(shape))
+    return lm
 
 
 def _transformers_class(family: str, suffix: str) -> Any:
     """transformers' `<Family><suffix>` class, imported on first use (module docstring)."""
     try:
-        if family == "llama":
-            from transformers.models.llama import modeling_llama as module
-        else:
-            from transformers.models.gpt2 import modeling_gpt2 as module
-        from transformers.models.gpt2 import configuration_gpt2
-        from transformers.models.llama import configuration_llama
+        from transformers.models.gpt2 import configuration_gpt2, modeling_gpt2
+        from transformers.models.llama import configuration_llama, modeling_llama
     except ImportError as exc:
         raise HfModelError(
             "a Hugging Face model needs transformers; pip install 'planaria[hf]'"
@@ -227,4 +225,4 @@ def _transformers_class(family: str, suffix: str) -> Any:
         return getattr(config_module, prefix + suffix)
     if family == "gpt2":
         suffix = {"DecoderLayer": "Block", "ForCausalLM": "LMHeadModel"}.get(suffix, suffix)
-    return getattr(module, prefix + suffix)
+    return getattr(modeling_llama if family == "llama" else modeling_gpt2, prefix + suffix)
