@@ -9,7 +9,8 @@ disk: the failures (`--fail` parsed and checked against the job by the job file'
 `--mtbf`, `--metrics-port`, the two directories, `--out` and `--snapshot-base`, the job's
 device: `device: cuda` needs a GPU per worker on this machine (`planaria.local.devices`), and
 the job's data when it needs tokenising (`prepare_data`: it is tokenised into its cache here,
-once, before any agent starts).
+once, before any agent starts), and that a Hugging Face model source can be built
+(`check_model`: transformers installed).
 
 A directory is checked by trying it, not with `os.access`: the missing folders are made, a
 temporary file is created in the last and everything made is removed again. root passes every
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import os
 import tempfile
 from collections.abc import Callable
@@ -88,6 +90,7 @@ def options(
     check_directory(out, "--out", default=not args.out)
     check_directory(base, "--snapshot-base", default=not args.snapshot_base)
     prepare_data(args.job, spec.data)
+    check_model(args.job, spec)
     return Options(
         failures=tuple(failures),
         mtbf_s=mtbf_s,
@@ -142,6 +145,16 @@ def prepare_data(source: str, spec: job.DataSpec) -> None:
         corpora.load(settings)
     except data.CorpusError as exc:
         raise RunCommandError(f"{source}: {exc}") from None
+
+
+def check_model(source: str, spec: job.JobSpec) -> None:
+    """RunCommandError when the job's modelSource needs transformers and it is not installed
+    (found without importing it: the agents import it, this process never needs it)."""
+    if spec.model_source is not None and importlib.util.find_spec("transformers") is None:
+        raise RunCommandError(
+            f"{source}: modelSource needs transformers; install planaria[hf] "
+            "(pip install 'planaria[hf]')"
+        )
 
 
 UNUSED_DEFAULT = "(the default corpus)"  # a stand-in where only the data's kind is asked

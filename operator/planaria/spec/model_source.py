@@ -28,6 +28,9 @@ from pydantic import alias_generators
 from planaria.contract import errors, shapes
 
 
+MAX_CONFIG_KEYS = 256  # bounds the CRD's map (and so its CEL immutability rule's cost)
+
+
 class ModelSourceError(ValueError):
     """A model source that cannot be read; the message starts with the field, ends with the fix."""
 
@@ -56,6 +59,7 @@ class ModelSourceSpec(pydantic.BaseModel):
         None,
         description="The model's config.json inline, with transformers' field names. Give "
         "config or configPath.",
+        max_length=MAX_CONFIG_KEYS,
         json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
     )
     config_path: str = pydantic.Field(
