@@ -5,7 +5,10 @@ Covers, for a tiny Llama and GPT-2 after an AdamW step (so the head copy of GPT-
 from `wte`): the folder written loads back with transformers' `from_pretrained`, and the loaded
 model gives bit for bit the logits of Planaria's layers holding the exported states, with the
 trained vocabulary (a tokenizer's, not the config's); states of another config, or missing a
-layer, and a named (non-HF) shape are refused with one line naming the fix.
+layer, and a named (non-HF) shape are refused with one line naming the fix. A model folder
+(the export, and a tied GPT-2 folder without `lm_head.weight`) gives a new job's initial
+weights bit for bit, whatever the seed; a folder of another config or vocabulary is refused
+from its headers with one line naming modelSource.checkpointPath and the fix.
 """
 
 from __future__ import annotations
@@ -16,37 +19,22 @@ from pathlib import Path
 import pytest
 import torch
 
-from planaria.agent.training import hf_export, model
+from planaria.agent.training import hf_export, hf_models, model
 from planaria.contract import shapes
-from tests.agent import test_hf_models as hf_cases
+from tests import hf_models as hf_cases
 
 transformers = pytest.importorskip("transformers")
+safetensors_torch = pytest.importorskip("safetensors.torch")
 
 TRAINED_VOCAB = 300  # as a tokenizer would set it (the configs say 256)
-
-
-def _trained(shape: shapes.ModelShape) -> tuple[list[torch.nn.Module], dict[int, model.LayerState]]:
-    """The layers of `shape` after one AdamW step on a random batch, and their states."""
-    layers = model.build_layers(shape, hf_cases.SEED)
-    optimizers = [model.make_optimizer(layer, model.OptimizerConfig(lr=1e-2)) for layer in layers]
-    ids = torch.randint(0, shape.vocab_size, (2, 9), generator=torch.Generator().manual_seed(1))
-    logits = model.run_layers(layers, ids[:, :-1])
-    model.micro_batch_loss(logits, ids[:, 1:], 2).backward()
-    for optimizer in optimizers:
-        optimizer.step()
-    states = {
-        i: model.extract_layer_state(i, layer, opt)
-        for i, (layer, opt) in enumerate(zip(layers, optimizers, strict=True))
-    }
-    return layers, states
 
 
 @pytest.mark.parametrize("family", list(hf_cases.FAMILIES))
 def test_an_export_loads_back_into_transformers_with_the_same_logits(
     family: str, tmp_path: Path
 ) -> None:
-    shape = dataclasses.replace(hf_cases._shape(family), vocab_size=TRAINED_VOCAB)
-    layers, states = _trained(shape)
+    shape = dataclasses.replace(hf_cases.shape(family), vocab_size=TRAINED_VOCAB)
+    layers, states = hf_cases.trained(shape)
     hf_export.export(shape, states, tmp_path)
     loaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path)
     assert loaded.config.vocab_size == TRAINED_VOCAB
@@ -58,8 +46,8 @@ def test_an_export_loads_back_into_transformers_with_the_same_logits(
 
 
 def test_states_of_another_model_are_refused(tmp_path: Path) -> None:
-    llama = hf_cases._shape("llama")
-    _, states = _trained(llama)
+    llama = hf_cases.shape("llama")
+    _, states = hf_cases.trained(llama)
     wider = shapes.resolve(shapes.hf_reference("llama", {**hf_cases.LLAMA, "hidden_size": 64}))
     with pytest.raises(hf_export.ExportError, match=r"^layer 0 of the checkpoint does not match"):
         hf_export.export(wider, states, tmp_path)
@@ -68,3 +56,37 @@ def test_states_of_another_model_are_refused(tmp_path: Path) -> None:
     with pytest.raises(hf_export.ExportError, match="Planaria's own GPT"):
         hf_export.export(shapes.named("tiny"), states, tmp_path)
     assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("tied", [False, True], ids=["its own files", "a tied GPT-2 folder"])
+def test_a_model_folder_gives_the_initial_weights(tmp_path: Path, tied: bool) -> None:
+    family = "gpt2" if tied else "llama"
+    shape = dataclasses.replace(hf_cases.shape(family), vocab_size=TRAINED_VOCAB)
+    layers, states = hf_cases.trained(shape)
+    hf_export.export(shape, states, tmp_path)
+    if tied:  # as GPT-2 checkpoints are stored: lm_head is wte
+        weights = safetensors_torch.load_file(tmp_path / "model.safetensors")
+        del weights["lm_head.weight"]
+        safetensors_torch.save_file(weights, tmp_path / "model.safetensors")
+    source = shapes.hf_reference(family, hf_cases.FAMILIES[family], 0, str(tmp_path))
+    loaded = dataclasses.replace(shapes.resolve(source), vocab_size=TRAINED_VOCAB)
+    hf_models.check_weights(loaded)
+    for index, layer in enumerate(model.build_layers(loaded, seed=99)):
+        want = list(layers[index].parameters())
+        if tied and index == len(layers) - 1:
+            want[-1] = layers[0].wte.weight  # the one stored tensor, trained as the embedding
+        assert all(map(torch.equal, layer.parameters(), want)), index
+
+
+def test_a_model_folder_of_another_config_or_vocabulary_is_refused(tmp_path: Path) -> None:
+    shape = hf_cases.shape("llama")
+    hf_export.export(shape, hf_cases.trained(shape)[1], tmp_path)
+    wider = {**hf_cases.LLAMA, "hidden_size": 64}
+    for config, vocab in ((wider, hf_cases.VOCAB), (hf_cases.LLAMA, TRAINED_VOCAB)):
+        source = shapes.resolve(shapes.hf_reference("llama", config, 0, str(tmp_path)))
+        other = dataclasses.replace(source, vocab_size=vocab)
+        with pytest.raises(hf_models.HfModelError) as caught:
+            hf_models.check_weights(other)
+        message = str(caught.value)
+        assert message.startswith("modelSource.checkpointPath: tensor 'model.embed_tokens.weight'")
+        assert message.endswith("give the checkpoint that matches them") and "\n" not in message

@@ -21,40 +21,17 @@ import torch
 
 from planaria.agent.execution import profiler
 from planaria.agent.harness import local_cluster
-from planaria.agent.training import comparison, data, hf_models, model, reference, semantics
-from planaria.contract import plan, shapes
+from planaria.agent.training import comparison, data, model, reference, semantics
+from planaria.agent.training import hf_models as hf_layers
+from planaria.contract import plan
 from planaria.wire import messages
+from tests import hf_models
 
 pytest.importorskip("transformers")
 
-SEED = 5
+SEED, VOCAB, FAMILIES = hf_models.SEED, hf_models.VOCAB, hf_models.FAMILIES
 STEPS = 3
-VOCAB = 256  # byte tokens
-LLAMA = {
-    "vocab_size": VOCAB,
-    "hidden_size": 32,
-    "intermediate_size": 48,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "max_position_embeddings": 16,
-    "bos_token_id": 1,
-    "eos_token_id": 2,
-}
-GPT2 = {
-    "vocab_size": VOCAB,
-    "n_embd": 32,
-    "n_layer": 2,
-    "n_head": 4,
-    "n_positions": 16,
-    "bos_token_id": 1,
-    "eos_token_id": 2,
-}
-FAMILIES = {"llama": LLAMA, "gpt2": GPT2}
-
-
-def _shape(family: str) -> shapes.ModelShape:
-    return shapes.resolve(shapes.hf_reference(family, FAMILIES[family]))
+_shape = hf_models.shape
 
 
 @pytest.fixture(scope="module")
@@ -83,11 +60,11 @@ def test_layers_equal_whichever_subset_is_built(family: str) -> None:
 def test_layers_in_order_give_transformers_logits_bit_for_bit(family: str) -> None:
     shape = _shape(family)
     layers = model.build_layers(shape, SEED)
-    reference_lm = hf_models.causal_lm(shape)
+    reference_lm = hf_layers.causal_lm(shape)
     weights = {}
     for index, layer in enumerate(layers):
         names, params = zip(*layer.named_parameters(), strict=True)
-        weights.update(zip(hf_models.export_names(shape, index, names), params, strict=True))
+        weights.update(zip(hf_layers.export_names(shape, index, names), params, strict=True))
     reference_lm.load_state_dict(weights, strict=True)
     ids = torch.randint(0, VOCAB, (2, shape.seq_len), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():

@@ -91,7 +91,7 @@ def test_a_named_shape_stays_its_name() -> None:
         ),
         (
             "modelSource: {family: gpt2}",
-            r"^job.yaml: modelSource: give exactly one of config and configPath$",
+            r"^job.yaml: modelSource: give config, configPath or checkpointPath$",
         ),
         (
             "{model: tiny, modelSource: {family: llama, config: " + json.dumps(LLAMA) + "}}",
@@ -130,3 +130,22 @@ def test_an_unknown_family_in_a_reference_is_refused() -> None:
         errors.PlanInputError, match="unknown family 'opt'; give one of llama, gpt2"
     ):
         shapes.hf_reference("opt", LLAMA)
+
+
+def test_a_checkpoint_folder_gives_the_config_and_its_absolute_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder = tmp_path / "my-model"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(LLAMA), encoding="utf-8")
+    (folder / "model.safetensors").write_bytes(b"")  # read by the agents, not here
+    monkeypatch.chdir(tmp_path)
+    shape = shapes.resolve(
+        _settings_model("modelSource: {family: llama, checkpointPath: my-model}")
+    )
+    assert shape.hf_weights == str(folder) and json.loads(shape.hf_config) == LLAMA
+    message = _error("modelSource: {family: llama, checkpointPath: meta-llama/Llama-2-7b-hf}")
+    assert message.startswith(
+        "job.yaml: modelSource.checkpointPath: 'meta-llama/Llama-2-7b-hf' holds no "
+        "model.safetensors or model.safetensors.index.json; Planaria downloads nothing"
+    )

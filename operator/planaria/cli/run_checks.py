@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import importlib.util
 import os
 import tempfile
@@ -31,7 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from planaria.contract import plan
+from planaria.contract import plan, shapes
 from planaria.local import devices, faults
 from planaria.spec import job, job_file
 
@@ -149,12 +150,27 @@ def prepare_data(source: str, spec: job.DataSpec) -> None:
 
 def check_model(source: str, spec: job.JobSpec) -> None:
     """RunCommandError when the job's modelSource needs transformers and it is not installed
-    (found without importing it: the agents import it, this process never needs it)."""
-    if spec.model_source is not None and importlib.util.find_spec("transformers") is None:
+    (found without importing it), or when its checkpointPath does not hold the model's tensors
+    with the model's shapes (the tokenizer's vocabulary included; this imports transformers)."""
+    if spec.model_source is None:
+        return
+    if importlib.util.find_spec("transformers") is None:
         raise RunCommandError(
             f"{source}: modelSource needs transformers; install planaria[hf] "
             "(pip install 'planaria[hf]')"
         )
+    if not spec.model_source.checkpoint_path:
+        return
+    from planaria.agent.training import corpora, hf_models  # torch: only for such a job
+
+    shape = shapes.resolve(job.model_name(spec))
+    if spec.data.tokenizer:
+        vocab = corpora.Tokenizer.open(spec.data.tokenizer).vocab_size
+        shape = dataclasses.replace(shape, vocab_size=vocab)
+    try:
+        hf_models.check_weights(shape)
+    except hf_models.HfModelError as exc:
+        raise RunCommandError(f"{source}: {exc}") from None
 
 
 UNUSED_DEFAULT = "(the default corpus)"  # a stand-in where only the data's kind is asked

@@ -47,6 +47,7 @@ class ModelShape:
     ffn_dim: int = 0
     family: str = "gpt"  # "gpt" (Planaria's own) or one of HF_FAMILIES
     hf_config: str = ""  # the Hugging Face config as canonical JSON (HF families only)
+    hf_weights: str = ""  # a local safetensors model folder the initial weights come from
     num_kv_heads: int = 0  # key/value heads (grouped-query attention); 0: num_heads
 
     def __post_init__(self) -> None:
@@ -166,11 +167,14 @@ def named(name: str) -> ModelShape:
         raise errors.PlanInputError(f"unknown model {name!r}; choose one of: {known}") from None
 
 
-def hf_reference(family: str, config: Mapping[str, Any], seq_len: int = 0) -> str:
-    """The one string naming a Hugging Face model source: family, config and the sequence length
-    trained on (0: the config's maximum). `resolve` reads it back; raises PlanInputError for an
-    unknown family or a config that lacks the family's sizes."""
-    body = {"family": family, "config": dict(config), "seqLen": seq_len}
+def hf_reference(
+    family: str, config: Mapping[str, Any], seq_len: int = 0, weights: str = ""
+) -> str:
+    """The one string naming a Hugging Face model source: family, config, the sequence length
+    trained on (0: the config's maximum) and the folder of initial weights ("": drawn from the
+    seed). `resolve` reads it back; raises PlanInputError for an unknown family or a config
+    that lacks the family's sizes."""
+    body = {"family": family, "config": dict(config), "seqLen": seq_len, "weights": weights}
     reference = HF_PREFIX + json.dumps(body, sort_keys=True, separators=(",", ":"))
     resolve(reference)  # the same checks every process applies, raised here first
     return reference
@@ -183,16 +187,17 @@ def resolve(model: str) -> ModelShape:
     try:
         body = json.loads(model[len(HF_PREFIX) :])
         family, config, seq_len = body["family"], body["config"], body["seqLen"]
+        weights = str(body.get("weights", ""))
     except (ValueError, KeyError, TypeError) as exc:
         raise errors.PlanInputError(f"model source {model[:60]!r}... does not parse") from exc
     if family not in HF_FAMILIES:
         raise errors.PlanInputError(
             f"modelSource.family: unknown family {family!r}; give one of {', '.join(HF_FAMILIES)}"
         )
-    return _hf_shape(family, config, seq_len)
+    return _hf_shape(family, config, seq_len, weights)
 
 
-def _hf_shape(family: str, config: Mapping[str, Any], seq_len: int) -> ModelShape:
+def _hf_shape(family: str, config: Mapping[str, Any], seq_len: int, weights: str) -> ModelShape:
     layers, d, heads, positions = (_config_int(config, family, key) for key in _HF_KEYS[family])
     if family == "llama":
         ffn = _config_int(config, family, "intermediate_size")
@@ -214,6 +219,7 @@ def _hf_shape(family: str, config: Mapping[str, Any], seq_len: int) -> ModelShap
         ffn_dim=ffn,
         family=family,
         hf_config=json.dumps(dict(config), sort_keys=True, separators=(",", ":")),
+        hf_weights=weights,
         num_kv_heads=kv,
     )
 

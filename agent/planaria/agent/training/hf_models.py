@@ -16,6 +16,11 @@ the family's scheme (matrices N(0, initializer_range), GPT-2's residual projecti
 layers has bit-identical parameters. Dropout is forced to 0 (the same inputs give the same
 outputs wherever a layer runs), and the model's vocabulary is the shape's (a tokenizer's).
 
+Initial weights from a local model folder (`shape.hf_weights`: model.safetensors, or the shards
+a model.safetensors.index.json names): each layer, once built as above, takes its tensors from
+the files (`load_weights`, memory-mapped: a worker reads only its layers), every worker alike.
+A GPT-2 folder without `lm_head.weight` (tied) gives the head `transformer.wte.weight`.
+
 Tied embeddings (GPT-2's `tie_word_embeddings`): the head layer holds its own `lm_head.weight`,
 initialised equal to the embedding's `wte` (drawn from the embedding layer's generator); the
 two copies are then trained UNTIED, each with its own gradient and AdamW state (documented in
@@ -37,6 +42,7 @@ import functools
 import json
 import math
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -183,6 +189,68 @@ def initialise(
 
 def _tied_head(shape: shapes.ModelShape, module_name: str) -> bool:
     return shape.family == "gpt2" and module_name == "lm_head"
+
+
+def load_weights(
+    shape: shapes.ModelShape, index: int, layer: nn.Module, *, headers_only: bool = False
+) -> None:
+    """Overwrite layer `index`'s parameters with their tensors in `shape.hf_weights` (module
+    docstring); `headers_only` checks names and shapes without reading a tensor. Raises
+    HfModelError naming the first tensor that is missing or whose shape differs (a folder of
+    another config, or another vocabulary than the tokenizer's)."""
+    names, params = zip(*layer.named_parameters(), strict=True)
+    files = _weight_files(Path(shape.hf_weights))
+    from safetensors import safe_open  # planaria[hf]; only a job with weights needs it
+
+    for name, param in zip(export_names(shape, index, names), params, strict=True):
+        source = name
+        if source not in files and source == "lm_head.weight" and shape.family == "gpt2":
+            source = "transformer.wte.weight"  # a tied checkpoint stores the one tensor
+        if source not in files:
+            raise HfModelError(
+                f"modelSource.checkpointPath: {shape.hf_weights!r} has no tensor {name!r}; give "
+                f"a {shape.family} checkpoint of this config"
+            )
+        with safe_open(str(files[source]), framework="pt") as opened:
+            stored = tuple(opened.get_slice(source).get_shape())
+            if stored != tuple(param.shape):
+                raise HfModelError(
+                    f"modelSource.checkpointPath: tensor {source!r} is {stored} in "
+                    f"{shape.hf_weights!r} but {tuple(param.shape)} in the model (config, "
+                    "tokenizer vocabulary); give the checkpoint that matches them"
+                )
+            if not headers_only:
+                param.copy_(opened.get_tensor(source).to(param.dtype))
+
+
+def check_weights(shape: shapes.ModelShape) -> None:
+    """HfModelError unless `shape.hf_weights` holds every parameter of every layer with the
+    model's shape (read from the files' headers; layers built on meta, nothing allocated)."""
+    hf_config(shape)  # imports transformers outside the meta context
+    for index in range(shape.num_planner_layers):
+        with torch.device("meta"):
+            layer = layer_module(shape, index)
+        with torch.device("meta"), torch.no_grad():
+            load_weights(shape, index, layer, headers_only=True)
+
+
+@functools.lru_cache(maxsize=4)
+def _weight_files(folder: Path) -> dict[str, Path]:
+    """Tensor name -> the safetensors file holding it, in `folder`."""
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        mapping = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+        return {name: folder / file for name, file in mapping.items()}
+    single = folder / "model.safetensors"
+    if not single.is_file():
+        raise HfModelError(
+            f"modelSource.checkpointPath: {str(folder)!r} holds no model.safetensors nor "
+            "model.safetensors.index.json; give a local safetensors model folder"
+        )
+    from safetensors import safe_open
+
+    with safe_open(str(single), framework="pt") as opened:
+        return dict.fromkeys(opened.keys(), single)
 
 
 def export_names(shape: shapes.ModelShape, index: int, names: Sequence[str]) -> list[str]:

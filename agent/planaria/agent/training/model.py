@@ -153,7 +153,8 @@ def build_layer(
     Modules are created on the meta device (no throw-away default init) and then filled on the
     CPU from a generator seeded with `layer_seed`, so the values do not depend on the device,
     on torch's global RNG, or on which other layers this process builds. A Hugging Face family
-    (`shape.family`) builds and initialises its layers in `hf_models` the same way.
+    (`shape.family`) builds and initialises its layers in `hf_models` the same way, then takes
+    them from its local weights folder when it names one (`hf_models.load_weights`).
     """
     _check_index(shape, index)
     hf = shape.family != "gpt"
@@ -168,6 +169,8 @@ def build_layer(
             hf_models.rotary_buffers(shape, layer)
             tie = torch.Generator(device="cpu").manual_seed(layer_seed(seed, 0))
             hf_models.initialise(shape, layer, index, (generator, tie))
+            if shape.hf_weights:
+                hf_models.load_weights(shape, index, layer)
         else:
             _initialise(layer, generator, INIT_STD / math.sqrt(2 * shape.num_layers))
     return layer.to(device)
