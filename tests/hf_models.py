@@ -47,7 +47,7 @@ def trained(
     optimizers = [model.make_optimizer(layer, model.OptimizerConfig(lr=1e-2)) for layer in layers]
     ids = torch.randint(0, of.vocab_size, (2, 9), generator=torch.Generator().manual_seed(1))
     logits = model.run_layers(layers, ids[:, :-1])
-    model.micro_batch_loss(logits, ids[:, 1:], 2).backward()
+    torch.autograd.backward(model.micro_batch_loss(logits, ids[:, 1:], 2))
     for optimizer in optimizers:
         optimizer.step()
     states = {
@@ -55,3 +55,8 @@ def trained(
         for i, (layer, opt) in enumerate(zip(layers, optimizers, strict=True))
     }
     return layers, states
+
+
+def parameter(layer: torch.nn.Module, name: str) -> torch.Tensor:
+    """`layer`'s parameter `name` (e.g. wte.weight), typed."""
+    return dict(layer.named_parameters())[name]
