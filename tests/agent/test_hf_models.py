@@ -5,8 +5,9 @@ worker builds are bit-identical whichever subset it builds and however often; th
 order give bit for bit the logits of transformers' own `LlamaForCausalLM` / `GPT2LMHeadModel`
 holding the same parameters (so the wrappers' position ids, rotary embeddings and causal mask
 are transformers'); GPT-2's head copy starts equal to `wte`; the planner's parameter counts
-(`shapes`) equal the built layers'; per-layer state extract/load round trips bit-exactly; the
-profiler measures an HF model's layers; and, across real processes (gloo), one plan that holds
+(`shapes`) equal the built layers'; per-layer state extract/load round trips bit-exactly, and so
+does a layer copy's byte layout for every trained layer; the profiler measures an HF model's
+layers; and, across real processes (gloo), one plan that holds
 a 2-stage pipeline beside a 1-stage replica (pipeline, data parallel and heterogeneous at once)
 trains each family bit for bit like the single-process reference in exact mode: per-step
 losses, parameters and AdamW moments.
@@ -21,6 +22,7 @@ import torch
 
 from planaria.agent.execution import profiler
 from planaria.agent.harness import local_cluster
+from planaria.agent.recovery import layer_transfer
 from planaria.agent.training import comparison, data, model, reference, semantics
 from planaria.agent.training import hf_models as hf_layers
 from planaria.contract import plan
@@ -92,6 +94,18 @@ def test_layer_state_round_trips_and_the_profiler_measures_every_layer() -> None
     measured = profiler.measure_profile(shape, 1, warmup=0, repeats=1, device="cpu")
     assert [layer.name for layer in measured.layers] == ["embedding", "block.0", "block.1", "head"]
     assert measured.layers[1].parameter_bytes == 4 * shape.block_parameters()
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_a_layer_copy_of_every_trained_layer_is_bit_exact(family: str) -> None:
+    """The byte layout of layer transfers (flatten on the source, fill the receiver's template
+    built from another seed) carries every HF layer's parameters and AdamW state exactly."""
+    shape = _shape(family)
+    _, states = hf_models.trained(shape)
+    for index, sent in states.items():
+        template = model.initial_state(shape, SEED + 1, index, model.OptimizerConfig())
+        got = layer_transfer.fill(template, layer_transfer.flatten(sent))
+        assert got.names == sent.names and all(map(torch.equal, got.tensors(), sent.tensors()))
 
 
 # --- across processes -------------------------------------------------------------------------
