@@ -25,7 +25,7 @@ from planaria.agent.harness import local_cluster
 from planaria.agent.recovery import layer_transfer
 from planaria.agent.training import comparison, data, model, reference, semantics
 from planaria.agent.training import hf_models as hf_layers
-from planaria.contract import plan
+from planaria.contract import plan, shapes
 from planaria.wire import messages
 from tests import hf_models
 
@@ -71,11 +71,22 @@ def test_layers_in_order_give_transformers_logits_bit_for_bit(family: str) -> No
     ids = torch.randint(0, VOCAB, (2, shape.seq_len), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         assert torch.equal(model.run_layers(layers, ids), reference_lm(ids).logits)
-    if family == "gpt2":
+    if family == "gpt2":  # tied by default: the head's copy starts equal
         assert torch.equal(
             hf_models.parameter(layers[0], "wte.weight"),
             hf_models.parameter(layers[-1], "lm_head.weight"),
         )
+
+
+def test_a_tied_llama_starts_its_head_equal_to_its_embeddings() -> None:
+    tied = shapes.resolve(
+        shapes.hf_reference("llama", {**hf_models.LLAMA, "tie_word_embeddings": True})
+    )
+    first, last = model.build_layer(tied, SEED, 0), model.build_layer(tied, SEED, 3)
+    want = hf_models.parameter(first, "embed_tokens.weight")
+    assert torch.equal(hf_models.parameter(last, "lm_head.weight"), want)
+    untied = model.build_layer(_shape("llama"), SEED, 3)
+    assert not torch.equal(hf_models.parameter(untied, "lm_head.weight"), want)
 
 
 def test_layer_state_round_trips_and_the_profiler_measures_every_layer() -> None:

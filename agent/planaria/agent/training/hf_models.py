@@ -19,13 +19,13 @@ outputs wherever a layer runs), and the model's vocabulary is the shape's (a tok
 Initial weights from a local model folder (`shape.hf_weights`: model.safetensors, or the shards
 a model.safetensors.index.json names): each layer, once built as above, takes its tensors from
 the files (`load_weights`, memory-mapped: a worker reads only its layers), every worker alike.
-A GPT-2 folder without `lm_head.weight` (tied) gives the head `transformer.wte.weight`.
+A tied model's folder without `lm_head.weight` gives the head the token embeddings' tensor.
 
-Tied embeddings (GPT-2's `tie_word_embeddings`): the head layer holds its own `lm_head.weight`,
-initialised equal to the embedding's `wte` (drawn from the embedding layer's generator); the
-two copies are then trained UNTIED, each with its own gradient and AdamW state (documented in
-docs/running.md). `export_names` writes both tensors, and the exported config says
-`tie_word_embeddings: false`, so what a user loads back is what was trained.
+Tied embeddings (`tie_word_embeddings`, GPT-2's default; `ties_embeddings`): the head layer
+holds its own `lm_head.weight`, initialised equal to the token embeddings (drawn from the
+embedding layer's generator); the two copies are then trained UNTIED, each with its own
+gradient and AdamW state (documented in docs/running.md). The export writes both tensors, and
+its config says `tie_word_embeddings: false`, so what a user loads back is what was trained.
 
 `transformers` is imported lazily, only when an HF layer is built: the core install and the
 built-in GPT never pay for it.
@@ -55,6 +55,9 @@ _DROPOUT = {
     "llama": ("attention_dropout",),
     "gpt2": ("attn_pdrop", "resid_pdrop", "embd_pdrop", "summary_first_dropout"),
 }
+
+
+_EMBEDDING_NAMES = {"llama": "model.embed_tokens.weight", "gpt2": "transformer.wte.weight"}
 
 
 class HfModelError(ValueError):
@@ -170,8 +173,8 @@ def initialise(
     shape: shapes.ModelShape, layer: nn.Module, index: int, generators: Sequence[torch.Generator]
 ) -> None:
     """The family's init of `layer`'s parameters in module order from `generators[0]` (module
-    docstring). A GPT-2 head draws its `lm_head` from `generators[1]`, the embedding layer's
-    generator, so it starts equal to `wte` (the tie)."""
+    docstring). A tied model's head (`ties_embeddings`) draws its `lm_head` from
+    `generators[1]`, the embedding layer's generator, so it starts equal to the embeddings."""
     config = hf_config(shape)
     std = config.initializer_range
     residual_std = std / math.sqrt(2 * shape.num_layers)
@@ -188,7 +191,14 @@ def initialise(
 
 
 def _tied_head(shape: shapes.ModelShape, module_name: str) -> bool:
-    return shape.family == "gpt2" and module_name == "lm_head"
+    return module_name == "lm_head" and ties_embeddings(shape)
+
+
+def ties_embeddings(shape: shapes.ModelShape) -> bool:
+    """Whether the config ties lm_head to the token embeddings (transformers' default: GPT-2
+    does, Llama does not); Planaria then starts the head's copy equal and trains it untied."""
+    default = shape.family == "gpt2"
+    return bool(json.loads(shape.hf_config).get("tie_word_embeddings", default))
 
 
 def load_weights(
@@ -204,8 +214,8 @@ def load_weights(
 
     for name, param in zip(export_names(shape, index, names), params, strict=True):
         source = name
-        if source not in files and source == "lm_head.weight" and shape.family == "gpt2":
-            source = "transformer.wte.weight"  # a tied checkpoint stores the one tensor
+        if source not in files and source == "lm_head.weight" and ties_embeddings(shape):
+            source = _EMBEDDING_NAMES[shape.family]  # a tied checkpoint stores the one tensor
         if source not in files:
             raise HfModelError(
                 f"modelSource.checkpointPath: {shape.hf_weights!r} has no tensor {name!r}; give "
