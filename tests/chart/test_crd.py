@@ -59,6 +59,7 @@ STRUCTURAL_KEYS = {
     "items",
     "additionalProperties",
     "x-kubernetes-int-or-string",
+    "x-kubernetes-preserve-unknown-fields",  # a free-form map: modelSource.config
     "x-kubernetes-validations",
     "x-kubernetes-list-type",
     "x-kubernetes-list-map-keys",
@@ -302,6 +303,7 @@ def test_every_cel_rule_has_a_refused_spec() -> None:
 # A valid change of every immutable field.
 CHANGES: dict[str, Any] = {
     "model": "small",
+    "modelSource": {"family": "llama", "config": {"hidden_size": 64, "rope_scaling": {"a": 1}}},
     "workers": 16,
     "gpusPerNode": 2,
     "steps": 200,

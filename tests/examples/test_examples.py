@@ -3,11 +3,13 @@ planning script, and the bring-your-own-data job with the script that makes its 
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
 
 from planaria.agent.training import corpora
+from planaria.contract import shapes
 from planaria.spec import job, job_file
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -51,3 +53,21 @@ def test_the_byo_data_example_makes_its_data_and_its_job_tokenises_it(tmp_path: 
     )
     corpus = corpora.load(job.data_settings(data_spec, corpus_default="-"))
     assert corpus.vocab_size == 1024 and len(corpus.tokens) > 1000
+
+
+def test_the_hf_llama_example_is_a_valid_llama_job() -> None:
+    """examples/hf-llama: a ResilientJob whose modelSource (the config.json beside it, read
+    from the repository root) is a 4-block Llama with the byo-data tokenizer's vocabulary,
+    checkpointed for `planaria export` (the run itself: docs/running.md, "Models")."""
+    loaded = job_file.load_job(str(ROOT / "examples" / "hf-llama" / "job.yaml"))
+    source = loaded.spec.model_source
+    assert source is not None and loaded.name == "hf-llama" and loaded.spec.failures
+    assert loaded.spec.checkpoints.dir and loaded.spec.data.tokenizer
+    config = json.loads((ROOT / source.config_path).read_text(encoding="utf-8"))
+    shape = shapes.resolve(shapes.hf_reference(source.family.value, config, source.seq_len))
+    assert (shape.family, shape.num_layers, shape.vocab_size, shape.seq_len) == (
+        "llama",
+        4,
+        1024,
+        64,
+    )

@@ -29,6 +29,9 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
         "planaria simulate --trace my.csv --scenario oobleck-1h --hours 6 --out out/ --json",
     ),
     "run": ("planaria run examples/tiny-job.yaml --out runs/demo --fail step=40:worker=3",),
+    "export": (
+        "planaria export examples/hf-llama/job.yaml --checkpoint runs/llama-ckpt --out llama-hf",
+    ),
     "agent": ("planaria agent --worker 0 --job tiny --tls-dir /etc/planaria/tls",),
     "operator": (
         "planaria operator --namespace ml --standalone --agent-image REGISTRY/planaria:latest",

@@ -20,6 +20,7 @@ import pydantic
 
 from planaria.cli import (
     agent,
+    export,
     helptext,
     operator,
     plan,
@@ -38,6 +39,7 @@ COMMANDS: tuple[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], 
     plan.register,
     simulate.register,
     run.register,
+    export.register,
     agent.register,
     operator.register,
 )

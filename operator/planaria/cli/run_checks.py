@@ -9,7 +9,8 @@ disk: the failures (`--fail` parsed and checked against the job by the job file'
 `--mtbf`, `--metrics-port`, the two directories, `--out` and `--snapshot-base`, the job's
 device: `device: cuda` needs a GPU per worker on this machine (`planaria.local.devices`), and
 the job's data when it needs tokenising (`prepare_data`: it is tokenised into its cache here,
-once, before any agent starts).
+once, before any agent starts), and that a Hugging Face model source can be built
+(`check_model`: transformers installed).
 
 A directory is checked by trying it, not with `os.access`: the missing folders are made, a
 temporary file is created in the last and everything made is removed again. root passes every
@@ -23,13 +24,15 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
+import importlib.util
 import os
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from planaria.contract import plan
+from planaria.contract import plan, shapes
 from planaria.local import devices, faults
 from planaria.spec import job, job_file
 
@@ -88,6 +91,7 @@ def options(
     check_directory(out, "--out", default=not args.out)
     check_directory(base, "--snapshot-base", default=not args.snapshot_base)
     prepare_data(args.job, spec.data)
+    check_model(args.job, spec)
     return Options(
         failures=tuple(failures),
         mtbf_s=mtbf_s,
@@ -141,6 +145,31 @@ def prepare_data(source: str, spec: job.DataSpec) -> None:
     try:
         corpora.load(settings)
     except data.CorpusError as exc:
+        raise RunCommandError(f"{source}: {exc}") from None
+
+
+def check_model(source: str, spec: job.JobSpec) -> None:
+    """RunCommandError when the job's modelSource needs transformers and it is not installed
+    (found without importing it), or when its checkpointPath does not hold the model's tensors
+    with the model's shapes (the tokenizer's vocabulary included; this imports transformers)."""
+    if spec.model_source is None:
+        return
+    if importlib.util.find_spec("transformers") is None:
+        raise RunCommandError(
+            f"{source}: modelSource needs transformers; install planaria[hf] "
+            "(pip install 'planaria[hf]')"
+        )
+    if not spec.model_source.checkpoint_path:
+        return
+    from planaria.agent.training import corpora, hf_models  # torch: only for such a job
+
+    shape = shapes.resolve(job.model_name(spec))
+    if spec.data.tokenizer:
+        vocab = corpora.Tokenizer.open(spec.data.tokenizer).vocab_size
+        shape = dataclasses.replace(shape, vocab_size=vocab)
+    try:
+        hf_models.check_weights(shape)
+    except hf_models.HfModelError as exc:
         raise RunCommandError(f"{source}: {exc}") from None
 
 

@@ -46,6 +46,7 @@ _KEPT = frozenset(
         "maxProperties",
         "required",
         "default",
+        "x-kubernetes-preserve-unknown-fields",  # free-form maps (a model's config)
     }
 )
 _DROPPED = frozenset({"title", "additionalProperties", "$defs"})

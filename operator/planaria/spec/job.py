@@ -42,6 +42,7 @@ from pydantic import alias_generators
 from planaria.contract import shapes
 from planaria.control import settings as job_settings
 from planaria.spec import durations
+from planaria.spec import model_source as sources
 from planaria.wire import messages
 
 API_VERSION = "planaria.dev/v1alpha1"
@@ -305,6 +306,11 @@ class JobSpec(_Model):
     """The spec of a ResilientJob (docs/running.md lists every field)."""
 
     model: str = _field("tiny", "Named model shape: tiny, small, gpt2, gpt3-medium, ...")
+    model_source: sources.ModelSourceSpec | None = _field(
+        None,
+        "A Hugging Face causal LM (Llama or GPT-2 family) from its config, instead of a named "
+        'shape (docs/running.md, "Models").',
+    )
     workers: PositiveInt = _field(8, "Worker processes (pods) at full strength.")
     gpus_per_node: PositiveInt = _field(1, "Workers per node; workers is whole nodes.")
     steps: PositiveInt = _field(100, "Train steps 1..steps, then the job has Succeeded.")
@@ -384,6 +390,7 @@ def check(spec: JobSpec) -> list[tuple[str, str]]:
     if spec.model not in shapes.NAMED_SHAPES:
         known = ", ".join(sorted(shapes.NAMED_SHAPES))
         problems.append(("model", f"unknown model {spec.model!r}; give one of {known}"))
+    problems += _check_model_source(spec)
     if spec.global_batch_size % spec.micro_batch_size:
         problems.append(
             (
@@ -402,6 +409,27 @@ def check(spec: JobSpec) -> list[tuple[str, str]]:
         )
     problems += _check_nodes(spec) + _check_recovery(spec) + _check_failures(spec)
     return problems
+
+
+def _check_model_source(spec: JobSpec) -> list[tuple[str, str]]:
+    if spec.model_source is None:
+        return []
+    if "model" in spec.model_fields_set:
+        return [("model", "a job trains either a named model or a modelSource; remove one")]
+    try:
+        sources.reference(spec.model_source)
+    except sources.ModelSourceError as exc:
+        field, _, problem = str(exc).partition(": ")
+        return [(field, problem)]
+    return []
+
+
+def model_name(spec: JobSpec) -> str:
+    """The contract's model string of `spec`: a shape name or a Hugging Face reference (read
+    from its config file, if it names one; `model_source.reference`)."""
+    if spec.model_source is None:
+        return spec.model
+    return sources.reference(spec.model_source)
 
 
 def _check_nodes(spec: JobSpec) -> list[tuple[str, str]]:
@@ -521,7 +549,7 @@ NAMING = "use lowercase letters, digits and '-', at most 63 characters (e.g. tin
 def _training(spec: JobSpec, corpus_default: str) -> messages.TrainingSettings:
     optimizer = spec.optimizer
     return messages.TrainingSettings(
-        model=spec.model,
+        model=model_name(spec),
         seed=spec.seed,
         optimizer=messages.OptimizerSettings(
             lr=optimizer.lr,

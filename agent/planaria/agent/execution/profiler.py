@@ -148,7 +148,7 @@ def measure_layer(
     """Time forward, backward and AdamW step of `layer` on input `x` (one micro-batch) with the
     forward in `arithmetic`: the medians of `repeats` runs after `warmup` untimed ones."""
     # Random targets for the head's loss: the values do not change its cost.
-    is_head = isinstance(layer, model.Head)
+    is_head = model.is_head(layer)
     targets = torch.randint(0, shape.vocab_size, x.shape[:2], device=x.device) if is_head else None
     optimizer = model.make_optimizer(layer, model.OptimizerConfig())
     runs = [_run_once(layer, optimizer, x, targets, arithmetic) for _ in range(warmup + repeats)][

@@ -235,7 +235,7 @@ class Runtime:
                 raise RuntimeBusyError("the agent is busy; profile it when it is idle")
             self._profiling = True
         try:
-            shape = shapes.named(order.model)
+            shape = shapes.resolve(order.model)
             return profiler.measure_profile(
                 shape,
                 order.micro_batch_size,

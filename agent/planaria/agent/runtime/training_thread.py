@@ -70,7 +70,7 @@ def training_config(
     """The reference's configuration of a job's settings and a plan's micro-batch size; a
     tokenizer's `vocab_size` (`corpora.Corpus`) replaces the model shape's."""
     opt = settings.optimizer
-    shape = shapes.named(settings.model)
+    shape = shapes.resolve(settings.model)
     return semantics.TrainingConfig(
         shape=shape if vocab_size is None else replace(shape, vocab_size=vocab_size),
         seed=settings.seed,

@@ -38,6 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from planaria.agent.training import hf_models
 from planaria.contract import shapes
 
 INIT_STD = 0.02  # GPT-2's initial weight standard deviation
@@ -112,6 +113,8 @@ class Block(nn.Module):
 class Head(nn.Module):
     """The last planner layer: final LayerNorm and the untied output projection to logits."""
 
+    produces_logits = True  # `is_head`
+
     def __init__(self, shape: shapes.ModelShape) -> None:
         super().__init__()
         self.ln_f = nn.LayerNorm(shape.d_model)
@@ -120,6 +123,11 @@ class Head(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         logits: torch.Tensor = self.proj(self.ln_f(x))
         return logits
+
+
+def is_head(layer: nn.Module) -> bool:
+    """Whether `layer` is a model's last layer (it outputs logits, the loss follows it)."""
+    return bool(getattr(layer, "produces_logits", False))
 
 
 def layer_name(shape: shapes.ModelShape, index: int) -> str:
@@ -144,15 +152,27 @@ def build_layer(
 
     Modules are created on the meta device (no throw-away default init) and then filled on the
     CPU from a generator seeded with `layer_seed`, so the values do not depend on the device,
-    on torch's global RNG, or on which other layers this process builds.
+    on torch's global RNG, or on which other layers this process builds. A Hugging Face family
+    (`shape.family`) builds and initialises its layers in `hf_models` the same way, then takes
+    them from its local weights folder when it names one (`hf_models.load_weights`).
     """
     _check_index(shape, index)
+    hf = shape.family != "gpt"
+    if hf:
+        hf_models.hf_config(shape)  # imports transformers outside the meta context below
     with torch.device("meta"):
-        layer = _layer_module(shape, index)
+        layer = hf_models.layer_module(shape, index) if hf else _layer_module(shape, index)
     _materialise(layer)
     generator = torch.Generator(device="cpu").manual_seed(layer_seed(seed, index))
     with torch.no_grad():
-        _initialise(layer, generator, residual_std=INIT_STD / math.sqrt(2 * shape.num_layers))
+        if hf:
+            hf_models.rotary_buffers(shape, layer)
+            tie = torch.Generator(device="cpu").manual_seed(layer_seed(seed, 0))
+            hf_models.initialise(shape, layer, index, (generator, tie))
+            if shape.hf_weights:
+                hf_models.load_weights(shape, index, layer)
+        else:
+            _initialise(layer, generator, INIT_STD / math.sqrt(2 * shape.num_layers))
     return layer.to(device)
 
 

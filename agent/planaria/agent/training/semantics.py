@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from planaria.agent.training import data, model
+from planaria.agent.training import data, hf_models, model
 from planaria.contract import shapes
 from planaria.wire import messages
 
@@ -31,7 +31,10 @@ class TrainingConfig:
     `seed` seeds both the layers' initial parameters and the sampler; `reduction` says how
     gradients are summed (`planaria.agent.training.reduction`), `precision` the arithmetic of
     forward and backward (`planaria.agent.training.precision`). Raises TrainingConfigError when a
-    size is < 1 or the global batch is not a multiple of the micro-batch.
+    size is < 1, the global batch is not a multiple of the micro-batch, or transformers refuses
+    a Hugging Face shape's config. That check also imports transformers here, when a worker
+    learns its job and before it joins an epoch's group, not between two collectives (a
+    first import takes seconds, and a peer waiting in a collective has a step timeout).
     """
 
     shape: shapes.ModelShape
@@ -53,6 +56,11 @@ class TrainingConfig:
                 f"global_batch_size ({self.global_batch_size}) must be a multiple of "
                 f"micro_batch_size ({self.micro_batch_size}); change one of them"
             )
+        if self.shape.family in shapes.HF_FAMILIES:
+            try:
+                hf_models.hf_config(self.shape)
+            except hf_models.HfModelError as exc:
+                raise TrainingConfigError(str(exc)) from exc
 
     @property
     def num_micro_batches(self) -> int:

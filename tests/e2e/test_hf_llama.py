@@ -1,0 +1,120 @@
+"""`planaria run` on a Hugging Face Llama (modelSource) with a trained tokenizer, through a
+failure, then `planaria export`.
+
+Covers, with the real command in a subprocess (2 workers, exact reduction, a 2-block Llama with
+grouped-query attention from a config.json, a JSONL dataset and a tokenizer trained in the
+test, a checkpoint every 2 steps, worker 1 killed at step 3): the run Succeeds after one
+recovery; its final checkpoint equals the fault-free reference trainer's state bitwise
+(parameters, AdamW moments, step counts); `planaria export` writes the checkpoint as a folder
+that transformers' `AutoModelForCausalLM.from_pretrained` loads with the tokenizer's
+vocabulary, and that model's logits equal Planaria's layers holding the checkpoint's states bit
+for bit. The bound is a test timeout, not a performance claim.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+import torch
+
+from planaria.agent.runtime import runtime_states
+from planaria.agent.state import checkpoints
+from planaria.agent.training import comparison, model
+from planaria.cli import main
+from planaria.contract import shapes
+from planaria.spec import job, job_file
+from tests import hf_data
+from tests.chaos import processes
+
+transformers = pytest.importorskip("transformers")
+
+BOUND_S = 240.0
+STEPS = 16  # the kill once step 3 is committed is seen long before the last step
+CONFIG = {
+    "vocab_size": 384,
+    "hidden_size": 32,
+    "intermediate_size": 48,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 32,
+    "bos_token_id": 0,
+    "eos_token_id": 0,
+}
+JOB = """\
+modelSource: {{family: llama, configPath: {config}, seqLen: 32}}
+workers: 2
+steps: {steps}
+microBatchSize: 1
+globalBatchSize: 2
+seed: 3
+reduction: exact
+snapshots: {{intervalSteps: 1}}
+checkpoints: {{dir: {checkpoints}, intervalSteps: 2}}
+failures: [{{step: 3, worker: 1}}]
+data:
+  corpusPaths: [{corpus}]
+  format: jsonl
+  tokenizer: {tokenizer}
+  separator: "</s>"
+  cacheDir: {cache}
+"""
+
+
+def test_a_llama_trains_exactly_through_a_failure_and_exports_to_transformers(
+    tmp_path: Path, shm: Path
+) -> None:
+    hf_data.train_tokenizer(tmp_path / "tokenizer.json")
+    (tmp_path / "config.json").write_text(json.dumps(CONFIG), encoding="utf-8")
+    corpus = hf_data.write_jsonl(tmp_path / "train.jsonl", hf_data.stdlib_documents(12))
+    text = JOB.format(
+        config=tmp_path / "config.json",
+        steps=STEPS,
+        checkpoints=tmp_path / "ckpt",
+        corpus=corpus,
+        tokenizer=tmp_path / "tokenizer.json",
+        cache=tmp_path / "cache",
+    )
+    (tmp_path / "job.yaml").write_text(text, encoding="utf-8")
+    name = f"hf-{uuid.uuid4().hex[:8]}"
+    argv = [sys.executable, "-m", "planaria", "run", "job.yaml", "--name", name, "--no-progress"]
+    argv += ["--out", str(tmp_path / "out"), "--snapshot-base", str(shm)]
+    try:
+        done = subprocess.run(
+            argv, cwd=tmp_path, capture_output=True, text=True, timeout=BOUND_S, check=False
+        )
+    finally:
+        processes.kill(processes.agents_of(name))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert f"Succeeded at step {STEPS}" in done.stdout.splitlines()[-1]
+    recoveries = json.loads((tmp_path / "out" / "recoveries.json").read_text(encoding="utf-8"))
+    assert [r["failed"] for r in recoveries] == [[1]]
+
+    spec = job_file.load_job(str(tmp_path / "job.yaml")).spec
+    settings = job.to_settings(spec, name, "-")
+    got = checkpoints.load_checkpoint(tmp_path / "ckpt", STEPS)
+    want, _ = runtime_states.reference_states(settings.training, 1, STEPS)
+    found = comparison.compare(got, want)
+    assert found.equal, found.describe()
+
+    out = tmp_path / "export"
+    job_path = str(tmp_path / "job.yaml")
+    assert (
+        main.main(["export", job_path, "--checkpoint", str(tmp_path / "ckpt"), "--out", str(out)])
+        == 0
+    )
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(out)
+    assert loaded.config.vocab_size == 384 and (out / "tokenizer.json").is_file()
+    shape = shapes.resolve(settings.training.model)
+    layers = model.build_layers(shape, seed=0)
+    for index, layer in enumerate(layers):
+        optimizer = model.make_optimizer(layer, model.OptimizerConfig())
+        model.load_layer_state(index, layer, optimizer, got[index])
+    ids = torch.randint(0, 384, (2, 32), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.equal(loaded(ids).logits, model.run_layers(layers, ids))
