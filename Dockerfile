@@ -31,7 +31,8 @@ COPY protos ./protos
 # torch's own test helpers include a Python 3.12-only file (torch/testing/_internal/
 # py312_intrinsics.py) that compileall cannot compile on 3.11, and nothing imports them at run
 # time: they are skipped instead of failing the build.
-RUN pip install . && python -c "import planaria.cli.main" \
+# The hf extra (tokenizers, Parquet, transformers, safetensors): bring-your-own models and data.
+RUN pip install ".[hf]" && python -c "import planaria.cli.main" \
     && python -m compileall -q -x '/torch/testing/_internal/' /opt/planaria
 
 FROM ${PYTHON_IMAGE} AS runtime

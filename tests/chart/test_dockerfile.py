@@ -114,3 +114,11 @@ def test_everything_written_at_run_time_goes_under_tmp() -> None:
 def test_the_build_context_leaves_out_environments_runs_tests_and_history() -> None:
     ignored = set((ROOT / ".dockerignore").read_text().split())
     assert {".venv", "runs", "tests", ".git"} <= ignored
+
+
+def test_the_image_installs_the_hf_extra_for_bring_your_own_models_and_data() -> None:
+    (install,) = [run for run in _args("build", "RUN") if "import planaria.cli.main" in run]
+    assert 'pip install ".[hf]"' in install
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    extra = " ".join(pyproject["project"]["optional-dependencies"]["hf"])
+    assert all(name in extra for name in ("tokenizers", "pyarrow", "transformers", "safetensors"))
