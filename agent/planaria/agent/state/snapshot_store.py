@@ -172,7 +172,15 @@ def read_verified(handle: Any, stored: manifests.StoredFile, where: str) -> pari
     got = handle.readinto(out.data)
     if got != expected:
         raise SnapshotCorrupt(f"{where}: {got} bytes but the manifest says {expected}")
-    data = out[:expected]
+    return verify(out[:expected], stored, where)
+
+
+def verify(data: parity.Bytes, stored: manifests.StoredFile, where: str) -> parity.Bytes:
+    """`data` itself when it has the length and checksum the manifest names for `stored`
+    (read here or received from a peer); SnapshotCorrupt otherwise."""
+    expected = stored.stop - stored.start
+    if data.size != expected:
+        raise SnapshotCorrupt(f"{where}: {data.size} bytes but the manifest says {expected}")
     algorithm = stored.checksum.split(":", 1)[0]
     known = algorithm in durable_files.CHECKSUMS
     if not known or durable_files.checksum_of(algorithm, [data]) != stored.checksum:
@@ -356,3 +364,13 @@ class OpenSnapshot:
         handle = self.handles[stored.file]
         handle.seek(0)
         return read_verified(handle, stored, f"{self.where}/{stored.file}")
+
+    def read_unverified(self, stored: manifests.StoredFile) -> parity.Bytes:
+        """Exactly as many bytes as the manifest names for `stored`, as the file holds them
+        (zeros past a short file's end), unchecked: what a peer is sent, for the peer to
+        verify on arrival (`verify`), so damage here is caught where the bytes are used."""
+        out = np.zeros(stored.stop - stored.start, dtype=np.uint8)
+        handle = self.handles[stored.file]
+        handle.seek(0)
+        handle.readinto(out.data)
+        return out
