@@ -188,6 +188,13 @@ def verify(data: parity.Bytes, stored: manifests.StoredFile, where: str) -> pari
     return data
 
 
+def digest(manifest: manifests.Manifest) -> str:
+    """xxh3 of the file checksums `manifest` names, in its order: equal for the same bytes
+    (the heartbeat's `HeldSnapshot.digest`; cheap, as no file is read)."""
+    listed = "\n".join(f"{f.file}={f.checksum}" for e in manifest.layers for f in e.files)
+    return durable_files.checksum_of("xxh3", [listed.encode()])
+
+
 # --- the store ------------------------------------------------------------------------------
 
 
@@ -310,13 +317,19 @@ class SnapshotStore:
         self, *, in_progress: bool = False, at_most: int | None = None
     ) -> messages.SnapshotState:
         """What the heartbeat reports: the latest complete step (at or before `at_most` when
-        given) and the bytes it holds here."""
-        found = [m for m in self.complete_manifests() if at_most is None or m.step <= at_most]
+        given) and the bytes it holds here, and every complete snapshot held (`held`, with
+        `digest`s), whatever `at_most` says: what this store can serve its peers."""
+        complete = self.complete_manifests()
+        held = tuple(messages.HeldSnapshot(step=m.step, digest=digest(m)) for m in complete)
+        found = [m for m in complete if at_most is None or m.step <= at_most]
         if not found:
-            return messages.SnapshotState(in_progress=in_progress)
+            return messages.SnapshotState(in_progress=in_progress, held=held)
         latest = found[0]
         return messages.SnapshotState(
-            latest_step=latest.step, held_bytes=latest.held_bytes, in_progress=in_progress
+            latest_step=latest.step,
+            held_bytes=latest.held_bytes,
+            in_progress=in_progress,
+            held=held,
         )
 
     def remove(self) -> None:
