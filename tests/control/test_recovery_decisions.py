@@ -29,6 +29,7 @@ from planaria.control import (
     settings,
     status,
 )
+from planaria.wire import messages
 from tests.control import fakes, scenarios
 
 W = plans.WorkerId
@@ -145,6 +146,37 @@ def test_a_resume_step_is_never_past_the_survivors_oldest_step(
     step = recovery.resume_step(found, _move(needs_snapshot=True), snapshot)
     assert step is None or 0 <= step <= min(resume, snapshot or 0)
     assert (step is None) == (snapshot is None or snapshot > resume)
+
+
+def _brute_beyond(
+    running: plans.Plan, failed: set[int], redundancy: messages.RedundancyMode
+) -> dict[int, tuple[plans.WorkerId, ...]]:
+    """The oracle: per layer, count its holders among the failed, by enumeration."""
+    out = {}
+    for layer in range(max(s.layer_stop for p in running.pipelines for s in p.stages)):
+        stages = [s for p in running.pipelines for s in p.stages if layer in s.layers]
+        group = [w for s in stages for w in s.workers]
+        lost = tuple(sorted(W(w) for w in group if w in failed))
+        tolerated = 1 if redundancy is not messages.RedundancyMode.NONE and len(group) > 1 else 0
+        if len(lost) > tolerated:
+            out[layer] = lost
+    return out
+
+
+@given(
+    failed=st.sets(st.integers(0, 7), max_size=8),
+    redundancy=st.sampled_from(list(messages.RedundancyMode)),
+)
+def test_layers_beyond_the_redundancy_are_those_that_lost_more_members_than_it_covers(
+    failed: set[int], redundancy: messages.RedundancyMode
+) -> None:
+    _, running = _planner()
+    lost = frozenset(W(w) for w in failed)
+    beyond = recovery.beyond_redundancy(running, lost, redundancy)
+    assert beyond == _brute_beyond(running, failed, redundancy)
+    if beyond:
+        message = recovery.beyond_message(beyond, redundancy)
+        assert f"layers {sorted(beyond)}" in message and "checkpoint is the next tier" in message
 
 
 def test_the_time_to_failure_is_the_default_before_any_failure() -> None:

@@ -8,9 +8,10 @@ succession; a failure while the controller reconfigures after another; losing mo
 than the fault tolerance -> a persistent checkpoint, Suspended, then resumed when the workers
 return, still equal; a single pipeline (DP=1: the device too small for one worker) that loses a
 stage, whose layers' only replica and only snapshot died with it (no survivor holds a piece:
-peers' stores are reached only over the network), is Suspended saying so and resumes equal
-when the worker returns; and a single-worker job whose killed worker is restarted and
-reloads its own snapshot (LOCAL_SNAPSHOT tier). Final states are read from the agents' snapshot
+peers' stores are reached only over the network), is Suspended at once saying so (beyond the
+redundancy: the checkpoint is the next tier) and resumes equal when the worker returns; and a
+single-worker job whose killed worker is restarted and reloads its own snapshot
+(LOCAL_SNAPSHOT tier). Final states are read from the agents' snapshot
 stores at the last step (`planaria.agent.runtime.runtime_states`).
 """
 
@@ -167,4 +168,4 @@ async def test_a_lost_stage_of_a_single_pipeline_is_rebuilt_from_snapshots(
 
     final = await job.run(kill)
     _assert_succeeded(job, final, shm)
-    assert "no recovery tier" in seen[0].message, seen[0].message
+    assert "lost their snapshot members" in seen[0].message, seen[0].message

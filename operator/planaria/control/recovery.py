@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 
 from planaria.contract import errors
 from planaria.contract import plan as plans
@@ -128,6 +128,11 @@ class Handler:
             return move
         snapshot = None
         if move.needs_snapshot:
+            redundancy = self._job.training.redundancy
+            beyond = beyond_redundancy(running, found.failed, redundancy)
+            if beyond:  # the snapshot tier cannot serve: say so, the checkpoint is next
+                what = beyond_message(beyond, redundancy)
+                return outcomes.Suspend(running=running, what=what, retry=True)
             snapshot = self._roster.snapshot_step(found.survivors, at_most=found.resume_step)
         resume = resume_step(found, move, snapshot)
         if resume is None:
@@ -232,6 +237,40 @@ def decide(
         return outcomes.Suspend(running=running, what=what, retry=False)
     restart = statuses.MoveKind.RESTART
     return dataclasses.replace(move, kind=restart, reason=f"{refused}; {move.reason}")
+
+
+def beyond_redundancy(
+    running: plans.Plan, failed: Collection[plans.WorkerId], redundancy: messages.RedundancyMode
+) -> dict[int, tuple[plans.WorkerId, ...]]:
+    """Layer -> its lost snapshot members, for every layer of `running` whose sharding group
+    (the workers holding it, REFT §4.2) lost more members than `redundancy` tolerates: one with
+    COPY, XOR or RECOMPUTE in a group of two or more, none otherwise (as the agents'
+    `snapshots.tolerated_losses`). A lost member's store is gone with it (issue #20), so such a
+    layer cannot be rebuilt from snapshots; only the checkpoint holds it."""
+    holders: dict[int, list[plans.WorkerId]] = {}
+    for pipeline in running.pipelines:
+        for stage in pipeline.stages:
+            for layer in stage.layers:
+                holders.setdefault(layer, []).extend(stage.workers)
+    beyond = {}
+    for layer, group in sorted(holders.items()):
+        lost = tuple(sorted(w for w in group if w in failed))
+        protected = redundancy is not messages.RedundancyMode.NONE and len(group) >= 2
+        if len(lost) > (1 if protected else 0):
+            beyond[layer] = lost
+    return beyond
+
+
+def beyond_message(
+    beyond: dict[int, tuple[plans.WorkerId, ...]], redundancy: messages.RedundancyMode
+) -> str:
+    """The status message for `beyond_redundancy`'s answer, plainly."""
+    layers = sorted(beyond)
+    workers = sorted({w for lost in beyond.values() for w in lost})
+    return (
+        f"layers {layers} lost their snapshot members on workers {workers}, more than "
+        f"redundancy {redundancy.value!r} recovers; the persistent checkpoint is the next tier"
+    )
 
 
 def resume_step(
