@@ -30,6 +30,7 @@ from planaria.control import (
     status,
 )
 from planaria.wire import messages
+from tests import strategies
 from tests.control import fakes, scenarios
 
 W = plans.WorkerId
@@ -177,6 +178,29 @@ def test_layers_beyond_the_redundancy_are_those_that_lost_more_members_than_it_c
     if beyond:
         message = recovery.beyond_message(beyond, redundancy)
         assert f"layers {sorted(beyond)}" in message and "checkpoint is the next tier" in message
+
+
+@given(p=strategies.plans(), data=st.data())
+def test_the_failure_guarantee_live_replicas_for_f_nodes_snapshots_for_one_member(
+    p: plans.Plan, data: st.DataObject
+) -> None:
+    """docs/resilience.md, "The guarantee": a layer held on f + 1 distinct nodes keeps a live
+    replica through any f node failures; with redundancy, a failure set that takes at most one
+    member of each layer's group never needs the checkpoint (`beyond_redundancy` is empty),
+    and one that takes every member of some group always does."""
+    nodes = sorted({p.node_of(w) for w in p.workers})
+    failed_nodes = set(data.draw(st.lists(st.sampled_from(nodes), unique=True)))
+    failed = frozenset(w for w in p.workers if p.node_of(w) in failed_nodes)
+    beyond = recovery.beyond_redundancy(p, failed, messages.RedundancyMode.XOR)
+    for layer in range(p.num_layers):
+        holders = {w for q in p.pipelines for s in q.stages if layer in s.layers for w in s.workers}
+        if len({p.node_of(w) for w in holders}) >= len(failed_nodes) + 1:
+            assert holders - failed  # a live replica: no snapshot needed at all
+        lost = holders & failed
+        if len(holders) >= 2 and len(lost) <= 1:
+            assert layer not in beyond
+        if holders and lost == holders:
+            assert layer in beyond  # every replica lost is every snapshot member lost
 
 
 def test_the_time_to_failure_is_the_default_before_any_failure() -> None:
