@@ -9,7 +9,10 @@ measured tier serves:
 
     LOCAL_SNAPSHOT   its own store holds the layers (member 0 of groups of 2, COPY: its shard
                      plus its copy of the peer's rebuild each layer)
-    PEER_SNAPSHOT    its own store is empty; the two members' stores (COPY) rebuild each layer
+    PEER_SNAPSHOT    its own store is empty; worker 0, another process, sends its pieces (its
+                     shard and its copy of the peer's: COPY in groups of 2) over the epoch's
+                     gloo process group on loopback (`snapshot_exchange`), verified on arrival,
+                     and they rebuild each layer: the path a pod on another node takes
     CHECKPOINT       no snapshot anywhere; the persistent checkpoint (on this machine's disk)
     INITIAL          every layer built from the seed with its AdamW (what step 0 needs)
     copy (local)     LIVE_REPLICA's in-process part: flatten on the source, pour into the
@@ -17,15 +20,17 @@ measured tier serves:
 
 Stores live under /dev/shm when it exists (as the agents' do), the checkpoint under a temporary
 directory. Reported: the median seconds over `repeats`, the bytes of layer state found and the
-throughput. Network copies between processes are not measured here (the runtime tests run
-them; bench/recovery.py is the end-to-end figure).
+throughput (state bytes found per second). Live-replica copies between processes are not
+measured here (the runtime tests run them; bench/recovery.py is the end-to-end figure).
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import logging
+import multiprocessing
 import shutil
 import statistics
 import tempfile
@@ -34,9 +39,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from torch._C import _distributed_c10d as c10d
 
-from planaria.agent.execution import held_layers
-from planaria.agent.recovery import epoch_setup, layer_transfer
+from planaria.agent.execution import groups, held_layers
+from planaria.agent.recovery import epoch_setup, layer_transfer, snapshot_exchange
 from planaria.agent.state import checkpoints, snapshot_store, snapshot_writer
 from planaria.agent.training import data, model, semantics
 from planaria.contract import plan, shapes
@@ -44,6 +50,8 @@ from planaria.wire import messages
 
 Tier = messages.RecoveryTier
 STEP = 1
+PAIR = (plan.WorkerId(0), plan.WorkerId(7))  # the holder, and the worker that holds nothing
+LOOPBACK = "127.0.0.1"
 
 
 def _trained(config: semantics.TrainingConfig) -> dict[int, model.LayerState]:
@@ -82,18 +90,58 @@ def _write(base: Path, states: dict[int, model.LayerState], ckpt: Path) -> None:
 
 
 def _finder(
-    job: semantics.Job, base: Path, own: int, checkpoint: str, step: int
+    job: semantics.Job,
+    base: Path,
+    own: int,
+    checkpoint: str,
+    epoch: groups.Epoch | None = None,
 ) -> Callable[[], dict[int, Tier]]:
+    """One worker finding every layer at STEP; with `epoch`, after an exchange round with
+    its peers (which must run theirs: `_holder`)."""
     store = snapshot_store.SnapshotStore(snapshot_store.store_root("bench", own, base))
-    stores = epoch_setup.Stores(own=store, job="bench", base=base, checkpoint_dir=checkpoint)
+    stores = epoch_setup.Stores(own=store, checkpoint_dir=checkpoint)
     layers = range(job.config.shape.num_planner_layers)
 
     def find() -> dict[int, Tier]:
         nothing = epoch_setup.Holding(layers=None, step=-1)
-        locator = epoch_setup.Locator(job=job, holding=nothing, stores=stores, step=step)
+        locator = epoch_setup.Locator(job=job, holding=nothing, stores=stores, step=STEP)
+        if epoch is not None:
+            locator.peers = snapshot_exchange.exchange(
+                epoch=epoch, step=STEP, wanted=locator.wanted(layers), own=store, workers=PAIR
+            )
         return {i: locator.find(i)[0] for i in layers}
 
     return find
+
+
+def _form(port: int, rank: int) -> groups.Epoch:
+    store = c10d.TCPStore(LOOPBACK, port, None, False, datetime.timedelta(seconds=60))
+    return groups.form_epoch(store, 1, rank, len(PAIR), messages.Backend.GLOO, 120.0)
+
+
+def _holder(base: str, port: int, rounds: int) -> None:
+    """Worker 0's process: serve `rounds` exchange rounds from its store, wanting nothing."""
+    torch.set_num_threads(1)
+    epoch = _form(port, 0)
+    store = snapshot_store.SnapshotStore(snapshot_store.store_root("bench", PAIR[0], Path(base)))
+    for _ in range(rounds):
+        snapshot_exchange.exchange(epoch=epoch, step=STEP, wanted=[], own=store, workers=PAIR)
+    groups.leave_epoch(epoch)
+
+
+def _peer_arm(job: semantics.Job, base: Path, repeats: int) -> tuple[float, object]:
+    """Median seconds for worker 7 (an empty store) to find every layer from worker 0's
+    pieces over gloo on loopback; the holder runs in its own process."""
+    server = c10d.TCPStore(LOOPBACK, 0, None, True, datetime.timedelta(seconds=60))
+    context = multiprocessing.get_context("spawn")
+    holder = context.Process(target=_holder, args=(str(base), server.port, repeats))
+    holder.start()
+    epoch = _form(server.port, 1)
+    try:
+        return _median_s(_finder(job, base, PAIR[1], "", epoch), repeats)
+    finally:
+        groups.leave_epoch(epoch)
+        holder.join(60)
 
 
 def _median_s(run: Callable[[], object], repeats: int) -> tuple[float, object]:
@@ -121,16 +169,20 @@ def measure(shape: str, repeats: int, root: Path) -> list[dict[str, object]]:
     base, empty, ckpt = root / "shm", root / "empty", root / "ckpt"
     _write(base, states, ckpt)
     (empty / "bench").mkdir(parents=True)
-    arms: list[tuple[str, Callable[[], object]]] = [
-        ("local_snapshot", _finder(job, base, 0, "", STEP)),
-        ("peer_snapshot", _finder(job, base, 7, "", STEP)),  # worker 7 holds nothing
-        ("checkpoint", _finder(job, empty, 0, str(ckpt), STEP)),
-        ("initial", lambda: held_layers.HeldLayers.build(config, states)),
-        ("copy (local)", lambda: _copy(config, states)),
+
+    def timed(run: Callable[[], object]) -> Callable[[], tuple[float, object]]:
+        return lambda: _median_s(run, repeats)
+
+    arms: list[tuple[str, Callable[[], tuple[float, object]]]] = [
+        ("local_snapshot", timed(_finder(job, base, 0, ""))),
+        ("peer_snapshot", lambda: _peer_arm(job, base, repeats)),
+        ("checkpoint", timed(_finder(job, empty, 0, str(ckpt)))),
+        ("initial", timed(lambda: held_layers.HeldLayers.build(config, states))),
+        ("copy (local)", timed(lambda: _copy(config, states))),
     ]
     rows = []
-    for name, run in arms:
-        seconds, tiers = _median_s(run, repeats)
+    for name, arm in arms:
+        seconds, tiers = arm()
         if isinstance(tiers, dict):  # the arm was served by the tier it measures
             assert set(tiers.values()) == {Tier(name)}, (name, tiers)
         rows.append(

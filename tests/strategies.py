@@ -334,15 +334,23 @@ def timings() -> st.SearchStrategy[messages.Timings]:
 
 @st.composite
 def snapshot_states(draw: st.DrawFn) -> messages.SnapshotState:
-    """No snapshot (0 bytes held), or the latest one's step and size; any achieved interval."""
+    """No snapshot (0 bytes held), or the latest one's step and size; any achieved interval;
+    up to two held snapshots (the store's slots), newest first, with any digest."""
     latest = draw(st.none() | st.integers(min_value=1, max_value=2**64 - 1))
     held = 0 if latest is None else draw(st.integers(min_value=0, max_value=2**64 - 1))
     interval = draw(st.floats(min_value=0, max_value=1e9, allow_nan=False))
+    steps = draw(st.lists(st.integers(min_value=1, max_value=2**64 - 1), max_size=2, unique=True))
+    digests = st.text(min_size=1, max_size=messages.MAX_DIGEST_CHARS)
+    stored = tuple(
+        messages.HeldSnapshot(step=step, digest=draw(digests))
+        for step in sorted(steps, reverse=True)
+    )
     return messages.SnapshotState(
         latest_step=latest,
         held_bytes=held,
         in_progress=draw(st.booleans()),
         achieved_interval_steps=interval,
+        held=stored,
     )
 
 

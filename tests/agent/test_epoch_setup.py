@@ -1,15 +1,16 @@
-"""Finding a layer's state at a step through the local recovery tiers (planaria.agent
+"""Finding a layer's state at a step through the recovery tiers (planaria.agent.recovery
 .epoch_setup.Locator), without processes.
 
 Covers, for a layer whose sharding group is workers 0 and 1 with COPY redundancy: held at the
 step -> KEPT (no copy); held at another step -> this worker's own store rebuilds it
 (LOCAL_SNAPSHOT: its shard plus its copy of the peer's), bit-exactly; its own shard corrupted
-(one flipped byte, caught by the checksum) -> the peer's store rebuilds it (PEER_SNAPSHOT),
-bit-exactly; both corrupted and no checkpoint -> SnapshotUnavailableError naming the layer,
-the step and what each tier said; step 0 with nothing held -> INITIAL; the setup report's tier
-is the costliest tier used. A store that is gone (its controller died) fails the connection
-within about twice the rendezvous's timeout, not the store client's minute; a live one
-connects.
+(one flipped byte, caught by the checksum) -> the layer is wanted from the peers, nothing that
+did not arrive is read (no filesystem path to a peer's store), and the peer's member as the
+exchange delivers it rebuilds it (PEER_SNAPSHOT), bit-exactly; both corrupted and no
+checkpoint -> SnapshotUnavailableError naming the layer, the step and what each tier said;
+step 0 with nothing held -> INITIAL; the setup report's tier is the costliest tier used. A
+store that is gone (its controller died) fails the connection within about twice the
+rendezvous's timeout, not the store client's minute; a live one connects.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from torch._C import _distributed_c10d as c10d
 
 from planaria.agent.execution import held_layers
 from planaria.agent.recovery import epoch_setup
-from planaria.agent.state import manifests, snapshot_store, snapshot_writer
+from planaria.agent.state import manifests, snapshot_store, snapshot_writer, snapshots
 from planaria.agent.training import data, model, semantics
 from planaria.contract import plan, shapes
 from planaria.wire import messages
@@ -69,10 +70,23 @@ def _stores(base: Path, state: model.LayerState) -> dict[int, snapshot_store.Sna
 
 
 def _locator(
-    job: semantics.Job, base: Path, own: snapshot_store.SnapshotStore, holding: epoch_setup.Holding
+    job: semantics.Job,
+    own: snapshot_store.SnapshotStore,
+    holding: epoch_setup.Holding,
+    peer: snapshot_store.SnapshotStore | None = None,
 ) -> epoch_setup.Locator:
-    stores = epoch_setup.Stores(own=own, job="job", base=base, checkpoint_dir="")
-    return epoch_setup.Locator(job=job, holding=holding, stores=stores, step=STEP)
+    """A locator of worker 0; `peer`'s member of the layer stands for what the exchange round
+    brought over the network (tests/agent/test_runtime.py runs the round itself)."""
+    stores = epoch_setup.Stores(own=own, checkpoint_dir="")
+    locator = epoch_setup.Locator(job=job, holding=holding, stores=stores, step=STEP)
+    if peer is not None:
+        try:
+            members = [snapshots.read_member(peer, STEP, LAYER)]
+        except snapshot_store.SnapshotCorrupt as exc:  # as the receiver's check would say
+            locator.peers.problems[LAYER] = [str(exc)]
+        else:
+            locator.peers.members[LAYER] = members
+    return locator
 
 
 def _corrupt(store: snapshot_store.SnapshotStore) -> None:
@@ -99,26 +113,31 @@ def test_each_tier_is_used_when_the_cheaper_ones_cannot_serve(
     stores = _stores(tmp_path, state)
     held = held_layers.HeldLayers.build(CONFIG, [LAYER])
     at_step = epoch_setup.Holding(layers=held, step=STEP)
-    assert _locator(job, tmp_path, stores[0], at_step).find(LAYER) == (Tier.KEPT, None)
+    assert _locator(job, stores[0], at_step).find(LAYER) == (Tier.KEPT, None)
     later = epoch_setup.Holding(layers=held, step=STEP + 1)  # a roll-back
-    tier, found = _locator(job, tmp_path, stores[0], later).find(LAYER)
+    assert _locator(job, stores[0], later).wanted([LAYER]) == []
+    tier, found = _locator(job, stores[0], later).find(LAYER)
     assert tier is Tier.LOCAL_SNAPSHOT and _same(found, state)
     _corrupt(stores[0])
-    tier, found = _locator(job, tmp_path, stores[0], later).find(LAYER)
+    assert _locator(job, stores[0], later).wanted([LAYER]) == [LAYER]  # asked of the peers
+    with pytest.raises(epoch_setup.SnapshotUnavailableError, match="no peer sent a piece"):
+        _locator(job, stores[0], later).find(LAYER)  # nothing arrived: no filesystem shortcut
+    tier, found = _locator(job, stores[0], later, peer=stores[1]).find(LAYER)
     assert tier is Tier.PEER_SNAPSHOT and _same(found, state)
     _corrupt(stores[1])
     with pytest.raises(epoch_setup.SnapshotUnavailableError) as caught:
-        _locator(job, tmp_path, stores[0], later).find(LAYER)
+        _locator(job, stores[0], later, peer=stores[1]).find(LAYER)
     message = str(caught.value)
     assert f"layer {LAYER} at step {STEP}" in message
     assert "local_snapshot:" in message and "peer_snapshot:" in message
+    assert "checksum mismatch" in message.split("peer_snapshot:")[1]
 
 
 def test_nothing_held_at_step_zero_is_built_from_the_seed(
     job: semantics.Job, tmp_path: Path
 ) -> None:
     own = snapshot_store.SnapshotStore(snapshot_store.store_root("job", 0, tmp_path))
-    stores = epoch_setup.Stores(own=own, job="job", base=tmp_path, checkpoint_dir="")
+    stores = epoch_setup.Stores(own=own, checkpoint_dir="")
     nothing = epoch_setup.Holding(layers=None, step=0)
     locator = epoch_setup.Locator(job=job, holding=nothing, stores=stores, step=0)
     assert locator.find(LAYER) == (Tier.INITIAL, None)

@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import os
+import shutil
 import signal
 import time
 from collections.abc import Callable, Iterator
@@ -262,6 +263,73 @@ def test_a_restarted_stage_reloads_its_snapshot_and_the_survivor_rolls_back(
     beats = cluster.wait([0, 1], _finished)
     assert all(b.setup is not None and b.setup.tier is Tier.LOCAL_SNAPSHOT for b in beats.values())
     _assert_like_reference("job", cluster.base, p, settings, 5)
+
+
+def _flip_a_byte_of(base: Path, job: str, worker: int, step: int, name: str) -> None:
+    """Damage file `name` of `worker`'s snapshot of `step` (one flipped byte mid-file)."""
+    root = snapshot_store.store_root(job, worker, base)
+    for slot in root.glob("slot-*"):
+        if (slot / "manifest.json").exists() and snapshot_store.read_manifest(slot).step == step:
+            path = slot / name
+            raw = bytearray(path.read_bytes())
+            raw[len(raw) // 2] ^= 0xFF
+            path.write_bytes(bytes(raw))
+            return
+    raise AssertionError(f"worker {worker} holds no snapshot of step {step}")
+
+
+@pytest.mark.parametrize(
+    "damaged",
+    [False, True],
+    ids=[
+        "a replica on a new node rebuilds every layer from its peer's shard and parity",
+        "a peer's damaged shard is rejected on arrival and the checkpoint serves that layer",
+    ],
+)
+def test_a_replacement_with_an_empty_store_rebuilds_from_peer_snapshots_over_the_network(
+    cluster: runtime_cluster.RuntimeCluster, corpus: Path, tmp_path: Path, damaged: bool
+) -> None:
+    """DP=2, XOR: worker 1 is SIGKILLed and its store wiped (its node is gone). The epoch
+    resumes at a step no live replica holds (worker 0 is past it), so worker 1's layers come
+    only from worker 0's snapshot pieces, sent over the epoch's process group and rebuilt with
+    the parity; never from worker 0's files directly (there is no filesystem path to them)."""
+    settings = _settings(corpus, checkpoint_dir=str(tmp_path / "ckpt"), checkpoint_interval_steps=1)
+    p = _plan(([(0, 6, 0)], 2), ([(0, 6, 1)], 2))
+    cluster.start([0, 1], kills={1: runtime_cluster.Kill(step=4)})
+    _start_epoch(cluster, p, settings, epoch=1, resume=0, stop=6)
+    (beat,) = cluster.wait([0], _failed).values()
+    resume = _rolled_back(cluster.base, tmp_path / "ckpt", beat.last_committed_step)
+    cluster.wait_dead(1)
+    shutil.rmtree(snapshot_store.store_root("job", 1, cluster.base))
+    if damaged:
+        _flip_a_byte_of(cluster.base, "job", 0, resume, "layer-2.shard")
+    cluster.start([1])
+    _start_epoch(cluster, p, settings, epoch=2, resume=resume, stop=5)
+    beats = cluster.wait([0, 1], _finished)
+    setup = beats[1].setup
+    assert setup is not None and setup.received_bytes > 0  # the pieces came over the network
+    if damaged:  # both fall to the checkpoint for layer 2 (worker 0's own copy is damaged too)
+        assert {b.setup.tier for b in beats.values() if b.setup} == {Tier.CHECKPOINT}
+    else:
+        assert setup.tier is Tier.PEER_SNAPSHOT
+        assert beats[0].setup is not None and beats[0].setup.tier is Tier.LOCAL_SNAPSHOT
+    _assert_like_reference("job", cluster.base, p, settings, 5)
+
+
+def _rolled_back(base: Path, checkpoints: Path, failed_at: int) -> int:
+    """A step before `failed_at` of which worker 0 holds a complete snapshot and has written
+    its part of the checkpoint (in the background; with XOR it alone rebuilds every layer, so
+    the checkpoint tier can serve). Worker 1's store is wiped, so worker 0's is the only one
+    that counts. Which step depends on the writers' speed under load (a busy writer skips)."""
+    store = snapshot_store.SnapshotStore(snapshot_store.store_root("job", 0, base))
+    deadline = time.monotonic() + 60.0
+    while True:
+        held = [m.step for m in store.complete_manifests() if 1 <= m.step < failed_at]
+        done = [s for s in held if (checkpoints / f"step-{s}" / "worker-0").is_dir()]
+        if done:
+            return max(done)
+        assert time.monotonic() < deadline, f"no checkpointed snapshot before {failed_at}: {held}"
+        time.sleep(0.05)
 
 
 def _complete_everywhere(beat: messages.Heartbeat) -> int:

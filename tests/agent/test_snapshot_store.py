@@ -165,6 +165,21 @@ def test_two_slots_keep_the_newest_two_snapshots(tmp_path: Path) -> None:
     assert [m.step for m in stores[0].complete_manifests()] == [2]
 
 
+def test_the_heartbeat_lists_every_held_snapshot_with_a_digest_of_its_checksums(
+    tmp_path: Path,
+) -> None:
+    stores = _stores(tmp_path)
+    _write_steps(stores, [1, 2, 3])
+    state = stores[0].state(at_most=2)  # the latest step is the confirmed one ...
+    assert state.latest_step == 2
+    assert [h.step for h in state.held] == [3, 2]  # ... `held` is what the store can serve
+    digests = {h.step: h.digest for h in state.held}
+    assert digests[3] == snapshot_store.digest(stores[0].manifest(3)) != digests[2]
+    assert digests[3] != snapshot_store.digest(stores[1].manifest(3))  # another member's files
+    _write_steps(stores, [3])  # the same step written again from the same state: same bytes
+    assert stores[0].state().held[0] == messages.HeldSnapshot(step=3, digest=digests[3])
+
+
 def test_an_empty_store_has_no_snapshot(tmp_path: Path) -> None:
     store = snapshot_store.SnapshotStore(tmp_path / "empty")
     assert store.state() == messages.SnapshotState()

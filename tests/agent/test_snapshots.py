@@ -289,7 +289,10 @@ def test_only_steps_on_the_interval_are_snapshotted(tmp_path: Path) -> None:
     assert writer.begin(step=3, epoch=1, states=[state], groups=GROUPS)
     manifest = writer.wait(30)
     assert manifest is not None and manifest.step == 3
-    assert writer.state() == messages.SnapshotState(latest_step=3, held_bytes=manifest.held_bytes)
+    held = (messages.HeldSnapshot(step=3, digest=snapshot_store.digest(manifest)),)
+    assert writer.state() == messages.SnapshotState(
+        latest_step=3, held_bytes=manifest.held_bytes, held=held
+    )
 
 
 def test_begin_before_wait_breaks_the_contract(tmp_path: Path) -> None:

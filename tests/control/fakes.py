@@ -184,7 +184,8 @@ class FakeCluster:
     """`ports.Backend` over FakeAgents in simulated time (module docstring).
 
     `peer_snapshots`: a lost layer can be rebuilt from the snapshot stores (redundancy) when
-    some worker snapshotted it at the resume step; False models redundancy NONE.
+    some live worker snapshotted it at the resume step (a dead one's store is gone with it);
+    False models redundancy NONE.
     `drop_pending_on_failure`: an agent whose step fails forgets a planned switch it accepted;
     False keeps it, so the agent then sets the switch's epoch up short of its step and latches
     SNAPSHOT_UNAVAILABLE (what the agent runtime does at the time of writing).
@@ -336,7 +337,9 @@ class FakeCluster:
         older = self.shm_previous.get(agent.id)
         if any(o is not None and o[0] == step and layer in o[1] for o in (own, older)):
             return messages.RecoveryTier.LOCAL_SNAPSHOT
-        slots = (*self.shm.values(), *self.shm_previous.values())
+        # Only live workers serve their pieces (issue #20): a dead one's store is gone with it.
+        stores = (*self.shm.items(), *self.shm_previous.items())
+        slots = [slot for w, slot in stores if slot is not None and self.agents[w].alive]
         if self.peer_snapshots and any(s == step and layer in ls for s, ls in slots):
             return messages.RecoveryTier.PEER_SNAPSHOT
         if step in self.checkpoints:

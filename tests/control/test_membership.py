@@ -3,9 +3,10 @@ broken epoch (planaria.control.failures).
 
 Covers: deaths from events and broken streams until a join; a stale connection's reports
 ignored; silence past the heartbeat timeout; which heartbeat counts for an epoch (an older
-one only while switching); the model's checkpoint and snapshot steps as the oldest of the
-workers'; the assessment of a broken epoch (failed, survivors, resume step, own faults, a
-layer in no tier) and the workers not yet settled; the roster's own changes (joins and
+one only while switching); the model's checkpoint step as the newest reported and the
+snapshot step as the newest every worker reports holding complete (the oldest latest step for
+reports without the list); the assessment of a broken epoch (failed, survivors, resume step,
+own faults, a layer in no tier) and the workers not yet settled; the roster's own changes (joins and
 notices handed out once, workers given up on and excused, returns after a silence and slow
 workers once stopped).
 """
@@ -130,6 +131,26 @@ def test_the_snapshot_interval_is_the_widest_any_worker_achieved() -> None:
     assert roster.snapshot_interval([W(0), W(1), W(2)]) == 2.5  # a snapshot needs every part
     assert roster.snapshot_interval([W(0), W(2)]) == 1.0
     assert roster.snapshot_interval([W(2)]) is None  # fewer than two begun: unknown
+
+
+def _holding(worker: int, *steps: int) -> messages.Heartbeat:
+    held = tuple(messages.HeldSnapshot(step=s, digest=f"xxh3:{s:016x}") for s in steps)
+    beat = _beat(worker, 1, snapshot=steps[0] if steps else None)
+    return dataclasses.replace(beat, snapshot=dataclasses.replace(beat.snapshot, held=held))
+
+
+def test_the_snapshot_step_is_the_newest_every_worker_reports_holding() -> None:
+    # Issue #20: the controller reads which steps each store holds, instead of inferring from
+    # the double buffer's timing which one is complete everywhere.
+    roster = _roster(0, 1, 2)
+    roster.beats[W(0)] = _holding(0, 12, 11)
+    roster.beats[W(1)] = _holding(1, 12, 10)  # its snapshot of 11 was skipped
+    roster.beats[W(2)] = _holding(2, 11, 10)  # its 12 was not complete when it reported
+    assert roster.snapshot_step([W(0), W(1)]) == 12
+    assert roster.snapshot_step([W(0), W(1)], at_most=11) is None  # they share only 12
+    assert roster.snapshot_step([W(1), W(2)]) == 10
+    assert roster.snapshot_step([W(0), W(1), W(2)]) is None
+    assert roster.snapshot_step([W(0), W(3)]) is None  # W3 never reported
 
 
 def test_a_broken_epoch_is_split_into_failed_and_survivors() -> None:

@@ -8,8 +8,9 @@ step); losing more workers than any plan needs -> Suspended with the
 checkpoint step, then a resume from that checkpoint when workers return; workers a recovery
 counted failed only because they stopped late (still blocked, heartbeating) -> Suspended, then
 taken back as arrivals once they stop, and the job resumes and succeeds; a layer whose every
-replica is lost, rebuilt from peers' snapshots (PEER_SNAPSHOT) or, without redundancy, found
-in no tier -> Suspended and resumed from the persistent checkpoint at once; two GPUs per
+replica is lost, which loses every member of its snapshot group too -> Suspended at once,
+saying which layers and workers and that the checkpoint is next, and resumed from the
+persistent checkpoint; two GPUs per
 node under every policy (a death, then the worker's return).
 """
 
@@ -159,27 +160,27 @@ async def test_workers_that_stopped_too_late_for_a_recovery_are_taken_back_once_
     assert final.phase is status.Phase.SUCCEEDED and final.step == 60
 
 
-async def test_a_layer_lost_with_every_replica_is_rebuilt_from_peer_snapshots() -> None:
-    run = scenarios.Run(scenarios.job())
-    await run.until(lambda: run.step() >= 10)
-    for worker in (0, 2, 4, 6):  # the first stage of every pipeline
-        run.cluster.kill(worker)
-    final = await run.finish()
-    assert final.phase is status.Phase.SUCCEEDED
-    tiers = {r.tier for r in run.controller.recoveries}
-    assert messages.RecoveryTier.PEER_SNAPSHOT in tiers
-
-
-async def test_a_layer_in_no_tier_suspends_and_resumes_from_the_checkpoint() -> None:
-    # snapshots every 5 steps, checkpoints every 10: at step 26 the snapshot of step 25 is the
-    # resume step, which no tier holds without redundancy; the checkpoint of step 20 is older
-    run = scenarios.Run(_checkpointed_job(), peer_snapshots=False)
+@pytest.mark.parametrize(
+    "peer_snapshots",
+    [True, False],
+    ids=["with redundancy", "without any snapshot tier"],
+)
+async def test_a_layer_lost_with_every_replica_suspends_and_resumes_from_the_checkpoint(
+    peer_snapshots: bool,
+) -> None:
+    # Issue #20: a layer's sharding group is the workers holding it, so losing every replica
+    # loses every member of its snapshot group as well (their stores go with their nodes):
+    # beyond the redundancy, the controller says so at once, and the checkpoint is the tier.
+    # Snapshots every 5 steps, checkpoints every 10: the checkpoint of step 20 is the resume.
+    run = scenarios.Run(_checkpointed_job(), peer_snapshots=peer_snapshots)
     await run.until(lambda: run.step() >= 26)
     assert run.step() < 30
-    for worker in (0, 2, 4, 6):
+    for worker in (0, 2, 4, 6):  # the first stage of every pipeline
         run.cluster.kill(worker)
     await run.until(lambda: run.controller.status.phase is status.Phase.SUSPENDED)
-    assert "no recovery tier" in run.controller.status.message
+    message = run.controller.status.message
+    assert "lost their snapshot members on workers [0, 2, 4, 6]" in message, message
+    assert "redundancy 'xor'" in message and "the persistent checkpoint is the next tier" in message
     final = await run.finish()
     assert final.phase is status.Phase.SUCCEEDED and final.step == 60
     resumed = run.controller.recoveries[-1]

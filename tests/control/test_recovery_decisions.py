@@ -29,6 +29,8 @@ from planaria.control import (
     settings,
     status,
 )
+from planaria.wire import messages
+from tests import strategies
 from tests.control import fakes, scenarios
 
 W = plans.WorkerId
@@ -139,36 +141,83 @@ def test_too_few_survivors_for_any_plan_suspend() -> None:
 
 
 def test_a_resume_step_is_the_survivors_step_unless_a_layer_needs_a_snapshot() -> None:
-    training = scenarios.training(snapshot_interval_steps=1)
     found = _found({3}, resume=10)
-    assert recovery.resume_step(found, _move(needs_snapshot=False), None, training) == 10
+    assert recovery.resume_step(found, _move(needs_snapshot=False), None) == 10
     needs = _move(needs_snapshot=True)
-    assert recovery.resume_step(found, needs, None, training) is None  # no snapshot at all
-    assert recovery.resume_step(found, needs, 12, training) is None  # newer than their step
-    assert recovery.resume_step(found, needs, 8, training) == 8  # older ones are complete
-    # Step 10's snapshot may have been half written by a worker killed in step 11.
-    assert recovery.resume_step(found, needs, 10, training) == 9
-    split = _found({3}, resume=10, newest=11)  # died in the barrier after 10: complete
-    assert recovery.resume_step(split, needs, 10, training) == 10
+    assert recovery.resume_step(found, needs, None) is None  # no snapshot held by all
+    assert recovery.resume_step(found, needs, 12) is None  # newer than their step
+    assert recovery.resume_step(found, needs, 8) == 8
+    # Every survivor holds 10 complete (their reports say so); the dead's store is never
+    # read, so whether its own snapshot of 10 was whole does not matter.
+    assert recovery.resume_step(found, needs, 10) == 10
 
 
 @given(
     resume=st.integers(0, 100),
     ahead=st.integers(0, 1),
     snapshot=st.none() | st.integers(0, 120),
-    interval=st.integers(1, 5),
 )
 def test_a_resume_step_is_never_past_the_survivors_oldest_step(
-    resume: int, ahead: int, snapshot: int | None, interval: int
+    resume: int, ahead: int, snapshot: int | None
 ) -> None:
     found = _found({3}, resume=resume, newest=resume + ahead)
-    training = scenarios.training(snapshot_interval_steps=interval)
-    step = recovery.resume_step(found, _move(needs_snapshot=True), snapshot, training)
+    step = recovery.resume_step(found, _move(needs_snapshot=True), snapshot)
     assert step is None or 0 <= step <= min(resume, snapshot or 0)
-    if snapshot is None or snapshot > resume + interval:
-        assert step is None
-    elif snapshot <= resume:
-        assert step is not None
+    assert (step is None) == (snapshot is None or snapshot > resume)
+
+
+def _brute_beyond(
+    running: plans.Plan, failed: set[int], redundancy: messages.RedundancyMode
+) -> dict[int, tuple[plans.WorkerId, ...]]:
+    """The oracle: per layer, count its holders among the failed, by enumeration."""
+    out = {}
+    for layer in range(max(s.layer_stop for p in running.pipelines for s in p.stages)):
+        stages = [s for p in running.pipelines for s in p.stages if layer in s.layers]
+        group = [w for s in stages for w in s.workers]
+        lost = tuple(sorted(W(w) for w in group if w in failed))
+        tolerated = 1 if redundancy is not messages.RedundancyMode.NONE and len(group) > 1 else 0
+        if len(lost) > tolerated:
+            out[layer] = lost
+    return out
+
+
+@given(
+    failed=st.sets(st.integers(0, 7), max_size=8),
+    redundancy=st.sampled_from(list(messages.RedundancyMode)),
+)
+def test_layers_beyond_the_redundancy_are_those_that_lost_more_members_than_it_covers(
+    failed: set[int], redundancy: messages.RedundancyMode
+) -> None:
+    _, running = _planner()
+    lost = frozenset(W(w) for w in failed)
+    beyond = recovery.beyond_redundancy(running, lost, redundancy)
+    assert beyond == _brute_beyond(running, failed, redundancy)
+    if beyond:
+        message = recovery.beyond_message(beyond, redundancy)
+        assert f"layers {sorted(beyond)}" in message and "checkpoint is the next tier" in message
+
+
+@given(p=strategies.plans(), data=st.data())
+def test_the_failure_guarantee_live_replicas_for_f_nodes_snapshots_for_one_member(
+    p: plans.Plan, data: st.DataObject
+) -> None:
+    """docs/resilience.md, "The guarantee": a layer held on f + 1 distinct nodes keeps a live
+    replica through any f node failures; with redundancy, a failure set that takes at most one
+    member of each layer's group never needs the checkpoint (`beyond_redundancy` is empty),
+    and one that takes every member of some group always does."""
+    nodes = sorted({p.node_of(w) for w in p.workers})
+    failed_nodes = set(data.draw(st.lists(st.sampled_from(nodes), unique=True)))
+    failed = frozenset(w for w in p.workers if p.node_of(w) in failed_nodes)
+    beyond = recovery.beyond_redundancy(p, failed, messages.RedundancyMode.XOR)
+    for layer in range(p.num_layers):
+        holders = {w for q in p.pipelines for s in q.stages if layer in s.layers for w in s.workers}
+        if len({p.node_of(w) for w in holders}) >= len(failed_nodes) + 1:
+            assert holders - failed  # a live replica: no snapshot needed at all
+        lost = holders & failed
+        if len(holders) >= 2 and len(lost) <= 1:
+            assert layer not in beyond
+        if holders and lost == holders:
+            assert layer in beyond  # every replica lost is every snapshot member lost
 
 
 def test_the_time_to_failure_is_the_default_before_any_failure() -> None:

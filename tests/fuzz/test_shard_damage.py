@@ -26,6 +26,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from planaria.agent.recovery import epoch_setup
+from planaria.agent.state import snapshots
 from planaria.agent.training import data, semantics
 from planaria.contract import shapes
 from planaria.wire import messages
@@ -110,20 +111,24 @@ def test_with_two_members_damaged_the_checkpoint_tier_serves(
     )
     job = semantics.Job.from_tokens(config, data.load_default_corpus(max_bytes=20_000))
     own = snapped.stores[shards.DAMAGED_WORKER]
-    stores = epoch_setup.Stores(
-        own=own,
-        job="job",
-        base=own.root.parents[1],
-        checkpoint_dir=str(snapped.checkpoint_root),
-    )
+    stores = epoch_setup.Stores(own=own, checkpoint_dir=str(snapped.checkpoint_root))
     nothing = epoch_setup.Holding(layers=None, step=0)
-    locator = epoch_setup.Locator(job=job, holding=nothing, stores=stores, step=shards.STEP)
+
+    def locator() -> epoch_setup.Locator:
+        """Worker DAMAGED_WORKER's locator with the peers' members as the exchange round
+        would deliver them (a damaged member left out; the round itself runs over processes
+        in tests/agent/test_runtime.py)."""
+        found = epoch_setup.Locator(job=job, holding=nothing, stores=stores, step=shards.STEP)
+        peers = [s for w, s in enumerate(snapped.stores) if w != shards.DAMAGED_WORKER]
+        members = snapshots.gather_members(peers, shards.STEP, shards.LAYER)
+        found.peers.members[shards.LAYER] = members
+        return found
+
     # One member's store cannot rebuild a layer of a group of three: the peers' can.
-    assert locator.find(shards.LAYER)[0] is messages.RecoveryTier.PEER_SNAPSHOT
+    assert locator().find(shards.LAYER)[0] is messages.RecoveryTier.PEER_SNAPSHOT
     shard = next(p for p in snapped.store_files() if p.suffix == ".shard")
     other = snapped.stores[0].root / shard.parent.name / shard.name
     with shards.damaged(shard, shards.flip(3)), shards.damaged(other, shards.flip(5)):
-        locator = epoch_setup.Locator(job=job, holding=nothing, stores=stores, step=shards.STEP)
-        tier, state = locator.find(shards.LAYER)
+        tier, state = locator().find(shards.LAYER)
     assert tier is messages.RecoveryTier.CHECKPOINT and state is not None
     assert all(map(torch.equal, state.tensors(), shards.layer_state().tensors()))

@@ -247,15 +247,20 @@ class Roster:
         ]
         return max((i for i in intervals if i > 0), default=None)
 
-    def snapshot_step(self, workers: Iterable[plans.WorkerId]) -> int | None:
-        """The latest host-memory snapshot all of `workers` hold (None when one has none)."""
-        return _oldest(
-            [b.snapshot.latest_step if (b := self.beats.get(w)) else None for w in workers]
-        )
-
-
-def _oldest(steps: list[int | None]) -> int | None:
-    """The oldest of `steps`; None when there are none or one is None."""
-    if not steps or any(s is None for s in steps):
-        return None
-    return min(s for s in steps if s is not None)
+    def snapshot_step(
+        self, workers: Iterable[plans.WorkerId], at_most: int | None = None
+    ) -> int | None:
+        """The newest host-memory snapshot step, at or before `at_most` when given, that every
+        one of `workers` reports holding complete in its store (`SnapshotState.held`, issue
+        #20); None when they share none or one has not reported. Reports that list nothing
+        held (agents from before `held`) give the oldest of the latest steps, as before."""
+        beats = [self.beats.get(w) for w in workers]
+        if not beats or any(b is None for b in beats):
+            return None
+        snaps = [b.snapshot for b in beats if b is not None]
+        if not all(s.held for s in snaps):
+            latest = [s.latest_step for s in snaps]
+            oldest = None if None in latest else min(s for s in latest if s is not None)
+            return oldest if oldest is None or at_most is None or oldest <= at_most else None
+        common = set.intersection(*({h.step for h in s.held} for s in snaps))
+        return max((s for s in common if at_most is None or s <= at_most), default=None)

@@ -10,8 +10,8 @@ error) or a peer-lost failure breaks the running epoch. `Handler.recover` then
   takes those as the survivors, OWN_ERROR_RETRIES times from one step, then fails the job;
 - asks the planner per the job's policy (`decide`, pure), with Oobleck's fresh instantiation
   over the survivors as the last resort, and finds the resume step (`resume_step`, pure): the
-  survivors' oldest committed step, or their newest snapshot complete everywhere when a layer
-  has no live replica.
+  survivors' oldest committed step, or, when a layer has no live replica, the newest snapshot
+  every survivor reports holding complete (its heartbeat's `held` list).
 It answers with an `outcomes.Outcome` that the controller carries out: open the next epoch,
 suspend, fail, or succeed (the survivors already committed the job's last step). It never opens an
 epoch itself. A missed planned switch recovers from the plan the workers still hold.
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 
 from planaria.contract import errors
 from planaria.contract import plan as plans
@@ -127,8 +127,15 @@ class Handler:
         )
         if isinstance(move, outcomes.Suspend):
             return move
-        snapshot = self._roster.snapshot_step(found.survivors) if move.needs_snapshot else None
-        resume = resume_step(found, move, snapshot, self._job.training)
+        snapshot = None
+        if move.needs_snapshot:
+            redundancy = self._job.training.redundancy
+            beyond = beyond_redundancy(running, found.failed, redundancy)
+            if beyond:  # the snapshot tier cannot serve: say so, the checkpoint is next
+                what = beyond_message(beyond, redundancy)
+                return outcomes.Suspend(running=running, what=what, retry=True)
+            snapshot = self._roster.snapshot_step(found.survivors, at_most=found.resume_step)
+        resume = resume_step(found, move, snapshot)
         if resume is None:
             lost = "a lost layer has no live replica and no host-memory snapshot to restore"
             return outcomes.Suspend(running=running, what=lost, retry=True)
@@ -234,35 +241,54 @@ def decide(
     return dataclasses.replace(move, kind=restart, reason=f"{refused}; {move.reason}")
 
 
+def beyond_redundancy(
+    running: plans.Plan, failed: Collection[plans.WorkerId], redundancy: messages.RedundancyMode
+) -> dict[int, tuple[plans.WorkerId, ...]]:
+    """Layer -> its lost snapshot members, for every layer of `running` whose sharding group
+    (the workers holding it, REFT §4.2) lost more members than `redundancy` tolerates: one with
+    COPY, XOR or RECOMPUTE in a group of two or more, none otherwise (as the agents'
+    `snapshots.tolerated_losses`). A lost member's store is gone with it (issue #20), so such a
+    layer cannot be rebuilt from snapshots; only the checkpoint holds it."""
+    holders: dict[int, list[plans.WorkerId]] = {}
+    for pipeline in running.pipelines:
+        for stage in pipeline.stages:
+            for layer in stage.layers:
+                holders.setdefault(layer, []).extend(stage.workers)
+    beyond = {}
+    for layer, group in sorted(holders.items()):
+        lost = tuple(sorted(w for w in group if w in failed))
+        protected = redundancy is not messages.RedundancyMode.NONE and len(group) >= 2
+        if len(lost) > (1 if protected else 0):
+            beyond[layer] = lost
+    return beyond
+
+
+def beyond_message(
+    beyond: dict[int, tuple[plans.WorkerId, ...]], redundancy: messages.RedundancyMode
+) -> str:
+    """The status message for `beyond_redundancy`'s answer, plainly."""
+    layers = sorted(beyond)
+    workers = sorted({w for lost in beyond.values() for w in lost})
+    return (
+        f"layers {layers} lost their snapshot members on workers {workers}, more than "
+        f"redundancy {redundancy.value!r} recovers; the persistent checkpoint is the next tier"
+    )
+
+
 def resume_step(
-    found: failures.Assessment,
-    move: planning.Move,
-    snapshot: int | None,
-    training: messages.TrainingSettings,
+    found: failures.Assessment, move: planning.Move, snapshot: int | None
 ) -> int | None:
     """The step the next epoch resumes after: the survivors' oldest committed step, or, when
-    some layer of `move` has no live replica, the survivors' latest common `snapshot` that is
-    complete everywhere (None when there is none at or before their step)."""
+    some layer of `move` has no live replica, `snapshot`: the newest step every survivor
+    reports holding complete (`membership.Roster.snapshot_step`, from the heartbeats' `held`
+    lists; None when there is none at or before their step).
+
+    Nothing is inferred about the dead: their stores are never read (a peer's pieces travel
+    only from live workers, `planaria.agent.recovery.snapshot_exchange`), so a member whose
+    snapshot is gone or half written with it counts as lost, which the group's redundancy
+    covers or the agents' next tier (the checkpoint) does."""
     if not move.needs_snapshot:
         return found.resume_step
-    if snapshot is not None:
-        snapshot = complete_everywhere(found, snapshot, training)
     if snapshot is None or snapshot > found.resume_step:
         return None
     return snapshot
-
-
-def complete_everywhere(
-    found: failures.Assessment, snapshot: int, training: messages.TrainingSettings
-) -> int:
-    """The newest snapshot step at or before `snapshot` that is complete on every worker, the
-    dead included (their stores hold the lost layers). While training, an agent reports only
-    snapshots confirmed complete on every worker by a later commit barrier (docs/resilience.md,
-    "Snapshots that never stall training"), so a snapshot older than the survivors' step c is
-    complete everywhere; c itself is never reported so by a worker still in the epoch, and is
-    kept when some survivors committed past it, as before. Otherwise the one before c (the
-    other slot of the double buffer) is the safe one."""
-    split = found.newest_step > found.resume_step
-    if snapshot < found.resume_step or split:
-        return snapshot
-    return max(0, snapshot - max(1, training.snapshot_interval_steps))

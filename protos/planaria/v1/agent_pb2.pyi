@@ -1035,6 +1035,7 @@ class SnapshotState(_message.Message):
     HELD_BYTES_FIELD_NUMBER: _builtins.int
     IN_PROGRESS_FIELD_NUMBER: _builtins.int
     ACHIEVED_INTERVAL_STEPS_FIELD_NUMBER: _builtins.int
+    HELD_FIELD_NUMBER: _builtins.int
     latest_step: _builtins.int
     """Step of the latest complete snapshot; absent when none."""
     held_bytes: _builtins.int
@@ -1046,6 +1047,12 @@ class SnapshotState(_message.Message):
     the configured interval when the writer could not keep up and steps were skipped rather
     than training blocked.
     """
+    @_builtins.property
+    def held(self) -> _containers.RepeatedCompositeFieldContainer[Global___HeldSnapshot]:
+        """Every complete snapshot this worker's store holds now (both slots of the double buffer,
+        confirmed on the other workers or not), newest first: what it can send its peers.
+        """
+
     def __init__(
         self,
         *,
@@ -1053,16 +1060,45 @@ class SnapshotState(_message.Message):
         held_bytes: _builtins.int = ...,
         in_progress: _builtins.bool = ...,
         achieved_interval_steps: _builtins.float = ...,
+        held: _abc.Iterable[Global___HeldSnapshot] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_latest_step", b"_latest_step", "latest_step", b"latest_step"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_latest_step", b"_latest_step", "achieved_interval_steps", b"achieved_interval_steps", "held_bytes", b"held_bytes", "in_progress", b"in_progress", "latest_step", b"latest_step"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_latest_step", b"_latest_step", "achieved_interval_steps", b"achieved_interval_steps", "held", b"held", "held_bytes", b"held_bytes", "in_progress", b"in_progress", "latest_step", b"latest_step"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__latest_step: _TypeAlias = _typing.Literal["latest_step"]  # noqa: Y015
     _WhichOneofArgType__latest_step: _TypeAlias = _typing.Literal["_latest_step", b"_latest_step"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType__latest_step) -> _WhichOneofReturnType__latest_step | None: ...
 
 Global___SnapshotState: _TypeAlias = SnapshotState  # noqa: Y015
+
+@_typing.final
+class HeldSnapshot(_message.Message):
+    """HeldSnapshot is one complete snapshot in a worker's host-memory store."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STEP_FIELD_NUMBER: _builtins.int
+    DIGEST_FIELD_NUMBER: _builtins.int
+    step: _builtins.int
+    """Committed step the snapshot holds (>= 1)."""
+    digest: _builtins.str
+    """Digest of the checksums its manifest names for its files ("xxh3:<hex>"): two reports of
+    one step with the same digest name the same bytes.
+    """
+    def __init__(
+        self,
+        *,
+        step: _builtins.int = ...,
+        digest: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["digest", b"digest", "step", b"step"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___HeldSnapshot: _TypeAlias = HeldSnapshot  # noqa: Y015
 
 @_typing.final
 class LatchedError(_message.Message):

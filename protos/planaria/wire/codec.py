@@ -329,6 +329,7 @@ def encode_snapshot_state(state: messages.SnapshotState) -> pb.SnapshotState:
         held_bytes=state.held_bytes,
         in_progress=state.in_progress,
         achieved_interval_steps=state.achieved_interval_steps,
+        held=[pb.HeldSnapshot(step=h.step, digest=h.digest) for h in state.held],
     )
 
 
@@ -341,7 +342,13 @@ def decode_snapshot_state(
             held_bytes=msg.held_bytes,
             in_progress=msg.in_progress,
             achieved_interval_steps=msg.achieved_interval_steps,
+            held=tuple(_decode_held(h, f"{path}.held[{i}]") for i, h in enumerate(msg.held)),
         )
+
+
+def _decode_held(msg: pb.HeldSnapshot, path: str) -> messages.HeldSnapshot:
+    with errors.at(path):
+        return messages.HeldSnapshot(step=msg.step, digest=msg.digest)
 
 
 def encode_latched_error(error: messages.LatchedError) -> pb.LatchedError:

@@ -28,6 +28,7 @@ from planaria.contract import precision
 # The largest value a uint32 / uint64 field of the contract can carry.
 MAX_UINT32 = 2**32 - 1
 MAX_UINT64 = 2**64 - 1
+MAX_DIGEST_CHARS = 128  # a HeldSnapshot digest ("xxh3:" and 16 hex digits today)
 # The largest integer a JSON number carries exactly (a float64 mantissa), and so the largest a
 # user-facing field may take: the Kubernetes API server compares schema bounds as float64, and
 # 2**63 - 1 rounds up to 2**63 there (the CRD with such a `maximum` is refused).
@@ -364,18 +365,40 @@ class Timings:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class HeldSnapshot:
+    """A complete snapshot in a worker's store: its step and a digest of its files' checksums
+    (the same digest for the same bytes)."""
+
+    step: int
+    digest: str
+
+    def __post_init__(self) -> None:
+        _check_range("held snapshot", "step", self.step, 1, MAX_UINT64)
+        if not 0 < len(self.digest) <= MAX_DIGEST_CHARS:
+            raise ValueError(
+                f"held snapshot: digest of {len(self.digest)} characters; give 1 to "
+                f"{MAX_DIGEST_CHARS}"
+            )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class SnapshotState:
     """The host-memory snapshots a worker holds: the latest complete one's step (None when none)
     and the bytes it occupies here (shards and redundancy), whether one is being taken, and the
     mean steps between the snapshots begun this epoch (0.0 until two were; above the configured
-    interval when the writer could not keep up and skipped steps)."""
+    interval when the writer could not keep up and skipped steps). `held`: every complete
+    snapshot the store holds, newest first (distinct steps), confirmed elsewhere or not."""
 
     latest_step: int | None = None
     held_bytes: int = 0
     in_progress: bool = False
     achieved_interval_steps: float = 0.0
+    held: tuple[HeldSnapshot, ...] = ()
 
     def __post_init__(self) -> None:
+        steps = [h.step for h in self.held]
+        if steps != sorted(set(steps), reverse=True):
+            raise ValueError(f"snapshot: held steps {steps}; list distinct steps, newest first")
         value = self.achieved_interval_steps
         if not (math.isfinite(value) and value >= 0):
             raise ValueError(

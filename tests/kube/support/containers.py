@@ -7,8 +7,10 @@
   metadata.labels['k'], metadata.annotations['k'], spec.nodeName, status.podIP, status.hostIP),
   `secretKeyRef` and `configMapKeyRef` (from objects the caller fetched). The process inherits
   the harness's own environment underneath (PATH, the virtual environment), unlike a container.
-- volumes: `emptyDir` is a fresh directory, `secret` and `configMap` directories hold one file
-  per key (or per `items` entry, at its `path`), with `defaultMode`/`mode`.
+- volumes: `emptyDir` is a fresh directory per pod (a pod recreated under the same name gets an
+  empty one, as its own node memory; a container restart keeps it), `secret` and `configMap`
+  directories hold one file per key (or per `items` entry, at its `path`), with
+  `defaultMode`/`mode`.
 - mounts: there are no mount namespaces, so every container's `mountPath` (with `subPath`) is
   rewritten to its volume's directory wherever an argument, a command word or an env value
   equals it or starts with it followed by `/`; `workingDir` likewise. This is the harness's
@@ -25,6 +27,7 @@ import base64
 import os
 import pathlib
 import re
+import shutil
 import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -131,6 +134,8 @@ def materialize(
     directories = {}
     for volume in pod["spec"].get("volumes") or []:
         directory = root / volume["name"]
+        if "emptyDir" in volume:  # a new pod's is empty, even under a gone pod's name: its
+            shutil.rmtree(directory, ignore_errors=True)  # node memory went with that pod
         directory.mkdir(parents=True, exist_ok=True)
         if "secret" in volume:
             source = secrets[volume["secret"]["secretName"]]

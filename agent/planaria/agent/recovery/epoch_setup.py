@@ -10,16 +10,20 @@ this worker's stage find its state AT STEP resume_step, cheapest tier first:
                     the listed sources (`layer_transfer`)
     LOCAL_SNAPSHOT  this worker's own store alone rebuilds the layer at resume_step (a
                     restarted agent process, or a roll-back from resume_step + 1)
-    PEER_SNAPSHOT   the sharding group's stores (every store of the job under the snapshot
-                    base, which are readable here) rebuild it with copies or parity
-                    (`snapshots.load_layer`)
+    PEER_SNAPSHOT   the sharding group's members' pieces of the step, fetched over the
+                    epoch's process group from the workers that hold them and verified on
+                    arrival (`snapshot_exchange`), plus this worker's own, rebuild it with
+                    copies or parity (`snapshots.rebuild_layer`); never other workers' files
     CHECKPOINT      the persistent checkpoint of resume_step (`checkpoints.load_checkpoint`)
     INITIAL         resume_step == 0: built from the seed
 
 A layer this worker sends (it is a source of a transfer) is found the same way, without the
-LIVE_REPLICA tier: a source that was one step ahead rolls back before it sends. A checksum
-failure makes a snapshot tier unusable (the store's reader verifies every file) and the next
-tier is tried. When none works, SnapshotUnavailableError names what each tier said.
+LIVE_REPLICA tier: a source that was one step ahead rolls back before it sends. The peer tier
+needs one exchange round of every rank (`snapshot_exchange.exchange`): after KEPT and the own
+store are tried, each rank says which layers it still wants, and the holders send their pieces
+before the layer copies start (a source may need them). A checksum failure makes a snapshot
+tier unusable (the store's reader, and the receiver of a peer's piece, verify every file) and
+the next tier is tried. When none works, SnapshotUnavailableError names what each tier said.
 
 The result is a new `HeldLayers` of exactly the stage's layers and an `messages.EpochSetup`
 with the costliest tier used, seconds per part and bytes copied. Nothing the worker held is
@@ -29,12 +33,14 @@ Errors (the runtime latches them, state FAILED):
 
     SetupError                kind says how the controller should read it
     ├── RegroupError          the new epoch's rendezvous failed (TIMEOUT)
-    ├── TransferFailedError   a peer died or stalled during the copies (PEER_LOST)
+    ├── TransferFailedError   a peer died or stalled during the copies or the snapshot
+    │                         exchange (PEER_LOST)
     └── SnapshotUnavailableError  no tier holds a layer at resume_step (SNAPSHOT_UNAVAILABLE)
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -45,7 +51,7 @@ import torch
 from torch._C import _distributed_c10d as c10d  # the store classes (see groups.py)
 
 from planaria.agent.execution import groups, held_layers
-from planaria.agent.recovery import layer_transfer
+from planaria.agent.recovery import layer_transfer, snapshot_exchange
 from planaria.agent.state import checkpoints, snapshot_store, snapshots
 from planaria.agent.training import model, semantics
 from planaria.contract import plan, schedule
@@ -88,11 +94,10 @@ class Holding:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Stores:
-    """Where the snapshot tiers look: this worker's store and the job's stores' base."""
+    """Where the local tiers look: this worker's own store and the persistent checkpoints
+    (peers' stores are reached only through `snapshot_exchange`)."""
 
     own: snapshot_store.SnapshotStore
-    job: str
-    base: Path
     checkpoint_dir: str
 
 
@@ -179,6 +184,9 @@ def _acquire(
     received = {t.layer for t in incoming}
     locator = Locator(job=job, holding=holding, stores=stores, step=step)
     started = time.perf_counter()
+    needed = [i for i in mine if i not in received] + [t.layer for t in outgoing]
+    peers = _exchange(epoch, sched, step, locator.wanted(needed), stores.own)
+    locator.peers = peers
     local = {i: locator.find(i) for i in mine if i not in received}
     sent = {t.layer: locator.state(t.layer) for t in outgoing}
     load_s = time.perf_counter() - started
@@ -206,10 +214,31 @@ def _acquire(
         regroup_s=regroup_s,
         transfer_s=moved.seconds,
         load_s=load_s,
-        received_bytes=moved.received_bytes,
-        sent_bytes=moved.sent_bytes,
+        received_bytes=moved.received_bytes + peers.received_bytes,
+        sent_bytes=moved.sent_bytes + peers.sent_bytes,
     )
     return Ready(epoch=epoch, sched=sched, layers=layers, report=report)
+
+
+def _exchange(
+    epoch: groups.Epoch,
+    sched: schedule.Schedule,
+    step: int,
+    wanted: list[int],
+    own: snapshot_store.SnapshotStore,
+) -> snapshot_exchange.Received:
+    """The peer snapshot round (every rank takes part, so the condition depends only on the
+    Configure): none at step 0, where nothing is snapshotted, or in a one-rank epoch."""
+    if step == 0 or epoch.world_size == 1:
+        return snapshot_exchange.Received()
+    ranks = groups.worker_ranks(sched)
+    workers = sorted(ranks, key=ranks.__getitem__)
+    try:
+        return snapshot_exchange.exchange(
+            epoch=epoch, step=step, wanted=wanted, own=own, workers=workers
+        )
+    except snapshot_exchange.ExchangeError as exc:
+        raise TransferFailedError(str(exc), peer=exc.peer) from exc
 
 
 costliest = messages.costliest_tier  # the contract's own ordering of the tiers
@@ -241,18 +270,26 @@ def _assemble(
 
 
 class Locator:
-    """Finds layers at `step` through the local tiers (every tier but LIVE_REPLICA)."""
+    """Finds layers at `step` through every tier but LIVE_REPLICA. The peer tier serves what
+    `peers` holds: the members' pieces the exchange round brought (none until it is set)."""
 
     def __init__(self, *, job: semantics.Job, holding: Holding, stores: Stores, step: int) -> None:
         self.job, self.holding, self.stores, self.step = job, holding, stores, step
+        self.peers = snapshot_exchange.Received()
         self._checkpoint: dict[int, model.LayerState] | None = None
-        self._stores: list[snapshot_store.SnapshotStore] | None = None
+        self._local: dict[int, model.LayerState | str] = {}
+
+    def wanted(self, layers: Iterable[int]) -> list[int]:
+        """The layers among `layers` that neither KEPT nor this worker's own store serves at
+        the step: what this worker asks its peers for (none at step 0)."""
+        if self.step == 0:
+            return []
+        return sorted({i for i in layers if not self._kept(i) and self._own(i) is not None})
 
     def find(self, layer: int) -> tuple[messages.RecoveryTier, model.LayerState | None]:
         """The cheapest tier holding `layer` at the step, and its state (None: KEPT or
         INITIAL, which need no state); SnapshotUnavailableError when none does."""
-        held = self.holding.layers
-        if held is not None and layer in held.modules and self.holding.step == self.step:
+        if self._kept(layer):
             return Tier.KEPT, None
         problems = []
         for tier, read in self._snapshot_tiers():
@@ -277,24 +314,54 @@ class Locator:
         config = self.job.config  # INITIAL: as built
         return model.initial_state(config.shape, config.seed, layer, config.optimizer)
 
+    def _kept(self, layer: int) -> bool:
+        held = self.holding.layers
+        return held is not None and layer in held.modules and self.holding.step == self.step
+
+    def _own(self, layer: int) -> str | None:
+        """Why this worker's own store alone cannot rebuild `layer` (None: it can; the state
+        is kept for `find`)."""
+        if layer not in self._local:
+            try:
+                own = snapshots.load_layer([self.stores.own], self.step, layer)
+                self._local[layer] = own
+            except (snapshot_store.SnapshotError, KeyError) as exc:
+                self._local[layer] = str(exc)
+        found = self._local[layer]
+        return found if isinstance(found, str) else None
+
+    def _from_own(self, layer: int) -> model.LayerState:
+        problem = self._own(layer)
+        if problem is not None:
+            raise snapshot_store.SnapshotMissing(problem)
+        found = self._local[layer]
+        assert not isinstance(found, str)
+        return found
+
+    def _from_peers(self, layer: int) -> model.LayerState:
+        """The layer rebuilt from the pieces peers sent and this worker's own member."""
+        arrived = self.peers.members.get(layer, [])
+        said = "; ".join(self.peers.problems.get(layer, [])) or "no peer sent a piece"
+        if not arrived:
+            raise snapshot_store.SnapshotMissing(said)
+        members = list(arrived)
+        # Without a usable member of its own here, the peers' members must do.
+        with contextlib.suppress(snapshot_store.SnapshotError):
+            members.append(snapshots.read_member(self.stores.own, self.step, layer))
+        try:
+            return snapshots.rebuild_layer(members)
+        except snapshot_store.SnapshotError as exc:
+            raise type(exc)(f"{exc} ({said})") from exc
+
     def _snapshot_tiers(
         self,
     ) -> Iterator[tuple[messages.RecoveryTier, Callable[[int], model.LayerState]]]:
         if self.step == 0:
             return
-        yield Tier.LOCAL_SNAPSHOT, lambda i: snapshots.load_layer([self.stores.own], self.step, i)
-        yield Tier.PEER_SNAPSHOT, lambda i: snapshots.load_layer(self._peers(), self.step, i)
+        yield Tier.LOCAL_SNAPSHOT, self._from_own
+        yield Tier.PEER_SNAPSHOT, self._from_peers
         if self.stores.checkpoint_dir:
             yield Tier.CHECKPOINT, self._from_checkpoint
-
-    def _peers(self) -> list[snapshot_store.SnapshotStore]:
-        """Every store of the job under the snapshot base (this worker's included), opened
-        once per setup."""
-        if self._stores is None:
-            root = self.stores.base / self.stores.job
-            found = sorted(p for p in root.iterdir() if p.is_dir() and p.name.isdigit())
-            self._stores = [snapshot_store.SnapshotStore(path) for path in found]
-        return self._stores
 
     def _from_checkpoint(self, layer: int) -> model.LayerState:
         if self._checkpoint is None:

@@ -148,12 +148,7 @@ class Training:
         """Leave the current epoch and set up `config`'s (epoch_setup.SetupError, ValueError)."""
         self.end_epoch()
         job = self._job(config)
-        stores = epoch_setup.Stores(
-            own=self.store,
-            job=self.job_name,
-            base=self.base,
-            checkpoint_dir=config.settings.checkpoint_dir,
-        )
+        stores = epoch_setup.Stores(own=self.store, checkpoint_dir=config.settings.checkpoint_dir)
         try:
             ready = epoch_setup.set_up(
                 config=config,
@@ -304,9 +299,7 @@ class Training:
         layers, config = self.holding.layers, self.config
         assert layers is not None and config is not None
         self.finish_snapshot()
-        stores = epoch_setup.Stores(
-            own=self.store, job=self.job_name, base=self.base, checkpoint_dir=""
-        )
+        stores = epoch_setup.Stores(own=self.store, checkpoint_dir="")  # own store only
         locator = epoch_setup.Locator(
             job=self._job(config),
             holding=epoch_setup.Holding(layers=None, step=-1),

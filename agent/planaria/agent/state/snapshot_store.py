@@ -172,12 +172,27 @@ def read_verified(handle: Any, stored: manifests.StoredFile, where: str) -> pari
     got = handle.readinto(out.data)
     if got != expected:
         raise SnapshotCorrupt(f"{where}: {got} bytes but the manifest says {expected}")
-    data = out[:expected]
+    return verify(out[:expected], stored, where)
+
+
+def verify(data: parity.Bytes, stored: manifests.StoredFile, where: str) -> parity.Bytes:
+    """`data` itself when it has the length and checksum the manifest names for `stored`
+    (read here or received from a peer); SnapshotCorrupt otherwise."""
+    expected = stored.stop - stored.start
+    if data.size != expected:
+        raise SnapshotCorrupt(f"{where}: {data.size} bytes but the manifest says {expected}")
     algorithm = stored.checksum.split(":", 1)[0]
     known = algorithm in durable_files.CHECKSUMS
     if not known or durable_files.checksum_of(algorithm, [data]) != stored.checksum:
         raise SnapshotCorrupt(f"{where}: checksum mismatch (the file was damaged)")
     return data
+
+
+def digest(manifest: manifests.Manifest) -> str:
+    """xxh3 of the file checksums `manifest` names, in its order: equal for the same bytes
+    (the heartbeat's `HeldSnapshot.digest`; cheap, as no file is read)."""
+    listed = "\n".join(f"{f.file}={f.checksum}" for e in manifest.layers for f in e.files)
+    return durable_files.checksum_of("xxh3", [listed.encode()])
 
 
 # --- the store ------------------------------------------------------------------------------
@@ -302,13 +317,19 @@ class SnapshotStore:
         self, *, in_progress: bool = False, at_most: int | None = None
     ) -> messages.SnapshotState:
         """What the heartbeat reports: the latest complete step (at or before `at_most` when
-        given) and the bytes it holds here."""
-        found = [m for m in self.complete_manifests() if at_most is None or m.step <= at_most]
+        given) and the bytes it holds here, and every complete snapshot held (`held`, with
+        `digest`s), whatever `at_most` says: what this store can serve its peers."""
+        complete = self.complete_manifests()
+        held = tuple(messages.HeldSnapshot(step=m.step, digest=digest(m)) for m in complete)
+        found = [m for m in complete if at_most is None or m.step <= at_most]
         if not found:
-            return messages.SnapshotState(in_progress=in_progress)
+            return messages.SnapshotState(in_progress=in_progress, held=held)
         latest = found[0]
         return messages.SnapshotState(
-            latest_step=latest.step, held_bytes=latest.held_bytes, in_progress=in_progress
+            latest_step=latest.step,
+            held_bytes=latest.held_bytes,
+            in_progress=in_progress,
+            held=held,
         )
 
     def remove(self) -> None:
@@ -356,3 +377,13 @@ class OpenSnapshot:
         handle = self.handles[stored.file]
         handle.seek(0)
         return read_verified(handle, stored, f"{self.where}/{stored.file}")
+
+    def read_unverified(self, stored: manifests.StoredFile) -> parity.Bytes:
+        """Exactly as many bytes as the manifest names for `stored`, as the file holds them
+        (zeros past a short file's end), unchecked: what a peer is sent, for the peer to
+        verify on arrival (`verify`), so damage here is caught where the bytes are used."""
+        out = np.zeros(stored.stop - stored.start, dtype=np.uint8)
+        handle = self.handles[stored.file]
+        handle.seek(0)
+        handle.readinto(out.data)
+        return out
