@@ -83,7 +83,7 @@ EOF
   [ -d "$out" ] || out="$(dirname "$(find "$work/src/_output" -name kube-apiserver -type f | head -n1)")"
   install -m 755 "$out/kube-apiserver" "$out/kube-controller-manager" "$BIN/"
   install -m 755 "$(find "$work/go" -path '*/bin/etcd' -type f | head -n1)" "$BIN/etcd"
-  rm -rf "$work"
+  rm -rf "$work" "$apt"
   echo "kube-control-plane: [${SECONDS}s] built in $BIN" >&2
   built || die "the build finished without the three binaries in $BIN"
   echo "$BIN"

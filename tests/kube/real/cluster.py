@@ -120,8 +120,11 @@ class Client:
         return items
 
     def apply(self, obj: Json) -> Json:
-        """Create `obj`, or replace it (with the stored resourceVersion) if it exists."""
-        meta = obj["metadata"]
+        """Create `obj`, or replace it (with the stored resourceVersion) if it exists; the
+        fields the server sets (uid, resourceVersion, ...) in `obj` are ignored."""
+        server_set = ("uid", "resourceVersion", "creationTimestamp", "managedFields", "selfLink")
+        meta = {k: v for k, v in obj["metadata"].items() if k not in server_set}
+        obj = {**obj, "metadata": meta}
         path = collection(obj["apiVersion"], obj["kind"], meta.get("namespace"))
         try:
             return self.request("POST", path, obj)
