@@ -1,7 +1,8 @@
 """The chart on a real API server (Kubernetes 1.20, RBAC enforced): the shipped CRDs are
 accepted and served, the server's schema refuses an invalid ResilientJob with a message naming
 the field, the operator's ServiceAccount can make exactly the calls of the chart's Role, and a
-verb removed from the Role makes the matching operator call forbidden.
+verb removed from the Role makes the matching operator call forbidden; what only a CEL rule
+refuses (a 1.20 server drops those rules) is refused by the operator instead.
 """
 
 from __future__ import annotations
@@ -176,4 +177,30 @@ async def test_a_verb_missing_from_the_role_stops_the_operator_at_that_call(
             lambda: operating.get_job(admin, "norbac") is None,  # type: ignore[arg-type]
             60,
             "the job deleted (the operator removes its finalizer)",
+        )
+
+
+@pytest.mark.asyncio
+async def test_what_only_a_cel_rule_refuses_is_refused_by_the_operator_on_1_20(
+    admin: cluster.Client, as_operator: None
+) -> None:
+    """A 1.20 server dropped the CEL rules: it takes a globalBatchSize that is not a multiple of
+    microBatchSize, and the operator marks the job Invalid saying what to fix."""
+    spec = {"model": "tiny", "workers": 2, "microBatchSize": 3, "globalBatchSize": 4}
+    async with operating.running_operator(admin, load_crd=False):  # type: ignore[arg-type]
+        admin.apply(operating.job_body("celrule", **spec))  # accepted: no CEL on 1.20
+
+        def invalid() -> dict[str, Any] | None:
+            job = operating.get_job(admin, "celrule") or {}  # type: ignore[arg-type]
+            status: dict[str, Any] = job.get("status") or {}
+            return status if status.get("phase") == "Invalid" else None
+
+        status = await operating.wait_for(invalid, 60, "the job marked Invalid")
+        assert "globalBatchSize" in status["message"], status
+        assert not operating.pods_of(admin, "celrule")  # type: ignore[arg-type]
+        admin.delete(constants.API_VERSION, constants.KIND, "celrule", NAMESPACE)
+        await operating.wait_for(
+            lambda: operating.get_job(admin, "celrule") is None,  # type: ignore[arg-type]
+            30,
+            "the job deleted",
         )
