@@ -7,6 +7,11 @@ export PATH="$PWD/.venv/bin:$PATH"
 echo "== ruff"; ruff format --check . && ruff check .
 echo "== mypy --strict"; mypy
 echo "== import contracts"; lint-imports
+if [ "${PLANARIA_KUBE:-}" = build ]; then
+  # The real Kubernetes control plane of tests/kube/real (built once, then cached); without it
+  # those tests are skipped.
+  echo "== kube control plane"; bash scripts/kube-control-plane.sh build
+fi
 echo "== pytest"
 set +e
 pytest "$@"

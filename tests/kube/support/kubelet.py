@@ -20,6 +20,10 @@ and a label selector) over HTTP, like a kubelet, and for each new unscheduled po
   after the grace period (capped at `max_grace_s`), then deletes the pod with grace 0, which
   releases it in the emulator.
 
+Against a real API server (tests/kube/real): `token` (a bearer token), `ca_file` (the server's
+CA) and `bind=True`, which binds each pod through `pods/<name>/binding`, as the scheduler does (a
+real server refuses a patch of `spec.nodeName`; the emulator takes that patch and has no binding).
+
 Test hooks: `kill`, `evict` (DisruptionTarget condition, then delete), `set_ready`,
 `processes`. `close()` (the context exit) kills every process it started, its children too.
 `errors` lists the exceptions that ended the harness's own per-pod tasks (the fixture fails
@@ -41,6 +45,7 @@ import os
 import pathlib
 import random
 import signal
+import ssl
 from collections.abc import Mapping, Sequence
 from types import TracebackType
 from typing import Any, Self
@@ -86,8 +91,12 @@ class Kubelet:
         entrypoints: Mapping[str, Sequence[str]] | None = None,
         max_grace_s: float = 5.0,
         ip_base: str | None = None,
+        token: str | None = None,
+        ca_file: pathlib.Path | None = None,
+        bind: bool = False,
     ) -> None:
         self._url, self._workdir = url.rstrip("/"), workdir
+        self._token, self._ca_file, self._bind = token, ca_file, bind
         self._namespace, self._selector = namespace, label_selector
         self._entrypoints = dict(entrypoints or {})
         self._max_grace_s = max_grace_s
@@ -104,7 +113,13 @@ class Kubelet:
 
     async def __aenter__(self) -> Self:
         self._workdir.mkdir(parents=True, exist_ok=True)
-        self._session = aiohttp.ClientSession(headers={"User-Agent": _USER_AGENT})
+        headers = {"User-Agent": _USER_AGENT}
+        if self._token:
+            headers["Authorization"] = f"Bearer {self._token}"
+        tls = ssl.create_default_context(cafile=self._ca_file) if self._ca_file else None
+        self._session = aiohttp.ClientSession(
+            headers=headers, connector=aiohttp.TCPConnector(ssl=tls) if tls else None
+        )
         self._watcher = asyncio.create_task(self._watch(), name="kubelet-watch")
         listed = asyncio.create_task(self._listed.wait())
         await asyncio.wait({listed, self._watcher}, return_when=asyncio.FIRST_COMPLETED)
@@ -266,7 +281,18 @@ class Kubelet:
         self._spawn(pod, self._run(pod))
 
     async def _run(self, pod: podruns.PodRun) -> None:
-        await self._request("PATCH", pod.path, {"spec": {"nodeName": pod.node}})
+        if self._bind:
+            binding = {
+                "apiVersion": "v1",
+                "kind": "Binding",
+                "metadata": {"name": pod.name, "namespace": pod.namespace},
+                "target": {"apiVersion": "v1", "kind": "Node", "name": pod.node},
+            }
+            status, answer = await self._request("POST", f"{pod.path}/binding", binding)
+            if status != 201:
+                raise RuntimeError(f"the kubelet cannot bind {pod.name}: {status} {answer}")
+        else:
+            await self._request("PATCH", pod.path, {"spec": {"nodeName": pod.node}})
         pod.obj["spec"]["nodeName"] = pod.node
         pod.obj["status"] = {"podIP": pod.ip, "hostIP": "127.0.0.1"}
         pod.condition("PodScheduled", True)

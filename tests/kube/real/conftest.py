@@ -1,0 +1,98 @@
+"""Fixtures for the operator against a real Kubernetes control plane (docs/testing-kubernetes.md).
+
+`control_plane` (session) starts etcd, kube-apiserver (RBAC) and kube-controller-manager with
+scripts/kube-control-plane.sh once per test session, applies the chart's CRDs as shipped and the
+chart's ServiceAccount, Role and RoleBinding (rendered for namespace `default`), and stops them
+at the end. When the binaries are not built, every test here is skipped with the command that
+builds them (`scripts/kube-control-plane.sh build`, or `PLANARIA_KUBE=build bash scripts/test.sh`).
+
+`admin` is a client with the cluster admin's token; `operator_kubeconfig` is a kubeconfig
+holding a token of the chart's ServiceAccount, issued by the API server, so the operator runs
+with exactly the chart's RBAC; `as_operator` exports it as KUBECONFIG for the test (kopf's login
+and `planaria.kube.api` read it). `real_kubelet` is the kubelet harness on the real server (it
+binds pods through `pods/binding` and authenticates as the admin).
+"""
+
+from __future__ import annotations
+
+import pathlib
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+import pytest_asyncio
+
+from tests.kube.real import cluster
+from tests.kube.support import kubelet as harness
+
+NAMESPACE = "default"
+
+
+@pytest.fixture(scope="session")
+def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[cluster.ControlPlane]:
+    if cluster.binaries() is None:
+        pytest.skip(
+            "the Kubernetes control plane is not built: run `scripts/kube-control-plane.sh "
+            "build` (or `PLANARIA_KUBE=build bash scripts/test.sh`) once; it is cached"
+        )
+    plane = cluster.ControlPlane.start(tmp_path_factory.mktemp("control-plane"))
+    try:
+        admin = plane.admin()
+        cluster.install_chart(admin, NAMESPACE)
+        # Pods need their namespace's default ServiceAccount (the ServiceAccount admission
+        # plugin), which the controller manager creates.
+        cluster.wait_until(
+            lambda: admin.get("v1", "ServiceAccount", "default", NAMESPACE),
+            60,
+            "the default ServiceAccount created by the controller manager",
+        )
+        yield plane
+    finally:
+        plane.stop()
+
+
+@pytest.fixture(scope="session")
+def admin(control_plane: cluster.ControlPlane) -> cluster.Client:
+    return control_plane.admin()
+
+
+def operator_account() -> str:
+    (account,) = [o for o in cluster.rendered_rbac(NAMESPACE) if o["kind"] == "ServiceAccount"]
+    name: str = account["metadata"]["name"]
+    return name
+
+
+@pytest.fixture(scope="session")
+def operator_token(control_plane: cluster.ControlPlane, admin: cluster.Client) -> str:
+    return cluster.service_account_token(admin, NAMESPACE, operator_account())
+
+
+@pytest.fixture(scope="session")
+def operator_kubeconfig(
+    control_plane: cluster.ControlPlane,
+    operator_token: str,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> pathlib.Path:
+    path = tmp_path_factory.mktemp("operator") / "kubeconfig"
+    return control_plane.kubeconfig(path, operator_token, NAMESPACE)
+
+
+@pytest.fixture
+def as_operator(operator_kubeconfig: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KUBECONFIG", str(operator_kubeconfig))
+
+
+@pytest_asyncio.fixture
+async def real_kubelet(
+    control_plane: cluster.ControlPlane, tmp_path: pathlib.Path
+) -> AsyncIterator[harness.Kubelet]:
+    """The kubelet harness running every new pod of the namespace as local processes."""
+    async with harness.Kubelet(
+        control_plane.server,
+        tmp_path / "kubelet",
+        namespace=NAMESPACE,
+        token=control_plane.admin_token,
+        ca_file=control_plane.ca_file,
+        bind=True,
+    ) as running:
+        yield running
+    assert not running.errors, f"the kubelet harness failed: {running.errors!r}"
