@@ -127,10 +127,12 @@ class Runtime:
         )
 
     def heartbeat(self) -> messages.Heartbeat:
-        """The agent's state now."""
-        snapshot = self.snapshot_state()
+        """The agent's state now; the snapshots reported as of that state (read after it, so a
+        FINISHED heartbeat never carries the confirmed step of the training it ended)."""
         with self._cond:
             shown = self._shown
+        snapshot = self._snapshot_state(shown)
+        with self._cond:
             return messages.Heartbeat(
                 worker=self.worker,
                 epoch=shown.epoch,
@@ -202,10 +204,16 @@ class Runtime:
 
     def snapshot_state(self) -> messages.SnapshotState:
         """The host-memory snapshots this worker holds (the store is safe to read any time)."""
+        with self._cond:
+            shown = self._shown
+        return self._snapshot_state(shown)
+
+    def _snapshot_state(self, shown: acceptance.Published) -> messages.SnapshotState:
+        """The snapshots as of `shown`, a published state read before the store is."""
         busy = self._snapshot or self._training.snapshot_in_progress
         # While training, only what is complete on every worker (`epoch_writers`); once
         # FINISHED every worker waited for its own last snapshot.
-        finished = self._shown.state is State.FINISHED
+        finished = shown.state is State.FINISHED
         at_most = None if finished else self._training.snapshot_confirmed_step
         state = self._training.store.state(in_progress=busy, at_most=at_most)
         interval = self._training.snapshot_achieved_interval_steps
