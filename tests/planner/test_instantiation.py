@@ -8,6 +8,7 @@ batch, places each pipeline as its template says (WorkerId = node * M + GPU) and
 runner-up, the best mix one split, merge or node move away; neighbours are exactly that;
 instantiations that cannot take the global batch are skipped, and when none can the
 error recommends the nearest global batch; too few nodes for f + 1 pipelines is refused.
+Hypothesis: any f failed nodes leave every layer of a plan for fault tolerance f a live holder.
 """
 
 from __future__ import annotations
@@ -186,3 +187,39 @@ def test_a_thousand_nodes_are_planned_without_enumerating() -> None:
     for option in near:
         other = instantiation.evaluate(option, template_set, 4096)
         assert instantiation.rank([choice.chosen, other])[0] is choice.chosen
+
+
+@functools.cache
+def _templates_cached(num_nodes: int, gpus: int, f: int) -> templates.TemplateSet:
+    return small_templates(num_nodes, gpus, f)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    num_nodes=st.integers(2, 9),
+    gpus=st.sampled_from([1, 2]),
+    f=st.integers(0, 2),
+    data=st.data(),
+)
+def test_any_f_node_failures_leave_every_layer_a_live_holder(
+    num_nodes: int, gpus: int, f: int, data: st.DataObject
+) -> None:
+    """The planner-level guarantee of docs/resilience.md: a plan instantiated for fault
+    tolerance f holds every layer on at least f + 1 distinct nodes (one per pipeline), so any f
+    failed nodes leave each layer a live replica; snapshots are needed only beyond that."""
+    try:
+        template_set = _templates_cached(num_nodes, gpus, f)
+        result = instantiation.choose_plan(template_set, list(range(num_nodes)), 64).plan
+    except errors.PlannerError:
+        return  # too few nodes for f + 1 pipelines of the smallest template: refused
+    failed = data.draw(st.sets(st.integers(0, num_nodes - 1), max_size=f))
+    for layer in range(result.num_layers):
+        holders = {
+            int(result.node_of(w))
+            for p in result.pipelines
+            for s in p.stages
+            if s.layer_start <= layer < s.layer_stop
+            for w in s.workers
+        }
+        assert len(holders) >= f + 1
+        assert holders - failed, f"layer {layer} lost every holder to nodes {sorted(failed)}"
