@@ -652,6 +652,8 @@ def test_a_stop_past_its_grace_releases_a_step_blocked_on_a_hung_peer(
         os.kill(hung.pid, signal.SIGKILL)
         cluster.wait_dead(1)
     assert beat.state is State.STOPPED
+    # Worker 0 is usually blocked on worker 1 by then: its step fails as abandoned. When the
+    # Stop lands first at a step boundary, it stops with no error. Never by the timeout.
     texts = [e.message for e in beat.errors]
-    assert texts and all("this wait was abandoned" in t for t in texts), texts
+    assert all("this wait was abandoned" in t for t in texts), texts
     assert not any("Timed out" in t for t in texts), texts

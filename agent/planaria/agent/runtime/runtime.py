@@ -130,22 +130,21 @@ class Runtime:
         """The agent's state now; the snapshots reported as of that state (read after it, so a
         FINISHED heartbeat never carries the confirmed step of the training it ended)."""
         with self._cond:
-            shown = self._shown
+            shown = dataclasses.replace(self._shown)  # a copy: the training thread mutates it
         snapshot = self._snapshot_state(shown)
-        with self._cond:
-            return messages.Heartbeat(
-                worker=self.worker,
-                epoch=shown.epoch,
-                state=shown.state,
-                last_committed_step=shown.step,
-                loss=shown.loss if shown.step else None,
-                samples_processed=shown.step * shown.global_batch,
-                timings=shown.timings,
-                snapshot=snapshot,
-                errors=shown.errors,
-                setup=shown.setup,
-                checkpoint_step=shown.checkpoint_step,
-            )
+        return messages.Heartbeat(
+            worker=self.worker,
+            epoch=shown.epoch,
+            state=shown.state,
+            last_committed_step=shown.step,
+            loss=shown.loss if shown.step else None,
+            samples_processed=shown.step * shown.global_batch,
+            timings=shown.timings,
+            snapshot=snapshot,
+            errors=shown.errors,
+            setup=shown.setup,
+            checkpoint_step=shown.checkpoint_step,
+        )
 
     def pause(self, epoch: int) -> messages.Acknowledgement:
         """Hold at the next step boundary (state PAUSED)."""
@@ -205,7 +204,7 @@ class Runtime:
     def snapshot_state(self) -> messages.SnapshotState:
         """The host-memory snapshots this worker holds (the store is safe to read any time)."""
         with self._cond:
-            shown = self._shown
+            shown = dataclasses.replace(self._shown)
         return self._snapshot_state(shown)
 
     def _snapshot_state(self, shown: acceptance.Published) -> messages.SnapshotState:
