@@ -116,7 +116,7 @@ def test_the_all_reduces_are_those_the_schedule_compiles(
         for op in stream.instructions
         if isinstance(op, instructions.AllReduce)
     }
-    assert set(composition.reductions(plan_)) == compiled
+    assert set(schedule.all_reductions(plan_)) == compiled
 
 
 @given(strategies.plans(max_layers=5, max_pipelines=4, max_gpus_per_node=2))

@@ -29,11 +29,10 @@ Not here: the memo (`screening`).
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from planaria.contract import colouring, instructions, plan, profile, schedule
+from planaria.contract import instructions, plan, profile, schedule
 from planaria.planner import estimator, execution, memory
 
 
@@ -118,7 +117,7 @@ def step_s(
     all-reduces, optimizer steps and snapshots replayed from there."""
     clock = dict(arrival)
     width = {s.workers[0]: len(s.workers) for p in plan_.pipelines for s in p.stages if s.workers}
-    for reduction in sorted(reductions(plan_), key=lambda r: (r.round, r.layers[0])):
+    for reduction in sorted(schedule.all_reductions(plan_), key=lambda r: (r.round, r.layers[0])):
         start = max(clock[w] for w in reduction.group)
         nodes = {w // plan_.gpus_per_node for w in reduction.group}
         link = prof.intra_node if len(nodes) == 1 else prof.inter_node
@@ -139,27 +138,3 @@ def arrivals(pipeline: plan.Pipeline, run: PipelineRun) -> Iterator[tuple[plan.W
     """(first worker, arrival) of each stage of `pipeline` from its run alone."""
     for stage, arrival in zip(pipeline.stages, run.arrival_s, strict=True):
         yield stage.workers[0], arrival
-
-
-def reductions(plan_: plan.Plan) -> list[instructions.AllReduce]:
-    """The plan's all-reduces as `schedule` compiles them (Oobleck §6.1): one per bucket, a
-    maximal run of layers with the same holders (first workers of the stages holding them),
-    when two or more hold it, with rounds from a greedy colouring of their conflicts."""
-    holders: dict[int, list[plan.WorkerId]] = defaultdict(list)
-    for pipeline in plan_.pipelines:
-        for stage in pipeline.stages:
-            for layer in stage.layers if stage.workers else ():
-                holders[layer].append(stage.workers[0])
-    buckets: list[tuple[list[int], tuple[plan.WorkerId, ...]]] = []
-    for layer in range(plan_.num_layers):
-        group = tuple(sorted(holders[layer]))
-        if buckets and buckets[-1][1] == group:
-            buckets[-1][0].append(layer)
-        else:
-            buckets.append(([layer], group))
-    shared = [(layers, group) for layers, group in buckets if len(group) > 1]
-    rounds = colouring.welsh_powell(colouring.conflict_graph([g for _, g in shared]))
-    return [
-        instructions.AllReduce(layers=tuple(layers), group=group, round=r)
-        for (layers, group), r in zip(shared, rounds, strict=True)
-    ]

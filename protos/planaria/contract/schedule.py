@@ -131,7 +131,7 @@ def compile_schedule(plan_: plan.Plan) -> Schedule:
     tasks = _tasks(plan_, routes, slots)
     computes = _by_worker(tasks)
     by_pair, tags = _messages(computes)
-    reductions = _all_reductions(plan_)
+    reductions = all_reductions(plan_)
     streams = []
     for pipeline_index, pipeline in enumerate(plan_.pipelines):
         for stage_index, stage in enumerate(pipeline.stages):
@@ -365,12 +365,18 @@ def _send(key: _MessageKey, tag: int) -> instructions.Send:
 # --- 4. gradients ------------------------------------------------------------------------------
 
 
-def _all_reductions(plan_: plan.Plan) -> list[instructions.AllReduce]:
-    """One AllReduce per bucket (maximal run of layers with the same holders) held by two or
-    more workers, with rounds from a greedy colouring of their conflict graph."""
-    holders = [tuple(sorted(_holders(plan_, layer))) for layer in range(plan_.num_layers)]
+def all_reductions(plan_: plan.Plan) -> list[instructions.AllReduce]:
+    """One AllReduce per bucket (maximal run of layers with the same holders: the first workers
+    of every stage holding them) held by two or more workers, with rounds from a greedy
+    colouring of their conflict graph (Oobleck §6.1)."""
+    holders: dict[int, set[plan.WorkerId]] = {layer: set() for layer in range(plan_.num_layers)}
+    for pipeline in plan_.pipelines:
+        for stage in pipeline.stages:
+            for layer in stage.layers if stage.workers else ():
+                holders[layer].add(stage.workers[0])
     buckets: list[tuple[list[int], tuple[plan.WorkerId, ...]]] = []
-    for layer, group in enumerate(holders):
+    for layer in range(plan_.num_layers):
+        group = tuple(sorted(holders[layer]))
         if buckets and buckets[-1][1] == group:
             buckets[-1][0].append(layer)
         else:
@@ -381,16 +387,6 @@ def _all_reductions(plan_: plan.Plan) -> list[instructions.AllReduce]:
         instructions.AllReduce(layers=tuple(layers), group=group, round=r)
         for (layers, group), r in zip(shared, rounds, strict=True)
     ]
-
-
-def _holders(plan_: plan.Plan, layer: int) -> set[plan.WorkerId]:
-    """First workers of every stage (any pipeline) holding `layer`."""
-    return {
-        stage.workers[0]
-        for pipeline in plan_.pipelines
-        for stage in pipeline.stages
-        if stage.workers and layer in stage.layers
-    }
 
 
 def _stream_tail(
