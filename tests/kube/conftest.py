@@ -18,8 +18,17 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 import pytest_asyncio
 
+from planaria.agent.training import data
 from tests.kube.support import kubelet as harness
 from tests.kube.support import serving
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
+    """A small corpus file for the operator e2e jobs (`operating.e2e_spec`)."""
+    path = tmp_path_factory.mktemp("corpus") / "corpus.txt"
+    path.write_bytes(data.load_default_corpus(max_bytes=100_000).tobytes())
+    return path
 
 
 @pytest.fixture

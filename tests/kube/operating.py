@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import pathlib
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
@@ -31,6 +32,24 @@ def job_body(name: str, **spec: Any) -> dict[str, Any]:
         "kind": constants.KIND,
         "metadata": {"name": name, "namespace": NAMESPACE},
         "spec": spec,
+    }
+
+
+def e2e_spec(corpus: pathlib.Path, steps: int) -> dict[str, Any]:
+    """The operator e2e tests' job: the tiny model, 3 workers, on `corpus`, `steps` steps."""
+    return {
+        "model": "tiny",
+        "workers": 3,
+        "steps": steps,
+        "microBatchSize": 1,
+        "globalBatchSize": 4,
+        "seed": 5,
+        "optimizer": {"lr": 3e-3, "eps": 1e-6},
+        "data": {"corpusPaths": [str(corpus)]},
+        "snapshots": {"intervalSteps": 1, "redundancy": "xor"},
+        "faultTolerance": 1,
+        "policy": "dynamic",
+        "timeouts": {"heartbeatSeconds": 3.0, "stepSeconds": 10.0, "configureSeconds": 60.0},
     }
 
 

@@ -19,37 +19,12 @@ from typing import Any
 
 import pytest
 
-from planaria.agent.training import data
 from planaria.kube import constants
 from tests.kube import operating
 from tests.kube.support import emulator, kubelet, serving
 
 ENDED = ("Succeeded", "Failed")
 RUN_S = 120.0
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
-    path = tmp_path_factory.mktemp("corpus") / "corpus.txt"
-    path.write_bytes(data.load_default_corpus(max_bytes=100_000).tobytes())
-    return path
-
-
-def _spec(corpus: pathlib.Path, steps: int) -> dict[str, Any]:
-    return {
-        "model": "tiny",
-        "workers": 3,
-        "steps": steps,
-        "microBatchSize": 1,
-        "globalBatchSize": 4,
-        "seed": 5,
-        "optimizer": {"lr": 3e-3, "eps": 1e-6},
-        "data": {"corpusPaths": [str(corpus)]},
-        "snapshots": {"intervalSteps": 1, "redundancy": "xor"},
-        "faultTolerance": 1,
-        "policy": "dynamic",
-        "timeouts": {"heartbeatSeconds": 3.0, "stepSeconds": 10.0, "configureSeconds": 60.0},
-    }
 
 
 def _status(kube_api: serving.KubeApi, name: str) -> dict[str, Any]:
@@ -101,7 +76,7 @@ async def test_a_killed_pod_is_survived_without_restarting_the_others(
     kube_api: serving.KubeApi, kubelet: kubelet.Kubelet, corpus: pathlib.Path
 ) -> None:
     async with operating.running_operator(kube_api):
-        kube_api.apply(operating.job_body("kill", **_spec(corpus, steps=STEPS)))
+        kube_api.apply(operating.job_body("kill", **operating.e2e_spec(corpus, steps=STEPS)))
         await _until(
             kube_api, "kill", lambda s: s.get("phase") == "Running" and s["step"] >= 3, "step 3"
         )
@@ -149,7 +124,7 @@ async def test_an_operator_restarted_mid_job_adopts_the_running_agents(
 ) -> None:
     pods = ("adopt-0", "adopt-1", "adopt-2")
     async with operating.running_operator(kube_api):
-        kube_api.apply(operating.job_body("adopt", **_spec(corpus, steps=40)))
+        kube_api.apply(operating.job_body("adopt", **operating.e2e_spec(corpus, steps=40)))
         await _until(
             kube_api, "adopt", lambda s: s.get("phase") == "Running" and s["step"] >= 3, "step 3"
         )

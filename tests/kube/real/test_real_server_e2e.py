@@ -22,7 +22,6 @@ from typing import Any
 
 import pytest
 
-from planaria.agent.training import data
 from planaria.kube import constants
 from tests.kube import operating
 from tests.kube.real import cluster
@@ -34,30 +33,6 @@ RUN_S = 180.0
 STEPS = 60
 
 pytestmark = pytest.mark.usefixtures("as_operator")
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
-    path = tmp_path_factory.mktemp("corpus") / "corpus.txt"
-    path.write_bytes(data.load_default_corpus(max_bytes=100_000).tobytes())
-    return path
-
-
-def _spec(corpus: pathlib.Path, steps: int) -> dict[str, Any]:
-    return {
-        "model": "tiny",
-        "workers": 3,
-        "steps": steps,
-        "microBatchSize": 1,
-        "globalBatchSize": 4,
-        "seed": 5,
-        "optimizer": {"lr": 3e-3, "eps": 1e-6},
-        "data": {"corpusPaths": [str(corpus)]},
-        "snapshots": {"intervalSteps": 1, "redundancy": "xor"},
-        "faultTolerance": 1,
-        "policy": "dynamic",
-        "timeouts": {"heartbeatSeconds": 3.0, "stepSeconds": 10.0, "configureSeconds": 60.0},
-    }
 
 
 def _status(admin: cluster.Client, name: str) -> dict[str, Any]:
@@ -112,7 +87,7 @@ async def test_a_killed_pod_is_survived_without_restarting_the_others(
             load_crd=False,
         ),
     ):
-        admin.apply(operating.job_body("kill", **_spec(corpus, steps=STEPS)))
+        admin.apply(operating.job_body("kill", **operating.e2e_spec(corpus, steps=STEPS)))
         await _until(admin, "kill", _running("kill"), "step 3")
         before = _pids(real_kubelet, ("kill-0", "kill-2"))
         assert len(before) == 2
@@ -144,7 +119,7 @@ async def test_an_operator_restarted_mid_job_adopts_the_running_agents(
 ) -> None:
     pods = ("adopt-0", "adopt-1", "adopt-2")
     async with operating.running_operator(admin, load_crd=False):  # type: ignore[arg-type]
-        admin.apply(operating.job_body("adopt", **_spec(corpus, steps=40)))
+        admin.apply(operating.job_body("adopt", **operating.e2e_spec(corpus, steps=40)))
         await _until(admin, "adopt", _running("adopt"), "step 3")
         before = _pids(real_kubelet, pods)
         assert len(before) == 3
@@ -185,7 +160,7 @@ async def test_a_deleted_job_takes_its_pods_service_secrets_and_state_with_it(
     admin: cluster.Client, real_kubelet: kubelet.Kubelet, corpus: pathlib.Path
 ) -> None:
     async with operating.running_operator(admin, load_crd=False):  # type: ignore[arg-type]
-        job = admin.apply(operating.job_body("gone", **_spec(corpus, steps=100_000)))
+        job = admin.apply(operating.job_body("gone", **operating.e2e_spec(corpus, steps=100_000)))
         await _until(admin, "gone", _running("gone"), "step 3")
         owned = _owned_by(admin, job["metadata"]["uid"])
         kinds = {o.split("/")[0] for o in owned}
