@@ -12,6 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
+import subprocess
+import sys
+import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -24,6 +28,7 @@ from planaria.control import settings as job_settings
 from planaria.control import status as statuses
 from planaria.local import backend as local_backend
 from planaria.wire import messages
+from tests.chaos import processes
 
 __all__ = [
     "LocalJob",
@@ -150,3 +155,30 @@ def pipelined_profile(micro_batch_size: int) -> profile.Profile:
     measured = profiler.measure_profile(shapes.named("tiny"), micro_batch_size, warmup=0, repeats=1)
     need = sum(layer.state_bytes + layer.activation_bytes for layer in measured.layers)
     return dataclasses.replace(measured, memory_bytes=int(need * 0.85))
+
+
+@dataclasses.dataclass(frozen=True)
+class Ran:
+    """A `planaria run` of a job file: the job's name, its stdout and its recoveries.json."""
+
+    name: str
+    stdout: str
+    recoveries: list[dict[str, object]]
+
+
+def run_job_file(workdir: Path, prefix: str, shm: Path, bound_s: float) -> Ran:
+    """`planaria run job.yaml` in `workdir` as job `prefix`-random (its report in workdir/out,
+    its snapshots under `shm`), its agents killed afterwards whatever happened; asserts it
+    exited 0."""
+    name = f"{prefix}-{uuid.uuid4().hex[:8]}"
+    argv = [sys.executable, "-m", "planaria", "run", "job.yaml", "--name", name, "--no-progress"]
+    argv += ["--out", str(workdir / "out"), "--snapshot-base", str(shm)]
+    try:
+        done = subprocess.run(
+            argv, cwd=workdir, capture_output=True, text=True, timeout=bound_s, check=False
+        )
+    finally:
+        processes.kill(processes.agents_of(name))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    recoveries = json.loads((workdir / "out" / "recoveries.json").read_text(encoding="utf-8"))
+    return Ran(name=name, stdout=done.stdout, recoveries=recoveries)

@@ -11,10 +11,6 @@ not a performance claim.
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-import uuid
 from pathlib import Path
 
 from planaria.agent.runtime import runtime_states
@@ -22,7 +18,7 @@ from planaria.agent.state import checkpoints
 from planaria.agent.training import comparison
 from planaria.spec import job, job_file
 from tests import hf_data
-from tests.chaos import processes
+from tests.e2e import local_job
 
 BOUND_S = 240.0
 STEPS = 30  # the injected kill at step 3 lands and is seen long before the last step
@@ -59,18 +55,9 @@ def test_a_jsonl_dataset_with_a_trained_tokenizer_trains_exactly_through_a_failu
         cache=tmp_path / "cache",
     )
     (tmp_path / "job.yaml").write_text(text, encoding="utf-8")
-    name = f"byo-{uuid.uuid4().hex[:8]}"
-    argv = [sys.executable, "-m", "planaria", "run", "job.yaml", "--name", name, "--no-progress"]
-    argv += ["--out", str(tmp_path / "out"), "--snapshot-base", str(shm)]
-    try:
-        done = subprocess.run(
-            argv, cwd=tmp_path, capture_output=True, text=True, timeout=BOUND_S, check=False
-        )
-    finally:
-        processes.kill(processes.agents_of(name))
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert f"Succeeded at step {STEPS}" in done.stdout.splitlines()[-1]
-    recoveries = json.loads((tmp_path / "out" / "recoveries.json").read_text(encoding="utf-8"))
+    ran = local_job.run_job_file(tmp_path, "byo", shm, BOUND_S)
+    name, recoveries = ran.name, ran.recoveries
+    assert f"Succeeded at step {STEPS}" in ran.stdout.splitlines()[-1]
     assert [r["failed"] for r in recoveries] == [[1]]
 
     settings = job.to_settings(job_file.load_job(str(tmp_path / "job.yaml")).spec, name, "-")

@@ -14,9 +14,6 @@ for bit. The bound is a test timeout, not a performance claim.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-import uuid
 from pathlib import Path
 
 import pytest
@@ -29,7 +26,7 @@ from planaria.cli import main
 from planaria.contract import shapes
 from planaria.spec import job, job_file
 from tests import hf_data
-from tests.chaos import processes
+from tests.e2e import local_job
 
 transformers = pytest.importorskip("transformers")
 
@@ -81,18 +78,9 @@ def test_a_llama_trains_exactly_through_a_failure_and_exports_to_transformers(
         cache=tmp_path / "cache",
     )
     (tmp_path / "job.yaml").write_text(text, encoding="utf-8")
-    name = f"hf-{uuid.uuid4().hex[:8]}"
-    argv = [sys.executable, "-m", "planaria", "run", "job.yaml", "--name", name, "--no-progress"]
-    argv += ["--out", str(tmp_path / "out"), "--snapshot-base", str(shm)]
-    try:
-        done = subprocess.run(
-            argv, cwd=tmp_path, capture_output=True, text=True, timeout=BOUND_S, check=False
-        )
-    finally:
-        processes.kill(processes.agents_of(name))
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert f"Succeeded at step {STEPS}" in done.stdout.splitlines()[-1]
-    recoveries = json.loads((tmp_path / "out" / "recoveries.json").read_text(encoding="utf-8"))
+    ran = local_job.run_job_file(tmp_path, "hf", shm, BOUND_S)
+    name, recoveries = ran.name, ran.recoveries
+    assert f"Succeeded at step {STEPS}" in ran.stdout.splitlines()[-1]
     assert [r["failed"] for r in recoveries] == [[1]]
 
     spec = job_file.load_job(str(tmp_path / "job.yaml")).spec
