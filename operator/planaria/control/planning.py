@@ -221,8 +221,7 @@ class Planner:
 
 def _runner_up(reason: policy.Reason) -> str:
     """The best candidate of another kind and what settled it, for the one-line reason."""
-    top = reason.ranked[0]
-    rival = next((r for r in reason.ranked[1:] if r.kind != top.kind), None)
+    top, rival = reason.ranked[0], policy.runner_up(reason)
     if rival is None:
         return ""
     against = (

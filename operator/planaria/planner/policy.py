@@ -381,10 +381,15 @@ def _equation_line(reason: Reason) -> str:
     )
 
 
+def runner_up(reason: Reason) -> Ranked | None:
+    """The best-ranked candidate of another kind than the choice (None: there is none)."""
+    top = reason.ranked[0]
+    return next((r for r in reason.ranked[1:] if r.kind != top.kind), None)
+
+
 def _steps_line(reason: Reason) -> str:
     """With the job's end bounding: where the best rival of another kind would take over."""
-    top = reason.ranked[0]
-    rival = next((r for r in reason.ranked[1:] if r.kind != top.kind), None)
+    top, rival = reason.ranked[0], runner_up(reason)
     if rival is None:
         return f"  the job's last {reason.steps_left} step(s) bound every candidate's value"
     tie = break_even_steps(top.step_s, top.transition_s, rival.step_s, rival.transition_s)
