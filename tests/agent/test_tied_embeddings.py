@@ -11,8 +11,10 @@ trains bit for bit like the tied single-process reference (per-step losses, para
 AdamW moments) over a 2-stage pipeline, data parallelism over two 1-stage workers, a
 heterogeneous plan (2-, 1- and 2-stage pipelines: holders of one copy and of both) and a
 rerouted plan (a failed last stage and a failed first stage, their micro-batches on peers);
-every holder's two copies stay bit-identical with identical AdamW state; and the same run
-differs from a reference that drops the tie (each copy trained on its own use alone).
+every holder's two copies stay bit-identical with identical AdamW state; the same run
+differs from a reference that drops the tie (each copy trained on its own use alone); a GPT-2
+config that says `tie_word_embeddings: false` trains untied, exactly; and in fast mode every
+copy on every worker stays bit-identical.
 """
 
 from __future__ import annotations
@@ -254,3 +256,18 @@ def test_an_untied_config_of_the_same_model_trains_untied_exactly(
     want = {index: trainer.layer_state(index) for index in range(4)}
     assert comparison.compare(_run_states(run), want).equal
     assert not _copies_equal(want[0], want[3])
+
+
+def test_in_fast_mode_every_copy_of_the_tied_matrix_stays_the_same(
+    cluster: local_cluster.LocalCluster,
+) -> None:
+    """(Fast mode sums in the plan's order, so it is compared with itself, not the reference.)"""
+    p = PLANS["heterogeneous pipelines of 2, 1 and 2 stages"]
+    run = cluster.run(_config(p, reduction_=FAST), p, range(STEPS))
+    assert run.ok, (run.errors, run.lost)
+    first = _run_states(run)
+    assert _copies_equal(first[0], first[3])
+    for worker, states in run.states.items():
+        for index, state in states.items():
+            found = comparison.compare({index: state}, {index: first[index]})
+            assert found.equal, f"worker {worker}, layer {index}: {found.describe()}"
