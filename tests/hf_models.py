@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import torch
 
-from planaria.agent.training import model
+from planaria.agent.training import model, reduction, tying
 from planaria.contract import shapes
+from planaria.wire import messages
 
 SEED = 5
 VOCAB = 256  # byte tokens
@@ -42,12 +43,14 @@ def shape(family: str) -> shapes.ModelShape:
 def trained(
     of: shapes.ModelShape,
 ) -> tuple[list[torch.nn.Module], dict[int, model.LayerState]]:
-    """The layers of `of` after one AdamW step on a random batch, and their states."""
+    """The layers of `of` after one AdamW step on a random batch (a tied matrix's copies given
+    the sum of both uses, `tying`), and their states."""
     layers = model.build_layers(of, SEED)
     optimizers = [model.make_optimizer(layer, model.OptimizerConfig(lr=1e-2)) for layer in layers]
     ids = torch.randint(0, of.vocab_size, (2, 9), generator=torch.Generator().manual_seed(1))
     logits = model.run_layers(layers, ids[:, :-1])
     torch.autograd.backward(model.micro_batch_loss(logits, ids[:, 1:], 2))
+    tying.tie_gradients(of, layers, reduction.GradientSums(messages.Reduction.FAST))
     for optimizer in optimizers:
         optimizer.step()
     states = {

@@ -10,7 +10,8 @@ does a layer copy's byte layout for every trained layer; the profiler measures a
 layers; and, across real processes (gloo), one plan that holds
 a 2-stage pipeline beside a 1-stage replica (pipeline, data parallel and heterogeneous at once)
 trains each family bit for bit like the single-process reference in exact mode: per-step
-losses, parameters and AdamW moments.
+losses, parameters and AdamW moments (GPT-2 tied: tests/agent/test_tied_embeddings.py covers
+the tie over more plans).
 """
 
 from __future__ import annotations

@@ -6,8 +6,9 @@ them and any grouping of the all-reduce, whenever the contributions span at most
 29 - ceil(log2 n) binary orders (the condition the module docstring proves sufficient;
 hypothesis draws values at its edge); float32 sums of the same values do depend on the order
 (the reason exact mode exists); bucket and settle handle parameters nobody computed a gradient
-for; exact mode computes with one torch thread and restores the caller's count, fast mode leaves
-it alone.
+for; a deferred parameter (a tied matrix's copy) keeps its reduced float64 sum until settle;
+exact mode computes with one torch thread and restores the caller's count, fast mode leaves it
+alone.
 """
 
 from __future__ import annotations
@@ -120,6 +121,26 @@ def test_bucket_and_settle_cover_parameters_without_a_gradient() -> None:
     assert untouched.grad is not None and untouched.grad.tolist() == [0.0, 0.0]
     assert alone.grad is not None and alone.grad.dtype == torch.float32
     assert alone.grad.tolist() == [0.75, 0.75]
+
+
+def test_a_deferred_parameter_keeps_its_reduced_float64_sum_until_settle() -> None:
+    """(A tied matrix's copy: its two uses are summed in float64 and rounded once.)"""
+    tied, other = nn.Parameter(torch.zeros(1)), nn.Parameter(torch.zeros(1))
+    sums = reduction.GradientSums(EXACT)
+    sums.defer([tied])
+    tiny = 2.0**-30  # lost in float32 next to 1.0, kept in float64
+    for p in (tied, other):
+        p.grad = torch.tensor([1.0])
+    sums.absorb([tied, other])
+    flat = sums.bucket([tied, other])
+    flat += torch.tensor([tiny, tiny], dtype=torch.float64)  # what a peer's share adds
+    sums.unpack([tied, other], flat)
+    assert _grad(tied) is None and sums.total(tied).item() == 1.0 + tiny
+    assert other.grad is not None and other.grad.item() == 1.0  # rounded at once
+    sums.replace(tied, sums.total(tied) - 1.0)  # the other use's total added, in float64
+    sums.settle([tied])
+    assert tied.grad is not None and tied.grad.dtype == torch.float32
+    assert tied.grad.item() == tiny  # rounding first would have given 0
 
 
 def test_fast_mode_leaves_autograd_s_float32_accumulation_alone() -> None:

@@ -4,7 +4,7 @@ Covers: `planaria run` with a checkpointPath whose tensors do not fit the config
 hidden size) or the tokenizer's vocabulary exits 2 with one line naming
 modelSource.checkpointPath and the fix, before anything starts (no run directory); `planaria
 export` of a job that trains a named shape, and of a folder without a checkpoint, exit 2 with
-one line. The export itself: tests/e2e/test_hf_llama.py, tests/agent/test_hf_export.py.
+one line. The export itself: tests/e2e/test_hf_run.py, tests/agent/test_hf_export.py.
 """
 
 from __future__ import annotations

@@ -20,7 +20,10 @@ instruction set is `planaria.contract.instructions`):
                             computed none), SUM over the group's subgroup (Oobleck §6.1); in
                             exact mode the float64 sums, rounded once afterwards
     OptimizerStep(layers)   each layer's own AdamW steps, then its gradients are cleared (exact
-                            mode rounds the sums no AllReduce took first, before the hook)
+                            mode rounds the sums no AllReduce took first, before the hook);
+                            before that, a holder of a tied embedding matrix's copy (layer 0
+                            or the head of a tied Hugging Face model) exchanges the two uses'
+                            gradient totals and sums them (`tied_embeddings`, `tying`)
     Snapshot(layers)        a marker, reported in the StepResult for the snapshot writer
 
 The commit barrier: right before the first OptimizerStep of a step (after the hook's call for
@@ -72,7 +75,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from planaria.agent.execution import failures, groups, held_layers
+from planaria.agent.execution import failures, groups, held_layers, tied_embeddings
 from planaria.agent.training import model, precision, reduction, semantics
 from planaria.contract import errors, instructions, plan, schedule
 from planaria.wire import messages
@@ -157,6 +160,9 @@ class Executor:
         self.message_shape = (config.micro_batch_size, config.shape.seq_len, config.shape.d_model)
         self.latched: failures.StepError | None = None
         self.sums = reduction.GradientSums(config.reduction)
+        self.tie = tied_embeddings.TieExchange.of(config.shape, sched, worker, layers)
+        if self.tie is not None:
+            self.sums.defer(self.tie.copies.values())  # summed with the other use first
         layers.clear_grads()  # an aborted step of an earlier epoch may have left some
 
     def run_step(self, step: int, before: Hook | None = None) -> StepResult:
@@ -177,6 +183,7 @@ class Executor:
         started = time.perf_counter()
         for index, op in enumerate(self.stream.instructions):
             if isinstance(op, instructions.OptimizerStep):  # the hook sees the step's gradients
+                seconds[Op.ALL_REDUCE] += self._tie(step, index, op)
                 self.sums.settle(self.layers.parameters(op.layers))
             if before is not None:
                 before(step, index, op)
@@ -295,6 +302,16 @@ class Executor:
         work = self.waits.post(None, lambda: dist.all_reduce(flat, reduce, group, async_op=True))
         self.waits.wait(work, None, collective=True)
         self.sums.unpack(params, flat)
+
+    def _tie(self, step: int, index: int, op: instructions.OptimizerStep) -> float:
+        """A tied matrix's copies held here take the sum of both uses (`tied_embeddings`);
+        the seconds it took (gradient communication, counted with the all-reduces)."""
+        if self.tie is None:
+            return 0.0
+        started = time.perf_counter()
+        with self._latching(step, index, op):
+            self.tie.exchange(self.sums, self.waits)
+        return time.perf_counter() - started
 
     def _commit_barrier(self, state: _StepState) -> None:
         """Every worker of the epoch reaches this step's first optimizer step, or none passes

@@ -6,8 +6,14 @@
 load_checkpoint`); only the parameters are written (AdamW's moments stay in the checkpoint).
 Tensor names are transformers' (`hf_models.export_names`), so `LlamaForCausalLM.
 from_pretrained(out_dir)` / `GPT2LMHeadModel.from_pretrained(out_dir)` loads the model as
-trained. The vocabulary is the one trained (a tokenizer's; read off the embedding), and a
-GPT-2's head copy is written beside `wte` with `tie_word_embeddings: false` (`hf_models`).
+trained. The vocabulary is the one trained (a tokenizer's; read off the embedding).
+
+Tied embeddings (`tying`): the embedding layer's and the head's copies of the tied matrix are
+trained bit-identical, so the export writes the one tensor (as the embedding: `wte`,
+`embed_tokens`), no `lm_head.weight`, and `tie_word_embeddings: true`, which transformers loads
+back as the tied model. Should the copies differ (a checkpoint of a tied config trained untied
+by an earlier Planaria), both tensors are written with `tie_word_embeddings: false`, so what
+loads back is still what was trained.
 
 Errors: ExportError (ValueError) when the states do not match the model (layer count, names,
 shapes): one line naming the first difference and the fix.
@@ -22,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from planaria.agent.training import hf_models, model
+from planaria.agent.training import hf_models, model, tying
 from planaria.contract import shapes
 
 WEIGHTS_FILE = "model.safetensors"
@@ -53,14 +59,25 @@ def export(shape: shapes.ModelShape, states: Mapping[int, model.LayerState], out
         names = hf_models.export_names(shape, index, state.names)
         for name, value in zip(names, state.parameters, strict=True):
             tensors[name] = value.detach().cpu().contiguous()
+    tied = _tied(shape, tensors)
+    if tied:
+        del tensors["lm_head.weight"]  # the embedding's tensor (module docstring)
     from safetensors.torch import save_file  # planaria[hf]; only an export needs it
 
     out_dir.mkdir(parents=True, exist_ok=True)
     weights = out_dir / WEIGHTS_FILE
     save_file(tensors, str(weights), metadata={"format": "pt"})
-    config = json.dumps(hf_models.export_config(shape), indent=2, sort_keys=True)
+    config = json.dumps(hf_models.export_config(shape, tied=tied), indent=2, sort_keys=True)
     (out_dir / CONFIG_FILE).write_text(config + "\n", encoding="utf-8")
     return weights
+
+
+def _tied(shape: shapes.ModelShape, tensors: Mapping[str, torch.Tensor]) -> bool:
+    """Whether `shape` ties its embeddings and `tensors` (export names) hold its two copies
+    bit-identical."""
+    if not tying.ties(shape):
+        return False
+    return torch.equal(tensors["lm_head.weight"], tensors[hf_models.embedding_name(shape)])
 
 
 def _check_layer(shape: shapes.ModelShape, index: int, state: model.LayerState) -> None:

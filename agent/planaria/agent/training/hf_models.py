@@ -22,10 +22,10 @@ the files (`load_weights`, memory-mapped: a worker reads only its layers), every
 A tied model's folder without `lm_head.weight` gives the head the token embeddings' tensor.
 
 Tied embeddings (`tie_word_embeddings`, GPT-2's default; `ties_embeddings`): the head layer
-holds its own `lm_head.weight`, initialised equal to the token embeddings (drawn from the
-embedding layer's generator); the two copies are then trained UNTIED, each with its own
-gradient and AdamW state (documented in docs/running.md). The export writes both tensors, and
-its config says `tie_word_embeddings: false`, so what a user loads back is what was trained.
+holds its own copy of the matrix as `lm_head.weight` (`tied_matrix`), initialised equal to the
+token embeddings (drawn from the embedding layer's generator, or read from the checkpoint's
+embedding tensor); training keeps the two copies one parameter (`tying`: one summed gradient,
+the same AdamW update), and the export writes the one tensor with `tie_word_embeddings: true`.
 
 `transformers` is imported lazily, only when an HF layer is built: the core install and the
 built-in GPT never pay for it.
@@ -67,7 +67,8 @@ class HfModelError(ValueError):
 @functools.lru_cache(maxsize=8)
 def hf_config(shape: shapes.ModelShape) -> Any:
     """The transformers config of `shape`: its JSON with the shape's vocabulary, no dropout,
-    SDPA attention and untied embeddings (the head trains its own copy; module docstring)."""
+    SDPA attention and untied modules (the head holds its own copy of a tied matrix; module
+    docstring)."""
     raw = json.loads(shape.hf_config)
     raw.update({key: 0.0 for key in _DROPOUT[shape.family]})
     raw.update(vocab_size=shape.vocab_size, tie_word_embeddings=False, use_cache=False)
@@ -196,9 +197,26 @@ def _tied_head(shape: shapes.ModelShape, module_name: str) -> bool:
 
 def ties_embeddings(shape: shapes.ModelShape) -> bool:
     """Whether the config ties lm_head to the token embeddings (transformers' default: GPT-2
-    does, Llama does not); Planaria then starts the head's copy equal and trains it untied."""
+    does, Llama does not); the head's copy then starts equal and trains tied (`tying`)."""
+    if shape.family not in shapes.HF_FAMILIES:
+        return False  # Planaria's own GPT: its head is untied
     default = shape.family == "gpt2"
     return bool(json.loads(shape.hf_config).get("tie_word_embeddings", default))
+
+
+_TIED_NAMES: dict[type[nn.Module], str] = {
+    LlamaEmbedding: "embed_tokens.weight",
+    Gpt2Embedding: "wte.weight",
+    HfHead: "lm_head.weight",
+}
+
+
+def tied_matrix(layer: nn.Module) -> nn.Parameter:
+    """The copy of the tied matrix an embedding layer or a head holds (`ties_embeddings`)."""
+    name = _TIED_NAMES.get(type(layer))
+    if name is None:
+        raise TypeError(f"{type(layer).__name__} holds no copy of the token embeddings")
+    return dict(layer.named_parameters())[name]
 
 
 def load_weights(
@@ -214,8 +232,10 @@ def load_weights(
 
     for name, param in zip(export_names(shape, index, names), params, strict=True):
         source = name
-        if source not in files and source == "lm_head.weight" and ties_embeddings(shape):
-            source = _EMBEDDING_NAMES[shape.family]  # a tied checkpoint stores the one tensor
+        if source == "lm_head.weight" and ties_embeddings(shape):
+            # Tied: the one tensor is the embedding's (transformers ties lm_head to it on load
+            # too, whatever lm_head.weight a folder also holds).
+            source = embedding_name(shape)
         if source not in files:
             raise HfModelError(
                 f"modelSource.checkpointPath: {shape.hf_weights!r} has no tensor {name!r}; give "
@@ -275,9 +295,16 @@ def export_names(shape: shapes.ModelShape, index: int, names: Sequence[str]) -> 
     return [f"{base}{inner}.{index - 1}.{name.removeprefix('block.')}" for name in names]
 
 
-def export_config(shape: shapes.ModelShape) -> dict[str, Any]:
-    """The config.json of an exported checkpoint: the model's, as trained (module docstring)."""
+def embedding_name(shape: shapes.ModelShape) -> str:
+    """The transformers name of the token embeddings (the one tensor of a tied checkpoint)."""
+    return _EMBEDDING_NAMES[shape.family]
+
+
+def export_config(shape: shapes.ModelShape, *, tied: bool) -> dict[str, Any]:
+    """The config.json of an exported checkpoint: the model's, as trained (module docstring);
+    `tied` says whether the export holds the one embedding tensor for lm_head too."""
     raw: dict[str, Any] = hf_config(shape).to_dict()
+    raw["tie_word_embeddings"] = tied
     raw["architectures"] = ["LlamaForCausalLM" if shape.family == "llama" else "GPT2LMHeadModel"]
     return raw
 

@@ -12,13 +12,16 @@ executor and the reference trainer call in the same places:
 
     after each micro-batch's backward    absorb(parameters it reached)
     an all-reduce of a bucket            bucket(parameters) -> flat, reduce, unpack(...)
+    tied parameters (`tying`)            total(p) of each use, replace(p, combined)
     before the optimizer step            settle(parameters)
 
 FAST: autograd accumulates float32 gradients in `p.grad`; `absorb` and `settle` do nothing and
 the bucket is the float32 gradients. EXACT: `absorb` moves each parameter's fresh float32
 gradient (one micro-batch's, computed by the same kernels on every worker) into a float64 sum
 and clears `p.grad`, so the next backward writes only its own micro-batch; the bucket is the
-float64 sums; `unpack` and `settle` round each sum once to the parameter's dtype.
+float64 sums; `unpack` and `settle` round each sum once to the parameter's dtype. A parameter
+marked `defer` (a copy of a tied matrix) keeps its reduced float64 sum through `unpack`, so the
+sum of its two uses is taken in float64 and rounded once, by `settle`.
 
 Why EXACT is exact. Take one element and its n <= M nonzero micro-batch gradients x_i (float32,
 n at most the step's number of micro-batches). Each x_i is an integer multiple of its own ulp;
@@ -92,6 +95,7 @@ class GradientSums:
     def __init__(self, mode: messages.Reduction) -> None:
         self.mode = mode
         self._sums: dict[nn.Parameter, torch.Tensor] = {}
+        self._deferred: set[nn.Parameter] = set()
 
     @property
     def exact(self) -> bool:
@@ -123,7 +127,10 @@ class GradientSums:
         sizes = [p.numel() for p in params]
         for p, chunk in zip(params, torch.split(flat, sizes), strict=True):
             self._sums.pop(p, None)
-            p.grad = chunk.view_as(p).to(p.dtype)  # a view, without a copy, in fast mode
+            if self.exact and p in self._deferred:
+                self._sums[p] = chunk.view_as(p)  # the float64 sum, rounded by `settle`
+            else:
+                p.grad = chunk.view_as(p).to(p.dtype)  # a view, without a copy, in fast mode
 
     def settle(self, params: Iterable[nn.Parameter]) -> None:
         """Before the optimizer step: round the sums no all-reduce took into `p.grad`."""
@@ -131,6 +138,24 @@ class GradientSums:
             total = self._sums.pop(p, None)
             if total is not None:
                 p.grad = total.to(p.dtype)
+
+    def defer(self, params: Iterable[nn.Parameter]) -> None:
+        """Keep the reduced sums of `params` unrounded through `unpack` (exact mode), for
+        `total` and `replace`; `settle` rounds them."""
+        self._deferred.update(params)
+
+    def total(self, p: nn.Parameter) -> torch.Tensor:
+        """`p`'s gradient sum so far: the float64 sum (exact; a deferred parameter's after its
+        all-reduce too) or the float32 gradient (fast); zeros where none was computed."""
+        return self._pending(p)
+
+    def replace(self, p: nn.Parameter, total: torch.Tensor) -> None:
+        """Make `total` (of `total`'s dtype) `p`'s gradient sum; exact mode rounds it in
+        `settle`."""
+        if self.exact:
+            self._sums[p] = total
+        else:
+            p.grad = total
 
     def clear(self) -> None:
         """Drop every pending sum (an aborted step's)."""

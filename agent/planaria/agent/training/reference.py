@@ -10,7 +10,9 @@ floating-point sums are taken):
    (token cross-entropy summed, divided by B * seq_len), both under bfloat16 autocast in bf16
    (`precision.forward`, as the executor), backward; gradients accumulate, so each
    parameter's gradient is the sum over micro-batches (in float32, or in exact mode in float64,
-   rounded once: `reduction.GradientSums`, the executor's very object);
+   rounded once: `reduction.GradientSums`, the executor's very object); a tied embedding
+   matrix's two copies then both take the sum of the two uses' totals, embedding use first
+   (`tying.tie_gradients`, the order the executor's exchange keeps);
 4. every layer's own AdamW (`model.make_optimizer`) steps once, and gradients are cleared.
 
 The step's loss is the sum of the micro-batch losses: the mean token loss of the global batch.
@@ -23,7 +25,7 @@ from __future__ import annotations
 
 import torch
 
-from planaria.agent.training import data, model, precision, reduction, semantics
+from planaria.agent.training import data, model, precision, reduction, semantics, tying
 
 CPU = torch.device("cpu")  # the reference trains on the CPU (TF32 is FP32 there)
 
@@ -75,6 +77,7 @@ class ReferenceTrainer:
             torch.autograd.backward(micro_loss)
             sums.absorb(params)
             loss += micro_loss.item()
+        tying.tie_gradients(config.shape, self.layers, sums)
         sums.settle(params)
         for optimizer in self.optimizers:
             optimizer.step()

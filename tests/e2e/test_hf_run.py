@@ -1,14 +1,15 @@
-"""`planaria run` on a Hugging Face Llama (modelSource) with a trained tokenizer, through a
-failure, then `planaria export`.
+"""`planaria run` on a Hugging Face Llama and a GPT-2 (modelSource) with a trained tokenizer,
+through a failure, then `planaria export`.
 
 Covers, with the real command in a subprocess (2 workers, exact reduction, a 2-block Llama with
-grouped-query attention from a config.json, a JSONL dataset and a tokenizer trained in the
-test, a checkpoint every 2 steps, worker 1 killed at step 3): the run Succeeds after one
-recovery; its final checkpoint equals the fault-free reference trainer's state bitwise
-(parameters, AdamW moments, step counts); `planaria export` writes the checkpoint as a folder
-that transformers' `AutoModelForCausalLM.from_pretrained` loads with the tokenizer's
-vocabulary, and that model's logits equal Planaria's layers holding the checkpoint's states bit
-for bit. The bound is a test timeout, not a performance claim.
+grouped-query attention, and a 2-block GPT-2 whose embeddings are tied, from a config.json, a
+JSONL dataset and a tokenizer trained in the test, a checkpoint every 2 steps, worker 1 killed
+at step 3): the run Succeeds after one recovery; its final checkpoint equals the fault-free
+reference trainer's state bitwise (parameters, AdamW moments, step counts; for GPT-2 the tied
+reference); `planaria export` writes the checkpoint as a folder that transformers'
+`AutoModelForCausalLM.from_pretrained` loads with the tokenizer's vocabulary (GPT-2 tied), and
+that model's logits equal Planaria's layers holding the checkpoint's states bit for bit. The
+bound is a test timeout, not a performance claim.
 """
 
 from __future__ import annotations
@@ -32,19 +33,31 @@ transformers = pytest.importorskip("transformers")
 
 BOUND_S = 240.0
 STEPS = 16  # the kill once step 3 is committed is seen long before the last step
-CONFIG = {
-    "vocab_size": 384,
-    "hidden_size": 32,
-    "intermediate_size": 48,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "max_position_embeddings": 32,
-    "bos_token_id": 0,
-    "eos_token_id": 0,
+CONFIGS = {
+    "llama": {
+        "vocab_size": 384,
+        "hidden_size": 32,
+        "intermediate_size": 48,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 32,
+        "bos_token_id": 0,
+        "eos_token_id": 0,
+    },
+    # GPT-2 ties lm_head to wte (its default): trained tied across the stages
+    "gpt2": {
+        "vocab_size": 384,
+        "n_embd": 32,
+        "n_layer": 2,
+        "n_head": 4,
+        "n_positions": 32,
+        "bos_token_id": 0,
+        "eos_token_id": 0,
+    },
 }
 JOB = """\
-modelSource: {{family: llama, configPath: {config}, seqLen: 32}}
+modelSource: {{family: {family}, configPath: {config}, seqLen: 32}}
 workers: 2
 steps: {steps}
 microBatchSize: 1
@@ -63,13 +76,15 @@ data:
 """
 
 
-def test_a_llama_trains_exactly_through_a_failure_and_exports_to_transformers(
-    tmp_path: Path, shm: Path
+@pytest.mark.parametrize("family", list(CONFIGS))
+def test_a_model_trains_exactly_through_a_failure_and_exports_to_transformers(
+    tmp_path: Path, shm: Path, family: str
 ) -> None:
     hf_data.train_tokenizer(tmp_path / "tokenizer.json")
-    (tmp_path / "config.json").write_text(json.dumps(CONFIG), encoding="utf-8")
+    (tmp_path / "config.json").write_text(json.dumps(CONFIGS[family]), encoding="utf-8")
     corpus = hf_data.write_jsonl(tmp_path / "train.jsonl", hf_data.stdlib_documents(12))
     text = JOB.format(
+        family=family,
         config=tmp_path / "config.json",
         steps=STEPS,
         checkpoints=tmp_path / "ckpt",
@@ -98,6 +113,7 @@ def test_a_llama_trains_exactly_through_a_failure_and_exports_to_transformers(
     )
     loaded = transformers.AutoModelForCausalLM.from_pretrained(out)
     assert loaded.config.vocab_size == 384 and (out / "tokenizer.json").is_file()
+    assert loaded.config.tie_word_embeddings is (family == "gpt2")
     shape = shapes.resolve(settings.training.model)
     layers = model.build_layers(shape, seed=0)
     for index, layer in enumerate(layers):
