@@ -681,7 +681,10 @@ class TrainingSettings(_message.Message):
     REDUCTION_FIELD_NUMBER: _builtins.int
     PRECISION_FIELD_NUMBER: _builtins.int
     model: _builtins.str
-    """Name of the model shape (planaria.contract.shapes), e.g. "tiny"."""
+    """The model: a shape name (planaria.contract.shapes), e.g. "tiny", or a Hugging Face model
+    source as planaria.contract.shapes.hf_reference writes it ("hf:" and a JSON object with the
+    family, the config, seqLen and the local weights folder, if any).
+    """
     seed: _builtins.int
     """Seed of parameter initialisation and of the sample order."""
     global_batch_size: _builtins.int
@@ -1291,7 +1294,7 @@ class ProfileRequest(_message.Message):
     REPEATS_FIELD_NUMBER: _builtins.int
     PRECISION_FIELD_NUMBER: _builtins.int
     model: _builtins.str
-    """Name of the model shape (planaria.contract.shapes)."""
+    """The model, as TrainingSettings.model names it (a shape name or an "hf:" model source)."""
     micro_batch_size: _builtins.int
     """Samples per micro-batch to profile with; >= 1."""
     repeats: _builtins.int
