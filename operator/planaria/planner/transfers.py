@@ -331,15 +331,16 @@ def missing(
     for worker, layers in held.items():
         for layer in layers:
             holders[layer].append(worker)
+    # sorted, so every agent computes the same shard split (LayerTransfer.shard); once per
+    # layer, not per copy (thousands of holders per layer at 8,192 workers)
+    sources = {layer: tuple(sorted(workers)) for layer, workers in holders.items()}
     transfers: list[plan.LayerTransfer] = []
     restores: list[Restore] = []
     for worker, layers in roles(new).items():
         for layer in sorted(layers - held.get(worker, frozenset())):
-            if holders[layer]:
-                # sorted, so every agent computes the same shard split (LayerTransfer.shard)
-                sources = tuple(sorted(holders[layer]))
+            if layer in sources:
                 transfers.append(
-                    plan.LayerTransfer(layer=layer, destination=worker, sources=sources)
+                    plan.LayerTransfer(layer=layer, destination=worker, sources=sources[layer])
                 )
             else:
                 restores.append(Restore(layer=layer, destination=worker))
