@@ -126,22 +126,21 @@ def holdings(
     held: dict[plan.WorkerId, frozenset[int]] = {w: frozenset() for w in spare}
     for pipeline in old.pipelines:
         for stage in pipeline.stages:
+            layers = frozenset(stage.layers)  # one set per stage, shared by its workers
             for worker in stage.workers:
                 if worker not in failed:
-                    held[worker] = frozenset(stage.layers)
-    return dict(sorted(held.items()))
+                    held[worker] = layers
+    return dict(sorted(held.items(), key=lambda item: item[0]))
 
 
 def roles(layout: plan.Plan) -> dict[plan.WorkerId, frozenset[int]]:
     """The layers each worker of `layout` must hold (its stage's), by worker id."""
-    return dict(
-        sorted(
-            (worker, frozenset(stage.layers))
-            for pipeline in layout.pipelines
-            for stage in pipeline.stages
-            for worker in stage.workers
-        )
-    )
+    pairs: list[tuple[plan.WorkerId, frozenset[int]]] = []
+    for pipeline in layout.pipelines:
+        for stage in pipeline.stages:
+            layers = frozenset(stage.layers)  # one set per stage, shared by its workers
+            pairs.extend((worker, layers) for worker in stage.workers)
+    return dict(sorted(pairs, key=lambda pair: pair[0]))
 
 
 def cost_matrix(
@@ -327,20 +326,31 @@ def missing(
 ) -> tuple[tuple[plan.LayerTransfer, ...], tuple[Restore, ...]]:
     """Layers each worker of `new` lacks: copies from every live holder, in (destination, layer)
     order, and restores of layers no survivor holds."""
-    holders: dict[int, list[plan.WorkerId]] = defaultdict(list)
+    # survivors of a stage hold the same layers: group them by holding, and list a layer's
+    # holders (sorted, so every agent computes the same shard split, LayerTransfer.shard) once,
+    # when a copy first needs it; at 8,192 workers a layer has thousands of holders
+    by_holding: dict[frozenset[int], list[plan.WorkerId]] = defaultdict(list)
     for worker, layers in held.items():
-        for layer in layers:
-            holders[layer].append(worker)
-    # sorted, so every agent computes the same shard split (LayerTransfer.shard); once per
-    # layer, not per copy (thousands of holders per layer at 8,192 workers)
-    sources = {layer: tuple(sorted(workers)) for layer, workers in holders.items()}
+        by_holding[layers].append(worker)
+    sources: dict[int, tuple[plan.WorkerId, ...]] = {}
+
+    def sources_of(layer: int) -> tuple[plan.WorkerId, ...]:
+        if layer not in sources:
+            holders = (w for layers, ws in by_holding.items() if layer in layers for w in ws)
+            sources[layer] = tuple(sorted(holders))
+        return sources[layer]
+
     transfers: list[plan.LayerTransfer] = []
     restores: list[Restore] = []
+    lacking: dict[tuple[frozenset[int], frozenset[int]], list[int]] = {}  # per distinct pair
     for worker, layers in roles(new).items():
-        for layer in sorted(layers - held.get(worker, frozenset())):
-            if layer in sources:
+        have = held.get(worker, frozenset())
+        if (layers, have) not in lacking:
+            lacking[layers, have] = sorted(layers - have)
+        for layer in lacking[layers, have]:
+            if sources_of(layer):
                 transfers.append(
-                    plan.LayerTransfer(layer=layer, destination=worker, sources=sources[layer])
+                    plan.LayerTransfer(layer=layer, destination=worker, sources=sources_of(layer))
                 )
             else:
                 restores.append(Restore(layer=layer, destination=worker))
