@@ -6,11 +6,11 @@ layers a survivor lacks); Odyssey Fig. 3 (DP=3 x PP=3 over 9 layers, one node fa
 strictly fewer than the identity; the matching's bytes equal a brute-force optimum over every
 node-preserving assignment (hypothesis, up to 6 workers, 1 or 2 GPUs per node); the binding
 memoised by node shape equals the per-node-pair matching it replaced (hypothesis, up to 16
-workers, 2-4 GPUs per node, and grids of repeated node shapes); every worker
-receives exactly the layers it lacks, from every live holder, and restores only layers nobody
-holds; node co-location is kept; the bandwidth model against hand-computed times (sources
-spread, intra vs inter node, latency per message, restores) and, exactly, against the
-message-by-message model it replaced (hypothesis); overheads per transition kind.
+workers, 2-4 GPUs per node, and grids of repeated node shapes); every worker receives exactly
+the layers it lacks, from every live holder, and restores only layers nobody holds, both in
+(destination, layer) order; node co-location is kept; the bandwidth model against hand-computed
+times (sources spread, intra vs inter node, latency per message, restores) and, exactly, against
+the message-by-message model it replaced (hypothesis); overheads per transition kind.
 """
 
 from __future__ import annotations
@@ -265,6 +265,32 @@ def test_matching_by_node_shape_binds_as_the_per_node_pair_matching_on_a_grid(gp
     layout = dataclasses.replace(on(grid([[2, 5, 8]] * 5, 12), list(held)[:20]), gpus_per_node=gpus)
     prof = strategies.uniform_profile(12)
     assert transfers.match(held, layout, prof) == pairwise_match(held, layout, prof)
+
+
+@given(st.data())
+@settings(max_examples=60, deadline=None)
+def test_copies_and_restores_come_in_destination_then_layer_order(data: st.DataObject) -> None:
+    # the order before #17: every worker's role in worker order, its lacking layers ascending
+    old = data.draw(strategies.running_plans(max_workers=8))
+    failed = data.draw(strategies.failed_workers(old))
+    held = transfers.holdings(old, failed)
+    layout = data.draw(
+        strategies.layouts(list(held), old.num_layers, old.gpus_per_node, old.num_micro_batches)
+    )
+    copies, restores = transfers.missing(held, layout)
+    expected = [
+        (worker, layer)
+        for worker, role in sorted(transfers.roles(layout).items())
+        for layer in sorted(role - held.get(worker, frozenset()))
+    ]
+    got = sorted([*copies, *restores], key=lambda c: (c.destination, c.layer))
+    assert [(c.destination, c.layer) for c in got] == expected
+    assert [(c.destination, c.layer) for c in copies] == [
+        pair for pair in expected if any(pair[1] in layers for layers in held.values())
+    ]
+    assert [(r.destination, r.layer) for r in restores] == [
+        pair for pair in expected if not any(pair[1] in layers for layers in held.values())
+    ]
 
 
 def test_a_layer_nobody_holds_is_restored_not_copied() -> None:

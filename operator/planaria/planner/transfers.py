@@ -343,17 +343,25 @@ def missing(
     transfers: list[plan.LayerTransfer] = []
     restores: list[Restore] = []
     lacking: dict[tuple[frozenset[int], frozenset[int]], list[int]] = {}  # per distinct pair
-    for worker, layers in roles(new).items():
-        have = held.get(worker, frozenset())
-        if (layers, have) not in lacking:
-            lacking[layers, have] = sorted(layers - have)
-        for layer in lacking[layers, have]:
-            if sources_of(layer):
-                transfers.append(
-                    plan.LayerTransfer(layer=layer, destination=worker, sources=sources_of(layer))
-                )
-            else:
-                restores.append(Restore(layer=layer, destination=worker))
+    nothing: frozenset[int] = frozenset()
+    for stage in (stage for pipeline in new.pipelines for stage in pipeline.stages):
+        layers = frozenset(stage.layers)
+        for worker in stage.workers:
+            have = held.get(worker, nothing)
+            if (layers, have) not in lacking:
+                lacking[layers, have] = sorted(layers - have)
+            for layer in lacking[layers, have]:
+                if sources_of(layer):
+                    copy = plan.LayerTransfer(
+                        layer=layer, destination=worker, sources=sources_of(layer)
+                    )
+                    transfers.append(copy)
+                else:
+                    restores.append(Restore(layer=layer, destination=worker))
+    # a worker has one stage and its layers come in order: a stable sort by destination gives
+    # (destination, layer) order without listing every worker's role first
+    transfers.sort(key=lambda copy: copy.destination)
+    restores.sort(key=lambda restore: restore.destination)
     return tuple(transfers), tuple(restores)
 
 
