@@ -6,7 +6,8 @@ has at least f + 1 pipelines, each covering every layer once, keeps the global b
 merge has a template (App. B); §5.1's simple, borrow and merge steps on hand-made cases, with
 untouched pipelines kept as they were; the re-optimised mix wins only on throughput or on bytes;
 moved bytes are exact (nothing for an unchanged plan, a shard's missing part otherwise) and
-summed by distinct placement equal the worker-by-worker sum (hypothesis, 1-3 GPUs per stage);
+summed by distinct placement equal the worker-by-worker sum (hypothesis, 1-3 GPUs per stage),
+and a mix scored without building its plan has its built outcome's throughput and bytes;
 failed
 nodes outside the plan, lost layers, too few survivors and a plan made from other templates are
 refused with reasons; survivor sets too large to list are searched (`mix`) and reach the same
@@ -230,6 +231,33 @@ def test_moved_bytes_by_distinct_placement_equal_worker_by_worker(data: st.DataO
     new = data.draw(tensor_parallel_plans(3))
     expected = worker_by_worker_moved_bytes(old, new, layer_bytes)
     assert reinstantiation.moved_bytes(old, new, layer_bytes) == expected
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data(), config=st.sampled_from(CONFIGS), batch=st.sampled_from([32, 48, 64]))
+def test_a_scored_mix_has_the_throughput_and_bytes_of_its_built_outcome(
+    data: st.DataObject, config: tuple[int, int, int, int], batch: int
+) -> None:
+    # the re-optimised path scores tied mixes without building them, then builds the winner
+    template_set = tiny_templates(*config)
+    num_nodes = config[0]
+    options = instantiation.enumerate_instantiations(
+        template_set.sizes, num_nodes, template_set.fault_tolerance
+    )
+    before = instantiation.evaluate(data.draw(st.sampled_from(options)), template_set, batch)
+    start = instantiation.place(template_set, before, list(range(num_nodes)))
+    after = data.draw(st.sampled_from(options))
+    nodes = data.draw(st.permutations(range(num_nodes)))
+    groups, used = [], 0
+    for size in after.pipeline_sizes:
+        groups.append(list(nodes[used : used + size]))
+        used += size
+    built = reinstantiation._outcome(
+        start, template_set, groups, reinstantiation.Path.REOPTIMISED, [], ()
+    )
+    held = reinstantiation._placements(start)
+    score = reinstantiation._score(start, template_set, groups, held)
+    assert score == (built.throughput, built.moved_bytes)
 
 
 def test_failed_nodes_outside_the_plan_are_refused() -> None:
