@@ -283,8 +283,10 @@ def test_copies_and_restores_come_in_destination_then_layer_order(data: st.DataO
         for worker, role in sorted(transfers.roles(layout).items())
         for layer in sorted(role - held.get(worker, frozenset()))
     ]
-    got = sorted([*copies, *restores], key=lambda c: (c.destination, c.layer))
-    assert [(c.destination, c.layer) for c in got] == expected
+    pairs = [(c.destination, c.layer) for c in copies] + [
+        (r.destination, r.layer) for r in restores
+    ]
+    assert sorted(pairs) == expected
     assert [(c.destination, c.layer) for c in copies] == [
         pair for pair in expected if any(pair[1] in layers for layers in held.values())
     ]
