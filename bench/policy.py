@@ -19,18 +19,34 @@ decisions.
     .venv/bin/python bench/policy.py [--runs N] [--profile]
     .venv/bin/python bench/policy.py --scale [--runs N] [--before DIR]
         (cold only, 32 / 256 / 1,024 workers: wall and CPU milliseconds per decision)
+    .venv/bin/python bench/policy.py --cluster [--runs N] [--before DIR] [--timeout S]
+        (the controller's first plan and cold adaptive recoveries at 64 and 1,024 nodes x 8
+        GPUs, gpt3-6.7b and llama2-7b, f = 1..3; #17's targets)
 
 With --scale --before DIR (an older tree, e.g. `git archive 79253ef operator | tar -x -C DIR`),
 each size runs in two fresh processes, the older planner (DIR/operator first on PYTHONPATH)
 and this one, one after the other, and the two decisions are compared: the same choice, eq. 8
 value, step estimate and peak memory, or the bench fails. CPU time is the figure to compare on a
 shared machine (wall time counts the other work's share of the cores).
+
+--cluster: as the controller plans a job (`control.planning.Planner`, adaptive policy) of N
+nodes x 8 GPUs on the synthetic bf16 profile of `planaria profile --synthetic MODEL
+--accelerator a100-80gb --micro-batch 1`, global batch 1024, micro-batch 1, fault tolerance f:
+the first plan (templates fitted to the job, then `best` over every worker: seconds), then per
+run a fresh Planner (so the estimates are cold) and one worker failing: `recover` (Odyssey eq. 8
+over rerouting, the DP/PP candidates and Oobleck's reinstantiations: the controller's adaptive
+decision) and `policy.decide` alone (no Oobleck layouts), wall and CPU ms, and the process's
+peak RSS. With --before, cases of at most 128 nodes also run on the older tree (at 1,024 x 8 it
+solves an inner matching per pair of nodes, a million per candidate, and does not finish in
+minutes); the two must give the same move (kind, reason, plan, copies) or the bench fails.
+Writes bench/results/policy-cluster.json.
 """
 
 from __future__ import annotations
 
 import argparse
 import cProfile
+import hashlib
 import json
 import os
 import pstats
@@ -40,14 +56,24 @@ import sys
 import time
 from pathlib import Path
 
-from planaria.contract import plan, shapes
+from planaria.contract import plan, profile, shapes
+from planaria.control import planning, settings
+from planaria.control import status as statuses
 from planaria.planner import accelerators, candidates, distribution, policy, screening, synthetic
+from planaria.wire import messages
 
 RESULTS = Path(__file__).parent / "results" / "policy.json"
 SIZES = [(8, 4, 8), (8, 4, 16), (16, 4, 8)]  # (pipelines, stages, micro-batches per pipeline)
 # --scale: cold decisions only, one GPU per node (#17 asks <= 1 s at 1,024 nodes x 8 GPUs).
 SCALE_SIZES = [(8, 4, 8), (64, 4, 16), (128, 8, 8)]
 SCALE_RESULTS = Path(__file__).parent / "results" / "policy-scale.json"
+# --cluster: (nodes, GPUs per node, fault tolerance, model), #17's 1,024 x 8 cases and one the
+# older tree can still answer
+CLUSTER_CASES = [(64, 8, 1, "gpt3-6.7b")] + [
+    (1024, 8, f, model) for model in ("gpt3-6.7b", "llama2-7b") for f in (1, 2, 3)
+]
+CLUSTER_BEFORE_MAX_NODES = 128
+CLUSTER_RESULTS = Path(__file__).parent / "results" / "policy-cluster.json"
 HOUR_S = 3600.0
 
 
@@ -121,10 +147,22 @@ def main() -> None:
         "--scale", action="store_true", help="cold decisions at 32, 256 and 1,024 workers only"
     )
     parser.add_argument("--before", metavar="DIR", help="with --scale: an older tree beside")
+    parser.add_argument(
+        "--cluster", action="store_true", help="the controller at 64 and 1,024 nodes x 8 GPUs"
+    )
+    parser.add_argument("--timeout", type=float, default=600.0, help="per child, seconds")
     parser.add_argument("--child", nargs=4, type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--cluster-child", nargs=5, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         print(json.dumps(cold_decisions(*args.child)))
+        return
+    if args.cluster_child:
+        nodes, gpus, f, model, runs = args.cluster_child
+        print(json.dumps(cluster_decisions(int(nodes), int(gpus), int(f), model, int(runs))))
+        return
+    if args.cluster:
+        cluster(min(args.runs, 3), args.before, args.timeout)
         return
     if args.scale:
         scale(min(args.runs, 3), args.before)
@@ -217,6 +255,128 @@ def cold_decisions(dp: int, pp: int, m: int, runs: int) -> dict[str, object]:
         "choice": decisions[0][0],
         "decision": decisions,
     }
+
+
+def cluster(runs: int, before: str | None, timeout_s: float) -> None:
+    """Each --cluster case in fresh processes (the older tree's first when asked), a row each."""
+    print(
+        f"{'case':>26} {'planner':>7} {'first plan s':>12} {'recover CPU ms':>22} "
+        f"{'decide CPU ms':>22} {'recover wall ms':>22} {'RSS MiB':>7}  choice"
+    )
+    report = []
+    for nodes, gpus, f, model in CLUSTER_CASES:
+        name = f"{model} {nodes} x {gpus} f={f}"
+        trees: dict[str, str | None] = {"after": None}
+        if before and nodes <= CLUSTER_BEFORE_MAX_NODES:
+            trees = {"before": f"{before}/operator", "after": None}
+        found_by: dict[str, dict[str, object]] = {}
+        for label, tree in trees.items():
+            argv = ["--cluster-child", str(nodes), str(gpus), str(f), model, str(runs)]
+            found = found_by[label] = _run_child(argv, tree, timeout_s)
+            if "error" in found:
+                print(f"{name:>26} {label:>7} {found['error']}")
+                continue
+            print(
+                f"{name:>26} {label:>7} {found['first_plan_s']:>12.2f} "
+                f"{_spread(found['recover_cpu_ms']):>22} {_spread(found['decide_cpu_ms']):>22} "
+                f"{_spread(found['recover_wall_ms']):>22} {found['peak_rss_mib']:>7.0f}  "
+                f"{found['choice']}"
+            )
+        if "before" in found_by and found_by["before"].get("moves") != found_by["after"]["moves"]:
+            raise SystemExit(f"the moves differ at {name}: {found_by}")
+        report.append({"case": name, **found_by})
+    CLUSTER_RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    document = {"time_to_failure_s": HOUR_S, "load_average": os.getloadavg(), "cases": report}
+    CLUSTER_RESULTS.write_text(json.dumps(document, indent=2))
+    print(f"wrote {CLUSTER_RESULTS}")
+
+
+def _run_child(argv: list[str], tree: str | None, timeout_s: float) -> dict[str, object]:
+    """This script with `argv` in a fresh process (`tree` first on the path when given); its
+    JSON answer, or {"error": ...} when it ran past `timeout_s`."""
+    env = dict(os.environ)
+    if tree is not None:
+        env["PYTHONPATH"] = os.pathsep.join([tree, env.get("PYTHONPATH", "")])
+    try:
+        done = subprocess.run(
+            [sys.executable, __file__, *argv],
+            env=env,
+            check=True,
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+        )
+    except subprocess.TimeoutExpired:
+        return {"error": f"did not finish in {timeout_s:.0f} s"}
+    result: dict[str, object] = json.loads(done.stdout)
+    return result
+
+
+def cluster_decisions(nodes: int, gpus: int, f: int, model: str, runs: int) -> dict[str, object]:
+    """The controller's first plan for the job, then `runs` cold recoveries (a fresh Planner
+    each, a different worker failing) and as many cold `policy.decide` calls."""
+    import resource
+
+    from scipy import optimize  # noqa: F401  (imported by the first matching; not timed)
+
+    source = synthetic.synthesize(shapes.named(model), accelerators.named("a100-80gb"), 1, gpus)
+    job = _cluster_job(source, nodes, gpus, f)
+    workers = [plan.WorkerId(w) for w in range(nodes * gpus)]
+    start = time.perf_counter()
+    running = planning.Planner(source, job).best(workers, statuses.MoveKind.INITIAL).plan
+    first_plan_s = time.perf_counter() - start
+    recover_wall, recover_cpu, decide_cpu, moves = [], [], [], []
+    for i in range(runs):
+        worker = plan.WorkerId((7919 * i + 3) % len(workers))
+        planner = planning.Planner(source, job)
+        wall, cpu = time.perf_counter(), time.process_time()
+        move = planner.recover(running, [worker], [], HOUR_S)
+        recover_cpu.append((time.process_time() - cpu) * 1e3)
+        recover_wall.append((time.perf_counter() - wall) * 1e3)
+        moves.append([str(move.kind), move.reason, _digest(move.plan), _digest(move.transfers)])
+        failure = candidates.Failure(running=running, failed=frozenset({worker}))
+        estimates = screening.Estimates(source)
+        cpu = time.process_time()
+        policy.decide(failure, estimates, HOUR_S, policy.PolicySettings())
+        decide_cpu.append((time.process_time() - cpu) * 1e3)
+    return {
+        "first_plan_s": first_plan_s,
+        "recover_wall_ms": recover_wall,
+        "recover_cpu_ms": recover_cpu,
+        "decide_cpu_ms": decide_cpu,
+        "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "choice": moves[0][1].split(";")[0],
+        "moves": moves,
+    }
+
+
+def _cluster_job(source: profile.Profile, nodes: int, gpus: int, f: int) -> settings.JobSettings:
+    training = messages.TrainingSettings(
+        model="bench",
+        seed=0,
+        optimizer=messages.OptimizerSettings(lr=1e-4),
+        global_batch_size=1024,
+        data=messages.DataSettings(corpus_paths=("corpus.txt",)),
+        device=messages.Device.CUDA,
+        snapshot_interval_steps=1,
+        redundancy=messages.RedundancyMode.XOR,
+        precision=source.precision,
+    )
+    return settings.JobSettings(
+        name="bench",
+        workers=nodes * gpus,
+        gpus_per_node=gpus,
+        steps=1,
+        micro_batch_size=1,
+        fault_tolerance=f,
+        training=training,
+        profile=source,
+        policy="adaptive",
+    )
+
+
+def _digest(value: object) -> str:
+    return hashlib.sha256(repr(value).encode()).hexdigest()[:16]
 
 
 def _spread(values: object) -> str:

@@ -2,7 +2,8 @@
 
 Covers: the distribution minimises the slowest pipeline's time exactly (brute force over every
 split on small inputs), sums to the global batch with at least one micro-batch per pipeline;
-the jump-started greedy matches the plain greedy on large batches; a pipeline whose time does
+the jump-started greedy matches the plain greedy on large batches, and counting each distinct
+pipeline cost once gives the same micro-batches as pipeline by pipeline; a pipeline whose time does
 not grow takes the surplus; the linear cost a + c N_b reproduces eq. 1-4's closed form; global
 batches that cannot be split are refused with the nearest one that can be, never changed.
 """
@@ -10,6 +11,7 @@ batches that cannot be split are refused with the nearest one that can be, never
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Iterator
 
 import pytest
@@ -63,6 +65,49 @@ def test_large_batches_match_the_plain_greedy(pairs: list[tuple[float, float]], 
     batching._hand_out(costs, counts, total - len(costs))
     plain = max(c.time_s(n) for c, n in zip(costs, counts, strict=True))
     assert batching.distribute(costs, total, 1).iteration_time_s == plain
+
+
+def pipeline_by_pipeline_jump_start(costs: list[batching.PipelineCost], total: int) -> list[int]:
+    """The greedy's jump start as it was before #17 (every pipeline's slots counted at every
+    bisection step): the oracle of the one that counts each distinct cost once."""
+    ones = [1] * len(costs)
+    if any(c.per_micro_batch_s == 0 for c in costs) or total <= 2 * len(costs):
+        return ones
+
+    def upto(threshold: float) -> list[int]:
+        out = []
+        for c in costs:
+            room = (threshold - c.fixed_s) / c.per_micro_batch_s
+            out.append(total if room >= total else math.floor(room) if room >= 1 else 1)
+        return out
+
+    lo = max(c.time_s(1) for c in costs)
+    hi = max(c.time_s(total) for c in costs)
+    for _ in range(100):
+        mid = (lo + hi) / 2
+        if not lo < mid < hi:
+            break
+        lo, hi = (mid, hi) if sum(upto(mid)) <= total else (lo, mid)
+    counts = upto(lo)
+    return counts if sum(counts) <= total and batching._is_cheapest_set(costs, counts) else ones
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(strategies.pipeline_costs(), min_size=1, max_size=3),
+    st.lists(st.integers(0, 2), min_size=1, max_size=12),
+    st.integers(0, 3000),
+)
+def test_distinct_costs_distribute_as_pipeline_by_pipeline(
+    pairs: list[tuple[float, float]], picks: list[int], extra: int
+) -> None:
+    # few distinct costs, many pipelines: the case (one template, many pipelines) counted once
+    costs = [_costs(pairs)[i % len(pairs)] for i in picks]
+    total = len(costs) + extra
+    counts = pipeline_by_pipeline_jump_start(costs, total)
+    assert batching._jump_start(costs, total) == counts
+    batching._hand_out(costs, counts, total - sum(counts))
+    assert batching.distribute(costs, total, 1).micro_batches == tuple(counts)
 
 
 def test_a_pipeline_whose_time_does_not_grow_takes_the_surplus() -> None:

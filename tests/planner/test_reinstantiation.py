@@ -5,7 +5,10 @@ Covers: for random starting instantiations and random failure sets that leave at
 has at least f + 1 pipelines, each covering every layer once, keeps the global batch, and every
 merge has a template (App. B); §5.1's simple, borrow and merge steps on hand-made cases, with
 untouched pipelines kept as they were; the re-optimised mix wins only on throughput or on bytes;
-moved bytes are exact (nothing for an unchanged plan, a shard's missing part otherwise); failed
+moved bytes are exact (nothing for an unchanged plan, a shard's missing part otherwise) and
+summed by distinct placement equal the worker-by-worker sum (hypothesis, 1-3 GPUs per stage),
+and a mix scored without building its plan has its built outcome's throughput and bytes;
+failed
 nodes outside the plan, lost layers, too few survivors and a plan made from other templates are
 refused with reasons; survivor sets too large to list are searched (`mix`) and reach the same
 best throughput as listing them.
@@ -174,6 +177,87 @@ def test_moved_bytes_count_the_missing_part_of_each_shard(
     layer_bytes = (10, 7)
     old, new = _one_stage(before), _one_stage(after)
     assert reinstantiation.moved_bytes(old, new, layer_bytes) == moved
+
+
+def worker_by_worker_moved_bytes(
+    old: plan.Plan, new: plan.Plan, layer_bytes: tuple[int, ...]
+) -> int:
+    """`moved_bytes` as it was before #17, one (worker, layer) at a time: its oracle."""
+
+    def shard(num_bytes: int, rank: int, ranks: int) -> range:
+        return range(rank * num_bytes // ranks, (rank + 1) * num_bytes // ranks)
+
+    held = {
+        (w, layer): shard(layer_bytes[layer], rank, len(s.workers))
+        for p in old.pipelines
+        for s in p.stages
+        for rank, w in enumerate(s.workers)
+        for layer in s.layers
+    }
+    total = 0
+    for s in (s for p in new.pipelines for s in p.stages):
+        for rank, w in enumerate(s.workers):
+            for layer in s.layers:
+                need = shard(layer_bytes[layer], rank, len(s.workers))
+                have = held.get((w, layer), range(0))
+                total += len(need) - max(0, min(need.stop, have.stop) - max(need.start, have.start))
+    return total
+
+
+@st.composite
+def tensor_parallel_plans(draw: st.DrawFn, num_layers: int) -> plan.Plan:
+    """1..3 pipelines of up to 3 stages over `num_layers` layers, stages of 1..3 workers
+    drawn from workers 0..26 without repeats (one node of 27 GPUs: no stage spans nodes)."""
+    pool = draw(st.permutations(range(27)))
+    pipelines, used = [], 0
+    for _ in range(draw(st.integers(min_value=1, max_value=3))):
+        cuts = draw(st.sets(st.integers(min_value=1, max_value=num_layers - 1), max_size=2))
+        bounds = [0, *sorted(cuts), num_layers]
+        stages = []
+        for a, b in zip(bounds, bounds[1:], strict=False):
+            width = draw(st.integers(min_value=1, max_value=3))
+            workers = tuple(plan.WorkerId(w) for w in pool[used : used + width])
+            stages.append(plan.Stage(layer_start=a, layer_stop=b, workers=workers))
+            used += width
+        pipelines.append(plan.Pipeline(stages=tuple(stages), num_micro_batches=1))
+    return plan.Plan(pipelines=tuple(pipelines), micro_batch_size=1, gpus_per_node=27)
+
+
+@given(st.data())
+@settings(max_examples=80, deadline=None)
+def test_moved_bytes_by_distinct_placement_equal_worker_by_worker(data: st.DataObject) -> None:
+    layer_bytes = tuple(data.draw(st.lists(st.integers(0, 50), min_size=3, max_size=3)))
+    old = data.draw(tensor_parallel_plans(3))
+    new = data.draw(tensor_parallel_plans(3))
+    expected = worker_by_worker_moved_bytes(old, new, layer_bytes)
+    assert reinstantiation.moved_bytes(old, new, layer_bytes) == expected
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data(), config=st.sampled_from(CONFIGS), batch=st.sampled_from([32, 48, 64]))
+def test_a_scored_mix_has_the_throughput_and_bytes_of_its_built_outcome(
+    data: st.DataObject, config: tuple[int, int, int, int], batch: int
+) -> None:
+    # the re-optimised path scores tied mixes without building them, then builds the winner
+    template_set = tiny_templates(*config)
+    num_nodes = config[0]
+    options = instantiation.enumerate_instantiations(
+        template_set.sizes, num_nodes, template_set.fault_tolerance
+    )
+    before = instantiation.evaluate(data.draw(st.sampled_from(options)), template_set, batch)
+    start = instantiation.place(template_set, before, list(range(num_nodes)))
+    after = data.draw(st.sampled_from(options))
+    nodes = data.draw(st.permutations(range(num_nodes)))
+    groups, used = [], 0
+    for size in after.pipeline_sizes:
+        groups.append(list(nodes[used : used + size]))
+        used += size
+    built = reinstantiation._outcome(
+        start, template_set, groups, reinstantiation.Path.REOPTIMISED, [], ()
+    )
+    held = reinstantiation._placements(start)
+    score = reinstantiation._score(start, template_set, groups, held)
+    assert score == (built.throughput, built.moved_bytes)
 
 
 def test_failed_nodes_outside_the_plan_are_refused() -> None:

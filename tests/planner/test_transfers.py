@@ -4,11 +4,13 @@ Covers: holdings of survivors and spares, and refused inputs; the cost matrix (b
 layers a survivor lacks); Odyssey Fig. 3 (DP=3 x PP=3 over 9 layers, one node fails, DP=2 x PP=4
 [2,2,2,3]): the matching moves no more layers than the best of all 8! hand assignments and
 strictly fewer than the identity; the matching's bytes equal a brute-force optimum over every
-node-preserving assignment (hypothesis, up to 6 workers, 1 or 2 GPUs per node); every worker
-receives exactly the layers it lacks, from every live holder, and restores only layers nobody
-holds; node co-location is kept; the bandwidth model against hand-computed times (sources
-spread, intra vs inter node, latency per message, restores) and, exactly, against the
-message-by-message model it replaced (hypothesis); overheads per transition kind.
+node-preserving assignment (hypothesis, up to 6 workers, 1 or 2 GPUs per node); the binding
+memoised by node shape equals the per-node-pair matching it replaced (hypothesis, up to 16
+workers, 2-4 GPUs per node, and grids of repeated node shapes); every worker receives exactly
+the layers it lacks, from every live holder, and restores only layers nobody holds, both in
+(destination, layer) order; node co-location is kept; the bandwidth model against hand-computed
+times (sources spread, intra vs inter node, latency per message, restores) and, exactly, against
+the message-by-message model it replaced (hypothesis); overheads per transition kind.
 """
 
 from __future__ import annotations
@@ -204,6 +206,93 @@ def test_matching_keeps_each_layout_node_on_one_surviving_node(data: st.DataObje
     assert len(set(binding.values())) == len(binding)
     together = {(a // gpus, b // gpus) for a, b in binding.items()}
     assert len({a for a, _ in together}) == len(together) == len({b for _, b in together})
+
+
+def pairwise_match(
+    held: transfers.Holdings, layout: plans.Plan, prof: profile.Profile
+) -> dict[plans.WorkerId, plans.WorkerId]:
+    """The node matching as it was before #17 (an inner Kuhn-Munkres for every pair of
+    surviving and layout nodes over the full cost matrix): the oracle of the memoised one."""
+    wanted = transfers.roles(layout)
+    survivors, roles = list(held), list(wanted)
+    sizes = [transfers.moved_bytes(layer) for layer in prof.layers]
+    cost = transfers.cost_matrix([held[w] for w in survivors], list(wanted.values()), sizes)
+    gpus = layout.gpus_per_node
+
+    def groups(workers: list[plans.WorkerId]) -> list[list[int]]:
+        nodes = sorted({w // gpus for w in workers})
+        return [[i for i, w in enumerate(workers) if w // gpus == n] for n in nodes]
+
+    rows, cols = groups(survivors), groups(roles)
+    outer = np.zeros((len(rows), len(rows)))
+    pairs: dict[tuple[int, int], list[tuple[int, int]]] = {}
+    for (a, row), (b, col) in itertools.product(enumerate(rows), enumerate(cols)):
+        if len(col) > len(row):
+            outer[a, b], pairs[(a, b)] = math.inf, []
+            continue
+        block = cost[np.ix_(row, col)]
+        r, c = optimize.linear_sum_assignment(block)
+        outer[a, b] = float(block[r, c].sum())
+        pairs[(a, b)] = [(row[i], col[j]) for i, j in zip(r, c, strict=True)]
+    binding = {}
+    for a, b in zip(*optimize.linear_sum_assignment(outer), strict=True):
+        for i, j in pairs.get((int(a), int(b)), []):
+            binding[roles[j]] = survivors[i]
+    return binding
+
+
+@given(st.data(), st.integers(min_value=2, max_value=4))
+@settings(max_examples=80, deadline=None)
+def test_matching_by_node_shape_binds_as_the_per_node_pair_matching(
+    data: st.DataObject, gpus: int
+) -> None:
+    old = dataclasses.replace(
+        data.draw(strategies.running_plans(max_workers=16, max_pipelines=6)), gpus_per_node=gpus
+    )
+    failed = data.draw(strategies.failed_workers(old))
+    held = transfers.holdings(old, failed)
+    layout = data.draw(strategies.layouts(list(held), old.num_layers, gpus, old.num_micro_batches))
+    prof = strategies.uniform_profile(old.num_layers)
+    assert transfers.match(held, layout, prof) == pairwise_match(held, layout, prof)
+
+
+@pytest.mark.parametrize("gpus", [2, 4, 8], ids=lambda g: f"{g} GPUs per node")
+def test_matching_by_node_shape_binds_as_the_per_node_pair_matching_on_a_grid(gpus: int) -> None:
+    # 6 x 4 over 12 layers, then 5 x 4 [2, 3, 3, 4] over the survivors in order: many nodes of
+    # one shape (the case the memo is for), ties everywhere
+    old = dataclasses.replace(grid([[3, 6, 9]] * 6, 12), gpus_per_node=gpus)
+    held = transfers.holdings(old, {W(5)})
+    layout = dataclasses.replace(on(grid([[2, 5, 8]] * 5, 12), list(held)[:20]), gpus_per_node=gpus)
+    prof = strategies.uniform_profile(12)
+    assert transfers.match(held, layout, prof) == pairwise_match(held, layout, prof)
+
+
+@given(st.data())
+@settings(max_examples=60, deadline=None)
+def test_copies_and_restores_come_in_destination_then_layer_order(data: st.DataObject) -> None:
+    # the order before #17: every worker's role in worker order, its lacking layers ascending
+    old = data.draw(strategies.running_plans(max_workers=8))
+    failed = data.draw(strategies.failed_workers(old))
+    held = transfers.holdings(old, failed)
+    layout = data.draw(
+        strategies.layouts(list(held), old.num_layers, old.gpus_per_node, old.num_micro_batches)
+    )
+    copies, restores = transfers.missing(held, layout)
+    expected = [
+        (worker, layer)
+        for worker, role in sorted(transfers.roles(layout).items())
+        for layer in sorted(role - held.get(worker, frozenset()))
+    ]
+    pairs = [(c.destination, c.layer) for c in copies] + [
+        (r.destination, r.layer) for r in restores
+    ]
+    assert sorted(pairs) == expected
+    assert [(c.destination, c.layer) for c in copies] == [
+        pair for pair in expected if any(pair[1] in layers for layers in held.values())
+    ]
+    assert [(r.destination, r.layer) for r in restores] == [
+        pair for pair in expected if not any(pair[1] in layers for layers in held.values())
+    ]
 
 
 def test_a_layer_nobody_holds_is_restored_not_copied() -> None:

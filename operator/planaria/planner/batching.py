@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from planaria.contract import errors
@@ -147,24 +148,31 @@ def _jump_start(costs: Sequence[PipelineCost], total: int) -> list[int]:
     ones = [1] * len(costs)
     if any(cost.per_micro_batch_s == 0 for cost in costs) or total <= 2 * len(costs):
         return ones
-    lo = max(cost.time_s(1) for cost in costs)
-    hi = max(cost.time_s(total) for cost in costs)
+    # pipelines of one template share a cost: bisect over the distinct costs, each counted as
+    # often as it occurs (the same integer sums as pipeline by pipeline)
+    distinct = Counter(costs)
+    lo = max(cost.time_s(1) for cost in distinct)
+    hi = max(cost.time_s(total) for cost in distinct)
     for _ in range(100):
         mid = (lo + hi) / 2
         if not lo < mid < hi:
             break
-        lo, hi = (mid, hi) if sum(_slots_upto(costs, mid, total)) <= total else (lo, mid)
-    counts = _slots_upto(costs, lo, total)
+        taken = _slots_upto(distinct, mid, total)
+        fits = sum(n * distinct[cost] for cost, n in taken.items()) <= total
+        lo, hi = (mid, hi) if fits else (lo, mid)
+    slots = _slots_upto(distinct, lo, total)
+    counts = [slots[cost] for cost in costs]
     return counts if sum(counts) <= total and _is_cheapest_set(costs, counts) else ones
 
 
-def _slots_upto(costs: Sequence[PipelineCost], threshold: float, total: int) -> list[int]:
-    """Per pipeline, how many of its slots cost at most `threshold` (1..total)."""
-    counts = []
+def _slots_upto(
+    costs: Iterable[PipelineCost], threshold: float, total: int
+) -> dict[PipelineCost, int]:
+    """Per pipeline cost, how many of its slots cost at most `threshold` (1..total)."""
+    counts = {}
     for cost in costs:
         room = (threshold - cost.fixed_s) / cost.per_micro_batch_s
-        slots = total if room >= total else math.floor(room) if room >= 1 else 1
-        counts.append(slots)
+        counts[cost] = total if room >= total else math.floor(room) if room >= 1 else 1
     return counts
 
 

@@ -34,7 +34,6 @@ weighing the transition against the step time (`policy`).
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections import Counter, defaultdict
 from collections.abc import Callable, Collection, Mapping, Sequence
@@ -127,22 +126,21 @@ def holdings(
     held: dict[plan.WorkerId, frozenset[int]] = {w: frozenset() for w in spare}
     for pipeline in old.pipelines:
         for stage in pipeline.stages:
+            layers = frozenset(stage.layers)  # one set per stage, shared by its workers
             for worker in stage.workers:
                 if worker not in failed:
-                    held[worker] = frozenset(stage.layers)
-    return dict(sorted(held.items()))
+                    held[worker] = layers
+    return dict(sorted(held.items(), key=lambda item: item[0]))
 
 
 def roles(layout: plan.Plan) -> dict[plan.WorkerId, frozenset[int]]:
     """The layers each worker of `layout` must hold (its stage's), by worker id."""
-    return dict(
-        sorted(
-            (worker, frozenset(stage.layers))
-            for pipeline in layout.pipelines
-            for stage in pipeline.stages
-            for worker in stage.workers
-        )
-    )
+    pairs: list[tuple[plan.WorkerId, frozenset[int]]] = []
+    for pipeline in layout.pipelines:
+        for stage in pipeline.stages:
+            layers = frozenset(stage.layers)  # one set per stage, shared by its workers
+            pairs.extend((worker, layers) for worker in stage.workers)
+    return dict(sorted(pairs, key=lambda pair: pair[0]))
 
 
 def cost_matrix(
@@ -152,13 +150,8 @@ def cost_matrix(
     # survivors of one stage hold the same layers and roles repeat: cost each distinct pair
     # once (entries are sums of integer byte counts: exact in float64 in any order while a
     # model holds under 2**53 bytes, 9 PB)
-    have, held_index = _incidence(held, len(layer_bytes))
-    need, wanted_index = _incidence(wanted, len(layer_bytes))
-    weights = np.asarray(layer_bytes, dtype=np.float64)
-    # (1 - have) masks what a survivor already holds; dropping a layer it holds costs nothing
-    distinct = ((1.0 - have) * weights) @ need.T
-    result: CostMatrix = distinct[np.ix_(held_index, wanted_index)]
-    return result
+    costs = _ClassCosts.of(held, wanted, layer_bytes)
+    return costs.block(list(range(len(held))), list(range(len(wanted))))
 
 
 def _incidence(
@@ -184,11 +177,11 @@ def match(
     _check_layout(held, wanted)
     survivors = list(held)
     sizes = [moved_bytes(layer) for layer in prof.layers]
-    cost = cost_matrix([held[w] for w in survivors], list(wanted.values()), sizes)
+    costs = _ClassCosts.of([held[w] for w in survivors], list(wanted.values()), sizes)
     # whole nodes play whole layout nodes: co-location, hence the layout's estimate, is kept
     rows = _groups(survivors, layout.gpus_per_node)
     cols = _groups(list(wanted), layout.gpus_per_node)
-    outer, inner = _node_costs(cost, rows, cols)
+    outer, inner = _node_costs(costs, rows, cols)
     layout_workers = list(wanted)
     binding: dict[plan.WorkerId, plan.WorkerId] = {}
     for a, b in zip(*_assignment(outer), strict=True):
@@ -198,22 +191,79 @@ def match(
     return binding
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _ClassCosts:
+    """`cost_matrix` kept factored: `distinct[h, w]` for the distinct holdings h and roles w,
+    and each survivor's (`held_index`) and role's (`wanted_index`) class. At 8,192 workers the
+    full matrix would be 512 MiB; its entries are `distinct[held_index[i], wanted_index[j]]`."""
+
+    distinct: CostMatrix
+    held_index: npt.NDArray[np.intp]
+    wanted_index: npt.NDArray[np.intp]
+
+    @classmethod
+    def of(
+        cls,
+        held: Sequence[frozenset[int]],
+        wanted: Sequence[frozenset[int]],
+        layer_bytes: Sequence[int],
+    ) -> _ClassCosts:
+        have, held_index = _incidence(held, len(layer_bytes))
+        need, wanted_index = _incidence(wanted, len(layer_bytes))
+        weights = np.asarray(layer_bytes, dtype=np.float64)
+        # (1 - have) masks what a survivor already holds; dropping a layer it holds costs nothing
+        distinct = ((1.0 - have) * weights) @ need.T
+        return cls(distinct=distinct, held_index=held_index, wanted_index=wanted_index)
+
+    def block(self, rows: Sequence[int], cols: Sequence[int]) -> CostMatrix:
+        """The full cost matrix's entries at `rows` x `cols` (survivor and role indices)."""
+        result: CostMatrix = self.distinct[np.ix_(self.held_index[rows], self.wanted_index[cols])]
+        return result
+
+
 _Pairs = Callable[[int, int], tuple[tuple[int, int], ...]]
 
 
 def _node_costs(
-    cost: CostMatrix, rows: list[list[int]], cols: list[list[int]]
+    costs: _ClassCosts, rows: list[list[int]], cols: list[list[int]]
 ) -> tuple[CostMatrix, _Pairs]:
     """The N x N node matrix (survivor node a plays layout node b; columns past the layout's
     nodes are empty roles, cost 0) and, per pair, the inner matching's (survivor, role) pairs."""
     outer = np.zeros((len(rows), len(rows)))
     if all(len(group) == 1 for group in rows + cols):  # one worker per node: no inner matching
-        outer[:, : len(cols)] = cost[np.ix_([r[0] for r in rows], [c[0] for c in cols])]
+        outer[:, : len(cols)] = costs.block([r[0] for r in rows], [c[0] for c in cols])
         return outer, lambda a, b: ((rows[a][0], cols[b][0]),)
-    pairs: dict[tuple[int, int], tuple[tuple[int, int], ...]] = {}
-    for (a, row), (b, col) in itertools.product(enumerate(rows), enumerate(cols)):
-        outer[a, b], pairs[(a, b)] = _inner(cost, row, col)
-    return outer, lambda a, b: pairs[(a, b)]
+    # The inner matching of nodes a and b sees only the classes of a's survivors and of b's
+    # roles, in node order: nodes with the same ordered classes have the same block, hence the
+    # same Kuhn-Munkres answer at the same local positions. Solve it once per distinct pair of
+    # such shapes (a few dozen), not per pair of nodes (a million at 1,024 nodes).
+    row_shape, row_shapes = _shapes([costs.held_index[r] for r in rows])
+    col_shape, col_shapes = _shapes([costs.wanted_index[c] for c in cols])
+    local: list[list[tuple[tuple[int, int], ...]]] = []
+    by_shape = np.zeros((len(row_shapes), len(col_shapes)))
+    for r, held_classes in enumerate(row_shapes):
+        local.append([])
+        for c, wanted_classes in enumerate(col_shapes):
+            by_shape[r, c], pairs = _inner(costs.distinct, held_classes, wanted_classes)
+            local[r].append(pairs)
+    outer[:, : len(cols)] = by_shape[np.ix_(row_shape, col_shape)]
+
+    def pairs_of(a: int, b: int) -> tuple[tuple[int, int], ...]:
+        return tuple((rows[a][i], cols[b][j]) for i, j in local[row_shape[a]][col_shape[b]])
+
+    return outer, pairs_of
+
+
+def _shapes(
+    classes: Sequence[npt.NDArray[np.intp]],
+) -> tuple[npt.NDArray[np.intp], list[list[int]]]:
+    """Each node's shape (its workers' classes in node order) as an index into the distinct
+    shapes, and the distinct shapes."""
+    index: dict[tuple[int, ...], int] = {}
+    shape = np.array(
+        [index.setdefault(tuple(c.tolist()), len(index)) for c in classes], dtype=np.intp
+    )
+    return shape, [list(key) for key in index]
 
 
 def _check_layout(held: Holdings, wanted: Mapping[plan.WorkerId, frozenset[int]]) -> None:
@@ -234,15 +284,16 @@ def _groups(workers: Sequence[plan.WorkerId], gpus_per_node: int) -> list[list[i
 
 
 def _inner(
-    cost: CostMatrix, row: list[int], col: list[int]
+    distinct: CostMatrix, held_classes: list[int], wanted_classes: list[int]
 ) -> tuple[float, tuple[tuple[int, int], ...]]:
-    """Cheapest way for the survivors `row` (one node) to play the roles `col` (one layout
-    node): total bytes and (survivor index, role index) pairs; inf when too few survivors."""
-    if len(col) > len(row):  # the layout node needs more GPUs than this node has alive
+    """Cheapest way for one node's survivors (their classes, in order) to play one layout
+    node's roles: total bytes and (survivor, role) pairs as positions within the two nodes;
+    inf when too few survivors."""
+    if len(wanted_classes) > len(held_classes):  # needs more GPUs than this node has alive
         return math.inf, ()
-    block = cost[np.ix_(row, col)]
+    block = distinct[np.ix_(held_classes, wanted_classes)]
     r, c = _assignment(block)
-    pairs = tuple((row[i], col[j]) for i, j in zip(r.tolist(), c.tolist(), strict=True))
+    pairs = tuple(zip(r.tolist(), c.tolist(), strict=True))
     return float(block[r, c].sum()), pairs
 
 
@@ -275,22 +326,42 @@ def missing(
 ) -> tuple[tuple[plan.LayerTransfer, ...], tuple[Restore, ...]]:
     """Layers each worker of `new` lacks: copies from every live holder, in (destination, layer)
     order, and restores of layers no survivor holds."""
-    holders: dict[int, list[plan.WorkerId]] = defaultdict(list)
+    # survivors of a stage hold the same layers: group them by holding, and list a layer's
+    # holders (sorted, so every agent computes the same shard split, LayerTransfer.shard) once,
+    # when a copy first needs it; at 8,192 workers a layer has thousands of holders
+    by_holding: dict[frozenset[int], list[plan.WorkerId]] = defaultdict(list)
     for worker, layers in held.items():
-        for layer in layers:
-            holders[layer].append(worker)
+        by_holding[layers].append(worker)
+    sources: dict[int, tuple[plan.WorkerId, ...]] = {}
+
+    def sources_of(layer: int) -> tuple[plan.WorkerId, ...]:
+        if layer not in sources:
+            holders = (w for layers, ws in by_holding.items() if layer in layers for w in ws)
+            sources[layer] = tuple(sorted(holders))
+        return sources[layer]
+
     transfers: list[plan.LayerTransfer] = []
     restores: list[Restore] = []
-    for worker, layers in roles(new).items():
-        for layer in sorted(layers - held.get(worker, frozenset())):
-            if holders[layer]:
-                # sorted, so every agent computes the same shard split (LayerTransfer.shard)
-                sources = tuple(sorted(holders[layer]))
-                transfers.append(
-                    plan.LayerTransfer(layer=layer, destination=worker, sources=sources)
-                )
-            else:
-                restores.append(Restore(layer=layer, destination=worker))
+    lacking: dict[tuple[frozenset[int], frozenset[int]], list[int]] = {}  # per distinct pair
+    nothing: frozenset[int] = frozenset()
+    for stage in (stage for pipeline in new.pipelines for stage in pipeline.stages):
+        layers = frozenset(stage.layers)
+        for worker in stage.workers:
+            have = held.get(worker, nothing)
+            if (layers, have) not in lacking:
+                lacking[layers, have] = sorted(layers - have)
+            for layer in lacking[layers, have]:
+                if sources_of(layer):
+                    copy = plan.LayerTransfer(
+                        layer=layer, destination=worker, sources=sources_of(layer)
+                    )
+                    transfers.append(copy)
+                else:
+                    restores.append(Restore(layer=layer, destination=worker))
+    # a worker has one stage and its layers come in order: a stable sort by destination gives
+    # (destination, layer) order without listing every worker's role first
+    transfers.sort(key=lambda copy: copy.destination)
+    restores.sort(key=lambda restore: restore.destination)
     return tuple(transfers), tuple(restores)
 
 
