@@ -141,8 +141,12 @@ class Planner:
         return self._decided(running, lost, frozenset(spare), time_to_failure_s, steps_left)
 
     def prepare(self, running: plans.Plan) -> None:
-        """Warm the estimates memo for failures of the running plan (Odyssey §IV-C)."""
-        if job_settings.Policy(self._job.policy) is job_settings.Policy.ADAPTIVE:
+        """Warm the estimates memo for failures of the running plan (Odyssey §IV-C) and load
+        the layer-copy matching's solver, which every policy but rerouting uses."""
+        chosen = job_settings.Policy(self._job.policy)
+        if chosen is not job_settings.Policy.REROUTE:
+            transfers.load_solver()
+        if chosen is job_settings.Policy.ADAPTIVE:
             candidates.prepare(running, self._estimates, self._policy.search)
 
     def _rerouted(self, running: plans.Plan, lost: frozenset[plans.WorkerId]) -> Move:
