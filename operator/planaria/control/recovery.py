@@ -25,6 +25,7 @@ from collections.abc import Awaitable, Callable, Collection
 
 from planaria.contract import errors
 from planaria.contract import plan as plans
+from planaria.contract import snapshot_placement
 from planaria.control import epochs, failures, history, membership, outcomes, planning, ports
 from planaria.control import settings as job_settings
 from planaria.control import status as statuses
@@ -244,23 +245,19 @@ def decide(
 def beyond_redundancy(
     running: plans.Plan, failed: Collection[plans.WorkerId], redundancy: messages.RedundancyMode
 ) -> dict[int, tuple[plans.WorkerId, ...]]:
-    """Layer -> its lost snapshot members, for every layer of `running` whose sharding group
-    (the workers holding it, REFT §4.2) lost more members than `redundancy` tolerates: one with
-    COPY, XOR or RECOMPUTE in a group of two or more, none otherwise (as the agents'
-    `snapshots.tolerated_losses`). A lost member's store is gone with it (issue #20), so such a
-    layer cannot be rebuilt from snapshots; only the checkpoint holds it."""
-    holders: dict[int, list[plans.WorkerId]] = {}
-    for pipeline in running.pipelines:
-        for stage in pipeline.stages:
-            for layer in stage.layers:
-                holders.setdefault(layer, []).extend(stage.workers)
-    beyond = {}
-    for layer, group in sorted(holders.items()):
-        lost = tuple(sorted(w for w in group if w in failed))
-        protected = redundancy is not messages.RedundancyMode.NONE and len(group) >= 2
-        if len(lost) > (1 if protected else 0):
-            beyond[layer] = lost
-    return beyond
+    """Layer -> the failed workers behind its lost snapshot members, for every layer of
+    `running` whose snapshot the survivors cannot rebuild: more members of its sharding group
+    (REFT §4.2) lost than `redundancy` tolerates (one with COPY, XOR or RECOMPUTE in a group of
+    two or more, none otherwise, as the agents' `snapshots.tolerated_losses`), where a member
+    is lost only when its holder and its mirror on another node are both lost
+    (`snapshot_placement`). A lost worker's store is gone with it (issue #20): only the
+    checkpoint holds such a layer."""
+    protected = redundancy is not messages.RedundancyMode.NONE
+    beyond = snapshot_placement.beyond_redundancy(running, failed, protected=protected)
+    return {
+        layer: snapshot_placement.member_workers(running, {layer: members})
+        for layer, members in beyond.items()
+    }
 
 
 def beyond_message(
