@@ -221,6 +221,25 @@ def test_members_that_disagree_are_corrupt(tmp_path: Path) -> None:
         snapshots.rebuild_layer(members)
 
 
+def test_a_members_mirror_counts_once_and_two_copies_that_differ_are_corrupt(
+    tmp_path: Path,
+) -> None:
+    """A member's holder and its mirror keep the same files (`mirroring`): the loader takes
+    either, and rejects two copies of one member whose checksums differ."""
+    state, other_state = _fixed_state(0), _fixed_state(1)
+    stores = _stores(tmp_path / "a", 2)
+    _snapshot(_writers(stores, Mode.XOR), 1, [state])
+    other = _stores(tmp_path / "b", 2)
+    _snapshot(_writers(other, Mode.XOR), 1, [other_state])
+    first = snapshots.read_member(stores[0], 1, 0)
+    second = snapshots.read_member(stores[1], 1, 0)
+    _assert_identical(snapshots.rebuild_layer([first, first, second]), state)
+    _assert_identical(snapshots.rebuild_layer([first, first]), state)  # XOR, m = 2: one suffices
+    differing = snapshots.read_member(other[0], 1, 0)
+    with pytest.raises(snapshot_store.SnapshotCorrupt, match="two copies of member 0 disagree"):
+        snapshots.rebuild_layer([first, differing, second])
+
+
 # --- live state and the reference trainer ---------------------------------------------------
 
 

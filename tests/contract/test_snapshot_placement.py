@@ -20,7 +20,9 @@ from tests import strategies
 
 
 def _holders(p: plans.Plan, layer: int) -> list[plans.WorkerId]:
-    return sorted({w for q in p.pipelines for s in q.stages if layer in s.layers for w in s.workers})
+    return sorted(
+        {w for q in p.pipelines for s in q.stages if layer in s.layers for w in s.workers}
+    )
 
 
 @given(p=strategies.plans())

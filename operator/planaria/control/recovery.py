@@ -23,9 +23,8 @@ import dataclasses
 import logging
 from collections.abc import Awaitable, Callable, Collection
 
-from planaria.contract import errors
+from planaria.contract import errors, snapshot_placement
 from planaria.contract import plan as plans
-from planaria.contract import snapshot_placement
 from planaria.control import epochs, failures, history, membership, outcomes, planning, ports
 from planaria.control import settings as job_settings
 from planaria.control import status as statuses

@@ -126,10 +126,11 @@ def member_workers(
 ) -> tuple[plans.WorkerId, ...]:
     """The failed workers behind `lost` members: their holders and mirrors, sorted."""
     groups, placed = sharding_groups(plan), mirrors(plan)
-    workers = set()
+    workers: set[plans.WorkerId] = set()
     for layer, members in lost.items():
         for k in members:
             workers.add(groups[layer][k])
-            if placed[layer][k] is not None:
-                workers.add(placed[layer][k])
-    return tuple(sorted(w for w in workers if w is not None))
+            mirror = placed[layer][k]
+            if mirror is not None:
+                workers.add(mirror)
+    return tuple(sorted(workers))
