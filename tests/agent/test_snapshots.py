@@ -308,7 +308,13 @@ def test_only_steps_on_the_interval_are_snapshotted(tmp_path: Path) -> None:
     assert writer.begin(step=3, epoch=1, states=[state], groups=GROUPS)
     manifest = writer.wait(30)
     assert manifest is not None and manifest.step == 3
-    held = (messages.HeldSnapshot(step=3, digest=snapshot_store.digest(manifest)),)
+    held = (
+        messages.HeldSnapshot(
+            step=3,
+            digest=snapshot_store.digest(manifest),
+            members=snapshot_store.member_digests(manifest),
+        ),
+    )
     assert writer.state() == messages.SnapshotState(
         latest_step=3, held_bytes=manifest.held_bytes, held=held
     )
