@@ -5,8 +5,9 @@ sharding group is its holders in id order; every member gets a mirror exactly wh
 host none of the layer's holders, the mirrors of one layer sit on distinct nodes, none on a
 holder's node, and the rule is deterministic; `mirrored_by` inverts it; over drawn failure sets,
 `lost_members` counts a member lost exactly when its holder and its mirror both failed (an
-oracle that pools the survivors' stores), and the guarantee: losing every holder of a layer
-while at most t of its mirrors leaves it rebuildable (`beyond_redundancy` empty for it).
+oracle that pools the survivors' stores; without redundancy nothing is mirrored), and the
+guarantee: losing every holder of a layer while at most t of its mirrors leaves it rebuildable
+(`beyond_redundancy` empty for it).
 """
 
 from __future__ import annotations
@@ -66,10 +67,10 @@ def test_a_member_is_lost_only_with_its_holder_and_its_mirror(
         for k, holder in enumerate(group):
             stores.setdefault(holder, set()).add((layer, k))
             mirror = placement.mirrors(p)[layer][k]
-            if mirror is not None:
+            if mirror is not None and protected:  # no redundancy, no mirrors
                 stores.setdefault(mirror, set()).add((layer, k))
     pooled = set().union(*(files for w, files in stores.items() if w not in failed))
-    lost = placement.lost_members(p, failed)
+    lost = placement.lost_members(p, failed, protected=protected)
     beyond = placement.beyond_redundancy(p, failed, protected=protected)
     for layer, group in placement.sharding_groups(p).items():
         missing = tuple(k for k in range(len(group)) if (layer, k) not in pooled)
@@ -90,6 +91,6 @@ def test_losing_every_holder_and_at_most_t_mirrors_leaves_the_layer_rebuildable(
     some = st.lists(st.sampled_from(placed), unique=True, max_size=t) if placed else st.just([])
     lost_mirrors = data.draw(some)
     failed = set(group) | set(lost_mirrors)
-    unmirrored = sum(m is None for m in mirrors)
+    unmirrored = sum(m is None or not protected for m in mirrors)
     rebuildable = layer not in placement.beyond_redundancy(p, failed, protected=protected)
     assert rebuildable == (unmirrored + len(lost_mirrors) <= t)

@@ -173,6 +173,8 @@ def _brute_beyond(
     """The oracle: every worker's store as the files it keeps (its own members' and the ones it
     mirrors), the survivors' stores pooled, each layer's members missing from the pool counted."""
     mirrors = snapshot_placement.mirrors(running)
+    if redundancy is messages.RedundancyMode.NONE:  # no copies asked for: no mirrors
+        mirrors = {layer: tuple(None for _ in placed) for layer, placed in mirrors.items()}
     stores: dict[int, set[tuple[int, int]]] = {}
     out = {}
     for layer in range(max(s.layer_stop for p in running.pipelines for s in p.stages)):

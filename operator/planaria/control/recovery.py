@@ -135,6 +135,12 @@ class Handler:
                 what = beyond_message(beyond, redundancy)
                 return outcomes.Suspend(running=running, what=what, retry=True)
             snapshot = self._roster.snapshot_step(found.survivors, at_most=found.resume_step)
+            conflicts = {}
+            if snapshot is not None:
+                conflicts = self._roster.digest_conflicts(found.survivors, snapshot)
+            if conflicts:  # two copies of a member differ: the snapshot is not trusted
+                what = conflict_message(snapshot, conflicts)
+                return outcomes.Suspend(running=running, what=what, retry=True)
         resume = resume_step(found, move, snapshot)
         if resume is None:
             lost = "a lost layer has no live replica and no host-memory snapshot to restore"
@@ -254,7 +260,7 @@ def beyond_redundancy(
     protected = redundancy is not messages.RedundancyMode.NONE
     beyond = snapshot_placement.beyond_redundancy(running, failed, protected=protected)
     return {
-        layer: snapshot_placement.member_workers(running, {layer: members})
+        layer: snapshot_placement.member_workers(running, {layer: members}, protected=protected)
         for layer, members in beyond.items()
     }
 
@@ -268,6 +274,19 @@ def beyond_message(
     return (
         f"layers {layers} lost their snapshot members on workers {workers}, more than "
         f"redundancy {redundancy.value!r} recovers; the persistent checkpoint is the next tier"
+    )
+
+
+def conflict_message(
+    step: int | None, conflicts: dict[tuple[int, int], dict[str, tuple[plans.WorkerId, ...]]]
+) -> str:
+    """The status message for `membership.Roster.digest_conflicts`' answer, plainly."""
+    (layer, member), digests = next(iter(conflicts.items()))
+    sides = " and ".join(f"{d} on workers {list(ws)}" for d, ws in digests.items())
+    more = f" (and {len(conflicts) - 1} more members)" if len(conflicts) > 1 else ""
+    return (
+        f"the snapshot of step {step} disagrees: layer {layer} member {member} has {sides}{more}; "
+        "it is not resumed from, the persistent checkpoint is the next tier"
     )
 
 

@@ -28,6 +28,9 @@ and L's holders sit on distinct nodes (Oobleck's f + 1 pipelines), losing L take
 layer's replicas they take (all of them included). Without mirrors (too few nodes, or a plan
 on one node) the group is its holders alone, as REFT's: t failures.
 
+Mirrors are kept only with redundancy (COPY, XOR, RECOMPUTE): a job that chose NONE asked for
+no copies, and its groups are its holders alone.
+
 Costs: every member's files are stored twice (host memory per worker about doubles: a worker
 mirrors about as many bytes as it snapshots of its own layers), and each snapshot sends them
 once over the network (`planaria.agent.recovery.snapshot_mirrors`).
@@ -92,16 +95,18 @@ def mirrored_by(plan: plans.Plan, worker: plans.WorkerId) -> dict[int, int]:
 
 
 def lost_members(
-    plan: plans.Plan, failed: Collection[plans.WorkerId]
+    plan: plans.Plan, failed: Collection[plans.WorkerId], *, protected: bool
 ) -> dict[int, tuple[int, ...]]:
-    """Layer -> the members of its group whose holder and mirror (if any) both failed."""
+    """Layer -> the members of its group whose holder and mirror (if any) both failed; with no
+    redundancy (`protected` false) there are no mirrors, and a member is lost with its holder."""
     placed = mirrors(plan)
     lost = {}
     for layer, group in sharding_groups(plan).items():
         gone = tuple(
             k
             for k, holder in enumerate(group)
-            if holder in failed and (placed[layer][k] is None or placed[layer][k] in failed)
+            if holder in failed
+            and (not protected or placed[layer][k] is None or placed[layer][k] in failed)
         )
         if gone:
             lost[layer] = gone
@@ -116,21 +121,22 @@ def beyond_redundancy(
     groups = sharding_groups(plan)
     return {
         layer: gone
-        for layer, gone in lost_members(plan, failed).items()
+        for layer, gone in lost_members(plan, failed, protected=protected).items()
         if len(gone) > tolerated_losses(protected=protected, group_size=len(groups[layer]))
     }
 
 
 def member_workers(
-    plan: plans.Plan, lost: Mapping[int, tuple[int, ...]]
+    plan: plans.Plan, lost: Mapping[int, tuple[int, ...]], *, protected: bool
 ) -> tuple[plans.WorkerId, ...]:
-    """The failed workers behind `lost` members: their holders and mirrors, sorted."""
+    """The failed workers behind `lost` members: their holders and (with redundancy) their
+    mirrors, sorted."""
     groups, placed = sharding_groups(plan), mirrors(plan)
     workers: set[plans.WorkerId] = set()
     for layer, members in lost.items():
         for k in members:
             workers.add(groups[layer][k])
             mirror = placed[layer][k]
-            if mirror is not None:
+            if mirror is not None and protected:
                 workers.add(mirror)
     return tuple(sorted(workers))

@@ -203,8 +203,10 @@ def link_for(
     job: str,
     redundancy: messages.RedundancyMode,
 ) -> Link | None:
-    """The mirrors' link of this epoch, or None where they cannot run: one worker, or an NCCL
-    epoch (module docstring)."""
+    """The mirrors' link of this epoch, or None where there are none: no redundancy (a job
+    that chose NONE asked for no copies), one worker, or an NCCL epoch (module docstring)."""
+    if redundancy is messages.RedundancyMode.NONE:
+        return None
     if epoch.world_size < 2 or epoch.backend is not messages.Backend.GLOO:
         return None
     return Link(epoch=epoch, plan=plan, worker=worker, job=job, redundancy=redundancy)
