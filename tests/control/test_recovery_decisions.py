@@ -182,8 +182,9 @@ def _brute_beyond(
         group = sorted(w for s in stages for w in s.workers)
         for k, holder in enumerate(group):
             stores.setdefault(holder, set()).add((layer, k))
-            if mirrors[layer][k] is not None:
-                stores.setdefault(int(mirrors[layer][k]), set()).add((layer, k))
+            mirror = mirrors[layer][k]
+            if mirror is not None:
+                stores.setdefault(mirror, set()).add((layer, k))
     pooled = set().union(*(files for w, files in stores.items() if w not in failed))
     for layer in range(max(s.layer_stop for p in running.pipelines for s in p.stages)):
         stages = [s for p in running.pipelines for s in p.stages if layer in s.layers]
