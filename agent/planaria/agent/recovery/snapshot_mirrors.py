@@ -48,6 +48,7 @@ from planaria.wire import messages
 LOG = logging.getLogger(__name__)
 MIRROR_TAG_BASE = 1 << 22
 TAGS_PER_LAYER = 8  # length, header, and up to 6 files (a shard and one redundancy today)
+MAX_HEADER_BYTES = 1 << 24  # a one-layer manifest is kilobytes; more is a damaged length
 
 
 class Link:
@@ -119,6 +120,9 @@ class Link:
         sources = [self._groups[layer][member] for layer, member in kept]
         lengths = [torch.zeros(1, dtype=torch.int64) for _ in kept]
         self._await(lengths, sources, [_tag(layer) for layer, _ in kept])
+        for n, source in zip(lengths, sources, strict=True):
+            if not 0 < int(n.item()) <= MAX_HEADER_BYTES:
+                raise mirroring.MirrorError(f"worker {source} announced a header of {n.item()} B")
         headers = [torch.empty(int(n.item()), dtype=torch.uint8) for n in lengths]
         self._await(headers, sources, [_tag(layer) + 1 for layer, _ in kept])
         entries = [
@@ -157,15 +161,14 @@ class Link:
         expected = (self._job, source, step, epoch, (layer,))
         got = (manifest.job, manifest.worker, manifest.step, manifest.epoch)
         got_layers = tuple(e.layer for e in manifest.layers)
-        entry = manifest.layers[0]
-        if (*got, got_layers) != expected or entry.member != member:
+        if (*got, got_layers) != expected or manifest.layers[0].member != member:
             raise mirroring.MirrorError(
                 f"worker {source} sent a mirror header of {got} layers {got_layers}, expected "
                 f"{expected} member {member}"
             )
         if manifest.redundancy is not self._redundancy:
             raise mirroring.MirrorError(f"worker {source} snapshots with another redundancy")
-        return entry
+        return manifest.layers[0]
 
     def _await(
         self, buffers: Sequence[torch.Tensor], peers: Sequence[plans.WorkerId], tags: Sequence[int]
