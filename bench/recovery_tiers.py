@@ -18,6 +18,13 @@ measured tier serves:
     copy (local)     LIVE_REPLICA's in-process part: flatten on the source, pour into the
                      destination's template (no network; layer_transfer.flatten / fill)
 
+and what the mirrors cost a snapshot (issue #20): two processes, one pipeline of two stages
+(worker 0 the first half of the layers, worker 1 the rest, one node each, COPY), each snapshot
+its stage with `snapshot_writer` (begin, then wait: the whole background write), once without
+mirrors and once with them (`snapshot_mirrors.Link`: each sends its stage's files to the other,
+which verifies and stores them). Reported for worker 1: the median write seconds of each, and
+the bytes its mirror received (the other stage's snapshot).
+
 Stores live under /dev/shm when it exists (as the agents' do), the checkpoint under a temporary
 directory. Reported: the median seconds over `repeats`, the bytes of layer state found and the
 throughput (state bytes found per second). Live-replica copies between processes are not
@@ -42,7 +49,7 @@ import torch
 from torch._C import _distributed_c10d as c10d
 
 from planaria.agent.execution import groups, held_layers
-from planaria.agent.recovery import epoch_setup, layer_transfer, snapshot_exchange
+from planaria.agent.recovery import epoch_setup, layer_transfer, snapshot_exchange, snapshot_mirrors
 from planaria.agent.state import checkpoints, snapshot_store, snapshot_writer
 from planaria.agent.training import data, model, semantics
 from planaria.contract import plan, shapes
@@ -50,7 +57,8 @@ from planaria.wire import messages
 
 Tier = messages.RecoveryTier
 STEP = 1
-PAIR = (plan.WorkerId(0), plan.WorkerId(7))  # the holder, and the worker that holds nothing
+PAIR = (plan.WorkerId(0), plan.WorkerId(7))
+COPY = messages.RedundancyMode.COPY  # the holder, and the worker that holds nothing
 LOOPBACK = "127.0.0.1"
 
 
@@ -144,6 +152,76 @@ def _peer_arm(job: semantics.Job, base: Path, repeats: int) -> tuple[float, obje
         holder.join(60)
 
 
+def _stage_plan(num_layers: int) -> plan.Plan:
+    half = num_layers // 2
+    stages = (
+        plan.Stage(layer_start=0, layer_stop=half, workers=(plan.WorkerId(0),)),
+        plan.Stage(layer_start=half, layer_stop=num_layers, workers=(plan.WorkerId(1),)),
+    )
+    return plan.Plan(
+        pipelines=(plan.Pipeline(stages=stages, num_micro_batches=1),), micro_batch_size=1
+    )
+
+
+def _mirror_side(shape: str, base: str, port: int, rank: int, repeats: int) -> list[float]:
+    """Worker `rank`'s snapshots of its stage: `repeats` without mirrors, then `repeats`
+    with them; the seconds of each (begin to complete)."""
+    torch.set_num_threads(1)
+    config = semantics.TrainingConfig(
+        shape=shapes.named(shape), seed=1, global_batch_size=2, micro_batch_size=1
+    )
+    stage_plan = _stage_plan(config.shape.num_planner_layers)
+    worker = plan.WorkerId(rank)
+    held = stage_plan.pipelines[0].stages[rank].layers
+    mine = [s for i, s in _trained(config).items() if i in held]
+    groups_of = {s.index: (worker,) for s in mine}
+    epoch = _form(port, rank)
+    link = snapshot_mirrors.Link(
+        epoch=epoch, plan=stage_plan, worker=worker, job="bench", redundancy=COPY
+    )
+    times = []
+    for mirrors in (None, link):
+        label = "plain" if mirrors is None else "mirrored"
+        root = snapshot_store.store_root("bench", rank, Path(base) / label)
+        writer = snapshot_writer.SnapshotWriter(
+            snapshot_store.SnapshotStore(root),
+            snapshot_writer.WriterConfig(job="bench", worker=worker, redundancy=COPY),
+            mirrors=mirrors,
+        )
+        for step in range(1, repeats + 1):
+            started = time.perf_counter()
+            writer.begin(step=step, epoch=1, states=mine, groups=groups_of)
+            manifest = writer.wait()
+            times.append(time.perf_counter() - started)
+            assert manifest is not None
+        writer.close()
+    groups.leave_epoch(epoch)
+    return times
+
+
+def _mirror_child(shape: str, base: str, port: int, repeats: int) -> None:
+    _mirror_side(shape, base, port, 0, repeats)
+
+
+def _mirror_arm(shape: str, base: Path, repeats: int) -> tuple[float, float, int]:
+    """Worker 1's median snapshot seconds without and with mirrors, and the bytes it
+    mirrors (worker 0's stage), worker 0 in its own process."""
+    server = c10d.TCPStore(LOOPBACK, 0, None, True, datetime.timedelta(seconds=60))
+    context = multiprocessing.get_context("spawn")
+    other = context.Process(target=_mirror_child, args=(shape, str(base), server.port, repeats))
+    other.start()
+    try:
+        times = _mirror_side(shape, str(base), server.port, 1, repeats)
+    finally:
+        other.join(120)
+    root = snapshot_store.store_root("bench", 1, base / "mirrored")
+    latest = snapshot_store.SnapshotStore(root).latest()
+    mirrored = sum(
+        f.stop - f.start for e in latest.layers if e.group[e.member] != 1 for f in e.files
+    )
+    return statistics.median(times[:repeats]), statistics.median(times[repeats:]), mirrored
+
+
 def _median_s(run: Callable[[], object], repeats: int) -> tuple[float, object]:
     times, result = [], None
     for _ in range(repeats):
@@ -192,6 +270,17 @@ def measure(shape: str, repeats: int, root: Path) -> list[dict[str, object]]:
                 "seconds": seconds,
                 "bytes": total,
                 "mb_per_s": total / seconds / 1e6,
+            }
+        )
+    plain_s, mirrored_s, mirrored = _mirror_arm(shape, root, repeats)
+    for name, seconds in (("snapshot, own", plain_s), ("snapshot+mirror", mirrored_s)):
+        rows.append(
+            {
+                "shape": shape,
+                "tier": name,
+                "seconds": seconds,
+                "bytes": mirrored,
+                "mb_per_s": mirrored / seconds / 1e6,
             }
         )
     return rows

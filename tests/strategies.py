@@ -341,8 +341,18 @@ def snapshot_states(draw: st.DrawFn) -> messages.SnapshotState:
     interval = draw(st.floats(min_value=0, max_value=1e9, allow_nan=False))
     steps = draw(st.lists(st.integers(min_value=1, max_value=2**64 - 1), max_size=2, unique=True))
     digests = st.text(min_size=1, max_size=messages.MAX_DIGEST_CHARS)
+    members = st.lists(
+        st.builds(
+            messages.MemberDigest,
+            layer=st.integers(0, 2**32 - 1),
+            member=st.integers(0, 2**32 - 1),
+            digest=digests,
+        ),
+        max_size=3,
+        unique_by=lambda m: (m.layer, m.member),
+    )
     stored = tuple(
-        messages.HeldSnapshot(step=step, digest=draw(digests))
+        messages.HeldSnapshot(step=step, digest=draw(digests), members=tuple(draw(members)))
         for step in sorted(steps, reverse=True)
     )
     return messages.SnapshotState(

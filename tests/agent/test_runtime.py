@@ -316,6 +316,68 @@ def test_a_replacement_with_an_empty_store_rebuilds_from_peer_snapshots_over_the
     _assert_like_reference("job", cluster.base, p, settings, 5)
 
 
+@pytest.mark.parametrize(
+    "damaged",
+    [False, True],
+    ids=[
+        "every replica of a stage lost: its layers come back from the mirrors on other nodes",
+        "both mirrors of a layer damaged: rejected on arrival, the checkpoint serves that layer",
+    ],
+)
+def test_losing_every_replica_of_a_stage_rebuilds_it_from_the_mirrors_over_the_network(
+    cluster: runtime_cluster.RuntimeCluster, corpus: Path, tmp_path: Path, damaged: bool
+) -> None:
+    """2 pipelines x 2 stages, XOR: workers 1 and 3, every replica of layers 3-5, are SIGKILLed
+    and their stores wiped (their nodes are gone). The mirrors of their members sit on workers
+    0 and 2 (`snapshot_placement`), which send them over the epoch's process group to the
+    replacements: PEER_SNAPSHOT, equal to the reference. With both mirrored copies of layer 4
+    damaged (the holders killed after a finished epoch, so that their checkpoint of the step is
+    surely written), layer 4 falls to the checkpoint."""
+    ckpt = tmp_path / "ckpt"
+    settings = _settings(corpus, checkpoint_dir=str(ckpt), checkpoint_interval_steps=1)
+    p = _plan(([(0, 3, 0), (3, 6, 1)], 2), ([(0, 3, 2), (3, 6, 3)], 2))
+    if damaged:  # the snapshot and checkpoint of the stop step are complete everywhere
+        cluster.start([0, 1, 2, 3])
+        _start_epoch(cluster, p, settings, epoch=1, resume=0, stop=4)
+        cluster.wait([0, 1, 2, 3], _finished)
+        for w in (1, 3):
+            os.kill(cluster._processes[w].pid, signal.SIGKILL)
+    else:  # killed mid-step, before their update of step 4
+        kills = {w: runtime_cluster.Kill(step=4) for w in (1, 3)}
+        cluster.start([0, 1, 2, 3], kills=kills)
+        _start_epoch(cluster, p, settings, epoch=1, resume=0, stop=6)
+        cluster.wait([0, 2], _failed)
+    for w in (1, 3):
+        cluster.wait_dead(w)
+        shutil.rmtree(snapshot_store.store_root("job", w, cluster.base))
+    resume = 4 if damaged else _held_by_both(cluster.base, (0, 2), at_most=3)
+    if damaged:
+        assert (ckpt / "step-4" / "worker-1").is_dir()  # layer 4's checkpoint: the next tier
+        for w in (0, 2):
+            _flip_a_byte_of(cluster.base, "job", w, resume, "layer-4.shard")
+    cluster.start([1, 3])
+    _start_epoch(cluster, p, settings, epoch=2, resume=resume, stop=5)
+    beats = cluster.wait([0, 1, 2, 3], _finished)
+    for w in (1, 3):
+        setup = beats[w].setup
+        assert setup is not None and setup.received_bytes > 0  # over the network
+        assert setup.tier is (Tier.CHECKPOINT if damaged else Tier.PEER_SNAPSHOT)
+    _assert_like_reference("job", cluster.base, p, settings, 5)
+
+
+def _held_by_both(base: Path, workers: tuple[int, ...], at_most: int) -> int:
+    """The newest snapshot step every one of `workers` holds complete, at or before `at_most`
+    (where the controller resumes: `membership.Roster.snapshot_step`). A snapshot whose mirror
+    swap failed (its peer died) is not complete, so every held step has its mirrors."""
+    stores = [
+        snapshot_store.SnapshotStore(snapshot_store.store_root("job", w, base)) for w in workers
+    ]
+    held = set.intersection(*({m.step for m in s.complete_manifests()} for s in stores))
+    steps = [s for s in held if 1 <= s <= at_most]
+    assert steps, f"workers {workers} share no snapshot at or before {at_most}: {sorted(held)}"
+    return max(steps)
+
+
 def _rolled_back(base: Path, checkpoints: Path, failed_at: int) -> int:
     """A step before `failed_at` of which worker 0 holds a complete snapshot and has written
     its part of the checkpoint (in the background; with XOR it alone rebuilds every layer, so

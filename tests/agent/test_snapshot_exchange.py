@@ -1,7 +1,8 @@
 """The peer snapshot round's pure parts (planaria.agent.recovery.snapshot_exchange).
 
-Covers: `plan_pieces` over any offers (hypothesis) sends every positive-length file of a wanted
-layer from every other holder exactly once, only to a rank that wants it, never to itself,
+Covers: `plan_pieces` over any offers (hypothesis) sends every positive-length file of each
+member of a wanted layer that the destination lacks exactly once, from the member's holder or
+else from a mirror of it (the lowest rank), only to a rank that wants it, never to itself,
 with tags unique per pair of ranks, and is the same list whatever order it is computed in;
 `decode_offer` keeps a well-formed offer, and turns a malformed one, or a manifest of another
 worker or step, into an offer that wants and serves nothing; a piece damaged in transit is
@@ -83,21 +84,42 @@ def _offers(draw: st.DrawFn) -> list[snapshot_exchange.Offer]:
     return offers
 
 
+def _entry(offer: snapshot_exchange.Offer, layer: int) -> manifests.LayerEntry | None:
+    if offer.manifest is None:
+        return None
+    return next((e for e in offer.manifest.layers if e.layer == layer), None)
+
+
 @given(_offers())
-def test_every_wanted_file_of_every_other_holder_is_sent_exactly_once(
+def test_every_wanted_member_comes_once_from_its_holder_or_else_its_mirror(
     offers: list[snapshot_exchange.Offer],
 ) -> None:
+    """Workers 0 and 1 hold members 0 and 1 (`_manifest`: member = worker % 2); workers 2-4
+    keep the same members as mirrors. The oracle enumerates, per destination, wanted layer and
+    member the destination lacks, the ranks offering that member and takes the holder, else
+    the lowest rank."""
     pieces = snapshot_exchange.plan_pieces(offers)
-    expected = Counter(
-        (s, d, entry.layer, stored.file)
-        for d, wanting in enumerate(offers)
-        for s, offer in enumerate(offers)
-        if s != d and offer.manifest is not None
-        for entry in offer.manifest.layers
-        if entry.layer in wanting.wanted
-        for stored in entry.files
-        if stored.stop > stored.start
-    )
+    expected: Counter[tuple[int, int, int, str]] = Counter()
+    for d, wanting in enumerate(offers):
+        for layer in wanting.wanted:
+            own = _entry(offers[d], layer)
+            for member in (0, 1):
+                if own is not None and own.member == member:
+                    continue
+                serving = [
+                    s
+                    for s, offer in enumerate(offers)
+                    if s != d and (e := _entry(offer, layer)) is not None and e.member == member
+                ]
+                holders = [s for s in serving if offers[s].worker == member]
+                if not serving:
+                    continue
+                source = holders[0] if holders else min(serving)
+                entry = _entry(offers[source], layer)
+                assert entry is not None
+                for stored in entry.files:
+                    if stored.stop > stored.start:
+                        expected[(source, d, layer, stored.file)] += 1
     got = Counter((p.source, p.destination, p.layer, p.file.file) for p in pieces)
     assert got == expected
     assert all(p.nbytes > 0 and p.source != p.destination for p in pieces)

@@ -177,7 +177,13 @@ def test_the_heartbeat_lists_every_held_snapshot_with_a_digest_of_its_checksums(
     assert digests[3] == snapshot_store.digest(stores[0].manifest(3)) != digests[2]
     assert digests[3] != snapshot_store.digest(stores[1].manifest(3))  # another member's files
     _write_steps(stores, [3])  # the same step written again from the same state: same bytes
-    assert stores[0].state().held[0] == messages.HeldSnapshot(step=3, digest=digests[3])
+    again = stores[0].state().held[0]
+    assert (again.step, again.digest) == (3, digests[3])
+    members = {(m.layer, m.member): m.digest for m in again.members}
+    entries = stores[0].manifest(3).layers
+    assert members == {(e.layer, e.member): snapshot_store.member_digest(e) for e in entries}
+    others = {(m.layer, m.member): m.digest for m in stores[1].state().held[0].members}
+    assert not set(members.items()) & set(others.items())  # other members: other files
 
 
 def test_an_empty_store_has_no_snapshot(tmp_path: Path) -> None:

@@ -221,6 +221,25 @@ def test_members_that_disagree_are_corrupt(tmp_path: Path) -> None:
         snapshots.rebuild_layer(members)
 
 
+def test_a_members_mirror_counts_once_and_two_copies_that_differ_are_corrupt(
+    tmp_path: Path,
+) -> None:
+    """A member's holder and its mirror keep the same files (`mirroring`): the loader takes
+    either, and rejects two copies of one member whose checksums differ."""
+    state, other_state = _fixed_state(0), _fixed_state(1)
+    stores = _stores(tmp_path / "a", 2)
+    _snapshot(_writers(stores, Mode.XOR), 1, [state])
+    other = _stores(tmp_path / "b", 2)
+    _snapshot(_writers(other, Mode.XOR), 1, [other_state])
+    first = snapshots.read_member(stores[0], 1, 0)
+    second = snapshots.read_member(stores[1], 1, 0)
+    _assert_identical(snapshots.rebuild_layer([first, first, second]), state)
+    _assert_identical(snapshots.rebuild_layer([first, first]), state)  # XOR, m = 2: one suffices
+    differing = snapshots.read_member(other[0], 1, 0)
+    with pytest.raises(snapshot_store.SnapshotCorrupt, match="two copies of member 0 disagree"):
+        snapshots.rebuild_layer([first, differing, second])
+
+
 # --- live state and the reference trainer ---------------------------------------------------
 
 
@@ -289,7 +308,13 @@ def test_only_steps_on_the_interval_are_snapshotted(tmp_path: Path) -> None:
     assert writer.begin(step=3, epoch=1, states=[state], groups=GROUPS)
     manifest = writer.wait(30)
     assert manifest is not None and manifest.step == 3
-    held = (messages.HeldSnapshot(step=3, digest=snapshot_store.digest(manifest)),)
+    held = (
+        messages.HeldSnapshot(
+            step=3,
+            digest=snapshot_store.digest(manifest),
+            members=snapshot_store.member_digests(manifest),
+        ),
+    )
     assert writer.state() == messages.SnapshotState(
         latest_step=3, held_bytes=manifest.held_bytes, held=held
     )

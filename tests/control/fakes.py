@@ -23,7 +23,7 @@ import asyncio
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 
-from planaria.contract import configure_rules, profile
+from planaria.contract import configure_rules, profile, snapshot_placement
 from planaria.contract import plan as plans
 from planaria.control import ports
 from planaria.planner import transfers
@@ -346,6 +346,13 @@ class FakeCluster:
             return messages.RecoveryTier.CHECKPOINT
         return None
 
+    def _mirrored(self, agent: FakeAgent, config: messages.WorkerConfig) -> frozenset[int]:
+        """The layers `agent` keeps as a mirror of another node's member (issue #20), when the
+        cluster has snapshot redundancy."""
+        if not self.peer_snapshots:
+            return frozenset()
+        return frozenset(snapshot_placement.mirrored_by(config.plan, agent.id))
+
     async def _tick(self) -> None:
         while True:
             await self.clock.sleep(self.step_s)
@@ -419,7 +426,7 @@ class FakeCluster:
             ):
                 if agent.id in self.shm:
                     self.shm_previous[agent.id] = self.shm[agent.id]
-                self.shm[agent.id] = (agent.step, agent.held)
+                self.shm[agent.id] = (agent.step, agent.held | self._mirrored(agent, config))
             every = settings.checkpoint_interval_steps
             if settings.checkpoint_dir and every and agent.step % every == 0:
                 self.checkpoints.add(agent.step)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 
 from planaria.contract import plan as plans
-from planaria.control import failures, membership, ports
+from planaria.control import failures, membership, ports, recovery
 from planaria.wire import messages
 
 W = plans.WorkerId
@@ -151,6 +151,33 @@ def test_the_snapshot_step_is_the_newest_every_worker_reports_holding() -> None:
     assert roster.snapshot_step([W(1), W(2)]) == 10
     assert roster.snapshot_step([W(0), W(1), W(2)]) is None
     assert roster.snapshot_step([W(0), W(3)]) is None  # W3 never reported
+
+
+def _digests(worker: int, step: int, members: dict[tuple[int, int], str]) -> messages.Heartbeat:
+    digests = tuple(
+        messages.MemberDigest(layer=layer, member=member, digest=d)
+        for (layer, member), d in sorted(members.items())
+    )
+    held = (messages.HeldSnapshot(step=step, digest=f"xxh3:{worker:016x}", members=digests),)
+    beat = _beat(worker, 1, snapshot=step)
+    return dataclasses.replace(beat, snapshot=dataclasses.replace(beat.snapshot, held=held))
+
+
+def test_a_members_copies_reported_with_different_digests_are_a_conflict() -> None:
+    # Issue #20: a member's holder and its mirror keep the same files, so their digests of one
+    # step must agree; the controller refuses a snapshot where they do not.
+    roster = _roster(0, 1, 2)
+    roster.beats[W(0)] = _digests(0, 9, {(3, 0): "xxh3:a", (0, 1): "xxh3:c"})  # mirror of 3/0
+    roster.beats[W(1)] = _digests(1, 9, {(3, 0): "xxh3:a", (0, 0): "xxh3:d"})  # holder of 3/0
+    roster.beats[W(2)] = _digests(2, 9, {(3, 1): "xxh3:b", (0, 1): "xxh3:c"})
+    assert roster.digest_conflicts([W(0), W(1), W(2)], 9) == {}
+    assert roster.digest_conflicts([W(0), W(1)], 8) == {}  # nobody reports step 8
+    roster.beats[W(1)] = _digests(1, 9, {(3, 0): "xxh3:x", (0, 0): "xxh3:d"})  # one copy differs
+    conflicts = roster.digest_conflicts([W(0), W(1), W(2), W(5)], 9)  # W5 never reported
+    assert conflicts == {(3, 0): {"xxh3:a": (W(0),), "xxh3:x": (W(1),)}}
+    message = recovery.conflict_message(9, conflicts)
+    assert "snapshot of step 9 disagrees: layer 3 member 0" in message
+    assert "the persistent checkpoint is the next tier" in message
 
 
 def test_a_broken_epoch_is_split_into_failed_and_survivors() -> None:

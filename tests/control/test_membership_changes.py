@@ -160,27 +160,51 @@ async def test_workers_that_stopped_too_late_for_a_recovery_are_taken_back_once_
     assert final.phase is status.Phase.SUCCEEDED and final.step == 60
 
 
-@pytest.mark.parametrize(
-    "peer_snapshots",
-    [True, False],
-    ids=["with redundancy", "without any snapshot tier"],
-)
-async def test_a_layer_lost_with_every_replica_suspends_and_resumes_from_the_checkpoint(
-    peer_snapshots: bool,
-) -> None:
-    # Issue #20: a layer's sharding group is the workers holding it, so losing every replica
-    # loses every member of its snapshot group as well (their stores go with their nodes):
-    # beyond the redundancy, the controller says so at once, and the checkpoint is the tier.
-    # Snapshots every 5 steps, checkpoints every 10: the checkpoint of step 20 is the resume.
-    run = scenarios.Run(_checkpointed_job(), peer_snapshots=peer_snapshots)
+def _redundant_job(redundancy: messages.RedundancyMode) -> settings.JobSettings:
+    training = scenarios.training(
+        snapshot_interval_steps=5,
+        checkpoint_dir="/ckpt",
+        checkpoint_interval_steps=10,
+        redundancy=redundancy,
+    )
+    return scenarios.job(training=training)
+
+
+async def test_a_layer_lost_with_every_replica_comes_back_from_its_mirrors() -> None:
+    # Issue #20: every member of a layer's sharding group is mirrored on a node that does not
+    # hold the layer (snapshot_placement), so losing every replica of a stage leaves its
+    # snapshot in the survivors' stores: no suspension, the snapshot tier serves.
+    run = scenarios.Run(_redundant_job(messages.RedundancyMode.XOR))
+    await run.until(lambda: run.step() >= 26)
+    for worker in (0, 2, 4, 6):  # the first stage of every pipeline
+        run.cluster.kill(worker)
+    final = await run.finish()
+    assert final.phase is status.Phase.SUCCEEDED and final.step == 60
+    recovered = [r for r in run.controller.recoveries if set(r.failed) >= {0, 2, 4, 6}]
+    # a mirror the new plan gives the layer reads it from its own store, the others from it
+    snapshot_tiers = {messages.RecoveryTier.LOCAL_SNAPSHOT, messages.RecoveryTier.PEER_SNAPSHOT}
+    assert recovered and recovered[0].tier in snapshot_tiers, recovered
+    assert run.cluster.sent[recovered[0].epoch][0].resume_step == 25  # the snapshot, no further
+    assert all(r.tier is not messages.RecoveryTier.CHECKPOINT for r in run.controller.recoveries)
+
+
+async def test_a_layer_lost_with_every_replica_and_no_redundancy_resumes_from_the_checkpoint() -> (
+    None
+):
+    # Without redundancy (NONE: no copies, no mirrors) the group is the holders alone: losing
+    # every replica of a layer is beyond it; the controller says so at once, and the checkpoint
+    # is the tier. Snapshots every 5 steps, checkpoints every 10: the checkpoint of step 20.
+    run = scenarios.Run(_redundant_job(messages.RedundancyMode.NONE), peer_snapshots=False)
     await run.until(lambda: run.step() >= 26)
     assert run.step() < 30
-    for worker in (0, 2, 4, 6):  # the first stage of every pipeline
+    for worker in (0, 2, 4, 6):
         run.cluster.kill(worker)
     await run.until(lambda: run.controller.status.phase is status.Phase.SUSPENDED)
     message = run.controller.status.message
     assert "lost their snapshot members on workers [0, 2, 4, 6]" in message, message
-    assert "redundancy 'xor'" in message and "the persistent checkpoint is the next tier" in message
+    assert (
+        "redundancy 'none'" in message and "the persistent checkpoint is the next tier" in message
+    )
     final = await run.finish()
     assert final.phase is status.Phase.SUCCEEDED and final.step == 60
     resumed = run.controller.recoveries[-1]

@@ -15,6 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from planaria.contract import plan as plans
+from planaria.contract import snapshot_placement
 from planaria.control import (
     clock,
     connections,
@@ -169,15 +170,30 @@ def test_a_resume_step_is_never_past_the_survivors_oldest_step(
 def _brute_beyond(
     running: plans.Plan, failed: set[int], redundancy: messages.RedundancyMode
 ) -> dict[int, tuple[plans.WorkerId, ...]]:
-    """The oracle: per layer, count its holders among the failed, by enumeration."""
+    """The oracle: every worker's store as the files it keeps (its own members' and the ones it
+    mirrors), the survivors' stores pooled, each layer's members missing from the pool counted."""
+    mirrors = snapshot_placement.mirrors(running)
+    if redundancy is messages.RedundancyMode.NONE:  # no copies asked for: no mirrors
+        mirrors = {layer: tuple(None for _ in placed) for layer, placed in mirrors.items()}
+    stores: dict[int, set[tuple[int, int]]] = {}
     out = {}
     for layer in range(max(s.layer_stop for p in running.pipelines for s in p.stages)):
         stages = [s for p in running.pipelines for s in p.stages if layer in s.layers]
-        group = [w for s in stages for w in s.workers]
-        lost = tuple(sorted(W(w) for w in group if w in failed))
+        group = sorted(w for s in stages for w in s.workers)
+        for k, holder in enumerate(group):
+            stores.setdefault(holder, set()).add((layer, k))
+            mirror = mirrors[layer][k]
+            if mirror is not None:
+                stores.setdefault(mirror, set()).add((layer, k))
+    pooled = set().union(*(files for w, files in stores.items() if w not in failed))
+    for layer in range(max(s.layer_stop for p in running.pipelines for s in p.stages)):
+        stages = [s for p in running.pipelines for s in p.stages if layer in s.layers]
+        group = sorted(w for s in stages for w in s.workers)
+        missing = [k for k in range(len(group)) if (layer, k) not in pooled]
         tolerated = 1 if redundancy is not messages.RedundancyMode.NONE and len(group) > 1 else 0
-        if len(lost) > tolerated:
-            out[layer] = lost
+        if len(missing) > tolerated:
+            behind = {group[k] for k in missing} | {mirrors[layer][k] for k in missing}
+            out[layer] = tuple(sorted(W(w) for w in behind if w is not None))
     return out
 
 
@@ -198,26 +214,31 @@ def test_layers_beyond_the_redundancy_are_those_that_lost_more_members_than_it_c
 
 
 @given(p=strategies.plans(), data=st.data())
-def test_the_failure_guarantee_live_replicas_for_f_nodes_snapshots_for_one_member(
+def test_the_failure_guarantee_live_replicas_for_f_nodes_snapshots_beyond_every_replica(
     p: plans.Plan, data: st.DataObject
 ) -> None:
     """docs/resilience.md, "The guarantee": a layer held on f + 1 distinct nodes keeps a live
-    replica through any f node failures; with redundancy, a failure set that takes at most one
-    member of each layer's group never needs the checkpoint (`beyond_redundancy` is empty),
-    and one that takes every member of some group always does."""
+    replica through any f node failures; with redundancy and a mirror for every member of its
+    group, on holders of distinct nodes, any 2t + 1 node failures (t its tolerated losses) leave
+    it rebuildable from snapshots, every replica lost included; a failure set that takes every
+    holder and every mirror of a group of two or more always needs the checkpoint."""
     nodes = sorted({p.node_of(w) for w in p.workers})
     failed_nodes = set(data.draw(st.lists(st.sampled_from(nodes), unique=True)))
     failed = frozenset(w for w in p.workers if p.node_of(w) in failed_nodes)
     beyond = recovery.beyond_redundancy(p, failed, messages.RedundancyMode.XOR)
+    mirrors = snapshot_placement.mirrors(p)
     for layer in range(p.num_layers):
         holders = {w for q in p.pipelines for s in q.stages if layer in s.layers for w in s.workers}
-        if len({p.node_of(w) for w in holders}) >= len(failed_nodes) + 1:
+        holder_nodes = {p.node_of(w) for w in holders}
+        if len(holder_nodes) >= len(failed_nodes) + 1:
             assert holders - failed  # a live replica: no snapshot needed at all
-        lost = holders & failed
-        if len(holders) >= 2 and len(lost) <= 1:
-            assert layer not in beyond
-        if holders and lost == holders:
-            assert layer in beyond  # every replica lost is every snapshot member lost
+        t = 1 if len(holders) >= 2 else 0
+        mirrored = None not in mirrors[layer]
+        if mirrored and len(holder_nodes) == len(holders) and len(failed_nodes) <= 2 * t + 1:
+            assert layer not in beyond, (layer, sorted(failed), mirrors[layer])
+        everything = holders | {w for w in mirrors[layer] if w is not None}
+        if len(holders) >= 2 and everything <= failed:
+            assert layer in beyond  # every replica and every mirror lost
 
 
 def test_the_time_to_failure_is_the_default_before_any_failure() -> None:

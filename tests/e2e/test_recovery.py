@@ -7,9 +7,9 @@ jobs train in exact reduction mode: `local_job.assert_like_reference`); two fail
 succession; a failure while the controller reconfigures after another; losing more workers
 than the fault tolerance -> a persistent checkpoint, Suspended, then resumed when the workers
 return, still equal; a single pipeline (DP=1: the device too small for one worker) that loses a
-stage, whose layers' only replica and only snapshot died with it (no survivor holds a piece:
-peers' stores are reached only over the network), is Suspended at once saying so (beyond the
-redundancy: the checkpoint is the next tier) and resumes equal when the worker returns; and a
+stage, whose layers' only replica died with it, goes on over the two survivors without a
+suspension: the lost layers are rebuilt from their snapshots' mirrors on the survivors' nodes,
+sent over the epoch's group (PEER_SNAPSHOT; issue #20), equal to the reference; and a
 single-worker job whose killed worker is restarted and reloads its own snapshot
 (LOCAL_SNAPSHOT tier). Final states are read from the agents' snapshot
 stores at the last step (`planaria.agent.runtime.runtime_states`).
@@ -139,7 +139,7 @@ async def test_a_restarted_worker_of_a_single_pipeline_reloads_its_own_snapshot(
 
 
 @pytest.mark.asyncio
-async def test_a_lost_stage_of_a_single_pipeline_is_rebuilt_from_snapshots(
+async def test_a_lost_stage_of_a_single_pipeline_is_rebuilt_from_its_mirrors(
     corpus: Path, shm: Path, tmp_path: Path
 ) -> None:
     settings = local_job.job(
@@ -150,7 +150,6 @@ async def test_a_lost_stage_of_a_single_pipeline_is_rebuilt_from_snapshots(
         profile=local_job.pipelined_profile(1),
     )
     job = _job(tmp_path, shm, settings)
-
     seen: list[statuses.JobStatus] = []
 
     async def kill(job: local_job.LocalJob) -> None:
@@ -159,13 +158,15 @@ async def test_a_lost_stage_of_a_single_pipeline_is_rebuilt_from_snapshots(
         assert running is not None and len(running.pipelines) == 1, running
         lost = running.workers[-1]
         job.backend.kill(lost)
-        # Its layers' only replica and only snapshot (a group of one: no redundancy) were
-        # its own: no survivor can send them (there is no path to a dead worker's store).
-        await job.until(lambda s: s.phase is Phase.SUSPENDED)
+        # Its layers' only replica died with it, but each layer's snapshot is mirrored on
+        # another node (snapshot_placement): the survivors rebuild the lost stage from the
+        # mirrors, sent over the epoch's group (no path to the dead worker's store is used).
+        await job.until(lambda s: s.phase is Phase.RUNNING and s.epoch > 1)
         seen.append(job.status)
-        await job.backend.wait_exited(lost, 10.0)
-        await job.backend.restart(lost)  # the same node: its store is still there
 
     final = await job.run(kill)
     _assert_succeeded(job, final, shm)
-    assert "lost their snapshot members" in seen[0].message, seen[0].message
+    assert seen and all(r.kind != "resume" for r in job.controller.recoveries)  # never suspended
+    tiers = [r.tier for r in job.controller.recoveries]
+    assert tiers and tiers[0] is Tier.PEER_SNAPSHOT, tiers  # no checkpoint was configured
+    assert Tier.CHECKPOINT not in tiers

@@ -8,7 +8,9 @@ Covered: a job runs to Succeeded with the CRD status showing its steps; one pod'
 pids), the status shows the recovery (lastRecovery tier, seconds, reason) with Recovered,
 PlanChanged and Succeeded Events, the dead pod is replaced, and the job Succeeds; the operator
 stopped mid-job and a new one started -> the job goes on with the same agent processes and
-Succeeds; every API request the operator made is covered by `constants.RBAC_RULES`; a job
+Succeeds; one pipeline of three stages whose middle pod is killed (its layers' only replica and
+its emptyDir gone) -> rebuilt from the snapshot mirrors on the other pods, and Succeeds;
+every API request the operator made is covered by `constants.RBAC_RULES`; a job
 that ended has its pods deleted.
 """
 
@@ -20,6 +22,7 @@ from typing import Any
 import pytest
 
 from planaria.kube import constants
+from tests.e2e import local_job
 from tests.kube import operating
 from tests.kube.support import emulator, kubelet, serving
 
@@ -151,3 +154,39 @@ async def test_an_operator_restarted_mid_job_adopts_the_running_agents(
         assert final["step"] == 40
         await operating.wait_for(lambda: not _pods(kube_api, "adopt"), 30, "the pods deleted")
     _assert_rbac_covers(kube_api.requests)
+
+
+@pytest.mark.asyncio
+async def test_a_pod_holding_a_stages_only_replica_is_rebuilt_from_its_mirrors(
+    kube_api: serving.KubeApi, kubelet: kubelet.Kubelet, corpus: pathlib.Path
+) -> None:
+    """Issue #20 on the operator: one pipeline of three stages (the device too small for the
+    model, no fault tolerance), and the pod of one stage killed: its layers' only replica and
+    its own snapshot (its emptyDir) are gone, but each member's snapshot is mirrored on another
+    pod, sent over the epoch's group at every snapshot: the job goes on from those copies
+    (tier peer_snapshot, or local_snapshot where the new plan gives a lost layer to the pod that
+    mirrors it), without the checkpoint, and Succeeds."""
+    spec = operating.e2e_spec(corpus, steps=STEPS)
+    spec.update(faultTolerance=0, deviceMemory=str(local_job.pipelined_profile(1).memory_bytes))
+    async with operating.running_operator(kube_api):
+        kube_api.apply(operating.job_body("mirror", **spec))
+        running = await _until(
+            kube_api, "mirror", lambda s: s.get("phase") == "Running" and s["step"] >= 3, "step 3"
+        )
+        assert running["plan"].startswith("[3]"), running["plan"]  # one pipeline of 3 stages
+        await kubelet.kill("mirror-1")
+        recovered = await _until(
+            kube_api,
+            "mirror",
+            lambda s: 1 in ((s.get("lastRecovery") or {}).get("failedWorkers") or []),
+            "the recovery from worker 1's loss",
+        )
+        recovery = recovered["lastRecovery"]
+        assert "no live replica" in recovery["reason"], recovery
+        # peer_snapshot when a survivor given a lost layer receives it from its mirror,
+        # local_snapshot when the new plan gives it to its mirror itself: a copy that survived
+        # on another pod either way, never the checkpoint (none is configured)
+        assert recovery["tier"] in ("peer_snapshot", "local_snapshot"), recovery
+        final = await _until(kube_api, "mirror", lambda s: s.get("phase") in ENDED, "the end")
+        assert final["phase"] == "Succeeded", final.get("message")
+        assert final["step"] == STEPS

@@ -264,3 +264,23 @@ class Roster:
             return oldest if oldest is None or at_most is None or oldest <= at_most else None
         common = set.intersection(*({h.step for h in s.held} for s in snaps))
         return max((s for s in common if at_most is None or s <= at_most), default=None)
+
+    def digest_conflicts(
+        self, workers: Iterable[plans.WorkerId], step: int
+    ) -> dict[tuple[int, int], dict[str, tuple[plans.WorkerId, ...]]]:
+        """(layer, member) -> digest -> the workers reporting it, for every member of the
+        snapshot of `step` that two of `workers` report with different digests. A member's
+        holder and its mirror keep the same files (issue #20), so their digests must agree;
+        a disagreement means one copy is not what was snapshotted."""
+        seen: dict[tuple[int, int], dict[str, list[plans.WorkerId]]] = {}
+        for worker in sorted(workers):
+            beat = self.beats.get(worker)
+            held = [h for h in beat.snapshot.held if h.step == step] if beat is not None else []
+            for member in held[0].members if held else ():
+                key = (member.layer, member.member)
+                seen.setdefault(key, {}).setdefault(member.digest, []).append(worker)
+        return {
+            key: {d: tuple(ws) for d, ws in sorted(digests.items())}
+            for key, digests in sorted(seen.items())
+            if len(digests) > 1
+        }

@@ -23,7 +23,7 @@ import dataclasses
 import logging
 from collections.abc import Awaitable, Callable, Collection
 
-from planaria.contract import errors
+from planaria.contract import errors, snapshot_placement
 from planaria.contract import plan as plans
 from planaria.control import epochs, failures, history, membership, outcomes, planning, ports
 from planaria.control import settings as job_settings
@@ -135,6 +135,12 @@ class Handler:
                 what = beyond_message(beyond, redundancy)
                 return outcomes.Suspend(running=running, what=what, retry=True)
             snapshot = self._roster.snapshot_step(found.survivors, at_most=found.resume_step)
+            conflicts = {}
+            if snapshot is not None:
+                conflicts = self._roster.digest_conflicts(found.survivors, snapshot)
+            if conflicts:  # two copies of a member differ: the snapshot is not trusted
+                what = conflict_message(snapshot, conflicts)
+                return outcomes.Suspend(running=running, what=what, retry=True)
         resume = resume_step(found, move, snapshot)
         if resume is None:
             lost = "a lost layer has no live replica and no host-memory snapshot to restore"
@@ -244,23 +250,19 @@ def decide(
 def beyond_redundancy(
     running: plans.Plan, failed: Collection[plans.WorkerId], redundancy: messages.RedundancyMode
 ) -> dict[int, tuple[plans.WorkerId, ...]]:
-    """Layer -> its lost snapshot members, for every layer of `running` whose sharding group
-    (the workers holding it, REFT §4.2) lost more members than `redundancy` tolerates: one with
-    COPY, XOR or RECOMPUTE in a group of two or more, none otherwise (as the agents'
-    `snapshots.tolerated_losses`). A lost member's store is gone with it (issue #20), so such a
-    layer cannot be rebuilt from snapshots; only the checkpoint holds it."""
-    holders: dict[int, list[plans.WorkerId]] = {}
-    for pipeline in running.pipelines:
-        for stage in pipeline.stages:
-            for layer in stage.layers:
-                holders.setdefault(layer, []).extend(stage.workers)
-    beyond = {}
-    for layer, group in sorted(holders.items()):
-        lost = tuple(sorted(w for w in group if w in failed))
-        protected = redundancy is not messages.RedundancyMode.NONE and len(group) >= 2
-        if len(lost) > (1 if protected else 0):
-            beyond[layer] = lost
-    return beyond
+    """Layer -> the failed workers behind its lost snapshot members, for every layer of
+    `running` whose snapshot the survivors cannot rebuild: more members of its sharding group
+    (REFT §4.2) lost than `redundancy` tolerates (one with COPY, XOR or RECOMPUTE in a group of
+    two or more, none otherwise, as the agents' `snapshots.tolerated_losses`), where a member
+    is lost only when its holder and its mirror on another node are both lost
+    (`snapshot_placement`). A lost worker's store is gone with it (issue #20): only the
+    checkpoint holds such a layer."""
+    protected = redundancy is not messages.RedundancyMode.NONE
+    beyond = snapshot_placement.beyond_redundancy(running, failed, protected=protected)
+    return {
+        layer: snapshot_placement.member_workers(running, {layer: members}, protected=protected)
+        for layer, members in beyond.items()
+    }
 
 
 def beyond_message(
@@ -272,6 +274,19 @@ def beyond_message(
     return (
         f"layers {layers} lost their snapshot members on workers {workers}, more than "
         f"redundancy {redundancy.value!r} recovers; the persistent checkpoint is the next tier"
+    )
+
+
+def conflict_message(
+    step: int | None, conflicts: dict[tuple[int, int], dict[str, tuple[plans.WorkerId, ...]]]
+) -> str:
+    """The status message for `membership.Roster.digest_conflicts`' answer, plainly."""
+    (layer, member), digests = next(iter(conflicts.items()))
+    sides = " and ".join(f"{d} on workers {list(ws)}" for d, ws in digests.items())
+    more = f" (and {len(conflicts) - 1} more members)" if len(conflicts) > 1 else ""
+    return (
+        f"the snapshot of step {step} disagrees: layer {layer} member {member} has {sides}{more}; "
+        "it is not resumed from, the persistent checkpoint is the next tier"
     )
 
 

@@ -1083,25 +1083,64 @@ class HeldSnapshot(_message.Message):
 
     STEP_FIELD_NUMBER: _builtins.int
     DIGEST_FIELD_NUMBER: _builtins.int
+    MEMBERS_FIELD_NUMBER: _builtins.int
     step: _builtins.int
     """Committed step the snapshot holds (>= 1)."""
     digest: _builtins.str
     """Digest of the checksums its manifest names for its files ("xxh3:<hex>"): two reports of
     one step with the same digest name the same bytes.
     """
+    @_builtins.property
+    def members(self) -> _containers.RepeatedCompositeFieldContainer[Global___MemberDigest]:
+        """One digest per sharding-group member it holds, its own and the ones it keeps as a mirror
+        on another node: a member's holder and its mirror store the same files, so their
+        digests of one step must be equal (the controller refuses a snapshot where they differ).
+        """
+
     def __init__(
         self,
         *,
         step: _builtins.int = ...,
         digest: _builtins.str = ...,
+        members: _abc.Iterable[Global___MemberDigest] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["digest", b"digest", "step", b"step"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["digest", b"digest", "members", b"members", "step", b"step"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___HeldSnapshot: _TypeAlias = HeldSnapshot  # noqa: Y015
+
+@_typing.final
+class MemberDigest(_message.Message):
+    """MemberDigest is the digest of one member's files of one layer in one snapshot."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LAYER_FIELD_NUMBER: _builtins.int
+    MEMBER_FIELD_NUMBER: _builtins.int
+    DIGEST_FIELD_NUMBER: _builtins.int
+    layer: _builtins.int
+    """The layer."""
+    member: _builtins.int
+    """The member's index in the layer's sharding group (its holders in worker-id order)."""
+    digest: _builtins.str
+    """xxh3 of the member's files' names and checksums ("xxh3:<hex>")."""
+    def __init__(
+        self,
+        *,
+        layer: _builtins.int = ...,
+        member: _builtins.int = ...,
+        digest: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["digest", b"digest", "layer", b"layer", "member", b"member"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___MemberDigest: _TypeAlias = MemberDigest  # noqa: Y015
 
 @_typing.final
 class LatchedError(_message.Message):

@@ -329,7 +329,17 @@ def encode_snapshot_state(state: messages.SnapshotState) -> pb.SnapshotState:
         held_bytes=state.held_bytes,
         in_progress=state.in_progress,
         achieved_interval_steps=state.achieved_interval_steps,
-        held=[pb.HeldSnapshot(step=h.step, digest=h.digest) for h in state.held],
+        held=[
+            pb.HeldSnapshot(
+                step=h.step,
+                digest=h.digest,
+                members=[
+                    pb.MemberDigest(layer=m.layer, member=m.member, digest=m.digest)
+                    for m in h.members
+                ],
+            )
+            for h in state.held
+        ],
     )
 
 
@@ -348,7 +358,11 @@ def decode_snapshot_state(
 
 def _decode_held(msg: pb.HeldSnapshot, path: str) -> messages.HeldSnapshot:
     with errors.at(path):
-        return messages.HeldSnapshot(step=msg.step, digest=msg.digest)
+        members = tuple(
+            messages.MemberDigest(layer=m.layer, member=m.member, digest=m.digest)
+            for m in msg.members
+        )
+        return messages.HeldSnapshot(step=msg.step, digest=msg.digest, members=members)
 
 
 def encode_latched_error(error: messages.LatchedError) -> pb.LatchedError:

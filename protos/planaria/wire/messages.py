@@ -365,20 +365,43 @@ class Timings:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class HeldSnapshot:
-    """A complete snapshot in a worker's store: its step and a digest of its files' checksums
-    (the same digest for the same bytes)."""
+class MemberDigest:
+    """The digest of member `member`'s files of `layer` in one snapshot: equal at a member's
+    holder and at its mirror, which keep the same files."""
 
-    step: int
+    layer: int
+    member: int
     digest: str
 
     def __post_init__(self) -> None:
+        _check_range("member digest", "layer", self.layer, 0, MAX_UINT32)
+        _check_range("member digest", "member", self.member, 0, MAX_UINT32)
+        _check_digest("member digest", self.digest)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HeldSnapshot:
+    """A complete snapshot in a worker's store: its step and a digest of its files' checksums
+    (the same digest for the same bytes), and one digest per member it holds (`members`,
+    distinct (layer, member) pairs)."""
+
+    step: int
+    digest: str
+    members: tuple[MemberDigest, ...] = ()
+
+    def __post_init__(self) -> None:
         _check_range("held snapshot", "step", self.step, 1, MAX_UINT64)
-        if not 0 < len(self.digest) <= MAX_DIGEST_CHARS:
-            raise ValueError(
-                f"held snapshot: digest of {len(self.digest)} characters; give 1 to "
-                f"{MAX_DIGEST_CHARS}"
-            )
+        _check_digest("held snapshot", self.digest)
+        keys = [(m.layer, m.member) for m in self.members]
+        if len(set(keys)) != len(keys):
+            raise ValueError("held snapshot: a (layer, member) digest is given twice")
+
+
+def _check_digest(what: str, digest: str) -> None:
+    if not 0 < len(digest) <= MAX_DIGEST_CHARS:
+        raise ValueError(
+            f"{what}: digest of {len(digest)} characters; give 1 to {MAX_DIGEST_CHARS}"
+        )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

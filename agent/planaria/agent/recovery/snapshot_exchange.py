@@ -11,9 +11,11 @@ One round per epoch set-up that resumes at a step s > 0 with more than one worke
    peer's manifest is decoded and checked exactly like one read from disk. Every rank decodes
    the same bytes with the same rules, so every rank sees the same offers.
 2. `plan_pieces`: the same deterministic list on every rank: for every rank d that wants layer
-   L, every other rank whose manifest has L sends each file of L's entry (its shard, and its
-   copy or parity) to d. The Configure names the step and the members (the plan's ranks); the
-   members' manifests name the pieces, so no piece is asked of a member that does not hold it.
+   L, each member of L's group that d does not hold comes from one other rank whose manifest
+   has it (the member's holder, else its mirror on another node), which sends each file of
+   that entry (its shard, and its copy or parity) to d. The Configure names the step and the
+   members (the plan's ranks); the members' manifests name the pieces, so no piece is asked
+   of a member that does not hold it.
 3. Sends read the files as stored, unverified (`OpenSnapshot.read_unverified`); receives land
    in buffers of the manifest's lengths. Every piece is verified on arrival against the
    checksum in its sender's manifest (`snapshot_store.verify`); a member with a damaged piece
@@ -167,18 +169,16 @@ def gather(epoch: groups.Epoch, mine: bytes) -> list[bytes]:
 
 
 def plan_pieces(offers: Sequence[Offer]) -> tuple[Piece, ...]:
-    """Every piece of the round, by rank (offers[r] is rank r's): each file of layer L's entry
-    in every other rank's manifest goes to each rank that wants L. Zero-length files are left
-    out (nothing to send). The same list on every rank, in the same order."""
+    """Every piece of the round, by rank (offers[r] is rank r's): for each rank that wants
+    layer L, each member of L's group that it does not hold itself comes from one other rank
+    whose manifest has it: the member's holder when it offers it, else its mirror (the two
+    store the same files, `planaria.agent.state.mirroring`), and every file of that entry is
+    sent. Zero-length files are left out (nothing to send). The same list on every rank, in
+    the same order."""
     pieces = []
     for destination, wanting in enumerate(offers):
         for layer in wanting.wanted:
-            for source, offer in enumerate(offers):
-                if source == destination or offer.manifest is None:
-                    continue
-                entry = next((e for e in offer.manifest.layers if e.layer == layer), None)
-                if entry is None:
-                    continue
+            for source, entry in _sources(offers, destination, layer):
                 for index, stored in enumerate(entry.files):
                     piece = Piece(
                         source=source,
@@ -190,6 +190,30 @@ def plan_pieces(offers: Sequence[Offer]) -> tuple[Piece, ...]:
                     if piece.nbytes > 0:
                         pieces.append(piece)
     return tuple(pieces)
+
+
+def _sources(
+    offers: Sequence[Offer], destination: int, layer: int
+) -> list[tuple[int, manifests.LayerEntry]]:
+    """(rank, entry) serving each member of `layer` that `destination` lacks, by member."""
+    own = _entry(offers[destination], layer)
+    chosen: dict[int, tuple[int, manifests.LayerEntry]] = {}
+    for source, offer in enumerate(offers):
+        entry = _entry(offer, layer)
+        if source == destination or entry is None or (own and own.member == entry.member):
+            continue
+        holder = entry.group[entry.member] == offer.worker
+        if entry.member not in chosen or holder:
+            chosen.setdefault(entry.member, (source, entry))
+            if holder:
+                chosen[entry.member] = (source, entry)
+    return [chosen[k] for k in sorted(chosen)]
+
+
+def _entry(offer: Offer, layer: int) -> manifests.LayerEntry | None:
+    if offer.manifest is None:
+        return None
+    return next((e for e in offer.manifest.layers if e.layer == layer), None)
 
 
 def exchange(

@@ -53,6 +53,7 @@ from planaria.agent.execution import held_layers
 from planaria.agent.state import (
     checkpoints,
     manifests,
+    mirroring,
     snapshot_store,
     snapshot_writer,
     snapshots,
@@ -78,12 +79,13 @@ class EpochWriters:
         writer: snapshot_writer.WriterConfig,
         checkpoint_step: int | None,
         copier: staging.Copier | None = None,
+        mirrors: mirroring.Mirroring | None = None,
     ) -> None:
         settings = config.settings
         self.store, self.worker, self.config = store, worker, config
         self.checkpoint_step = checkpoint_step
         self.groups = snapshots.sharding_groups(config.plan)
-        self.writer = snapshot_writer.SnapshotWriter(store, writer, copier)
+        self.writer = snapshot_writer.SnapshotWriter(store, writer, copier, mirrors)
         self.checkpoints: checkpoints.CheckpointWriter | None = None
         if settings.checkpoint_dir and settings.checkpoint_interval_steps:
             self.checkpoints = checkpoints.CheckpointWriter(
@@ -154,8 +156,12 @@ class EpochWriters:
             self.skipped += 0 if self._owed else 1
             self._owed = True
             return False
-        self.writer.begin(
-            step=t, epoch=self.config.epoch, states=live_states(layers), groups=self.groups
+        self.writer.begin(  # a TakeSnapshot may reach some workers only: it does not mirror
+            step=t,
+            epoch=self.config.epoch,
+            states=live_states(layers),
+            groups=self.groups,
+            mirror=not forced,
         )
         self._owed = False
         if not self._num_begun:

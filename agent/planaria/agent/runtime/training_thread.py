@@ -42,7 +42,7 @@ import torch
 from torch._C import _distributed_c10d as c10d  # the store classes (see groups.py)
 
 from planaria.agent.execution import executor, groups
-from planaria.agent.recovery import epoch_setup
+from planaria.agent.recovery import epoch_setup, snapshot_mirrors
 from planaria.agent.runtime import epoch_watch, epoch_writers
 from planaria.agent.state import snapshot_store, snapshot_writer, staging
 from planaria.agent.training import corpora, model, semantics
@@ -327,6 +327,16 @@ class Training:
             ),
             checkpoint_step=self._checkpoint_step,
             copier=staging.copier_for(torch.device(self.device)),
+            mirrors=self._mirrors(config),
+        )
+
+    def _mirrors(self, config: messages.WorkerConfig) -> snapshot_mirrors.Link | None:
+        """The snapshot mirrors' link over this epoch's group (None: no group, or NCCL)."""
+        if self.epoch is None:
+            return None
+        redundancy = config.settings.redundancy
+        return snapshot_mirrors.link_for(
+            self.epoch, config.plan, self.worker, self.job_name, redundancy
         )
 
     def _close_writers(self) -> None:

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import dataclasses
 import logging
 import re
 import shutil
@@ -43,7 +44,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from planaria.agent.state import durable_files, manifests, snapshot_store, snapshots
+from planaria.agent.state import durable_files, manifests, mirroring, snapshot_store, snapshots
 from planaria.agent.training import model
 
 LOG = logging.getLogger(__name__)
@@ -142,11 +143,13 @@ class CheckpointWriter:
         durable_files.make_private_dir(step_dir)
         shutil.rmtree(temp, ignore_errors=True)
         durable_files.make_private_dir(temp)
-        with store.open_snapshot(step) as snapshot:
-            for entry in snapshot.manifest.layers:
+        with store.open_snapshot(step) as snapshot:  # its own layers: a mirror's are another's
+            manifest = snapshot.manifest
+            own = tuple(e for e in manifest.layers if not mirroring.is_mirrored(manifest, e))
+            for entry in own:
                 for stored in entry.files:
                     _copy_file(snapshot, stored, temp)
-            snapshot_store.commit_manifest(temp, snapshot.manifest)
+            snapshot_store.commit_manifest(temp, dataclasses.replace(manifest, layers=own))
         shutil.rmtree(final, ignore_errors=True)
         temp.rename(final)
         durable_files.fsync_dir(step_dir)

@@ -195,6 +195,21 @@ def digest(manifest: manifests.Manifest) -> str:
     return durable_files.checksum_of("xxh3", [listed.encode()])
 
 
+def member_digest(entry: manifests.LayerEntry) -> str:
+    """xxh3 of one member's file names and checksums: the same at the member's holder and at
+    its mirror, which keep the same files (`mirroring`)."""
+    listed = "\n".join(f"{f.file}={f.checksum}" for f in entry.files)
+    return durable_files.checksum_of("xxh3", [listed.encode()])
+
+
+def member_digests(manifest: manifests.Manifest) -> tuple[messages.MemberDigest, ...]:
+    """The heartbeat's `HeldSnapshot.members` for `manifest`: one digest per entry."""
+    return tuple(
+        messages.MemberDigest(layer=e.layer, member=e.member, digest=member_digest(e))
+        for e in manifest.layers
+    )
+
+
 # --- the store ------------------------------------------------------------------------------
 
 
@@ -320,7 +335,10 @@ class SnapshotStore:
         given) and the bytes it holds here, and every complete snapshot held (`held`, with
         `digest`s), whatever `at_most` says: what this store can serve its peers."""
         complete = self.complete_manifests()
-        held = tuple(messages.HeldSnapshot(step=m.step, digest=digest(m)) for m in complete)
+        held = tuple(
+            messages.HeldSnapshot(step=m.step, digest=digest(m), members=member_digests(m))
+            for m in complete
+        )
         found = [m for m in complete if at_most is None or m.step <= at_most]
         if not found:
             return messages.SnapshotState(in_progress=in_progress, held=held)

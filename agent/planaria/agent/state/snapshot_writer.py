@@ -34,6 +34,7 @@ settings or a begin that breaks the contract.
 from __future__ import annotations
 
 import concurrent.futures
+import logging
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -42,11 +43,20 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from planaria.agent.state import manifests, parity, recompute, snapshot_store, snapshots, staging
+from planaria.agent.state import (
+    manifests,
+    mirroring,
+    parity,
+    recompute,
+    snapshot_store,
+    snapshots,
+    staging,
+)
 from planaria.agent.training import model
 from planaria.contract import plan as plans
 from planaria.wire import messages
 
+LOG = logging.getLogger(__name__)
 Groups = Mapping[int, tuple[plans.WorkerId, ...]]
 
 
@@ -78,9 +88,11 @@ class SnapshotWriter:
         store: snapshot_store.SnapshotStore,
         config: WriterConfig,
         copier: staging.Copier | None = None,
+        mirrors: mirroring.Mirroring | None = None,
     ) -> None:
         self.store = store
         self.config = config
+        self._mirrors = mirrors
         self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="snapshot")
         self._future: concurrent.futures.Future[manifests.Manifest] | None = None
         self._ticket: staging.Ticket | None = None
@@ -104,13 +116,22 @@ class SnapshotWriter:
         return self._future is not None
 
     def begin(
-        self, *, step: int, epoch: int, states: Sequence[model.LayerState], groups: Groups
+        self,
+        *,
+        step: int,
+        epoch: int,
+        states: Sequence[model.LayerState],
+        groups: Groups,
+        mirror: bool = True,
     ) -> bool:
         """Launch the copy of `step`'s state and its write in the background; False when the
         step is not due.
 
         `states` are this worker's layers (live references, see the module docstring) and
-        `groups` every layer's sharding group (`snapshots.sharding_groups`). Refused
+        `groups` every layer's sharding group (`snapshots.sharding_groups`). With `mirror` (and
+        a `Mirroring`), the written files are also swapped with the mirrors before the
+        manifest is committed: every worker of the epoch must take this snapshot with `mirror`
+        alike (a TakeSnapshot, sent to some workers only, does not mirror). Refused
         (SnapshotConfigError) while the previous snapshot is `busy`.
         """
         if self._future is not None:
@@ -122,7 +143,8 @@ class SnapshotWriter:
         jobs = [self._layer_job(state, groups, step) for state in states]
         self._ticket = ticket = self._staging.copier.launch([job.prepared.copy for job in jobs])
         self._released = released = threading.Event()
-        self._future = self._pool.submit(self._write, step, epoch, jobs, ticket, released)
+        mirrors = self._mirrors if mirror else None
+        self._future = self._pool.submit(self._write, step, epoch, jobs, ticket, released, mirrors)
         return True
 
     def release(self, timeout_s: float | None = None) -> None:
@@ -248,6 +270,7 @@ class SnapshotWriter:
         jobs: Sequence[_LayerJob],
         ticket: staging.Ticket,
         released: threading.Event,
+        mirrors: mirroring.Mirroring | None,
     ) -> manifests.Manifest:
         try:  # the only part that reads the live state (and the replicas)
             ticket.complete()
@@ -255,10 +278,13 @@ class SnapshotWriter:
         finally:
             released.set()
         directory = self.store.begin(step)
-        entries = tuple(
+        written = [
             self._write_layer(directory, job, data, copy)
             for job, (data, copy) in zip(jobs, staged, strict=True)
-        )
+        ]
+        entries = tuple(files.entry for files in written)
+        if mirrors is not None:
+            entries += self._store_mirrored(directory, mirrors, step, epoch, written)
         self._staging.keep_only({job.index for job in jobs})
         mode = self.config.redundancy
         unprotected = [e.layer for e in entries if e.tolerated_losses == 0]
@@ -275,6 +301,29 @@ class SnapshotWriter:
         self.store.commit(directory, manifest)
         return manifest
 
+    def _store_mirrored(
+        self,
+        directory: Path,
+        mirrors: mirroring.Mirroring,
+        step: int,
+        epoch: int,
+        written: Sequence[mirroring.MemberFiles],
+    ) -> tuple[manifests.LayerEntry, ...]:
+        """Swap this snapshot's files with the mirrors and write the members this worker
+        mirrors into the same snapshot, byte for byte. A failed swap (MirrorError: a peer
+        died) fails the snapshot, so that every snapshot a store reports complete holds its
+        mirrors (the controller resumes from what the survivors report); a member damaged in
+        transit is only left out (the transport logs it), which its group's redundancy covers."""
+        arrived = mirrors.swap(step=step, epoch=epoch, mine=written)
+        for member in arrived:
+            for stored, chunks in zip(member.entry.files, member.chunks, strict=True):
+                checksum = self.store.write_file(directory, stored.file, chunks)
+                if checksum != stored.checksum:  # verified on arrival: a store of another
+                    raise snapshot_store.SnapshotWriteError(  # checksum algorithm
+                        f"mirrored {stored.file} stored as {checksum}, sent as {stored.checksum}"
+                    )
+        return tuple(member.entry for member in arrived)
+
     def _staged(self, job: _LayerJob) -> tuple[parity.FlatBytes, parity.FlatBytes]:
         """The layer's staged bytes, and the bytes its COPY file is written from: the same,
         except under RECOMPUTE, where the peer's shard takes the replica's moments (copied now,
@@ -290,23 +339,25 @@ class SnapshotWriter:
 
     def _write_layer(
         self, directory: Path, job: _LayerJob, data: parity.FlatBytes, copy: parity.FlatBytes
-    ) -> manifests.LayerEntry:
+    ) -> mirroring.MemberFiles:
+        """Write this member's files of the layer; its entry and the files' bytes."""
         group = job.group
         member, m = group.index(self.config.worker), len(group)
         files = [self._write_range(directory, job, data, member, manifests.FileKind.SHARD)]
         tolerated = snapshots.tolerated_losses(self.config.redundancy, m)
         if tolerated:
             files.append(self._write_redundancy(directory, job, data, copy, member))
-        return manifests.LayerEntry(
+        entry = manifests.LayerEntry(
             layer=job.index,
             names=job.prepared.names,
             group=tuple(int(w) for w in group),
             member=member,
             total_bytes=data.nbytes,
             tensors=job.prepared.layout,
-            files=tuple(files),
+            files=tuple(f for f, _ in files),
             tolerated_losses=tolerated,
         )
+        return mirroring.MemberFiles(entry=entry, chunks=tuple(c for _, c in files))
 
     def _wanted(self, total_bytes: int, member: int, m: int) -> list[range]:
         """The bytes of the flattened state this member writes: its shard, and the peer's
@@ -326,7 +377,7 @@ class SnapshotWriter:
         data: parity.FlatBytes,
         copy: parity.FlatBytes,
         member: int,
-    ) -> manifests.StoredFile:
+    ) -> Written:
         m = len(job.group)
         if self.config.redundancy is messages.RedundancyMode.XOR:
             return self._write_parity(directory, job.index, data, member, m)
@@ -339,18 +390,20 @@ class SnapshotWriter:
         data: parity.FlatBytes,
         owner: int,
         kind: manifests.FileKind,
-    ) -> manifests.StoredFile:
+    ) -> Written:
         """Write member `owner`'s shard of `data` (as this member's SHARD or as a COPY)."""
         span = parity.shard_range(data.nbytes, len(job.group), owner)
         name = f"layer-{job.index}.{kind.value}"
-        checksum = self.store.write_file(directory, name, data.views(span.start, span.stop))
-        return manifests.StoredFile(
+        chunks = tuple(data.views(span.start, span.stop))
+        checksum = self.store.write_file(directory, name, chunks)
+        stored = manifests.StoredFile(
             kind=kind, file=name, member=owner, start=span.start, stop=span.stop, checksum=checksum
         )
+        return stored, chunks
 
     def _write_parity(
         self, directory: Path, layer: int, data: parity.FlatBytes, member: int, m: int
-    ) -> manifests.StoredFile:
+    ) -> Written:
         size = parity.piece_bytes(data.nbytes, m)
         buffer = self._parity_buffers.get(layer)
         if buffer is None or buffer.size != size:
@@ -358,7 +411,7 @@ class SnapshotWriter:
         parity.encode_parity(member, m, data, buffer)
         name = f"layer-{layer}.parity"
         checksum = self.store.write_file(directory, name, [buffer])
-        return manifests.StoredFile(
+        stored = manifests.StoredFile(
             kind=manifests.FileKind.PARITY,
             file=name,
             member=member,
@@ -366,6 +419,12 @@ class SnapshotWriter:
             stop=size,
             checksum=checksum,
         )
+        return stored, (buffer,)
+
+
+# A file written: its manifest record and its bytes (views of the staging or parity buffers,
+# valid until the next snapshot begins).
+Written = tuple[manifests.StoredFile, tuple[parity.Bytes, ...]]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -14,8 +14,10 @@ mode (`messages.RedundancyMode`):
                `recompute`)
 
 Every member holds the whole layer, so all of this is computed locally: redundancy needs no
-communication. COPY, XOR and RECOMPUTE survive one lost member per group when m >= 2; with
-m = 1 nothing can protect the layer, and the manifest says so (`tolerated_losses` 0).
+communication. Each member's files are also kept by a mirror on another node (`mirroring`,
+`planaria.contract.snapshot_placement`); the loader takes either copy of a member. COPY, XOR
+and RECOMPUTE survive one lost member per group when m >= 2; with m = 1 the group alone cannot
+protect the layer, and the manifest says so (`tolerated_losses` 0).
 
 This module holds the layout (flatten, unflatten, groups) and the loader: `rebuild_layer`
 turns the members' snapshots of a layer (read from the survivors' stores, `read_member`) back
@@ -273,6 +275,7 @@ def rebuild_layer(members: Sequence[MemberSnapshot]) -> model.LayerState:
         raise snapshot_store.SnapshotMissing(
             "no member of the sharding group could be read; load the persistent checkpoint"
         )
+    members = _distinct(members)
     first = _check_agree(members)
     by_member = {s.entry.member: s for s in members}
     group_size = len(first.entry.group)
@@ -284,6 +287,20 @@ def rebuild_layer(members: Sequence[MemberSnapshot]) -> model.LayerState:
         shards[k] = _recover(k, first, by_member)
     data = np.concatenate([shards[k] for k in range(group_size)])
     return unflatten(first.entry, data)
+
+
+def _distinct(members: Sequence[MemberSnapshot]) -> list[MemberSnapshot]:
+    """One snapshot per member: a member's holder and its mirror (`mirroring`) store the same
+    files, so a second one with the same entry (checksums included) is dropped; one whose entry
+    differs is kept, and `_check_agree` rejects the pair (they must be the same bytes)."""
+    seen: dict[int, manifests.LayerEntry] = {}
+    distinct = []
+    for s in members:
+        if seen.get(s.entry.member) == s.entry:
+            continue
+        seen.setdefault(s.entry.member, s.entry)
+        distinct.append(s)
+    return distinct
 
 
 def _check_agree(members: Sequence[MemberSnapshot]) -> MemberSnapshot:
@@ -301,7 +318,10 @@ def _check_agree(members: Sequence[MemberSnapshot]) -> MemberSnapshot:
                 f"member snapshots disagree: {key} vs {(s.step, s.redundancy, entry.layer)}"
             )
         if entry.member in seen:
-            raise snapshot_store.SnapshotCorrupt(f"member {entry.member} given twice")
+            raise snapshot_store.SnapshotCorrupt(
+                f"layer {entry.layer} of step {s.step}: two copies of member {entry.member} "
+                "disagree (their checksums differ)"
+            )
         seen.add(entry.member)
     return first
 
