@@ -283,6 +283,7 @@ async def test_a_stages_only_replica_lost_twice_comes_back_from_its_mirrors_then
         assert damaged, "no mirror of worker 1's members to damage"
         second = await _recovery_from(kube_api, 1, epoch=back["epoch"])
         assert second["tier"] == "checkpoint", (step, damaged, second)
+        print(f"mirrors: first loss {first}; damaged layers {damaged} at step {step}: {second}")
         final = await _until(kube_api, "mirror", lambda s: s.get("phase") in ENDED, "the end")
         assert final["phase"] == "Succeeded", final.get("message")
         assert final["step"] == MIRROR_STEPS
