@@ -6,7 +6,8 @@ model's profile must have exactly its layer count). Model shapes: `small_shapes`
 small enough to cost or build in a test.
 
 Plans (planaria.contract.plan): `plans` (valid plans, with reroutes and holes), `layer_transfers`;
-`shaped_plans` (given stage counts, symmetric or not, with failed stages rerouted to peers).
+`shaped_plans` (given stage counts, symmetric or not, with failed stages rerouted to peers);
+`packed_plans` (one worker per stage, several stages, of one pipeline or several, per node).
 Planning: `planning_layers`, `planning_profiles` (tied times, binding memory), `pipeline_costs`.
 Failures (planner transfers, candidates, policy): builders `uniform_profile`, `timed_profile`,
 `grid_plan`; strategies `running_plans`, `failed_workers`, `layouts` (new layouts over survivors).
@@ -153,6 +154,38 @@ def plans(
         micro_batch_size=draw(st.integers(min_value=1, max_value=16)),
         gpus_per_node=gpus_per_node,
         reroutes=reroutes,
+    )
+
+
+@st.composite
+def packed_plans(draw: st.DrawFn, *, max_layers: int = 4, max_pipelines: int = 3) -> plan.Plan:
+    """A valid plan of one worker per stage whose workers are packed on 1..4 nodes in any
+    order, so that a node may host stages of one pipeline or of several (the cases where a
+    layer's holders, or its holders and their mirrors, share nodes)."""
+    num_layers = draw(st.integers(min_value=1, max_value=max_layers))
+    layouts = [
+        draw(_cuts(num_layers))
+        for _ in range(draw(st.integers(min_value=1, max_value=max_pipelines)))
+    ]
+    num_stages = sum(len(cuts) + 1 for cuts in layouts)
+    fewest = -(-num_stages // 4)  # GPUs per node so that 4 nodes hold every stage
+    gpus_per_node = draw(st.integers(min_value=fewest, max_value=fewest + 2))
+    num_nodes = draw(st.integers(min_value=-(-num_stages // gpus_per_node), max_value=4))
+    ids = draw(st.permutations(range(num_nodes * gpus_per_node)))
+    workers = iter(plan.WorkerId(w) for w in ids)
+    return plan.Plan(
+        pipelines=tuple(
+            plan.Pipeline(
+                stages=tuple(
+                    plan.Stage(layer_start=a, layer_stop=b, workers=(next(workers),))
+                    for a, b in zip((0, *cuts), (*cuts, num_layers), strict=True)
+                ),
+                num_micro_batches=1,
+            )
+            for cuts in layouts
+        ),
+        micro_batch_size=1,
+        gpus_per_node=gpus_per_node,
     )
 
 

@@ -8,7 +8,10 @@ The clock is the shipped `clock.RealClock`; the tests run it on looptime's virtu
     FakeCluster   a `ports.Backend`: starts FakeAgents, hosts a (pretend) store, reports events;
                   steps every epoch's group every `step_s` simulated seconds; the test injects
                   deaths (`kill`), hangs, latched errors (in a step, or at every set-up
-                  of a worker: `setup_errors`), preemption notices and joins.
+                  of a worker: `setup_errors`), preemption notices and joins; with
+                  `report_held`, the agents list their held snapshots with one digest per
+                  member (holder's and mirror's copies alike) and `damage` makes one copy
+                  report another digest.
     FakeAgent     a `ports.Agent`: Watch heartbeats every interval, Configure judged by the
                   contract's rules (`planaria.contract.configure_rules`), as the real agent's
                   runtime does; tests/contract runs one suite against both.
@@ -148,7 +151,9 @@ class FakeAgent:
             samples_processed=self.step * batch,
             timings=messages.Timings(step_s=self.cluster.step_s),
             snapshot=messages.SnapshotState(
-                latest_step=snap[0] if snap else None, held_bytes=1 if snap else 0
+                latest_step=snap[0] if snap else None,
+                held_bytes=1 if snap else 0,
+                held=self.cluster.held(self.id) if self.cluster.report_held else (),
             ),
             errors=self.errors,
             setup=self.setup,
@@ -191,6 +196,8 @@ class FakeCluster:
     SNAPSHOT_UNAVAILABLE (what the agent runtime does at the time of writing).
     `setup_errors`: {worker: (kind, message)} that the worker latches at every set-up instead of
     running (a corpus it cannot read, a device it lacks); a test may change it as the run goes.
+    `report_held`: heartbeats list the snapshots each store holds (`SnapshotState.held`, issue
+    #20), with one digest per member, the same at its holder and at its mirror unless `damage`d.
     """
 
     def __init__(
@@ -204,6 +211,7 @@ class FakeCluster:
         peer_snapshots: bool = True,
         drop_pending_on_failure: bool = True,
         setup_errors: dict[int, tuple[messages.ErrorKind, str]] | None = None,
+        report_held: bool = False,
     ) -> None:
         self.clock = clock
         self.step_s = step_s
@@ -217,6 +225,10 @@ class FakeCluster:
         self.shm: dict[plans.WorkerId, tuple[int, frozenset[int]]] = {}
         # The store's other slot: the snapshot before the latest (REFT's double buffer).
         self.shm_previous: dict[plans.WorkerId, tuple[int, frozenset[int]]] = {}
+        self.report_held = report_held
+        # (worker, step) -> the (layer, member) pairs that snapshot holds, own and mirrored
+        self.members: dict[tuple[plans.WorkerId, int], frozenset[tuple[int, int]]] = {}
+        self.damaged: set[tuple[plans.WorkerId, int, int]] = set()  # (worker, layer, member)
         self.checkpoints: set[int] = set()
         self.sent: dict[int, list[messages.WorkerConfig]] = {}
         self.violations: list[str] = []
@@ -346,6 +358,45 @@ class FakeCluster:
             return messages.RecoveryTier.CHECKPOINT
         return None
 
+    def damage(self, worker: plans.WorkerId, layer: int, member: int) -> None:
+        """`worker`'s copy of `layer`'s member `member` is no longer what was snapshotted: it
+        reports another digest for it in every snapshot it holds (needs `report_held`)."""
+        self.damaged.add((worker, layer, member))
+
+    def held(self, worker: plans.WorkerId) -> tuple[messages.HeldSnapshot, ...]:
+        """What `worker`'s store holds, newest first, as its heartbeat lists it: a member's
+        digest depends on the step, the layer and the member only, as equal files give equal
+        digests, unless `damage`d on this worker."""
+        slots = [self.shm.get(worker), self.shm_previous.get(worker)]
+        steps = sorted({slot[0] for slot in slots if slot is not None}, reverse=True)
+        return tuple(
+            messages.HeldSnapshot(
+                step=step,
+                digest=f"fake:{worker}:{step}",
+                members=tuple(
+                    messages.MemberDigest(
+                        layer=layer,
+                        member=k,
+                        digest=f"fake:{step}:{layer}:{k}"
+                        + (":damaged" if (worker, layer, k) in self.damaged else ""),
+                    )
+                    for layer, k in sorted(self.members.get((worker, step), frozenset()))
+                ),
+            )
+            for step in steps
+        )
+
+    def _snapshot_members(
+        self, agent: FakeAgent, config: messages.WorkerConfig
+    ) -> frozenset[tuple[int, int]]:
+        """The (layer, member) pairs of `agent`'s snapshot: its own members and those it
+        mirrors (`snapshot_placement`)."""
+        groups = snapshot_placement.sharding_groups(config.plan)
+        own = {(layer, groups[layer].index(agent.id)) for layer in agent.held}
+        if not self.peer_snapshots:
+            return frozenset(own)
+        return frozenset(own | set(snapshot_placement.mirrored_by(config.plan, agent.id).items()))
+
     def _mirrored(self, agent: FakeAgent, config: messages.WorkerConfig) -> frozenset[int]:
         """The layers `agent` keeps as a mirror of another node's member (issue #20), when the
         cluster has snapshot redundancy."""
@@ -427,6 +478,8 @@ class FakeCluster:
                 if agent.id in self.shm:
                     self.shm_previous[agent.id] = self.shm[agent.id]
                 self.shm[agent.id] = (agent.step, agent.held | self._mirrored(agent, config))
+                if self.report_held:
+                    self.members[agent.id, agent.step] = self._snapshot_members(agent, config)
             every = settings.checkpoint_interval_steps
             if settings.checkpoint_dir and every and agent.step % every == 0:
                 self.checkpoints.add(agent.step)

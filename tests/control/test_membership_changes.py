@@ -10,7 +10,9 @@ counted failed only because they stopped late (still blocked, heartbeating) -> S
 taken back as arrivals once they stop, and the job resumes and succeeds; a layer whose every
 replica is lost, which loses every member of its snapshot group too -> Suspended at once,
 saying which layers and workers and that the checkpoint is next, and resumed from the
-persistent checkpoint; two GPUs per
+persistent checkpoint; two copies of a snapshot member (a holder's and its mirror's) whose
+heartbeat digests disagree -> that snapshot is not resumed from: Suspended saying which member
+disagrees on which workers, and resumed from the persistent checkpoint; two GPUs per
 node under every policy (a death, then the worker's return).
 """
 
@@ -21,7 +23,7 @@ import itertools
 
 import pytest
 
-from planaria.contract import shapes
+from planaria.contract import shapes, snapshot_placement
 from planaria.control import settings, status
 from planaria.planner import accelerators, synthetic
 from planaria.wire import messages
@@ -210,6 +212,47 @@ async def test_a_layer_lost_with_every_replica_and_no_redundancy_resumes_from_th
     resumed = run.controller.recoveries[-1]
     assert resumed.kind == "resume" and resumed.tier is messages.RecoveryTier.CHECKPOINT
     assert run.cluster.sent[resumed.epoch][0].resume_step == 20
+
+
+async def test_two_copies_of_a_snapshot_member_that_disagree_send_the_job_to_the_checkpoint() -> (
+    None
+):
+    # Issue #20: a member's holder and its mirror keep the same files, so the heartbeats'
+    # member digests must agree. [4,4] (24 MiB per GPU), XOR, snapshots every 5 steps and
+    # checkpoints every 10: the first stage of both pipelines is lost at step 26-29, so the
+    # next plan needs the snapshot of step 25; one surviving mirror of a surviving holder's
+    # member reports another digest: the controller does not resume from that snapshot but
+    # suspends, saying which member disagrees where, and resumes from the checkpoint of 20.
+    job = _redundant_job(messages.RedundancyMode.XOR)
+    job = dataclasses.replace(job, profile=scenarios.small_profile(24), policy="dynamic")
+    run = scenarios.Run(job, report_held=True)
+    await run.until(lambda: run.step() >= 26)
+    assert run.step() < 30
+    plan = run.controller.plan
+    assert plan is not None and plan.pipelines[0].stages[0].workers == (0,), plan
+    lost = [w for p in plan.pipelines for w in p.stages[0].workers]
+    groups, mirrors = snapshot_placement.sharding_groups(plan), snapshot_placement.mirrors(plan)
+    layer, member, mirror = next(
+        (layer, k, m)
+        for layer, group in groups.items()
+        for k, (holder, m) in enumerate(zip(group, mirrors[layer], strict=True))
+        if holder not in lost and m is not None and m not in lost
+    )
+    run.cluster.damage(mirror, layer, member)
+    for worker in lost:
+        run.cluster.kill(worker)
+    await run.until(lambda: run.controller.status.phase is status.Phase.SUSPENDED)
+    message = run.controller.status.message
+    holder = groups[layer][member]
+    assert f"the snapshot of step 25 disagrees: layer {layer} member {member} has " in message
+    assert f"on workers [{holder}]" in message and f"on workers [{mirror}]" in message, message
+    assert "it is not resumed from, the persistent checkpoint is the next tier" in message
+    final = await run.finish()
+    assert final.phase is status.Phase.SUCCEEDED and final.step == 60
+    resumed = run.controller.recoveries[-1]
+    assert resumed.kind == "resume" and resumed.tier in SNAPSHOT_TIERS
+    assert run.cluster.sent[resumed.epoch][0].resume_step == 20  # the checkpoint's step
+    assert all(run.cluster.sent[r.epoch][0].resume_step != 25 for r in run.controller.recoveries)
 
 
 @pytest.mark.parametrize("policy_name", ["adaptive", "dynamic", "reroute"])

@@ -8,8 +8,11 @@ Covered: a job runs to Succeeded with the CRD status showing its steps; one pod'
 pids), the status shows the recovery (lastRecovery tier, seconds, reason) with Recovered,
 PlanChanged and Succeeded Events, the dead pod is replaced, and the job Succeeds; the operator
 stopped mid-job and a new one started -> the job goes on with the same agent processes and
-Succeeds; one pipeline of three stages whose middle pod is killed (its layers' only replica and
-its emptyDir gone) -> rebuilt from the snapshot mirrors on the other pods, and Succeeds;
+Succeeds; one pipeline of three stages (exact reduction) whose middle pod is killed (its layers'
+only replica and its emptyDir gone) -> rebuilt from the snapshot mirrors on the other pods; the
+replacement killed again after its mirrors on the other pods were damaged -> the damaged pieces
+are rejected and the checkpoint tier serves, said in the status and an Event; the job Succeeds
+and its last checkpoint equals the single-process reference bit for bit;
 every API request the operator made is covered by `constants.RBAC_RULES`; a job
 that ended has its pods deleted.
 """
@@ -21,7 +24,11 @@ from typing import Any
 
 import pytest
 
+from planaria.agent.runtime import runtime_states
+from planaria.agent.state import checkpoints, manifests, snapshot_store
+from planaria.agent.training import comparison
 from planaria.kube import constants
+from planaria.spec import job as job_spec
 from tests.e2e import local_job
 from tests.kube import operating
 from tests.kube.support import emulator, kubelet, serving
@@ -156,37 +163,156 @@ async def test_an_operator_restarted_mid_job_adopts_the_running_agents(
     _assert_rbac_covers(kube_api.requests)
 
 
+def _newest_snapshot(harness: kubelet.Kubelet, pod: str) -> manifests.Manifest | None:
+    """The newest complete snapshot in `pod`'s own snapshot volume (its node's memory)."""
+    found = [
+        snapshot_store.read_manifest(slot.parent)
+        for slot in harness.volume(pod, "snapshots").glob("*/*/slot-*/manifest.json")
+    ]
+    return max(found, key=lambda m: m.step, default=None)
+
+
+def _mirrored_from(snapshot: manifests.Manifest, worker: int) -> list[manifests.LayerEntry]:
+    """The entries of `snapshot` that mirror members held by `worker`."""
+    return [e for e in snapshot.layers if e.group[e.member] == worker != snapshot.worker]
+
+
+def _mirrored_snapshot(
+    harness: kubelet.Kubelet, pods: tuple[str, ...], worker: int, epoch: int
+) -> int | None:
+    """The step of the newest snapshot, taken in `epoch` or later, that `pods` hold complete
+    alike with mirrors of `worker`'s members among them; None while there is none."""
+    newest = [_newest_snapshot(harness, pod) for pod in pods]
+    steps = {m.step for m in newest if m is not None and m.epoch >= epoch}
+    mirrors = [e for m in newest if m is not None for e in _mirrored_from(m, worker)]
+    if len(steps) != 1 or None in newest or not mirrors:
+        return None
+    return steps.pop()
+
+
+def _damage_mirrors(harness: kubelet.Kubelet, pods: tuple[str, ...], worker: int) -> list[int]:
+    """Flip one byte in the middle of every file that `pods` mirror of `worker`'s members in
+    their newest snapshot (the manifest keeps the sender's checksums); the layers damaged."""
+    layers = []
+    for pod in pods:
+        snapshot = _newest_snapshot(harness, pod)
+        assert snapshot is not None
+        (slot,) = [
+            s.parent
+            for s in harness.volume(pod, "snapshots").glob("*/*/slot-*/manifest.json")
+            if snapshot_store.read_manifest(s.parent).step == snapshot.step
+        ]
+        for entry in _mirrored_from(snapshot, worker):
+            for stored in entry.files:
+                raw = bytearray((slot / stored.file).read_bytes())
+                raw[len(raw) // 2] ^= 0xFF
+                (slot / stored.file).write_bytes(bytes(raw))
+            layers.append(entry.layer)
+    return sorted(layers)
+
+
+def _assert_checkpoint_like_reference(spec: dict[str, Any], checkpoint: pathlib.Path) -> None:
+    """The job's checkpoint of its last step equals the single-process reference trainer's
+    state bit for bit (parameters, AdamW moments, step counts; exact reduction)."""
+    settings = job_spec.to_settings(job_spec.JobSpec.model_validate(spec), "mirror", "")
+    got = checkpoints.load_checkpoint(checkpoint, settings.steps)
+    want, _ = runtime_states.reference_states(settings.training, 1, settings.steps)
+    found = comparison.compare(got, want)
+    assert found.equal, found.describe()
+
+
+# Snapshots (and checkpoints) every 10 steps: the test damages the newest one's mirrors and
+# kills their holder well before the next is written. Long enough for the killed pod to be
+# replaced and to rejoin before the second loss.
+MIRROR_STEPS = 300
+MIRROR_INTERVAL = 10
+
+
 @pytest.mark.asyncio
-async def test_a_pod_holding_a_stages_only_replica_is_rebuilt_from_its_mirrors(
-    kube_api: serving.KubeApi, kubelet: kubelet.Kubelet, corpus: pathlib.Path
+async def test_a_stages_only_replica_lost_twice_comes_back_from_its_mirrors_then_the_checkpoint(
+    kube_api: serving.KubeApi,
+    kubelet: kubelet.Kubelet,
+    corpus: pathlib.Path,
+    tmp_path: pathlib.Path,
 ) -> None:
     """Issue #20 on the operator: one pipeline of three stages (the device too small for the
-    model, no fault tolerance), and the pod of one stage killed: its layers' only replica and
-    its own snapshot (its emptyDir) are gone, but each member's snapshot is mirrored on another
-    pod, sent over the epoch's group at every snapshot: the job goes on from those copies
-    (tier peer_snapshot, or local_snapshot where the new plan gives a lost layer to the pod that
-    mirrors it), without the checkpoint, and Succeeds."""
-    spec = operating.e2e_spec(corpus, steps=STEPS)
-    spec.update(faultTolerance=0, deviceMemory=str(local_job.pipelined_profile(1).memory_bytes))
+    model, no fault tolerance), exact reduction, every pod its own snapshot emptyDir.
+    1. The middle stage's pod killed: its layers' only replica and its own snapshot are gone,
+       but each member's snapshot is mirrored on another pod: the job goes on from those
+       copies (tier peer_snapshot, or local_snapshot where the new plan gives a lost layer to
+       the pod that mirrors it), not the checkpoint.
+    2. Once the replaced pod has rejoined (three stages again), the survivors' mirrors of its
+       members are damaged (one flipped byte per file, checksums unchanged) and it is killed
+       again: the damaged pieces are rejected and the checkpoint serves (tier checkpoint).
+    The job Succeeds and its last checkpoint equals the single-process reference bit for bit."""
+    ckpt = tmp_path / "ckpt"
+    spec = operating.e2e_spec(corpus, steps=MIRROR_STEPS)
+    spec.update(
+        faultTolerance=0,
+        deviceMemory=str(local_job.pipelined_profile(1).memory_bytes),
+        reduction="exact",
+        snapshots={"intervalSteps": MIRROR_INTERVAL, "redundancy": "xor"},
+        checkpoints={"dir": str(ckpt), "intervalSteps": MIRROR_INTERVAL},
+    )
+    others = ("mirror-0", "mirror-2")
     async with operating.running_operator(kube_api):
         kube_api.apply(operating.job_body("mirror", **spec))
-        running = await _until(
-            kube_api, "mirror", lambda s: s.get("phase") == "Running" and s["step"] >= 3, "step 3"
-        )
+        running = await _until(kube_api, "mirror", lambda s: s.get("phase") == "Running", "run")
         assert running["plan"].startswith("[3]"), running["plan"]  # one pipeline of 3 stages
+        await operating.wait_for(
+            lambda: _mirrored_snapshot(kubelet, others, 1, 0), RUN_S, "a mirrored snapshot"
+        )
         await kubelet.kill("mirror-1")
-        recovered = await _until(
+        first = await _recovery_from(kube_api, 1, epoch=running["epoch"])
+        assert "no live replica" in first["reason"], first
+        assert first["tier"] in ("peer_snapshot", "local_snapshot"), first
+
+        back = await _until(
             kube_api,
             "mirror",
-            lambda s: 1 in ((s.get("lastRecovery") or {}).get("failedWorkers") or []),
-            "the recovery from worker 1's loss",
+            lambda s: s["epoch"] > first["epoch"] and s["plan"].startswith("[3]"),
+            "worker 1 back in a pipeline of three stages",
         )
-        recovery = recovered["lastRecovery"]
-        assert "no live replica" in recovery["reason"], recovery
-        # peer_snapshot when a survivor given a lost layer receives it from its mirror,
-        # local_snapshot when the new plan gives it to its mirror itself: a copy that survived
-        # on another pod either way, never the checkpoint (none is configured)
-        assert recovery["tier"] in ("peer_snapshot", "local_snapshot"), recovery
+        step = await operating.wait_for(
+            lambda: _complete_with_checkpoint(kubelet, others, back["epoch"], ckpt),
+            RUN_S,
+            "a mirrored snapshot of the rejoined worker, and its checkpoint",
+        )
+        damaged = _damage_mirrors(kubelet, others, 1)
+        await kubelet.kill("mirror-1")
+        assert damaged, "no mirror of worker 1's members to damage"
+        second = await _recovery_from(kube_api, 1, epoch=back["epoch"])
+        assert second["tier"] == "checkpoint", (step, damaged, second)
+        print(f"mirrors: first loss {first}; damaged layers {damaged} at step {step}: {second}")
         final = await _until(kube_api, "mirror", lambda s: s.get("phase") in ENDED, "the end")
         assert final["phase"] == "Succeeded", final.get("message")
-        assert final["step"] == STEPS
+        assert final["step"] == MIRROR_STEPS
+        said = [e.get("message", "") for e in kube_api.list("v1", "Event", operating.NAMESPACE)]
+        assert any("from tier checkpoint after losing workers [1]" in m for m in said), said
+    _assert_checkpoint_like_reference(spec, ckpt)
+
+
+def _complete_with_checkpoint(
+    harness: kubelet.Kubelet, pods: tuple[str, ...], epoch: int, checkpoint: pathlib.Path
+) -> int | None:
+    """`_mirrored_snapshot` of worker 1 in `epoch`, once every worker's checkpoint part of that
+    step is complete too (the tier the damaged mirrors fall to)."""
+    step = _mirrored_snapshot(harness, pods, 1, epoch)
+    if step is None or checkpoints.complete_step(checkpoint, (0, 1, 2), after=step - 1) != step:
+        return None
+    return step
+
+
+async def _recovery_from(kube_api: serving.KubeApi, worker: int, epoch: int) -> dict[str, Any]:
+    """The job's first recovery after `epoch` that names `worker` lost."""
+    recovered = await _until(
+        kube_api,
+        "mirror",
+        lambda s: (
+            worker in ((s.get("lastRecovery") or {}).get("failedWorkers") or [])
+            and s["lastRecovery"]["epoch"] > epoch
+        ),
+        f"the recovery from worker {worker}'s loss",
+    )
+    recovery: dict[str, Any] = recovered["lastRecovery"]
+    return recovery

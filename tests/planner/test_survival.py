@@ -7,6 +7,15 @@ and never increases with time, snapshots never hurt and tolerating more never hu
 (hypothesis); the suggested interval is the last moment above the threshold; REFT Fig. 8 is
 reproduced (16.18 days with snapshots against the paper's 16.22, 0.41 days without against its
 "around 0.5"); no modelled failure gives an infinite interval; bad inputs name their field.
+
+A plan's survival of node failures with the snapshots' mirrors (issue #20), over small drawn
+plans (stages on nodes of their own, or packed several to a node) and every set of failed
+nodes: `survives` agrees with an oracle built from scratch (live holders; the members the
+survivors' stores keep, holders' and mirrors' pooled) and with the controller's
+`recovery.beyond_redundancy`; `tolerated_node_failures` is exactly the smallest fatal set's size
+minus one, names the first such set and says why; it is at least the nodes every layer is held
+on minus one, and at least 3 when every member of groups of two or more is mirrored with
+redundancy; `plan_survival` is a lower bound of the exact sum over failure patterns.
 """
 
 from __future__ import annotations
@@ -15,11 +24,15 @@ import itertools
 import math
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from planaria.contract import errors
+from planaria.contract import errors, snapshot_placement
+from planaria.contract import plan as plans
+from planaria.control import recovery
 from planaria.planner import survival
+from planaria.wire import messages
+from tests import strategies
 
 FIG8 = survival.FailureRates(hardware_per_day=1e-4, software_per_day=1e-5, shape=1.3)
 FIG8_CLUSTER = survival.Cluster(num_nodes=3072, group_size=6)
@@ -194,3 +207,107 @@ def test_huge_times_do_not_overflow() -> None:
 def test_bad_inputs_name_their_field(build: object, message: str) -> None:
     with pytest.raises(errors.PlanInputError, match=message):
         build()  # type: ignore[operator]
+
+
+# --- a plan's survival of node failures, with mirrors (issue #20) ---------------------------
+
+SMALL_PLANS = st.one_of(
+    strategies.packed_plans(), strategies.plans(max_layers=3, max_pipelines=3, max_gpus_per_node=2)
+)
+
+
+def _nodes(p: plans.Plan) -> list[plans.NodeId]:
+    return sorted({p.node_of(w) for w in p.workers})
+
+
+def _failure_sets(p: plans.Plan) -> list[tuple[plans.NodeId, ...]]:
+    """Every set of the plan's nodes, smallest first, then in node order."""
+    nodes = _nodes(p)
+    return [c for r in range(len(nodes) + 1) for c in itertools.combinations(nodes, r)]
+
+
+def _fatal(p: plans.Plan, failed: tuple[plans.NodeId, ...], protected: bool) -> bool:
+    """The oracle, from the plan's stages: the state is lost when some layer has no live holder
+    and some layer's group misses more members than it tolerates in the survivors' stores."""
+    alive = {w for w in p.workers if p.node_of(w) not in failed}
+    holders: dict[int, set[plans.WorkerId]] = {}
+    for pipeline in p.pipelines:
+        for stage in pipeline.stages:
+            for layer in stage.layers:
+                holders.setdefault(layer, set()).update(stage.workers)
+    mirrors = snapshot_placement.mirrors(p)
+    kept: set[tuple[int, int]] = set()  # (layer, member) in some survivor's store
+    for layer, group in holders.items():
+        for k, holder in enumerate(sorted(group)):
+            mirror = mirrors[layer][k] if protected else None
+            if holder in alive or mirror in alive:
+                kept.add((layer, k))
+    no_replica = any(not group & alive for group in holders.values())
+    tolerated = {layer: 1 if protected and len(g) >= 2 else 0 for layer, g in holders.items()}
+    beyond = any(
+        sum((layer, k) not in kept for k in range(len(g))) > tolerated[layer]
+        for layer, g in holders.items()
+    )
+    return no_replica and beyond
+
+
+@settings(max_examples=60)
+@given(p=SMALL_PLANS, protected=st.booleans())
+def test_a_plan_survives_exactly_the_failures_the_controller_goes_on_from(
+    p: plans.Plan, protected: bool
+) -> None:
+    mode = messages.RedundancyMode.XOR if protected else messages.RedundancyMode.NONE
+    layers = snapshot_placement.sharding_groups(p)
+    for failed in _failure_sets(p):
+        survived = survival.survives(p, failed, protected=protected)
+        assert survived is not _fatal(p, failed, protected), failed
+        lost = {w for w in p.workers if p.node_of(w) in failed}
+        all_live = all(set(group) - lost for group in layers.values())
+        assert survived == (all_live or not recovery.beyond_redundancy(p, lost, mode))
+
+
+@settings(max_examples=60)
+@given(p=SMALL_PLANS, protected=st.booleans())
+def test_the_guarantee_is_one_less_than_the_smallest_fatal_set(
+    p: plans.Plan, protected: bool
+) -> None:
+    first = next(f for f in _failure_sets(p) if _fatal(p, f, protected))
+    found = survival.tolerated_node_failures(p, protected=protected)
+    assert found.failures == len(first) - 1
+    assert found.smallest == first  # the first fatal set of that size, in node order
+    assert f"every {found.failures} node failures" in found.reason
+    assert f"losing nodes {list(first)}" in found.reason
+
+
+@given(p=strategies.plans(max_layers=4, max_pipelines=3), protected=st.booleans())
+def test_replicas_on_distinct_nodes_and_mirrored_members_bound_the_guarantee(
+    p: plans.Plan, protected: bool
+) -> None:
+    """Each layer held on r distinct nodes tolerates r - 1 failures by its live replicas alone;
+    with redundancy, groups of two or more and every member mirrored, losing a snapshot takes
+    two members' holder and mirror nodes, four distinct nodes: any three failures are survived."""
+    groups = snapshot_placement.sharding_groups(p)
+    found = survival.tolerated_node_failures(p, protected=protected).failures
+    spread = min(len({p.node_of(w) for w in group}) for group in groups.values())
+    assert found >= spread - 1
+    mirrored = all(None not in m for m in snapshot_placement.mirrors(p).values())
+    distinct = all(len({p.node_of(w) for w in g}) == len(g) for g in groups.values())
+    if protected and mirrored and distinct and min(len(g) for g in groups.values()) >= 2:
+        assert found >= 3
+
+
+@settings(max_examples=40)
+@given(p=SMALL_PLANS, protected=st.booleans(), t=TIMES, rates=RATES)
+def test_the_plans_survival_bounds_the_sum_over_every_failure_pattern_from_below(
+    p: plans.Plan, protected: bool, t: float, rates: survival.FailureRates
+) -> None:
+    p_s = survival.weibull_survival(rates.hardware_per_day, t, rates.shape)
+    p_re = survival.weibull_survival(rates.snapshot_program_per_day, t, rates.shape)
+    n = len(_nodes(p))
+    exact = sum(
+        (1 - p_s) ** len(f) * p_s ** (n - len(f))
+        for f in _failure_sets(p)
+        if not _fatal(p, f, protected)
+    )
+    bound = survival.plan_survival(t, p, rates, protected=protected)
+    assert (p_s * p_re) ** n - 1e-12 <= bound <= exact * p_re**n + 1e-12

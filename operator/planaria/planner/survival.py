@@ -24,16 +24,32 @@ groups of 6, hardware rate 1e-4, software rate 1e-5, c = 1.3, threshold 0.9; P_r
 figure gives no snapshot-program rate): REFT 16.18 days (paper: 16.22) and checkpointing
 0.41 days (paper: "around 0.5"); docs/snapshots.md shows the arithmetic.
 
+A plan's survival of node failures, with the snapshots' mirrors (issue #20). Eq. 5 counts
+a group lost when its members fail, but on Kubernetes a member's host memory is also kept by a
+mirror on a node of no holder (`planaria.contract.snapshot_placement`), and live replicas serve
+before any snapshot. For a given plan and set of failed nodes, `survives` is the controller's
+rule (`planaria.control.recovery`): the job goes on without the persistent checkpoint when
+every layer keeps a live replica, or else when every layer's snapshot is rebuildable from the
+survivors (a move that needs a snapshot resumes every layer from the snapshot step, so each
+layer's group must have lost at most `tolerated_losses` members, a member being lost only with
+its holder and its mirror: `snapshot_placement.beyond_redundancy`). So losing the state takes
+a layer with no live replica *and* a layer whose snapshot is beyond its redundancy.
+`tolerated_node_failures` is the guarantee: the largest f such that every set of f failed
+nodes is survived, with a smallest set that is not as the reason; `plan_survival` turns it into
+a lower bound on the probability of surviving to time t (at most f of the plan's nodes fail).
+
 Pure: no I/O, no clock. Bad inputs raise `errors.PlanInputError` naming the field.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
-from planaria.contract import errors
+from planaria.contract import errors, snapshot_placement
+from planaria.contract import plan as plans
 
 # Bisection stops when the bracket is this small relative to the interval (or after 200 rounds).
 RELATIVE_TOLERANCE = 1e-12
@@ -193,3 +209,91 @@ def _bisect(survival: Callable[[float], float], threshold: float, upper: float) 
         else:
             high = middle
     return low
+
+
+# --- a plan's survival of node failures, live replicas or mirrored snapshots (issue #20) ------
+
+
+def survives(plan: plans.Plan, failed: Collection[plans.NodeId], *, protected: bool) -> bool:
+    """Whether losing every worker on the nodes `failed` leaves the job's state without the
+    persistent checkpoint: every layer keeps a live replica, or no layer's snapshot lost more
+    members (holder and mirror) than its redundancy tolerates. `protected`: the job's
+    redundancy is not NONE (mirrors and tolerated losses exist only then)."""
+    lost = {w for w in plan.workers if plan.node_of(w) in failed}
+    groups = snapshot_placement.sharding_groups(plan)
+    if all(set(group) - lost for group in groups.values()):
+        return True
+    return not snapshot_placement.beyond_redundancy(plan, lost, protected=protected)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NodeTolerance:
+    """Every set of `failures` failed nodes is survived (`survives`); `smallest`, one node
+    more, is a set that is not (the first in node order), and `reason` says why."""
+
+    failures: int
+    smallest: tuple[plans.NodeId, ...]
+    reason: str
+
+
+def tolerated_node_failures(plan: plans.Plan, *, protected: bool) -> NodeTolerance:
+    """The plan's guarantee against node failures (module docstring). Exact: a failure set is
+    fatal exactly when it holds every holder node of some layer L1 and, for some layer L2, the
+    holder and mirror nodes of t + 1 members of L2's group (t = its tolerated losses), so the
+    smallest fatal set is the smallest such union; O(sum over L2 of C(m, t + 1)) candidate
+    member sets times the distinct holder-node sets, t <= 1."""
+    groups, placed = snapshot_placement.sharding_groups(plan), snapshot_placement.mirrors(plan)
+    held: dict[frozenset[plans.NodeId], int] = {}  # a holder-node set -> its first layer
+    for layer, group in groups.items():
+        held.setdefault(frozenset(plan.node_of(w) for w in group), layer)
+    best: tuple[int, tuple[plans.NodeId, ...]] | None = None
+    why = ""
+    for layer, group in groups.items():
+        t = snapshot_placement.tolerated_losses(protected=protected, group_size=len(group))
+        for members in itertools.combinations(range(len(group)), t + 1):
+            gone = _member_nodes(plan, group, placed[layer], members, protected=protected)
+            for nodes, replicas_of in held.items():
+                cut = tuple(sorted(gone | nodes))
+                if best is None or (len(cut), cut) < best:
+                    best = (len(cut), cut)
+                    why = (
+                        f"losing nodes {list(cut)} loses every live replica of layer "
+                        f"{replicas_of} and members {list(members)} of layer {layer}'s snapshot "
+                        f"with their mirrors, more than the {t} its redundancy tolerates"
+                    )
+    assert best is not None, "a plan has at least one layer"
+    size, cut = best
+    reason = f"every {size - 1} node failures leave each layer a live replica or a rebuildable "
+    reason += f"snapshot; {why}"
+    return NodeTolerance(failures=size - 1, smallest=cut, reason=reason)
+
+
+def _member_nodes(
+    plan: plans.Plan,
+    group: tuple[plans.WorkerId, ...],
+    mirrors: tuple[plans.WorkerId | None, ...],
+    members: tuple[int, ...],
+    *,
+    protected: bool,
+) -> frozenset[plans.NodeId]:
+    """The nodes whose loss loses `members`: their holders', and their mirrors' (if any)."""
+    nodes = {plan.node_of(group[k]) for k in members}
+    if protected:
+        nodes |= {plan.node_of(m) for k in members if (m := mirrors[k]) is not None}
+    return frozenset(nodes)
+
+
+def plan_survival(
+    t_days: float, plan: plans.Plan, rates: FailureRates, *, protected: bool
+) -> float:
+    """A lower bound on the probability that `plan`'s state outlives hardware failures to
+    time t without the persistent checkpoint: at most f = `tolerated_node_failures` of its
+    nodes fail (eq. 5's bracket over the plan's nodes), times every snapshot program
+    surviving (P_re^k, as in eq. 5). A bound, not the exact sum over failure sets (network
+    reliability, exponential in the nodes): spread-out failures beyond f may be survived too."""
+    _check_time(t_days)
+    num_nodes = len({plan.node_of(w) for w in plan.workers})
+    f = tolerated_node_failures(plan, protected=protected).failures
+    p_s = weibull_survival(rates.hardware_per_day, t_days, rates.shape)
+    p_re = weibull_survival(rates.snapshot_program_per_day, t_days, rates.shape)
+    return group_survival(p_s, num_nodes, f) * p_re**num_nodes

@@ -24,7 +24,7 @@ Against a real API server (tests/kube/real): `token` (a bearer token), `ca_file`
 CA) and `bind=True`, which binds each pod through `pods/<name>/binding`, as the scheduler does (a
 real server refuses a patch of `spec.nodeName`; the emulator takes that patch and has no binding).
 
-Test hooks: `kill`, `evict` (DisruptionTarget condition, then delete), `set_ready`,
+Test hooks: `volume`, `kill`, `evict` (DisruptionTarget condition, then delete), `set_ready`,
 `processes`. `close()` (the context exit) kills every process it started, its children too.
 `errors` lists the exceptions that ended the harness's own per-pod tasks (the fixture fails
 the test on any).
@@ -170,6 +170,11 @@ class Kubelet:
         if pod is None:
             raise ValueError(f"the kubelet runs no pod {namespace}/{name}: pass a running pod")
         return pod
+
+    def volume(self, pod: str, volume: str, namespace: str = "default") -> pathlib.Path:
+        """The directory of volume `volume` of the running pod `pod` (an emptyDir is the pod's
+        own: a replacement under the same name gets a new, empty one)."""
+        return self._pod(pod, namespace).directory / "volumes" / volume
 
     async def kill(
         self,

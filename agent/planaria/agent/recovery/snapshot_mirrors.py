@@ -23,7 +23,8 @@ member, step and epoch, and each file must match its checksum (`snapshot_store.v
 member that fails either is left out (logged), so the mirror does not hold it at that step.
 
 Only gloo epochs: an NCCL world group moves device tensors, so on GPUs the mirrors need a gloo
-group beside it (as the restore's exchange does; not done, see docs/resilience.md).
+group beside it, formed and released with the epoch's (`groups.form_epoch`); the restore's
+exchange needs the same. Neither is done (no GPU to test it here): see docs/resilience.md.
 
 Errors: MirrorError (`planaria.agent.state.mirroring`) when a transfer fails or stalls past the
 epoch's timeout (a peer died; the release of a failed epoch ends the waits at once).
