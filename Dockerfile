@@ -70,6 +70,14 @@ COPY protos ./protos
 # The hf extra (tokenizers, Parquet, transformers, safetensors): bring-your-own models and data.
 RUN pip install ".[hf]" && python -c "import planaria.cli.main" \
     && python -m compileall -q -x '/torch/testing/_internal/' /opt/planaria
+# What the torch wheel carries for C++ and for its own tests, unused at run time (about 190 MB):
+# C++ headers (torch.utils.cpp_extension and inductor's C++ backend need them, and a compiler,
+# which the image has never had), C++ test binaries, protoc. torch_shm_manager stays (tensor
+# sharing between processes).
+RUN torch="$(python -c 'import os, torch; print(os.path.dirname(torch.__file__))')" \
+    && rm -rf "$torch/include" "$torch/test" \
+    && find "$torch/bin" -mindepth 1 -maxdepth 1 ! -name torch_shm_manager -exec rm -rf {} + \
+    && python -c "import torch; torch.ones(2).sum()"
 
 FROM ${PYTHON_IMAGE} AS runtime
 LABEL org.opencontainers.image.title="planaria" \

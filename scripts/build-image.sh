@@ -7,6 +7,9 @@
 #   scripts/build-image.sh name      prints the built image's name (exit 1 if not built)
 #   scripts/build-image.sh check     runs the entrypoints in the built image (exit 1 on a failure)
 #   scripts/build-image.sh size      prints the built image's size in bytes
+#   scripts/build-image.sh run [--bind DIR]... [--env NAME=VALUE]... -- ARGS...
+#                                    runs `planaria ARGS` in the image as check does, with DIR
+#                                    (under /tmp) bound read-only and NAME set
 #
 # buildah (Debian bookworm's package, unpacked into the cache with its one missing library, run
 # with --isolation chroot on private storage) builds the Dockerfile; the base of both stages is
@@ -88,10 +91,11 @@ POLICY() { echo "$TOOLS/etc/containers/policy.json"; }
 
 exists() { buildah inspect --type image "$1" >/dev/null 2>&1; }
 
-# The base of both stages: a minimal bookworm with Python, imported from a debootstrapped folder.
+# The base of both stages: a minimal bookworm with Python, imported from a debootstrapped folder
+# (named after its packages, mirror and this recipe).
 base() {
   local key name
-  key="$(printf '%s %s %s' "$SUITE" "$BASE_PACKAGES" "$MIRROR" | sha256sum | cut -c1-12)"
+  key="$({ printf '%s %s %s\n' "$SUITE" "$BASE_PACKAGES" "$MIRROR"; declare -f base; } | sha256sum | cut -c1-12)"
   name="$REPO-base:$SUITE-$key"
   if exists "$name"; then
     echo "$name"
@@ -103,7 +107,10 @@ base() {
   DEBOOTSTRAP_DIR="$TOOLS/usr/share/debootstrap" "$TOOLS/usr/sbin/debootstrap" \
     --variant=minbase --include="$BASE_PACKAGES" "$SUITE" "$dir" "$MIRROR" >"$CACHE/debootstrap.log" 2>&1 ||
     die "debootstrap failed; see $CACHE/debootstrap.log"
-  rm -rf "$dir"/var/cache/apt/archives/*.deb "$dir"/var/lib/apt/lists/* "$dir"/var/log/*.log
+  # apt's downloads and lists, documentation, manual pages and message translations: nothing
+  # in the image reads them (about 50 MB).
+  rm -rf "$dir"/var/cache/apt/archives/*.deb "$dir"/var/lib/apt/lists/* "$dir"/var/log/*.log \
+    "$dir"/usr/share/doc/* "$dir"/usr/share/man/* "$dir"/usr/share/locale/* "$dir"/usr/share/info/*
   local ctr mnt
   ctr="$(buildah from --signature-policy "$(POLICY)" scratch)"
   mnt="$(buildah mount "$ctr")"
@@ -255,7 +262,8 @@ name() {
 # Runs ARGS... in a view of the image as the chart runs it: its root bind-mounted read-only,
 # tmpfs on /tmp, /dev (null, zero, random, urandom from the host) and /dev/shm, a fresh /proc in
 # a new PID namespace; as the image's user, with its environment, working directory and
-# entrypoint (SHELL=1: `/bin/sh -c` instead of the entrypoint).
+# entrypoint (SHELL_ENTRY=1: `/bin/sh -c` instead of the entrypoint). BINDS: host folders (one a
+# line, under /tmp) bound read-only at the same path; EXTRA_ENV: NAME=VALUE lines set on top.
 run_in() {
   local image=$1
   shift
@@ -267,7 +275,7 @@ import json, sys
 print(json.dumps(json.load(sys.stdin)["OCIv1"]["config"]))')"
   set +e
   unshare --mount --pid --fork -- bash -eu -c '
-    root=$1 config=$2 shell=$3; shift 3
+    root=$1 config=$2 shell=$3 binds=$4 extra_env=$5; shift 5
     mount --make-rprivate /
     mount --bind "$root" "$root"
     mount -o remount,bind,ro "$root"
@@ -280,6 +288,14 @@ print(json.dumps(json.load(sys.stdin)["OCIv1"]["config"]))')"
       mount --bind "/dev/$dev" "$root/dev/$dev"
     done
     mount -t proc proc "$root/proc"
+    # Host folders the caller asked for, read-only at the same path (under /tmp: the only place
+    # a mount point can be made on the read-only root).
+    while IFS= read -r path; do
+      [ -n "$path" ] || continue
+      mkdir -p "$root$path"
+      mount --bind "$path" "$root$path"
+      mount -o remount,bind,ro "$root$path"
+    done <<<"$binds"
     eval "$(python3 -c "
 import json, shlex, sys
 c = json.loads(sys.argv[1])
@@ -290,10 +306,23 @@ print(\"entrypoint=(\" + q(c.get(\"Entrypoint\") or []) + \")\")
 print(\"environment=(\" + q(c.get(\"Env\") or []) + \")\")
 " "$config")"
     [ "$shell" = 1 ] && entrypoint=(/bin/sh -c)
+    while IFS= read -r variable; do
+      [ -n "$variable" ] && environment+=("$variable")
+    done <<<"$extra_env"
     exec chroot --userspec="$user" "$root" /usr/bin/env -i "${environment[@]}" \
       /bin/sh -c "cd \"\$0\" && exec \"\$@\"" "$workdir" "${entrypoint[@]}" "$@"
-  ' run-in "$mnt" "$config" "${SHELL_ENTRY:-0}" "$@"
+  ' run-in "$mnt" "$config" "${SHELL_ENTRY:-0}" "${BINDS:-}" "${EXTRA_ENV:-}" "$@" &
+  # SIGTERM or SIGINT here goes to the image's process (PID 1 of its namespace, unshare's
+  # child), as a container runtime's stop does; its mounts and container go when it ends.
+  local child=$!
+  trap 'kill -TERM $(pgrep -P '"$child"') 2>/dev/null || true' TERM INT
+  wait "$child"
   rc=$?
+  while kill -0 "$child" 2>/dev/null; do
+    wait "$child"
+    rc=$?
+  done
+  trap - TERM INT
   set -e
   buildah umount "$ctr" >/dev/null 2>&1 || true
   buildah rm "$ctr" >/dev/null 2>&1 || true
@@ -317,6 +346,23 @@ check() {
     failed=1
     ;;
   esac
+  # The agent really started: it serves (insecure, loopback), makes its snapshot store under
+  # /dev/shm, writes its ready file, and stops on SIGTERM.
+  out="$(SHELL_ENTRY=1 run_in "$image" '
+    planaria agent --worker 0 --job check --insecure --ready-file /tmp/ready >/tmp/agent.log 2>&1 &
+    for _ in $(seq 1 600); do [ -s /tmp/ready ] && break; kill -0 $! 2>/dev/null || break; sleep 0.1; done
+    if [ -s /tmp/ready ]; then echo "serving on $(cat /tmp/ready)"; ls /dev/shm; fi
+    kill -TERM $!; wait $!; echo "exit $?"; tail -n 5 /tmp/agent.log' 2>&1)" || true
+  case "$out" in
+  "serving on 127.0.0.1:"*"exit 0"*)
+    echo "== planaria agent (started, serving, SIGTERM): ok ($(echo "$out" | head -n 1))"
+    ;;
+  *)
+    echo "== planaria agent (started, serving, SIGTERM): FAILED" >&2
+    echo "$out" | tail -n 20 >&2
+    failed=1
+    ;;
+  esac
   # The entrypoints: each command's help (its imports), the version, and a short training run
   # in one process (torch, the model code, writes under /tmp only).
   for argv in "--help" "operator --help" "agent --help" "version" "reference --model tiny --steps 20"; do
@@ -333,13 +379,45 @@ check() {
   echo "build-image: every entrypoint starts in $image as uid 10001"
 }
 
+# `run [--bind PATH]... [--env NAME=VALUE]... [--] ARGS...`: the image's entrypoint with ARGS in
+# the view that check uses, in the foreground (for tests that drive a real start).
+run() {
+  local image binds="" extra=""
+  image="$(name)" || die "the image is not built: run 'scripts/build-image.sh build' first"
+  while [ $# -gt 0 ]; do
+    case "$1" in
+    --bind)
+      [ $# -ge 2 ] && [ -d "$2" ] || die "--bind needs an existing folder"
+      case "$2" in /tmp/*) ;; *) die "--bind $2: only folders under /tmp can be bound" ;; esac
+      binds+="$2"$'\n'
+      shift 2
+      ;;
+    --env)
+      [ $# -ge 2 ] && [[ "$2" == *=* ]] || die "--env needs NAME=VALUE"
+      extra+="$2"$'\n'
+      shift 2
+      ;;
+    --)
+      shift
+      break
+      ;;
+    *) break ;;
+    esac
+  done
+  BINDS="$binds" EXTRA_ENV="$extra" run_in "$image" "$@"
+}
+
 case "${1:-}" in
 build) build ;;
+run)
+  shift
+  run "$@"
+  ;;
 name) name ;;
 check) check ;;
 size)
   image="$(name)" || die "the image is not built: run 'scripts/build-image.sh build' first"
   size_of "$image"
   ;;
-*) die "usage: scripts/build-image.sh build|name|check|size" ;;
+*) die "usage: scripts/build-image.sh build|name|check|size|run [--bind DIR] [--env NAME=VALUE] -- ARGS" ;;
 esac
