@@ -274,6 +274,7 @@ run_in() {
 import json, sys
 print(json.dumps(json.load(sys.stdin)["OCIv1"]["config"]))')"
   set +e
+  # shellcheck disable=SC2016 # the script runs in the new namespaces, expanding there
   unshare --mount --pid --fork -- bash -eu -c '
     root=$1 config=$2 shell=$3 binds=$4 extra_env=$5; shift 5
     mount --make-rprivate /
@@ -348,6 +349,7 @@ check() {
   esac
   # The agent really started: it serves (insecure, loopback), makes its snapshot store under
   # /dev/shm, writes its ready file, and stops on SIGTERM.
+  # shellcheck disable=SC2016 # a script for the image's shell
   out="$(SHELL_ENTRY=1 run_in "$image" '
     planaria agent --worker 0 --job check --insecure --ready-file /tmp/ready >/tmp/agent.log 2>&1 &
     for _ in $(seq 1 600); do [ -s /tmp/ready ] && break; kill -0 $! 2>/dev/null || break; sleep 0.1; done
@@ -387,13 +389,13 @@ run() {
   while [ $# -gt 0 ]; do
     case "$1" in
     --bind)
-      [ $# -ge 2 ] && [ -d "$2" ] || die "--bind needs an existing folder"
+      { [ $# -ge 2 ] && [ -d "$2" ]; } || die "--bind needs an existing folder"
       case "$2" in /tmp/*) ;; *) die "--bind $2: only folders under /tmp can be bound" ;; esac
       binds+="$2"$'\n'
       shift 2
       ;;
     --env)
-      [ $# -ge 2 ] && [[ "$2" == *=* ]] || die "--env needs NAME=VALUE"
+      { [ $# -ge 2 ] && [[ "$2" == *=* ]]; } || die "--env needs NAME=VALUE"
       extra+="$2"$'\n'
       shift 2
       ;;
