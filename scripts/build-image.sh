@@ -7,9 +7,11 @@
 #   scripts/build-image.sh name      prints the built image's name (exit 1 if not built)
 #   scripts/build-image.sh check     runs the entrypoints in the built image (exit 1 on a failure)
 #   scripts/build-image.sh size      prints the built image's size in bytes
-#   scripts/build-image.sh run [--bind DIR]... [--env NAME=VALUE]... -- ARGS...
+#   scripts/build-image.sh run [--bind DIR] [--bind-rw DIR] [--env NAME=VALUE] [--pass-env] -- ARGS...
 #                                    runs `planaria ARGS` in the image as check does, with DIR
-#                                    (under /tmp) bound read-only and NAME set
+#                                    (under /tmp) bound read-only (--bind-rw: writable, handed to
+#                                    uid 10001), NAME set (--pass-env: the caller's environment
+#                                    but for this host's PATH, HOME, PYTHON*, ...)
 #
 # buildah (Debian bookworm's package, unpacked into the cache with its one missing library, run
 # with --isolation chroot on private storage) builds the Dockerfile; the base of both stages is
@@ -259,6 +261,18 @@ name() {
   built_name || exit 1
 }
 
+# The working containers of runs whose script is gone (killed before it could remove them: a
+# kubelet's SIGKILL after the grace period).
+sweep() {
+  local name pid
+  for name in $(buildah containers --noheading --format '{{.ContainerName}}' 2>/dev/null); do
+    case "$name" in planaria-run-*) ;; *) continue ;; esac
+    pid="${name#planaria-run-}"
+    pid="${pid%%-*}"
+    kill -0 "$pid" 2>/dev/null || buildah rm "$name" >/dev/null 2>&1 || true
+  done
+}
+
 # Runs ARGS... in a view of the image as the chart runs it: its root bind-mounted read-only,
 # tmpfs on /tmp, /dev (null, zero, random, urandom from the host) and /dev/shm, a fresh /proc in
 # a new PID namespace; as the image's user, with its environment, working directory and
@@ -268,7 +282,8 @@ run_in() {
   local image=$1
   shift
   local ctr mnt config rc=0
-  ctr="$(buildah from --pull-never --signature-policy "$(POLICY)" "$image")"
+  sweep
+  ctr="$(buildah from --pull-never --signature-policy "$(POLICY)" --name "planaria-run-$$-$RANDOM" "$image")"
   mnt="$(buildah mount "$ctr")"
   config="$(buildah inspect --type image "$image" | python3 -c '
 import json, sys
@@ -291,11 +306,11 @@ print(json.dumps(json.load(sys.stdin)["OCIv1"]["config"]))')"
     mount -t proc proc "$root/proc"
     # Host folders the caller asked for, read-only at the same path (under /tmp: the only place
     # a mount point can be made on the read-only root).
-    while IFS= read -r path; do
+    while read -r mode path; do
       [ -n "$path" ] || continue
       mkdir -p "$root$path"
       mount --bind "$path" "$root$path"
-      mount -o remount,bind,ro "$root$path"
+      [ "$mode" = rw ] || mount -o remount,bind,ro "$root$path"
     done <<<"$binds"
     eval "$(python3 -c "
 import json, shlex, sys
@@ -325,7 +340,6 @@ print(\"environment=(\" + q(c.get(\"Env\") or []) + \")\")
   done
   trap - TERM INT
   set -e
-  buildah umount "$ctr" >/dev/null 2>&1 || true
   buildah rm "$ctr" >/dev/null 2>&1 || true
   return "$rc"
 }
@@ -388,11 +402,28 @@ run() {
   image="$(name)" || die "the image is not built: run 'scripts/build-image.sh build' first"
   while [ $# -gt 0 ]; do
     case "$1" in
-    --bind)
-      { [ $# -ge 2 ] && [ -d "$2" ]; } || die "--bind needs an existing folder"
-      case "$2" in /tmp/*) ;; *) die "--bind $2: only folders under /tmp can be bound" ;; esac
-      binds+="$2"$'\n'
+    --bind | --bind-rw)
+      { [ $# -ge 2 ] && [ -d "$2" ]; } || die "$1 needs an existing folder"
+      case "$2" in /tmp/*) ;; *) die "$1 $2: only folders under /tmp can be bound" ;; esac
+      if [ "$1" = --bind-rw ]; then
+        # Writable for the image's user, as a kubelet makes an emptyDir for the pod's fsGroup.
+        chown -R 10001:10001 "$2"
+        binds+="rw $2"$'\n'
+      else
+        binds+="ro $2"$'\n'
+      fi
       shift 2
+      ;;
+    --pass-env)
+      # The caller's environment on top of the image's, except what describes this host.
+      while IFS= read -r -d '' variable; do
+        case "${variable%%=*}" in
+        PATH | HOME | PWD | OLDPWD | SHELL | USER | LOGNAME | TMPDIR | VIRTUAL_ENV | SHLVL | _) ;;
+        XDG_* | PYTHON* | LD_* | PIP_* | BASH* | SUDO_* | CONDA* | PYENV*) ;;
+        *) extra+="$variable"$'\n' ;;
+        esac
+      done < <(env -0)
+      shift
       ;;
     --env)
       { [ $# -ge 2 ] && [[ "$2" == *=* ]]; } || die "--env needs NAME=VALUE"
@@ -421,5 +452,5 @@ size)
   image="$(name)" || die "the image is not built: run 'scripts/build-image.sh build' first"
   size_of "$image"
   ;;
-*) die "usage: scripts/build-image.sh build|name|check|size|run [--bind DIR] [--env NAME=VALUE] -- ARGS" ;;
+*) die "usage: scripts/build-image.sh build|name|check|size|run [--bind DIR] [--bind-rw DIR] [--env NAME=VALUE] [--pass-env] -- ARGS" ;;
 esac
