@@ -10,6 +10,7 @@ with the command that builds it (`scripts/build-image.sh build`, or
 
 from __future__ import annotations
 
+import functools
 import os
 import pathlib
 import re
@@ -157,7 +158,9 @@ def test_the_runtime_stage_gets_no_build_arguments_and_runs_as_uid_10001() -> No
     assert 'ENTRYPOINT ["planaria"]' in runtime
 
 
+@functools.cache
 def built_image() -> str | None:
+    """The built image's name, or None (asked once per session: the script hashes the inputs)."""
     if os.geteuid() != 0 or shutil.which("unshare") is None:
         return None
     found = subprocess.run(["bash", str(SCRIPT), "name"], capture_output=True, text=True)
