@@ -7,22 +7,58 @@
 # nothing outside /tmp, so it works with readOnlyRootFilesystem: true when /tmp (and /dev/shm
 # for snapshots) are emptyDir volumes: HOME, every cache and temporary file point there, and
 # bytecode is compiled at build time and never written at run time.
+#
+# Mirrors and air-gapped builds (docs/kubernetes.md, "Building the image"), all optional:
+#   PYTHON_IMAGE     the base of both stages: any Debian-like image with python3 (3.11+) and its
+#                    venv module, groupadd and useradd (scripts/build-image.sh passes a
+#                    debootstrapped bookworm)
+#   INDEX_URL        the package index (a PyPI mirror); `none`: find-links only (--no-index)
+#   TORCH_INDEX_URL  where torch comes from (the CPU index for TORCH=cpu, else INDEX_URL);
+#                    `none`: find-links only
+#   EXTRA_INDEX_URL  more indexes, space-separated
+#   FIND_LINKS       wheel folders or pages, space-separated (a folder must exist in the build,
+#                    e.g. `buildah bud -v /opt/wheels:/opt/wheels:ro`)
+#   CA_BUNDLE        PEM text of CAs pip trusts besides the base image's (a mirror's or an
+#                    intercepting proxy's): --build-arg CA_BUNDLE="$(cat ca.pem)"
+# They configure pip in the build stage only; none of them reaches the runtime stage.
 
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
 FROM ${PYTHON_IMAGE} AS build
 ARG TORCH=cpu
-ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
-RUN python -m venv /opt/planaria
+ARG INDEX_URL=https://pypi.org/simple
+ARG TORCH_INDEX_URL=
+ARG EXTRA_INDEX_URL=
+ARG FIND_LINKS=
+ARG CA_BUNDLE=
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_CONFIG_FILE=/etc/planaria-build-pip.conf
+# pip's configuration from the build arguments, in one file the build stage's pip reads.
+RUN set -eu; conf="$PIP_CONFIG_FILE"; echo "[global]" >"$conf"; \
+    if [ "$INDEX_URL" = none ]; then echo "no-index = true" >>"$conf"; \
+    else echo "index-url = $INDEX_URL" >>"$conf"; fi; \
+    if [ -n "$EXTRA_INDEX_URL" ]; then echo "extra-index-url = $EXTRA_INDEX_URL" >>"$conf"; fi; \
+    if [ -n "$FIND_LINKS" ]; then echo "find-links = $FIND_LINKS" >>"$conf"; fi; \
+    if [ -n "$CA_BUNDLE" ]; then \
+        cat /etc/ssl/certs/ca-certificates.crt >"${conf%.conf}-ca.pem" 2>/dev/null || true; \
+        printf '%s\n' "$CA_BUNDLE" >>"${conf%.conf}-ca.pem"; \
+        echo "cert = ${conf%.conf}-ca.pem" >>"$conf"; \
+    fi
+RUN python3 -m venv /opt/planaria
 ENV PATH=/opt/planaria/bin:$PATH
-# torch first and pinned: an unpinned torch pulls the CUDA build even for the CPU image.
-RUN if [ "$TORCH" = "cpu" ]; then \
-        pip install --index-url https://download.pytorch.org/whl/cpu torch==2.13.0; \
+# torch first and pinned: an unpinned torch pulls the CUDA build even for the CPU image, and the
+# CPU pin names the +cpu build so that no mirror can substitute a CUDA wheel for it.
+RUN set -eu; \
+    if [ "$TORCH" = "cpu" ]; then \
+        wheel="torch==2.13.0+cpu"; index="${TORCH_INDEX_URL:-https://download.pytorch.org/whl/cpu}"; \
     elif [ "$TORCH" = "cuda" ]; then \
-        pip install torch==2.13.0; \
+        wheel="torch==2.13.0"; index="$TORCH_INDEX_URL"; \
     else \
         echo "TORCH must be cpu or cuda, got '$TORCH'" >&2; exit 2; \
-    fi
+    fi; \
+    if [ "$index" = none ]; then set -- --no-index; \
+    elif [ -n "$index" ]; then set -- --index-url "$index"; \
+    else set --; fi; \
+    pip install "$@" "$wheel"
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY operator ./operator
@@ -34,6 +70,14 @@ COPY protos ./protos
 # The hf extra (tokenizers, Parquet, transformers, safetensors): bring-your-own models and data.
 RUN pip install ".[hf]" && python -c "import planaria.cli.main" \
     && python -m compileall -q -x '/torch/testing/_internal/' /opt/planaria
+# What the torch wheel carries for C++ and for its own tests, unused at run time (about 190 MB):
+# C++ headers (torch.utils.cpp_extension and inductor's C++ backend need them, and a compiler,
+# which the image has never had), C++ test binaries, protoc. torch_shm_manager stays (tensor
+# sharing between processes).
+RUN torch="$(python -c 'import os, torch; print(os.path.dirname(torch.__file__))')" \
+    && rm -rf "$torch/include" "$torch/test" \
+    && find "$torch/bin" -mindepth 1 -maxdepth 1 ! -name torch_shm_manager -exec rm -rf {} + \
+    && python -c "import torch; torch.ones(2).sum()"
 
 FROM ${PYTHON_IMAGE} AS runtime
 LABEL org.opencontainers.image.title="planaria" \

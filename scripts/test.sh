@@ -12,6 +12,11 @@ if [ "${PLANARIA_KUBE:-}" = build ]; then
   # those tests are skipped.
   echo "== kube control plane"; bash scripts/kube-control-plane.sh build
 fi
+if [ "${PLANARIA_IMAGE:-}" = build ]; then
+  # The container image of tests/image (built with buildah once, then cached; needs root);
+  # without it the image test is skipped.
+  echo "== image"; bash scripts/build-image.sh build
+fi
 echo "== pytest"
 set +e
 pytest "$@"

@@ -1,0 +1,268 @@
+"""The container image: the Dockerfile's pip set-up for mirrors and air-gapped builds, and the
+built image's entrypoints as the chart runs them (docs/kubernetes.md, "Building the image").
+
+The Dockerfile tests run its build-stage shell steps as a build would (build arguments in the
+environment, `/bin/sh -c`), with a `pip` that only records its arguments. The image test runs
+`scripts/build-image.sh check` on the image that script built; when none is built it is skipped
+with the command that builds it (`scripts/build-image.sh build`, or
+`PLANARIA_IMAGE=build bash scripts/test.sh`).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import pathlib
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import pytest
+
+from tests.kube import operating
+from tests.kube.support import serving
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+DOCKERFILE = ROOT / "Dockerfile"
+SCRIPT = ROOT / "scripts" / "build-image.sh"
+T = TypeVar("T")
+# Markers of the two build-stage steps under test: torch's install and pip's configuration.
+TORCH_STEP = 'pip install "$@" "$wheel"'
+CONFIG_STEP = 'conf="$PIP_CONFIG_FILE"'
+
+
+def build_stage() -> tuple[dict[str, str], list[str]]:
+    """The build stage's ARG defaults and its RUN commands (continuation lines joined)."""
+    text = DOCKERFILE.read_text().replace("\\\n", "")
+    stage = text.split(" AS build\n", 1)[1].split("\nFROM ", 1)[0]
+    args = dict((m.group(1), m.group(2)) for m in re.finditer(r"^ARG (\w+)=(.*)$", stage, re.M))
+    runs = [m.group(1) for m in re.finditer(r"^RUN (.*)$", stage, re.M)]
+    return args, runs
+
+
+def run_step(
+    marker: str, tmp_path: pathlib.Path, **build_args: str
+) -> subprocess.CompletedProcess[str]:
+    """Runs the build stage's RUN step containing `marker` with the ARG defaults overridden by
+    `build_args`; `pip` on PATH writes its arguments, one a line, to tmp_path/pip-args."""
+    args, runs = build_stage()
+    (step,) = [run for run in runs if marker in run]
+    shim = tmp_path / "bin"
+    shim.mkdir(exist_ok=True)
+    (shim / "pip").write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" > {tmp_path}/pip-args\n')
+    (shim / "pip").chmod(0o755)
+    env = {
+        "PATH": f"{shim}:/usr/bin:/bin",
+        "PIP_CONFIG_FILE": str(tmp_path / "planaria-build-pip.conf"),
+        **args,
+        **build_args,
+    }
+    return subprocess.run(["/bin/sh", "-c", step], env=env, capture_output=True, text=True)
+
+
+def pip_args(tmp_path: pathlib.Path) -> list[str]:
+    return (tmp_path / "pip-args").read_text().splitlines()
+
+
+def test_default_cpu_torch_comes_from_the_cpu_index_pinned_to_the_cpu_build(
+    tmp_path: pathlib.Path,
+) -> None:
+    done = run_step(TORCH_STEP, tmp_path, TORCH="cpu")
+    assert done.returncode == 0, done.stderr
+    assert pip_args(tmp_path) == [
+        "install",
+        "--index-url",
+        "https://download.pytorch.org/whl/cpu",
+        "torch==2.13.0+cpu",
+    ]
+
+
+def test_cuda_torch_comes_from_the_package_index(tmp_path: pathlib.Path) -> None:
+    done = run_step(TORCH_STEP, tmp_path, TORCH="cuda")
+    assert done.returncode == 0, done.stderr
+    assert pip_args(tmp_path) == ["install", "torch==2.13.0"]
+
+
+@pytest.mark.parametrize(
+    ("torch_index", "expected"),
+    [
+        ("none", ["--no-index"]),
+        ("https://mirror.example/torch-cpu", ["--index-url", "https://mirror.example/torch-cpu"]),
+    ],
+)
+def test_a_torch_mirror_or_find_links_only_replaces_the_cpu_index(
+    tmp_path: pathlib.Path, torch_index: str, expected: list[str]
+) -> None:
+    done = run_step(TORCH_STEP, tmp_path, TORCH="cpu", TORCH_INDEX_URL=torch_index)
+    assert done.returncode == 0, done.stderr
+    assert pip_args(tmp_path) == ["install", *expected, "torch==2.13.0+cpu"]
+
+
+def test_an_unknown_torch_flavour_fails_the_build_with_one_line(tmp_path: pathlib.Path) -> None:
+    done = run_step(TORCH_STEP, tmp_path, TORCH="rocm")
+    assert done.returncode == 2
+    assert done.stderr.strip() == "TORCH must be cpu or cuda, got 'rocm'"
+    assert not (tmp_path / "pip-args").exists()
+
+
+def pip_config(tmp_path: pathlib.Path, **build_args: str) -> str:
+    done = run_step(CONFIG_STEP, tmp_path, **build_args)
+    assert done.returncode == 0, done.stderr
+    return (tmp_path / "planaria-build-pip.conf").read_text()
+
+
+def test_by_default_pip_uses_pypi_and_nothing_else(tmp_path: pathlib.Path) -> None:
+    assert pip_config(tmp_path) == "[global]\nindex-url = https://pypi.org/simple\n"
+    assert not (tmp_path / "planaria-build-pip-ca.pem").exists()
+
+
+def test_mirror_find_links_and_ca_bundle_become_the_build_stage_pip_config(
+    tmp_path: pathlib.Path,
+) -> None:
+    ca = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----"
+    config = pip_config(
+        tmp_path,
+        INDEX_URL="https://mirror.example/simple",
+        EXTRA_INDEX_URL="file:///opt/pypi/simple https://other.example/simple",
+        FIND_LINKS="/opt/wheels",
+        CA_BUNDLE=ca,
+    )
+    bundle = tmp_path / "planaria-build-pip-ca.pem"
+    assert config == (
+        "[global]\n"
+        "index-url = https://mirror.example/simple\n"
+        "extra-index-url = file:///opt/pypi/simple https://other.example/simple\n"
+        "find-links = /opt/wheels\n"
+        f"cert = {bundle}\n"
+    )
+    system = pathlib.Path("/etc/ssl/certs/ca-certificates.crt")
+    base = system.read_text() if system.exists() else ""
+    assert bundle.read_text() == base + ca + "\n"
+
+
+def test_an_air_gapped_build_asks_no_index(tmp_path: pathlib.Path) -> None:
+    config = pip_config(tmp_path, INDEX_URL="none", FIND_LINKS="/wheels")
+    assert config == "[global]\nno-index = true\nfind-links = /wheels\n"
+
+
+def test_the_runtime_stage_gets_no_build_arguments_and_runs_as_uid_10001() -> None:
+    runtime = DOCKERFILE.read_text().split(" AS runtime\n", 1)[1]
+    assert "ARG " not in runtime and "pip" not in runtime
+    assert "\nUSER 10001:10001\n" in runtime
+    assert 'ENTRYPOINT ["planaria"]' in runtime
+
+
+@functools.cache
+def built_image() -> str | None:
+    """The built image's name, or None (asked once per session: the script hashes the inputs)."""
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        return None
+    found = subprocess.run(["bash", str(SCRIPT), "name"], capture_output=True, text=True)
+    return found.stdout.strip() if found.returncode == 0 else None
+
+
+def test_the_entrypoints_start_in_the_image_as_uid_10001_on_a_read_only_root() -> None:
+    image = built_image()
+    if image is None:
+        pytest.skip(
+            "the image is not built (or this is not root): run `scripts/build-image.sh build` "
+            "(or `PLANARIA_IMAGE=build bash scripts/test.sh`) once; it is cached"
+        )
+    done = subprocess.run(["bash", str(SCRIPT), "check"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    assert "== uid 10001, read-only root, writable /tmp and /dev/shm: ok" in lines
+    for command in ("--help", "operator --help", "agent --help", "version", "reference"):
+        assert any(line.startswith(f"== planaria {command}") for line in lines), done.stdout
+    assert not [line for line in lines if line.startswith("== ") and ": ok" not in line]
+    assert lines[-1] == f"build-image: every entrypoint starts in {image} as uid 10001"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def healthy(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as answer:
+            return bool(answer.status == 200)
+    except OSError:
+        return False
+
+
+def wait_until(check: Callable[[], T | None], process: subprocess.Popen[bytes], what: str) -> T:
+    """`check()`'s first truthy value; fails if the image's process ends first or after 180 s
+    (a generous bound: the first start reads torch from disk on a loaded machine)."""
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        assert process.poll() is None, f"the operator exited ({process.returncode}) before {what}"
+        time.sleep(0.2)
+    raise AssertionError(f"not within 180 s: {what}")
+
+
+def test_the_operator_from_the_image_runs_a_job_on_an_api_server(tmp_path: pathlib.Path) -> None:
+    """`planaria operator` started from the image (uid 10001, read-only root) against the API
+    emulator: it becomes healthy and creates a new job's Secrets, Service and pods, then stops
+    on SIGTERM. The pods stay unscheduled: no kubelet runs them here."""
+    image = built_image()
+    if image is None:
+        pytest.skip(
+            "the image is not built (or this is not root): run `scripts/build-image.sh build` "
+            "(or `PLANARIA_IMAGE=build bash scripts/test.sh`) once; it is cached"
+        )
+    api_dir, data_dir = tmp_path / "api", tmp_path / "data"
+    api_dir.mkdir()
+    data_dir.mkdir()
+    corpus = data_dir / "corpus.txt"
+    corpus.write_text("the quick brown fox jumps over the lazy dog. " * 200)
+    port = free_port()
+    log = tmp_path / "operator.log"
+    with serving.serve(api_dir) as api, log.open("wb") as output:
+        api.load_crd(operating.emulated_crd())
+        process = subprocess.Popen(
+            [
+                *("bash", str(SCRIPT), "run", "--bind", str(api_dir), "--bind", str(data_dir)),
+                *("--env", f"KUBECONFIG={api.kubeconfig}", "--"),
+                *("operator", "--namespace", operating.NAMESPACE, "--standalone"),
+                *("--agent-image", "planaria:test", "--store-port", "0"),
+                *("--health-port", str(port), "--metrics-port", "0"),
+            ],
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        try:
+            wait_until(lambda: healthy(port), process, "/healthz answered")
+            api.apply(operating.job_body("imaged", **operating.e2e_spec(corpus, steps=5)))
+
+            def three_pods() -> list[dict[str, Any]] | None:
+                found = operating.pods_of(api, "imaged")
+                return found if len(found) == 3 else None
+
+            pods = wait_until(three_pods, process, "the job's 3 pods created")
+            assert {p["spec"]["containers"][0]["image"] for p in pods} == {"planaria:test"}
+            assert api.list("v1", "Service", operating.NAMESPACE)
+        finally:
+            # A stop as a container runtime's: SIGTERM to the image's process (the script
+            # hands it on), SIGKILL to everything left after 60 s.
+            process.send_signal(signal.SIGTERM)
+            try:
+                returncode = process.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                raise
+    text = log.read_text(errors="replace")
+    assert returncode == 0, text[-3000:]
+    assert "Read-only file system" not in text and "Traceback" not in text, text[-3000:]
