@@ -40,7 +40,7 @@ from planaria.agent.harness import local_cluster, run_results
 from planaria.agent.training import comparison, data, model, reference, semantics
 from planaria.contract import errors, instructions, plan, schedule, shapes
 from planaria.wire import messages
-from tests import strategies
+from tests import plans, strategies
 
 SEED = 11
 CORPUS_BYTES = 200_000
@@ -77,25 +77,7 @@ def _config(p: plan.Plan, reduction: messages.Reduction = EXACT) -> semantics.Tr
     )
 
 
-def _plan(
-    *pipelines: tuple[Stages, int], reroutes: tuple[plan.Reroute, ...] = (), micro: int = 2
-) -> plan.Plan:
-    return plan.Plan(
-        pipelines=tuple(
-            plan.Pipeline(
-                stages=tuple(
-                    plan.Stage(
-                        layer_start=a, layer_stop=b, workers=tuple(plan.WorkerId(w) for w in ws)
-                    )
-                    for a, b, ws in stages
-                ),
-                num_micro_batches=n,
-            )
-            for stages, n in pipelines
-        ),
-        micro_batch_size=micro,
-        reroutes=reroutes,
-    )
+_plan = plans.staged
 
 
 SYMMETRIC = _plan(([(0, 2, (0,)), (2, 5, (1,))], 3), ([(0, 2, (2,)), (2, 5, (3,))], 2))

@@ -32,7 +32,7 @@ from planaria.agent.training import comparison, data, model, reduction, referenc
 from planaria.agent.training import hf_models as hf_layers
 from planaria.contract import plan, schedule, shapes
 from planaria.wire import messages
-from tests import hf_models, strategies
+from tests import hf_models, plans, strategies
 
 pytest.importorskip("transformers")
 
@@ -42,21 +42,7 @@ Use = tied_embeddings.Use
 Stages = list[tuple[int, int, tuple[int, ...]]]
 
 
-def _plan(*pipelines: tuple[Stages, int], reroutes: tuple[plan.Reroute, ...] = ()) -> plan.Plan:
-    return plan.Plan(
-        pipelines=tuple(
-            plan.Pipeline(
-                stages=tuple(
-                    plan.Stage(layer_start=a, layer_stop=b, workers=tuple(map(plan.WorkerId, ws)))
-                    for a, b, ws in stages
-                ),
-                num_micro_batches=n,
-            )
-            for stages, n in pipelines
-        ),
-        micro_batch_size=2,
-        reroutes=reroutes,
-    )
+_plan = plans.staged
 
 
 PLANS = {
