@@ -44,13 +44,8 @@ die() {
 
 log() { echo "build-image: [${SECONDS}s] $*" >&2; }
 
-apt_private() {
-  local apt="$CACHE/apt"
-  apt-get -q \
-    -o Dir::Etc::SourceList="$apt/sources.list" -o Dir::Etc::SourceParts=/dev/null \
-    -o Dir::State::Lists="$apt/lists" -o Dir::Cache="$apt/cache" \
-    -o Dir::Cache::Archives="$apt/archives" -o Debug::NoLocking=1 "$@"
-}
+# shellcheck source=scripts/apt-private.sh
+source "$(dirname "${BASH_SOURCE[0]}")/apt-private.sh"
 
 # buildah and debootstrap from Debian packages, unpacked into $TOOLS (not installed).
 tools() {

@@ -31,13 +31,8 @@ built() {
   [ -x "$BIN/kube-apiserver" ] && [ -x "$BIN/kube-controller-manager" ] && [ -x "$BIN/etcd" ]
 }
 
-apt_private() {
-  local apt="$CACHE/apt"
-  apt-get -q \
-    -o Dir::Etc::SourceList="$apt/sources.list" -o Dir::Etc::SourceParts=/dev/null \
-    -o Dir::State::Lists="$apt/lists" -o Dir::Cache="$apt/cache" \
-    -o Dir::Cache::Archives="$apt/archives" -o Debug::NoLocking=1 "$@"
-}
+# shellcheck source=scripts/apt-private.sh
+source "$(dirname "${BASH_SOURCE[0]}")/apt-private.sh"
 
 build() {
   if built; then

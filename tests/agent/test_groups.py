@@ -27,27 +27,13 @@ from torch._C import _distributed_c10d as c10d
 from planaria.agent.execution import groups
 from planaria.contract import instructions, plan, schedule
 from planaria.wire import messages
-from tests import strategies
+from tests import plans, strategies
 
 GLOO = messages.Backend.GLOO
 
 
-def _plan(*pipelines: tuple[list[tuple[int, int, tuple[int, ...]]], int]) -> plan.Plan:
-    return plan.Plan(
-        pipelines=tuple(
-            plan.Pipeline(
-                stages=tuple(
-                    plan.Stage(
-                        layer_start=a, layer_stop=b, workers=tuple(plan.WorkerId(w) for w in ws)
-                    )
-                    for a, b, ws in stages
-                ),
-                num_micro_batches=n,
-            )
-            for stages, n in pipelines
-        ),
-        micro_batch_size=1,
-    )
+def _plan(*pipelines: tuple[plans.Stages, int]) -> plan.Plan:
+    return plans.staged(*pipelines, micro=1)
 
 
 @pytest.fixture
