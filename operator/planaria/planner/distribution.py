@@ -63,7 +63,7 @@ def split_layers(
     best: tuple[float, tuple[int, ...]] | None = None
     # cheapest bound first; a split whose bound exceeds the best step so far cannot win, and
     # neither can any after it (the answer is that of costing every split)
-    for bound, counts in sorted((_step_bound_s(prof, c, depth), c) for c in splits):
+    for bound, counts in sorted((step_bound_s(prof, c, depth), c) for c in splits):
         if best is not None and bound * (1 - _ROUNDING) > best[0]:
             break
         # S micro-batches: each stage reaches its steady-state count in flight (memory holds
@@ -79,7 +79,7 @@ def split_layers(
 _ROUNDING = 1e-9
 
 
-def _step_bound_s(prof: profile.Profile, counts: tuple[int, ...], num_micro_batches: int) -> float:
+def step_bound_s(prof: profile.Profile, counts: tuple[int, ...], num_micro_batches: int) -> float:
     """A lower bound on E's step of a pipeline of one-GPU stages of `counts` layers running
     `num_micro_batches` (free links): for each stage s, micro-batch 0's forward through the
     stages before it, all of s's forwards and backwards one after another, the last
