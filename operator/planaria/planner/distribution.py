@@ -37,13 +37,17 @@ def remainder_placements(num_layers: int, depth: int) -> Iterator[tuple[int, ...
         yield tuple(base + (1 if s in chosen else 0) for s in range(depth))
 
 
-def _stage_work_s(prof: profile.Profile, counts: tuple[int, ...]) -> float:
-    """The largest forward + backward compute of one stage (1 GPU): a pre-ranking only."""
+def _stage_work_s(
+    prof: profile.Profile, counts: tuple[int, ...], memo: dict[tuple[int, int], float]
+) -> float:
+    """The largest forward + backward compute of one stage (1 GPU): a pre-ranking only.
+    `memo` keeps each layer range's sum (the same sum in the same order, so the same float):
+    placements share most of their stages."""
     bounds = list(itertools.accumulate(counts, initial=0))
-    return max(
-        sum(layer.forward_s[0] + layer.backward_s[0] for layer in prof.layers[a:b])
-        for a, b in itertools.pairwise(bounds)
-    )
+    for a, b in itertools.pairwise(bounds):
+        if (a, b) not in memo:
+            memo[a, b] = sum(layer.forward_s[0] + layer.backward_s[0] for layer in prof.layers[a:b])
+    return max(memo[a, b] for a, b in itertools.pairwise(bounds))
 
 
 def split_layers(
@@ -59,7 +63,8 @@ def split_layers(
     placements = itertools.islice(remainder_placements(prof.num_layers, depth), _MAX_ENUMERATED)
     splits = list(placements)
     if len(splits) > max_splits:
-        splits = heapq.nsmallest(max_splits, splits, key=lambda c: _stage_work_s(prof, c))
+        memo: dict[tuple[int, int], float] = {}
+        splits = heapq.nsmallest(max_splits, splits, key=lambda c: _stage_work_s(prof, c, memo))
     best: tuple[float, tuple[int, ...]] | None = None
     # cheapest bound first; a split whose bound exceeds the best step so far cannot win, and
     # neither can any after it (the answer is that of costing every split)

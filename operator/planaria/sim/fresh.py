@@ -1,4 +1,4 @@
-"""The fastest plan over N workers planned from scratch: an exact search over prefix counts.
+"""The fastest plan over N workers planned from scratch: an exact best-first search.
 
 The question (`planning.Planner.fresh`): over every prefix of the sorted workers (count 1..N,
 since fewer workers can train faster) and every layout of that count, the layout with the
@@ -13,48 +13,54 @@ consecutive workers.
 The answer is defined by the exhaustive search it replaces (kept as the oracle in
 tests/sim/test_fresh.py): per count, layouts that fit are sorted by their eq. 10 screen (the
 slowest pipeline alone; a stable sort, so ties keep the order above) and estimated whole in that
-order until no screen is below the best whole step; the best is the least whole step, the first
-in that order on a tie; over counts, a later count replaces the best only when strictly faster
-(ties: the fewest workers). Three exact cuts give the same answer without visiting every layout:
+order until no screen is below the best whole step, which keeps the least whole step, the first
+in that order on a tie; over counts, a later count replaces the best only when strictly faster.
+Since a screen is a lower bound of the whole step (a whole plan's stage waits for its
+all-reduces after its arrival alone, `composition`), that answer is the least layout in the
+order (whole step, count, screen, DP degree, symmetric first) among those that fit and pass
+the test: the tie rule. This module finds that least layout best-first:
 
-1. A layout seen at an earlier count is not visited again: a symmetric grid DP x d uses DP x d
-   workers whatever the count, so it is the same plan at every count in [DP d, DP (d + 1)) and
-   from DP x L on; only a strictly faster plan replaces the best, so its repeats cannot.
-2. A layout is screened only if a lower bound on its step is below the best whole step of the
-   earlier counts: some pipeline runs at least ceil(M / DP) of the M micro-batches, and E's
-   step of a pipeline with m micro-batches is at least `distribution.step_bound_s` (the chain
-   of its compute, free links), at least the smaller over the layout's (one or two) depths.
-3. A layout is screened from its distinct pipelines: a pipeline's estimate depends only on its
-   split, its micro-batches and its first worker's GPU within a node (`screening.canonical`),
-   so a 1,024-pipeline layout costs a few memo look-ups; the whole plan is built only for the
-   layouts whose screen is below the best so far.
+1. Layouts are grouped by (DP degree, depth): the symmetric grid DP x d (a plan of DP x d
+   workers, the same at every larger count, so only its first count can win a tie) and the
+   asymmetric layouts DP x d plus e deeper pipelines (count DP d + e, e = 1..DP-1). A group's
+   lower bound: some pipeline runs at least ceil(M / DP) of the M micro-batches, and E's step of
+   a pipeline of one-GPU stages with m micro-batches is at least `distribution.step_bound_s`
+   (the chain of its compute on free links); the smaller over the group's one or two depths.
+2. Groups are opened in order of that bound until it exceeds the best whole step found; in an
+   open group, each layout is cut as soon as one of its increasingly costly lower bounds
+   exceeds it: the step bound of its distributed batch (no replay), its screen (each distinct
+   pipeline, split x micro-batches x first GPU within a node, replayed once: a
+   1,024-pipeline layout costs a few look-ups), and the tail bound (each stage's arrival alone
+   plus its all-reduces one after another plus its optimizer step, which its worker runs in
+   sequence in the whole plan). Only the layouts left are built and estimated whole.
 
-Cuts 2 and 3 rest on the screen being a lower bound of the whole step (the whole plan's
-stage waits for its all-reduces after its arrival alone, `composition`) and on the step bound;
-a layout they skip has a whole step at least the best of the earlier counts, so it can neither
-win nor change which of the faster layouts wins a tie. The answer of the first n counts does
-not depend on later counts, so it is kept per count and a search serves every n.
+A cut layout has a whole step above the best, so it can neither win nor take a tie. Bounds
+sum costs in another order than the replay, so they carry a relative slack of 1e-9. Answers
+are kept per worker count; screens, bounds and whole steps per layout, for every count.
 
-Not here: what a plan's estimate is (`screening`), the split per depth (`distribution`).
+Not here: what a plan's estimate is (`screening`, `composition`), the split per depth
+(`distribution`).
 """
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from planaria.contract import errors, plan
-from planaria.planner import batching, distribution, screening
+from planaria.planner import batching, composition, distribution, estimator, screening
 
-# Relative slack on the step bound: it sums the same costs in another order than the replay.
+# Relative slack on the bounds: they sum the same costs in another order than the replay.
 _ROUNDING = 1e-9
 
 Layout = tuple[tuple[int, ...], ...]
 """Per pipeline its layer counts then its micro-batches, in worker order."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, order=True)
 class Shape:
     """A layout before its split and batch: `num_pipelines` pipelines, the first `num_deeper`
     of them `depth + 1` stages deep, the others `depth`."""
@@ -63,31 +69,49 @@ class Shape:
     depth: int
     num_deeper: int
 
+    @property
+    def num_workers(self) -> int:
+        return self.num_pipelines * self.depth + self.num_deeper
+
     def depths(self) -> tuple[int, ...]:
         deeper = (self.depth + 1,) * self.num_deeper
         return deeper + (self.depth,) * (self.num_pipelines - self.num_deeper)
 
+    def rank(self, step_s: float, screen_s: float) -> tuple[float, int, float, int, int]:
+        """The tie rule's order (module docstring)."""
+        return (step_s, self.num_workers, screen_s, self.num_pipelines, int(self.num_deeper > 0))
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Found:
-    """The best layout of the counts searched so far: its whole step, layout and count."""
+    """The best layout over a number of workers: its whole step, layout and count."""
 
     step_s: float
     layout: Layout
     num_workers: int
 
 
-def shapes(
+@dataclass(frozen=True, slots=True)
+class _Screened:
+    """A layout's eq. 10 screen, micro-batches per pipeline and its distinct pipelines."""
+
+    screen_s: float
+    micro_batches: tuple[int, ...]
+    kinds: frozenset[tuple[int, int, int]]  # (depth, micro-batches, first GPU within a node)
+
+
+def groups(
     num_workers: int, num_layers: int, num_micro_batches: int, symmetric: bool
-) -> Iterator[tuple[Shape, bool]]:
-    """`candidates.configurations(num_workers, 1, L, M, num_workers)` in its order (asymmetric
-    ones dropped when `symmetric`), each with whether it is new at this count (cut 1)."""
+) -> Iterator[tuple[Shape, int]]:
+    """Every group of layouts over at most `num_workers` (module docstring, 1): the symmetric
+    grid as Shape(DP, d, 0) with 0, the asymmetric ones as Shape(DP, d, 1) with how many
+    (e = 1..that many)."""
     for dp in range(1, min(num_workers, num_micro_batches) + 1):
-        depth, extra = divmod(num_workers, dp)
-        capped = min(depth, num_layers)
-        yield Shape(dp, capped, 0), dp * capped == num_workers
-        if extra and depth + 1 <= num_layers and not symmetric:
-            yield Shape(dp, depth, extra), True
+        for depth in range(1, min(num_layers, num_workers // dp) + 1):
+            yield Shape(dp, depth, 0), 0
+            room = min(dp - 1, num_workers - dp * depth)
+            if room > 0 and depth + 1 <= num_layers and not symmetric:
+                yield Shape(dp, depth, 1), room
 
 
 class Search:
@@ -111,57 +135,72 @@ class Search:
         self.plan_of = plan_of
         self.symmetric = symmetric
         self.test = test
-        self._upto: list[Found | None] = []  # best over counts 1..n+1, per n
-        self._costs: dict[int, batching.PipelineCost] = {}
+        self._answers: dict[int, Found | None] = {}
         self._bounds: dict[tuple[int, int], float] = {}
+        self._costs: dict[int, batching.PipelineCost] = {}
+        self._spread: dict[Shape, tuple[int, ...] | None] = {}
+        self._screens: dict[Shape, _Screened | None] = {}
+        self._tails: dict[Shape, float] = {}
+        self._wholes: dict[Shape, float | None] = {}  # None: does not fit or fails the test
         self._alone: dict[tuple[int, int, int], screening.Estimate] = {}
 
     def best(self, num_workers: int) -> Found | None:
         """The fastest layout over a prefix of `num_workers` workers (None: nothing fits)."""
-        while len(self._upto) < num_workers:
-            incumbent = self._upto[-1] if self._upto else None
-            found = self._count(len(self._upto) + 1, incumbent)
-            better = found is not None and (incumbent is None or found.step_s < incumbent.step_s)
-            self._upto.append(found if better else incumbent)
-        return self._upto[num_workers - 1] if num_workers > 0 else None
+        if num_workers not in self._answers:
+            self._answers[num_workers] = self._search(num_workers)
+        return self._answers[num_workers]
 
-    def _count(self, num_workers: int, incumbent: Found | None) -> Found | None:
-        """The count's best layout among those that could beat `incumbent` (cuts 1-3)."""
-        limit = math.inf if incumbent is None else incumbent.step_s
-        prof = self.estimates.profile
-        screened = []
-        for shape, new in shapes(
-            num_workers, prof.num_layers, self.reference.num_micro_batches, self.symmetric
-        ):
-            if not new or self._bound_s(shape) >= limit:
-                continue
-            found = self._screen(shape)
-            if found is not None:
-                screened.append((found[0], shape, found[1]))
-        screened.sort(key=lambda item: item[0])  # stable: ties keep the configurations' order
-        best: Found | None = None
-        for screen_s, shape, micro_batches in screened:
-            if screen_s >= min(limit, math.inf if best is None else best.step_s):
-                break  # a screen is a lower bound: nothing later can beat the best
-            layout = tuple(
-                (*self._split_of(d), m) for d, m in zip(shape.depths(), micro_batches, strict=True)
+    def _search(self, num_workers: int) -> Found | None:
+        prof, total = self.estimates.profile, self.reference.num_micro_batches
+        heap = [
+            (self._group_bound_s(shape), shape, room)
+            for shape, room in groups(num_workers, prof.num_layers, total, self.symmetric)
+        ]
+        heapq.heapify(heap)
+        best: tuple[tuple[float, int, float, int, int], Shape] | None = None
+        while heap and heap[0][0] <= (math.inf if best is None else best[0][0]):
+            _, group, room = heapq.heappop(heap)
+            members = (
+                [group]
+                if room == 0
+                else [Shape(group.num_pipelines, group.depth, e) for e in range(1, room + 1)]
             )
-            built = self.plan_of(layout, num_workers)
-            whole = self.estimates.whole(built)
-            if not self.estimates.fits(whole) or (self.test and not self.test(built)):
-                continue
-            if best is None or whole.step_s < best.step_s:
-                best = Found(step_s=whole.step_s, layout=layout, num_workers=num_workers)
-        return best
+            for shape in members:
+                rank = self._rank(shape, math.inf if best is None else best[0][0])
+                if rank is not None and (best is None or rank < best[0]):
+                    best = (rank, shape)
+        if best is None:
+            return None
+        rank, shape = best
+        screened = self._screens[shape]
+        assert screened is not None  # it was estimated whole
+        return Found(step_s=rank[0], layout=self._layout(shape, screened), num_workers=rank[1])
 
-    def _bound_s(self, shape: Shape) -> float:
-        """A lower bound on the whole step of any plan of `shape` (cut 2); inf when a depth has
-        no split that fits (such a layout is not tried)."""
+    def _rank(self, shape: Shape, limit: float) -> tuple[float, int, float, int, int] | None:
+        """The layout's place in the tie rule's order, or None when it does not fit, fails the
+        test, or a lower bound on its step exceeds `limit` (module docstring, 2)."""
+        if self._spread_bound_s(shape) > limit:
+            return None
+        screened = self._screen(shape)
+        if screened is None or screened.screen_s > limit or self._tail_s(shape) > limit:
+            return None
+        if shape not in self._wholes:
+            built = self.plan_of(self._layout(shape, screened), shape.num_workers)
+            whole = self.estimates.whole(built)
+            valid = self.estimates.fits(whole) and (self.test is None or self.test(built))
+            self._wholes[shape] = whole.step_s if valid else None
+        step_s = self._wholes[shape]
+        return None if step_s is None else shape.rank(step_s, screened.screen_s)
+
+    # --- lower bounds ----------------------------------------------------------------------
+
+    def _group_bound_s(self, shape: Shape) -> float:
         most = -(-self.reference.num_micro_batches // shape.num_pipelines)
-        depths = {shape.depth, shape.depth + 1} if shape.num_deeper else {shape.depth}
+        depths = (shape.depth, shape.depth + 1) if shape.num_deeper else (shape.depth,)
         return min(self._depth_bound_s(d, most) for d in depths)
 
     def _depth_bound_s(self, depth: int, num_micro_batches: int) -> float:
+        """`distribution.step_bound_s` of the depth's split (inf: no split fits)."""
         key = (depth, num_micro_batches)
         if key not in self._bounds:
             split = self.split(depth)
@@ -173,13 +212,56 @@ class Search:
             )
         return self._bounds[key]
 
-    def _screen(self, shape: Shape) -> tuple[float, tuple[int, ...]] | None:
-        """The eq. 10 screen (slowest pipeline alone) and the micro-batches per pipeline, or
-        None when a depth has no split, the batch cannot be shared, or a pipeline does not fit
-        alone (cut 3)."""
+    def _spread_bound_s(self, shape: Shape) -> float:
+        """The step bound of the pipelines with their distributed batch (inf: no split of a
+        depth fits or the batch cannot be shared)."""
+        spread = self._micro_batches(shape)
+        if spread is None:
+            return math.inf
+        pairs = set(zip(shape.depths(), spread, strict=True))
+        return max(self._depth_bound_s(d, m) for d, m in pairs)
+
+    def _tail_s(self, shape: Shape) -> float:
+        """A lower bound on the whole step: per distinct pipeline and stage, its arrival alone,
+        its all-reduces (one per bucket of layers with the same holders, shared by every
+        pipeline) one after another and its optimizer step."""
+        if shape not in self._tails:
+            self._tails[shape] = self._tail_bound_s(shape)
+        return self._tails[shape]
+
+    def _tail_bound_s(self, shape: Shape) -> float:
+        screened = self._screens[shape]
+        assert screened is not None
+        prof, dp, gpus = self.estimates.profile, shape.num_pipelines, self.reference.gpus_per_node
+        present = {d for d, _, _ in screened.kinds}
+        cuts = sorted({c for d in present for c in itertools.accumulate(self._split_of(d))})
+        reduce_s = {}  # seconds of each bucket's all-reduce, by its first layer
+        for a, b in itertools.pairwise([0, *cuts]):
+            gradient = sum(layer.gradient_bytes for layer in prof.layers[a:b])
+            links = [prof.inter_node] if gpus == 1 else [prof.inter_node, prof.intra_node]
+            reduce_s[a] = min(link.allreduce_s(gradient, dp) for link in links)
+        bound = 0.0
+        for depth, num_micro_batches, gpu in screened.kinds:
+            run = self._run(depth, num_micro_batches, gpu)
+            bounds = list(itertools.accumulate(self._split_of(depth), initial=0))
+            for (a, b), arrival_s in zip(itertools.pairwise(bounds), run.arrival_s, strict=True):
+                waits = sum(reduce_s[c] for c in reduce_s if a <= c < b)
+                optimizer = estimator.optimizer_s(prof, range(a, b), 1)
+                bound = max(bound, arrival_s + waits + optimizer)
+        return bound * (1 - _ROUNDING)
+
+    # --- the layout's parts ----------------------------------------------------------------
+
+    def _micro_batches(self, shape: Shape) -> tuple[int, ...] | None:
+        """`batching.distribute` over the layout's pipelines (None: a depth has no split, or
+        the batch cannot be shared)."""
+        if shape not in self._spread:
+            self._spread[shape] = self._distributed(shape)
+        return self._spread[shape]
+
+    def _distributed(self, shape: Shape) -> tuple[int, ...] | None:
         depths = shape.depths()
-        splits = [self.split(d) for d in {shape.depth, shape.depth + 1} & set(depths)]
-        if any(s is None for s in splits):
+        if any(self.split(d) is None for d in set(depths)):
             return None
         try:
             spread = batching.distribute(
@@ -189,14 +271,30 @@ class Search:
             )
         except errors.InfeasibleError:
             return None  # this many pipelines cannot share the global batch
-        gpus, first, distinct = self.reference.gpus_per_node, 0, set()
-        for depth, num_micro_batches in zip(depths, spread.micro_batches, strict=True):
-            distinct.add((depth, num_micro_batches, first % gpus))
+        return spread.micro_batches
+
+    def _screen(self, shape: Shape) -> _Screened | None:
+        """The eq. 10 screen from the distinct pipelines (None: a pipeline does not fit)."""
+        if shape not in self._screens:
+            self._screens[shape] = self._screened(shape)
+        return self._screens[shape]
+
+    def _screened(self, shape: Shape) -> _Screened | None:
+        spread = self._micro_batches(shape)
+        if spread is None:
+            return None
+        gpus, first, kinds = self.reference.gpus_per_node, 0, set()
+        for depth, num_micro_batches in zip(shape.depths(), spread, strict=True):
+            kinds.add((depth, num_micro_batches, first % gpus))
             first += depth
-        alone = [self._pipeline(*key) for key in distinct]
+        alone = [self._pipeline(*kind) for kind in kinds]
         if not all(self.estimates.fits(e) for e in alone):
             return None
-        return max(e.step_s for e in alone), spread.micro_batches
+        return _Screened(max(e.step_s for e in alone), spread, frozenset(kinds))
+
+    def _layout(self, shape: Shape, screened: _Screened) -> Layout:
+        pairs = zip(shape.depths(), screened.micro_batches, strict=True)
+        return tuple((*self._split_of(d), m) for d, m in pairs)
 
     def _split_of(self, depth: int) -> tuple[int, ...]:
         split = self.split(depth)
@@ -210,13 +308,22 @@ class Search:
             )
         return self._costs[depth]
 
+    def _alone_of(self, depth: int, num_micro_batches: int, gpu: int) -> plan.Pipeline:
+        """The pipeline of `depth` alone, its first worker GPU `gpu` of a node."""
+        workers = [plan.WorkerId(gpu + s) for s in range(depth)]
+        return distribution.pipeline_of(self._split_of(depth), workers, num_micro_batches)
+
     def _pipeline(self, depth: int, num_micro_batches: int, gpu: int) -> screening.Estimate:
-        """E's estimate of the pipeline of `depth` alone, its first worker GPU `gpu` of a node."""
         key = (depth, num_micro_batches, gpu)
         if key not in self._alone:
-            workers = [plan.WorkerId(gpu + s) for s in range(depth)]
-            pipeline = distribution.pipeline_of(self._split_of(depth), workers, num_micro_batches)
             self._alone[key] = self.estimates.pipeline(
-                pipeline, self.reference.micro_batch_size, self.reference.gpus_per_node
+                self._alone_of(*key), self.reference.micro_batch_size, self.reference.gpus_per_node
             )
         return self._alone[key]
+
+    def _run(self, depth: int, num_micro_batches: int, gpu: int) -> composition.PipelineRun:
+        return self.estimates.run(
+            self._alone_of(depth, num_micro_batches, gpu),
+            self.reference.micro_batch_size,
+            self.reference.gpus_per_node,
+        )
