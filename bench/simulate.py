@@ -25,10 +25,12 @@ import sys
 import time
 from pathlib import Path
 
+from planaria.contract import plan
 from planaria.planner import candidates, policy, transfers
 from planaria.sim import planning, report, scenarios, study
 
 RESULTS = Path(__file__).parent / "results" / "simulate.json"
+SCALE_RESULTS = Path(__file__).parent / "results" / "simulate_scale.json"
 # Oobleck Table 2 (samples/s): (Oobleck, Varuna) per model and failure frequency.
 OOBLECK_TABLE_2 = {
     "gpt3-2.7b": {"6h": (7.29, 7.27), "1h": (7.23, 6.41), "10m": (6.89, 0.36)},
@@ -93,8 +95,66 @@ def sensitivity(seeds: int, shared: planning.Planner) -> list[dict[str, object]]
     return rows
 
 
+def scale(hours: float, names: list[str]) -> dict[str, object]:
+    rows = []
+    for name in names:
+        scenario = scenarios.named(name).with_horizon(hours * scenarios.HOUR_S)
+        load = os.getloadavg()[0]
+        result = study.run(scenario, [0])
+        events = len(result.traces[0].events)
+        rows.append(
+            {
+                "scenario": name,
+                "nodes": scenario.num_nodes,
+                "gpus_per_node": scenario.gpus_per_node,
+                "hours": hours,
+                "events": events,
+                "elapsed_s": result.elapsed_s,
+                "s_per_simulated_hour": result.elapsed_s / hours,
+                "load_average": load,
+            }
+        )
+    base = rows[0]["s_per_simulated_hour"]
+    print(f"\nscale: every policy, 1 seed, {hours:g} simulated hours, cold planners")
+    print(
+        "| scenario | nodes x GPUs | events | wall s | s per simulated hour | vs odyssey | load |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    for row in rows:
+        ratio = row["s_per_simulated_hour"] / base  # type: ignore[operator]
+        print(
+            f"| {row['scenario']} | {row['nodes']} x {row['gpus_per_node']} | {row['events']} | "
+            f"{row['elapsed_s']:.1f} | {row['s_per_simulated_hour']:.1f} | {ratio:.2f}x | "
+            f"{row['load_average']:.1f} |"
+        )
+    return {"runs": rows, "fresh_32": _fresh_old_vs_new(32)}
+
+
+def _fresh_old_vs_new(num_nodes: int) -> dict[str, float]:
+    """One cold fresh plan of `num_nodes` (the odyssey job) by the old and the new search."""
+    from tests.sim import test_fresh  # the oracle; needs `python -m bench.simulate`
+
+    job = scenarios.named("odyssey").job()
+    workers = [plan.WorkerId(w) for w in range(num_nodes)]
+    started = time.perf_counter()
+    old = test_fresh._old_fresh(planning.Planner(job), workers, False, None)
+    old_s = time.perf_counter() - started
+    started = time.perf_counter()
+    new = planning.Planner(job).fresh(workers)
+    new_s = time.perf_counter() - started
+    assert new == old, "the new search must return the exhaustive search's plan"
+    print(
+        f"\nfresh plan of {num_nodes} nodes, cold: exhaustive {old_s:.1f} s, sim.fresh "
+        f"{new_s:.1f} s ({old_s / new_s:.1f}x), the same plan"
+    )
+    return {"nodes": num_nodes, "exhaustive_s": old_s, "fresh_s": new_s, "ratio": old_s / new_s}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--scale", action="store_true", help="only the scale study (4)")
+    parser.add_argument("--scale-hours", type=float, default=2.0)
+    parser.add_argument("--scale-x8", action="store_true", help="also scale-1024x8")
     parser.add_argument("--seeds", type=int, default=20)
     parser.add_argument("--oobleck-seeds", type=int, default=3)
     parser.add_argument("--sensitivity-seeds", type=int, default=10)
@@ -102,6 +162,13 @@ def main() -> None:
     parser.add_argument("--skip-sensitivity", action="store_true")
     args = parser.parse_args()
     started = time.perf_counter()
+    if args.scale:
+        names = ["odyssey", "scale-1024"] + (["scale-1024x8"] if args.scale_x8 else [])
+        scaled = scale(args.scale_hours, names)
+        SCALE_RESULTS.parent.mkdir(parents=True, exist_ok=True)
+        SCALE_RESULTS.write_text(json.dumps(scaled, indent=2))
+        print(f"\nwrote {SCALE_RESULTS} ({time.perf_counter() - started:.0f} s in all)")
+        return
     odyssey = one("odyssey", args.seeds)
     shared = odyssey.pop("planner")
     assert isinstance(shared, planning.Planner)

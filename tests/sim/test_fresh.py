@@ -11,6 +11,7 @@ bound the search prunes with is never above E's estimate at any micro-batch coun
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 
 from hypothesis import given, settings
@@ -204,3 +205,31 @@ def test_the_step_bound_holds_at_every_micro_batch_count_and_node_position(
         estimate = estimates.pipeline(alone, prof.micro_batch_size, gpus)
         bound = distribution.step_bound_s(prof, counts, num_micro_batches)
         assert bound * (1 - fresh._ROUNDING) <= estimate.step_s
+
+
+@given(jobs(), st.integers(min_value=1, max_value=7))
+@settings(max_examples=60, deadline=None)
+def test_every_bound_the_search_cuts_with_is_below_the_whole_step(
+    job: planning.Job, num_workers: int
+) -> None:
+    planner = planning.Planner(job)
+    search = planner._search(False, None)
+    for shape, room in fresh.groups(
+        num_workers, job.profile.num_layers, job.num_micro_batches, False
+    ):
+        members = (
+            [shape]
+            if room == 0
+            else [dataclasses.replace(shape, num_deeper=e) for e in range(1, room + 1)]
+        )
+        for member in members:
+            screened = search._screen(member)
+            if screened is None:
+                continue
+            built = planner._laid_out(
+                search._layout(member, screened), [W(w) for w in range(member.num_workers)]
+            )
+            step_s = planner.estimates.whole(built).step_s
+            assert search._group_bound_s(shape) <= step_s
+            assert search._spread_bound_s(member) <= screened.screen_s <= step_s
+            assert search._tail_s(member) <= step_s

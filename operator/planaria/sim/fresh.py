@@ -25,7 +25,9 @@ the test: the tie rule. This module finds that least layout best-first:
    asymmetric layouts DP x d plus e deeper pipelines (count DP d + e, e = 1..DP-1). A group's
    lower bound: some pipeline runs at least ceil(M / DP) of the M micro-batches, and E's step of
    a pipeline of one-GPU stages with m micro-batches is at least `distribution.step_bound_s`
-   (the chain of its compute on free links); the smaller over the group's one or two depths.
+   (the chain of its compute on free links), the smaller over the group's one or two depths;
+   and every stage's worker runs one micro-batch, then its layers' all-reduces among the DP
+   pipelines and its optimizer step (`_reduce_bound_s`): the larger of the two.
 2. Groups are opened in order of that bound until it exceeds the best whole step found; in an
    open group, each layout is cut as soon as one of its increasingly costly lower bounds
    exceeds it: the step bound of its distributed batch (no replay), its screen (each distinct
@@ -50,7 +52,7 @@ import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from planaria.contract import errors, plan
+from planaria.contract import errors, plan, profile
 from planaria.planner import batching, composition, distribution, estimator, screening
 
 # Relative slack on the bounds: they sum the same costs in another order than the replay.
@@ -147,7 +149,14 @@ class Search:
     def best(self, num_workers: int) -> Found | None:
         """The fastest layout over a prefix of `num_workers` workers (None: nothing fits)."""
         if num_workers not in self._answers:
-            self._answers[num_workers] = self._search(num_workers)
+            # the least layout over more workers is the least over fewer when it fits in them
+            known = (
+                found
+                for more, found in self._answers.items()
+                if more > num_workers and found is not None and found.num_workers <= num_workers
+            )
+            reused = next(known, None)
+            self._answers[num_workers] = reused or self._search(num_workers)
         return self._answers[num_workers]
 
     def _search(self, num_workers: int) -> Found | None:
@@ -197,7 +206,42 @@ class Search:
     def _group_bound_s(self, shape: Shape) -> float:
         most = -(-self.reference.num_micro_batches // shape.num_pipelines)
         depths = (shape.depth, shape.depth + 1) if shape.num_deeper else (shape.depth,)
-        return min(self._depth_bound_s(d, most) for d in depths)
+        busiest = min(self._depth_bound_s(d, most) for d in depths)
+        return max(busiest, *(self._reduce_bound_s(d, shape.num_pipelines) for d in depths))
+
+    def _reduce_bound_s(self, depth: int, num_pipelines: int) -> float:
+        """A lower bound on the whole step of a layout with a pipeline of `depth` among
+        `num_pipelines`: a stage's worker runs a micro-batch's forward after those before it,
+        its own forward and backward, then its layers' all-reduces (one ring of all their bytes
+        is no longer than one per bucket: each pays the latency) and its optimizer step
+        (inf: no split fits)."""
+        key = (-depth, num_pipelines)  # apart from the step bounds' keys
+        if key not in self._bounds:
+            self._bounds[key] = self._reduced_s(depth, num_pipelines)
+        return self._bounds[key]
+
+    def _reduced_s(self, depth: int, num_pipelines: int) -> float:
+        split = self.split(depth)
+        if split is None:
+            return math.inf
+        prof, gpus = self.estimates.profile, self.reference.gpus_per_node
+        # buckets may go over either link: the faster of each term bounds them all
+        fastest = profile.LinkProfile(
+            bandwidth_bytes_per_s=max(k.bandwidth_bytes_per_s for k in _links(prof, gpus)),
+            latency_s=min(k.latency_s for k in _links(prof, gpus)),
+        )
+        bounds = list(itertools.accumulate(split, initial=0))
+        before, bound = 0.0, 0.0
+        for a, b in itertools.pairwise(bounds):
+            layers = prof.layers[a:b]
+            forward = sum(layer.forward_s[0] for layer in layers)
+            backward = sum(layer.backward_s[0] for layer in layers)
+            gradient = sum(layer.gradient_bytes for layer in layers)
+            reduce_s = fastest.allreduce_s(gradient, num_pipelines)
+            optimizer = estimator.optimizer_s(prof, range(a, b), 1)
+            bound = max(bound, before + forward + backward + reduce_s + optimizer)
+            before += forward
+        return bound * (1 - _ROUNDING)
 
     def _depth_bound_s(self, depth: int, num_micro_batches: int) -> float:
         """`distribution.step_bound_s` of the depth's split (inf: no split fits)."""
@@ -238,8 +282,7 @@ class Search:
         reduce_s = {}  # seconds of each bucket's all-reduce, by its first layer
         for a, b in itertools.pairwise([0, *cuts]):
             gradient = sum(layer.gradient_bytes for layer in prof.layers[a:b])
-            links = [prof.inter_node] if gpus == 1 else [prof.inter_node, prof.intra_node]
-            reduce_s[a] = min(link.allreduce_s(gradient, dp) for link in links)
+            reduce_s[a] = min(link.allreduce_s(gradient, dp) for link in _links(prof, gpus))
         bound = 0.0
         for depth, num_micro_batches, gpu in screened.kinds:
             run = self._run(depth, num_micro_batches, gpu)
@@ -327,3 +370,9 @@ class Search:
             self.reference.micro_batch_size,
             self.reference.gpus_per_node,
         )
+
+
+def _links(prof: profile.Profile, gpus_per_node: int) -> list[profile.LinkProfile]:
+    """The links an all-reduce of one-GPU stages can use: between nodes, and within one when
+    nodes have several GPUs."""
+    return [prof.inter_node] if gpus_per_node == 1 else [prof.inter_node, prof.intra_node]
