@@ -231,5 +231,6 @@ def test_every_bound_the_search_cuts_with_is_below_the_whole_step(
             )
             step_s = planner.estimates.whole(built).step_s
             assert search._group_bound_s(shape) <= step_s
-            assert search._spread_bound_s(member) <= screened.screen_s <= step_s
+            assert search._balanced_bound_s(member) <= step_s
+            assert search._spread_bound_s(member) <= step_s and screened.screen_s <= step_s
             assert search._tail_s(member) <= step_s

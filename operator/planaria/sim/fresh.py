@@ -25,12 +25,14 @@ the test: the tie rule. This module finds that least layout best-first:
    asymmetric layouts DP x d plus e deeper pipelines (count DP d + e, e = 1..DP-1). A group's
    lower bound: some pipeline runs at least ceil(M / DP) of the M micro-batches, and E's step of
    a pipeline of one-GPU stages with m micro-batches is at least `distribution.step_bound_s`
-   (the chain of its compute on free links), the smaller over the group's one or two depths;
-   and every stage's worker runs one micro-batch, then its layers' all-reduces among the DP
-   pipelines and its optimizer step (`_reduce_bound_s`): the larger of the two.
+   (the chain of its compute on free links), and at least each stage's chain (`_chain_s`):
+   a micro-batch's forward through the stages before it, its m forwards and backwards, its
+   layers' all-reduces among the DP pipelines and its optimizer step; the smaller over the
+   group's one or two depths, and at least the chain of one micro-batch of every depth.
 2. Groups are opened in order of that bound until it exceeds the best whole step found; in an
    open group, each layout is cut as soon as one of its increasingly costly lower bounds
-   exceeds it: the step bound of its distributed batch (no replay), its screen (each distinct
+   exceeds it: the chain bounds at the least share of the batch its busiest pipelines can
+   have (no distribution), those of its distributed batch (no replay), its screen (each distinct
    pipeline, split x micro-batches x first GPU within a node, replayed once: a
    1,024-pipeline layout costs a few look-ups), and the tail bound (each stage's arrival alone
    plus its all-reduces one after another plus its optimizer step, which its worker runs in
@@ -139,6 +141,7 @@ class Search:
         self.test = test
         self._answers: dict[int, Found | None] = {}
         self._bounds: dict[tuple[int, int], float] = {}
+        self._chains: dict[tuple[int, int, int], float] = {}
         self._costs: dict[int, batching.PipelineCost] = {}
         self._spread: dict[Shape, tuple[int, ...] | None] = {}
         self._screens: dict[Shape, _Screened | None] = {}
@@ -188,7 +191,7 @@ class Search:
     def _rank(self, shape: Shape, limit: float) -> tuple[float, int, float, int, int] | None:
         """The layout's place in the tie rule's order, or None when it does not fit, fails the
         test, or a lower bound on its step exceeds `limit` (module docstring, 2)."""
-        if self._spread_bound_s(shape) > limit:
+        if self._balanced_bound_s(shape) > limit or self._spread_bound_s(shape) > limit:
             return None
         screened = self._screen(shape)
         if screened is None or screened.screen_s > limit or self._tail_s(shape) > limit:
@@ -204,23 +207,27 @@ class Search:
     # --- lower bounds ----------------------------------------------------------------------
 
     def _group_bound_s(self, shape: Shape) -> float:
-        most = -(-self.reference.num_micro_batches // shape.num_pipelines)
+        dp = shape.num_pipelines
+        most = -(-self.reference.num_micro_batches // dp)
         depths = (shape.depth, shape.depth + 1) if shape.num_deeper else (shape.depth,)
-        busiest = min(self._depth_bound_s(d, most) for d in depths)
-        return max(busiest, *(self._reduce_bound_s(d, shape.num_pipelines) for d in depths))
+        # the busiest pipeline is of one of the depths; every depth runs at least one
+        busiest = min(max(self._depth_bound_s(d, most), self._chain_s(d, most, dp)) for d in depths)
+        return max(busiest, *(self._chain_s(d, 1, dp) for d in depths))
 
-    def _reduce_bound_s(self, depth: int, num_pipelines: int) -> float:
-        """A lower bound on the whole step of a layout with a pipeline of `depth` among
-        `num_pipelines`: a stage's worker runs a micro-batch's forward after those before it,
-        its own forward and backward, then its layers' all-reduces (one ring of all their bytes
-        is no longer than one per bucket: each pays the latency) and its optimizer step
-        (inf: no split fits)."""
-        key = (-depth, num_pipelines)  # apart from the step bounds' keys
-        if key not in self._bounds:
-            self._bounds[key] = self._reduced_s(depth, num_pipelines)
-        return self._bounds[key]
+    def _chain_s(self, depth: int, num_micro_batches: int, num_pipelines: int) -> float:
+        """A lower bound on the whole step of a layout with a pipeline of `depth` running
+        `num_micro_batches` among `num_pipelines`: a stage's last backward comes after some
+        later (or the same) stage ran all its forwards and backwards, from when micro-batch 0's
+        forward reached it, and the backward came back (`distribution.step_bound_s`'s chain);
+        then its worker runs its layers' all-reduces (one ring of all their bytes is no longer
+        than one per bucket: each pays the latency) and its optimizer step (inf: no split
+        fits)."""
+        key = (depth, num_micro_batches, num_pipelines)
+        if key not in self._chains:
+            self._chains[key] = self._chained_s(depth, num_micro_batches, num_pipelines)
+        return self._chains[key]
 
-    def _reduced_s(self, depth: int, num_pipelines: int) -> float:
+    def _chained_s(self, depth: int, num_micro_batches: int, num_pipelines: int) -> float:
         split = self.split(depth)
         if split is None:
             return math.inf
@@ -230,17 +237,22 @@ class Search:
             bandwidth_bytes_per_s=max(k.bandwidth_bytes_per_s for k in _links(prof, gpus)),
             latency_s=min(k.latency_s for k in _links(prof, gpus)),
         )
-        bounds = list(itertools.accumulate(split, initial=0))
-        before, bound = 0.0, 0.0
-        for a, b in itertools.pairwise(bounds):
-            layers = prof.layers[a:b]
-            forward = sum(layer.forward_s[0] for layer in layers)
-            backward = sum(layer.backward_s[0] for layer in layers)
-            gradient = sum(layer.gradient_bytes for layer in layers)
+        stages = [prof.layers[a:b] for a, b in itertools.pairwise(_cuts(split))]
+        forward = [sum(layer.forward_s[0] for layer in layers) for layers in stages]
+        backward = [sum(layer.backward_s[0] for layer in layers) for layers in stages]
+        starts = list(itertools.accumulate(forward, initial=0.0))
+        # done[r]: when stage r can have run its last backward: after some stage s >= r ran all
+        # its micro-batches (from when micro-batch 0 reached it) and the backward came back
+        done = [0.0] * (depth + 1)
+        for r in reversed(range(depth)):
+            own = starts[r] + num_micro_batches * (forward[r] + backward[r])
+            done[r] = max(own, backward[r] + done[r + 1]) if r + 1 < depth else own
+        bound = 0.0
+        for r, (a, b) in enumerate(itertools.pairwise(_cuts(split))):
+            gradient = sum(layer.gradient_bytes for layer in prof.layers[a:b])
             reduce_s = fastest.allreduce_s(gradient, num_pipelines)
             optimizer = estimator.optimizer_s(prof, range(a, b), 1)
-            bound = max(bound, before + forward + backward + reduce_s + optimizer)
-            before += forward
+            bound = max(bound, done[r] + reduce_s + optimizer)
         return bound * (1 - _ROUNDING)
 
     def _depth_bound_s(self, depth: int, num_micro_batches: int) -> float:
@@ -256,6 +268,39 @@ class Search:
             )
         return self._bounds[key]
 
+    def _balanced_bound_s(self, shape: Shape) -> float:
+        """A lower bound on the whole step before the batch is distributed: if the deeper
+        pipelines take M_A of the M micro-batches, one of them runs ceil(M_A / e) and one of
+        the others ceil((M - M_A) / (DP - e)); the least over M_A of the larger chain bound
+        (one bound grows with M_A, the other shrinks: bisect to where they cross)."""
+        dp, total = shape.num_pipelines, self.reference.num_micro_batches
+        if not shape.num_deeper:
+            return self._pair_bound_s(shape.depth, -(-total // dp), dp)
+        deeper, others = shape.num_deeper, dp - shape.num_deeper
+        if total < dp:
+            return math.inf  # fewer micro-batches than pipelines: not distributable
+
+        def deep(taken: int) -> float:
+            return self._pair_bound_s(shape.depth + 1, -(-taken // deeper), dp)
+
+        def shallow(taken: int) -> float:
+            return self._pair_bound_s(shape.depth, -(-(total - taken) // others), dp)
+
+        lo, hi = deeper, total - others
+        while lo < hi:  # the least share at which the deeper ones' bound reaches the others'
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if deep(mid) >= shallow(mid) else (mid + 1, hi)
+        candidates = [max(deep(lo), shallow(lo))]
+        if lo > deeper:
+            candidates.append(max(deep(lo - 1), shallow(lo - 1)))
+        return min(candidates)
+
+    def _pair_bound_s(self, depth: int, num_micro_batches: int, num_pipelines: int) -> float:
+        return max(
+            self._depth_bound_s(depth, num_micro_batches),
+            self._chain_s(depth, num_micro_batches, num_pipelines),
+        )
+
     def _spread_bound_s(self, shape: Shape) -> float:
         """The step bound of the pipelines with their distributed batch (inf: no split of a
         depth fits or the batch cannot be shared)."""
@@ -263,7 +308,7 @@ class Search:
         if spread is None:
             return math.inf
         pairs = set(zip(shape.depths(), spread, strict=True))
-        return max(self._depth_bound_s(d, m) for d, m in pairs)
+        return max(self._pair_bound_s(d, m, shape.num_pipelines) for d, m in pairs)
 
     def _tail_s(self, shape: Shape) -> float:
         """A lower bound on the whole step: per distinct pipeline and stage, its arrival alone,
@@ -376,3 +421,8 @@ def _links(prof: profile.Profile, gpus_per_node: int) -> list[profile.LinkProfil
     """The links an all-reduce of one-GPU stages can use: between nodes, and within one when
     nodes have several GPUs."""
     return [prof.inter_node] if gpus_per_node == 1 else [prof.inter_node, prof.intra_node]
+
+
+def _cuts(split: tuple[int, ...]) -> list[int]:
+    """The first layer of each stage and the layer count."""
+    return list(itertools.accumulate(split, initial=0))

@@ -3,18 +3,17 @@
 - `Planner.fresh`: the fastest plan over a set of live workers, as if planned from scratch:
   every DP degree's symmetric and balanced asymmetric layout (`candidates.configurations` with
   an unbounded radius), the best layer split per depth (`distribution.split_layers`) and the
-  batch distributed (`distribution.distribute_batch`). Layouts are ranked by their eq. 10
-  screen (slowest pipeline alone: a lower bound on the whole plan's step) and estimated whole
-  in that order until no screen can beat the best whole estimate, so the result is exact.
-  This is the ideal bound's plan, the initial plan, and the re-plan of checkpoint restarts.
+  batch distributed (`batching.distribute`), over every prefix of the workers; exact, found
+  best-first on lower bounds (`fresh`). This is the ideal bound's plan, the initial plan, and
+  the re-plan of checkpoint restarts.
 - `Planner.decide`: the recovery after a failure: `policy.decide` (Odyssey eq. 8 over every
   candidate) or the same eq. 8 over the candidates of some kinds only (dynamic-only: no
   rerouting; rerouting-only), with the same branch-and-bound refinement.
 - `Planner.rejoin`: the transition to the fresh plan when nodes join (holdings of the running
   plan, joined workers holding nothing, `transfers.replan`).
 
-Caches: fresh layouts by the shape of the live set (workers per node; placement does not change
-an estimate, `screening.canonical`), decisions by their full input, estimates in one
+Caches: fresh plans by the number of live workers (a plan lies on a prefix of them; `fresh`
+keeps its screens and bounds per layout), decisions by their full input, estimates in one
 `screening.Estimates`. Every number still comes from the planner's estimator and transfers.
 """
 
