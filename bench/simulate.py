@@ -9,11 +9,18 @@
 3. Sensitivity of the Odyssey result to the fixed restart cost of a re-plan
    (`transfers.Overheads.restart_s`, measured at 0.02 s on CPU/gloo; not a measurement at
    cluster scale): the same traces with 10 s, 60 s and 300 s (--sensitivity-seeds, default 10).
+4. Scale (#17 item 5, --scale alone): wall seconds per simulated hour of the 32-device
+   `odyssey` scenario and of `scale-1024` (1,024 one-GPU nodes; `scale-1024x8` too with
+   --scale-x8), every policy over one seed of --scale-hours (default 2), each on a cold planner;
+   and one fresh plan of 32 nodes (batch 64 and 1024) by the exhaustive search `sim.fresh`
+   replaced (the oracle of tests/sim/test_fresh.py) and by `sim.fresh`, after the same splits,
+   with the ratio. Writes bench/results/simulate_scale.json.
 
 Prints a table per study and writes bench/results/simulate.json.
 
     .venv/bin/python bench/simulate.py [--seeds N] [--oobleck-seeds N] [--sensitivity-seeds N]
                                        [--skip-oobleck] [--skip-sensitivity]
+    .venv/bin/python -m bench.simulate --scale [--scale-hours H] [--scale-x8]
 """
 
 from __future__ import annotations
@@ -130,24 +137,48 @@ def scale(hours: float, names: list[str]) -> dict[str, object]:
     return {"runs": rows, "fresh_32": _fresh_old_vs_new(32)}
 
 
-def _fresh_old_vs_new(num_nodes: int) -> dict[str, float]:
-    """One cold fresh plan of `num_nodes` (the odyssey job) by the old and the new search."""
+def _fresh_old_vs_new(num_nodes: int) -> list[dict[str, object]]:
+    """One fresh plan of `num_nodes` by the exhaustive search and by `sim.fresh`, for the
+    odyssey job (batch 64) and the scale job (batch 1024), each on its own planner whose best
+    split per depth (the same for both searches) is made first and timed apart."""
     from tests.sim import test_fresh  # the oracle; needs `python -m bench.simulate`
 
-    job = scenarios.named("odyssey").job()
+    rows = []
     workers = [plan.WorkerId(w) for w in range(num_nodes)]
-    started = time.perf_counter()
-    old = test_fresh._old_fresh(planning.Planner(job), workers, False, None)
-    old_s = time.perf_counter() - started
-    started = time.perf_counter()
-    new = planning.Planner(job).fresh(workers)
-    new_s = time.perf_counter() - started
-    assert new == old, "the new search must return the exhaustive search's plan"
-    print(
-        f"\nfresh plan of {num_nodes} nodes, cold: exhaustive {old_s:.1f} s, sim.fresh "
-        f"{new_s:.1f} s ({old_s / new_s:.1f}x), the same plan"
-    )
-    return {"nodes": num_nodes, "exhaustive_s": old_s, "fresh_s": new_s, "ratio": old_s / new_s}
+    for name in ("odyssey", "scale-1024"):
+        job = scenarios.named(name).job()
+        timed = {}
+        for search in ("exhaustive", "fresh"):
+            planner = planning.Planner(job)
+            started = time.perf_counter()
+            for depth in range(1, min(num_nodes, job.profile.num_layers) + 1):
+                planner._split(depth)
+            split_s = time.perf_counter() - started
+            started = time.perf_counter()
+            if search == "exhaustive":
+                found = test_fresh._old_fresh(planner, workers, False, None)
+            else:
+                found = planner.fresh(workers)
+            timed[search] = (time.perf_counter() - started, split_s, found)
+        assert timed["fresh"][2] == timed["exhaustive"][2], "sim.fresh must return the same plan"
+        old_s, new_s = timed["exhaustive"][0], timed["fresh"][0]
+        print(
+            f"\nfresh plan of {num_nodes} nodes, {name} job (batch {job.global_batch}): splits "
+            f"{timed['fresh'][1]:.1f} s, then exhaustive {old_s:.2f} s, sim.fresh {new_s:.2f} s "
+            f"({old_s / new_s:.1f}x), the same plan"
+        )
+        rows.append(
+            {
+                "nodes": num_nodes,
+                "job": name,
+                "global_batch": job.global_batch,
+                "splits_s": timed["fresh"][1],
+                "exhaustive_s": old_s,
+                "fresh_s": new_s,
+                "ratio": old_s / new_s,
+            }
+        )
+    return rows
 
 
 def main() -> None:

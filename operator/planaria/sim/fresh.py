@@ -146,6 +146,8 @@ class Search:
         self._spread: dict[Shape, tuple[int, ...] | None] = {}
         self._screens: dict[Shape, _Screened | None] = {}
         self._tails: dict[Shape, float] = {}
+        self._balanced: dict[Shape, float] = {}
+        self._spread_bounds: dict[Shape, float] = {}
         self._wholes: dict[Shape, float | None] = {}  # None: does not fit or fails the test
         self._alone: dict[tuple[int, int, int], screening.Estimate] = {}
 
@@ -191,7 +193,14 @@ class Search:
     def _rank(self, shape: Shape, limit: float) -> tuple[float, int, float, int, int] | None:
         """The layout's place in the tie rule's order, or None when it does not fit, fails the
         test, or a lower bound on its step exceeds `limit` (module docstring, 2)."""
-        if self._balanced_bound_s(shape) > limit or self._spread_bound_s(shape) > limit:
+        # the bounds before any replay, kept for the searches of other counts
+        if shape not in self._balanced:
+            self._balanced[shape] = self._balanced_bound_s(shape)
+        if self._balanced[shape] > limit:
+            return None
+        if shape not in self._spread_bounds:
+            self._spread_bounds[shape] = self._spread_bound_s(shape)
+        if self._spread_bounds[shape] > limit:
             return None
         screened = self._screen(shape)
         if screened is None or screened.screen_s > limit or self._tail_s(shape) > limit:
