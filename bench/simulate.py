@@ -143,7 +143,7 @@ def _fresh_old_vs_new(num_nodes: int) -> list[dict[str, object]]:
     split per depth (the same for both searches) is made first and timed apart."""
     from tests.sim import test_fresh  # the oracle; needs `python -m bench.simulate`
 
-    rows = []
+    rows: list[dict[str, object]] = []
     workers = [plan.WorkerId(w) for w in range(num_nodes)]
     for name in ("odyssey", "scale-1024"):
         job = scenarios.named(name).job()
