@@ -9,11 +9,18 @@
 3. Sensitivity of the Odyssey result to the fixed restart cost of a re-plan
    (`transfers.Overheads.restart_s`, measured at 0.02 s on CPU/gloo; not a measurement at
    cluster scale): the same traces with 10 s, 60 s and 300 s (--sensitivity-seeds, default 10).
+4. Scale (#17 item 5, --scale alone): wall seconds per simulated hour of the 32-device
+   `odyssey` scenario and of `scale-1024` (1,024 one-GPU nodes; `scale-1024x8` too with
+   --scale-x8), every policy over one seed of --scale-hours (default 2), each on a cold planner;
+   and one fresh plan of 32 nodes (batch 64 and 1024) by the exhaustive search `sim.fresh`
+   replaced (the oracle of tests/sim/test_fresh.py) and by `sim.fresh`, after the same splits,
+   with the ratio. Writes bench/results/simulate_scale.json.
 
 Prints a table per study and writes bench/results/simulate.json.
 
     .venv/bin/python bench/simulate.py [--seeds N] [--oobleck-seeds N] [--sensitivity-seeds N]
                                        [--skip-oobleck] [--skip-sensitivity]
+    .venv/bin/python -m bench.simulate --scale [--scale-hours H] [--scale-x8]
 """
 
 from __future__ import annotations
@@ -25,10 +32,12 @@ import sys
 import time
 from pathlib import Path
 
+from planaria.contract import plan
 from planaria.planner import candidates, policy, transfers
 from planaria.sim import planning, report, scenarios, study
 
 RESULTS = Path(__file__).parent / "results" / "simulate.json"
+SCALE_RESULTS = Path(__file__).parent / "results" / "simulate_scale.json"
 # Oobleck Table 2 (samples/s): (Oobleck, Varuna) per model and failure frequency.
 OOBLECK_TABLE_2 = {
     "gpt3-2.7b": {"6h": (7.29, 7.27), "1h": (7.23, 6.41), "10m": (6.89, 0.36)},
@@ -93,8 +102,90 @@ def sensitivity(seeds: int, shared: planning.Planner) -> list[dict[str, object]]
     return rows
 
 
+def scale(hours: float, names: list[str]) -> dict[str, object]:
+    rows = []
+    for name in names:
+        scenario = scenarios.named(name).with_horizon(hours * scenarios.HOUR_S)
+        load = os.getloadavg()[0]
+        result = study.run(scenario, [0])
+        events = len(result.traces[0].events)
+        rows.append(
+            {
+                "scenario": name,
+                "nodes": scenario.num_nodes,
+                "gpus_per_node": scenario.gpus_per_node,
+                "hours": hours,
+                "events": events,
+                "elapsed_s": result.elapsed_s,
+                "s_per_simulated_hour": result.elapsed_s / hours,
+                "load_average": load,
+            }
+        )
+    base = rows[0]["s_per_simulated_hour"]
+    print(f"\nscale: every policy, 1 seed, {hours:g} simulated hours, cold planners")
+    print(
+        "| scenario | nodes x GPUs | events | wall s | s per simulated hour | vs odyssey | load |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    for row in rows:
+        ratio = row["s_per_simulated_hour"] / base  # type: ignore[operator]
+        print(
+            f"| {row['scenario']} | {row['nodes']} x {row['gpus_per_node']} | {row['events']} | "
+            f"{row['elapsed_s']:.1f} | {row['s_per_simulated_hour']:.1f} | {ratio:.2f}x | "
+            f"{row['load_average']:.1f} |"
+        )
+    return {"runs": rows, "fresh_32": _fresh_old_vs_new(32)}
+
+
+def _fresh_old_vs_new(num_nodes: int) -> list[dict[str, object]]:
+    """One fresh plan of `num_nodes` by the exhaustive search and by `sim.fresh`, for the
+    odyssey job (batch 64) and the scale job (batch 1024), each on its own planner whose best
+    split per depth (the same for both searches) is made first and timed apart."""
+    from tests.sim import test_fresh  # the oracle; needs `python -m bench.simulate`
+
+    rows: list[dict[str, object]] = []
+    workers = [plan.WorkerId(w) for w in range(num_nodes)]
+    for name in ("odyssey", "scale-1024"):
+        job = scenarios.named(name).job()
+        timed = {}
+        for search in ("exhaustive", "fresh"):
+            planner = planning.Planner(job)
+            started = time.perf_counter()
+            for depth in range(1, min(num_nodes, job.profile.num_layers) + 1):
+                planner._split(depth)
+            split_s = time.perf_counter() - started
+            started = time.perf_counter()
+            if search == "exhaustive":
+                found = test_fresh._old_fresh(planner, workers, False, None)
+            else:
+                found = planner.fresh(workers)
+            timed[search] = (time.perf_counter() - started, split_s, found)
+        assert timed["fresh"][2] == timed["exhaustive"][2], "sim.fresh must return the same plan"
+        old_s, new_s = timed["exhaustive"][0], timed["fresh"][0]
+        print(
+            f"\nfresh plan of {num_nodes} nodes, {name} job (batch {job.global_batch}): splits "
+            f"{timed['fresh'][1]:.1f} s, then exhaustive {old_s:.2f} s, sim.fresh {new_s:.2f} s "
+            f"({old_s / new_s:.1f}x), the same plan"
+        )
+        rows.append(
+            {
+                "nodes": num_nodes,
+                "job": name,
+                "global_batch": job.global_batch,
+                "splits_s": timed["fresh"][1],
+                "exhaustive_s": old_s,
+                "fresh_s": new_s,
+                "ratio": old_s / new_s,
+            }
+        )
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--scale", action="store_true", help="only the scale study (4)")
+    parser.add_argument("--scale-hours", type=float, default=2.0)
+    parser.add_argument("--scale-x8", action="store_true", help="also scale-1024x8")
     parser.add_argument("--seeds", type=int, default=20)
     parser.add_argument("--oobleck-seeds", type=int, default=3)
     parser.add_argument("--sensitivity-seeds", type=int, default=10)
@@ -102,6 +193,13 @@ def main() -> None:
     parser.add_argument("--skip-sensitivity", action="store_true")
     args = parser.parse_args()
     started = time.perf_counter()
+    if args.scale:
+        names = ["odyssey", "scale-1024"] + (["scale-1024x8"] if args.scale_x8 else [])
+        scaled = scale(args.scale_hours, names)
+        SCALE_RESULTS.parent.mkdir(parents=True, exist_ok=True)
+        SCALE_RESULTS.write_text(json.dumps(scaled, indent=2))
+        print(f"\nwrote {SCALE_RESULTS} ({time.perf_counter() - started:.0f} s in all)")
+        return
     odyssey = one("odyssey", args.seeds)
     shared = odyssey.pop("planner")
     assert isinstance(shared, planning.Planner)

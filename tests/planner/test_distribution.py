@@ -113,7 +113,7 @@ def test_the_pruned_search_is_the_brute_force_and_its_bound_holds(
     for counts in distribution.remainder_placements(len(layers), depth):
         alone = distribution.pipeline_of(counts, [W(w) for w in range(depth)], depth)
         estimate = estimates.pipeline(alone, 1, 1)
-        assert distribution._step_bound_s(prof, counts, depth) <= estimate.step_s * (1 + 1e-12)
+        assert distribution.step_bound_s(prof, counts, depth) <= estimate.step_s * (1 + 1e-12)
         if estimate.peak_bytes <= memory_bytes:
             scored.append((estimate.step_s, counts))
     running = strategies.grid_plan(1, (), len(layers), 1)

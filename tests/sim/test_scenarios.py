@@ -3,7 +3,8 @@
 Covers: each scenario draws traces over its paper's horizon (9 h for odyssey, 12 h for the spot
 scenarios, the last failure for the Oobleck ones) and no description claims a horizon;
 `with_horizon` replaces it for every kind, the same seed drawing the same failures up to the
-shorter horizon; a horizon that is not a positive number is an error that says what to give.
+shorter horizon; a horizon that is not a positive number is an error that says what to give;
+the scale scenarios (#17 item 5) have 1,024 nodes of 1 or 8 GPUs and about 10 failures an hour.
 """
 
 from __future__ import annotations
@@ -43,3 +44,16 @@ def test_with_horizon_draws_the_same_failures_until_the_new_horizon(name: str) -
 def test_a_horizon_must_be_positive_seconds(horizon_s: float) -> None:
     with pytest.raises(errors.SimInputError, match="give hours > 0"):
         scenarios.named("odyssey").with_horizon(horizon_s)
+
+
+@pytest.mark.parametrize(
+    ("name", "gpus"), [("scale-1024", 1), ("scale-1024x8", 8)], ids=["1 GPU", "8 GPUs"]
+)
+def test_the_scale_scenarios_have_1024_nodes_failing_about_ten_times_an_hour(
+    name: str, gpus: int
+) -> None:
+    scenario = scenarios.named(name)
+    assert scenario.num_nodes == 1024 and scenario.gpus_per_node == gpus
+    assert scenario.job().gpus_per_node == gpus and scenario.job().num_micro_batches == 1024
+    first_hour = [e for e in scenario.draw(0).events if e.time_s <= scenarios.HOUR_S]
+    assert 3 <= len(first_hour) <= 20  # Poisson, mean 1024 x (1 - exp(-0.01)) = 10.2

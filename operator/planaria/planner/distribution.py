@@ -37,13 +37,17 @@ def remainder_placements(num_layers: int, depth: int) -> Iterator[tuple[int, ...
         yield tuple(base + (1 if s in chosen else 0) for s in range(depth))
 
 
-def _stage_work_s(prof: profile.Profile, counts: tuple[int, ...]) -> float:
-    """The largest forward + backward compute of one stage (1 GPU): a pre-ranking only."""
+def _stage_work_s(
+    prof: profile.Profile, counts: tuple[int, ...], memo: dict[tuple[int, int], float]
+) -> float:
+    """The largest forward + backward compute of one stage (1 GPU): a pre-ranking only.
+    `memo` keeps each layer range's sum (the same sum in the same order, so the same float):
+    placements share most of their stages."""
     bounds = list(itertools.accumulate(counts, initial=0))
-    return max(
-        sum(layer.forward_s[0] + layer.backward_s[0] for layer in prof.layers[a:b])
-        for a, b in itertools.pairwise(bounds)
-    )
+    for a, b in itertools.pairwise(bounds):
+        if (a, b) not in memo:
+            memo[a, b] = sum(layer.forward_s[0] + layer.backward_s[0] for layer in prof.layers[a:b])
+    return max(memo[a, b] for a, b in itertools.pairwise(bounds))
 
 
 def split_layers(
@@ -59,11 +63,12 @@ def split_layers(
     placements = itertools.islice(remainder_placements(prof.num_layers, depth), _MAX_ENUMERATED)
     splits = list(placements)
     if len(splits) > max_splits:
-        splits = heapq.nsmallest(max_splits, splits, key=lambda c: _stage_work_s(prof, c))
+        memo: dict[tuple[int, int], float] = {}
+        splits = heapq.nsmallest(max_splits, splits, key=lambda c: _stage_work_s(prof, c, memo))
     best: tuple[float, tuple[int, ...]] | None = None
     # cheapest bound first; a split whose bound exceeds the best step so far cannot win, and
     # neither can any after it (the answer is that of costing every split)
-    for bound, counts in sorted((_step_bound_s(prof, c, depth), c) for c in splits):
+    for bound, counts in sorted((step_bound_s(prof, c, depth), c) for c in splits):
         if best is not None and bound * (1 - _ROUNDING) > best[0]:
             break
         # S micro-batches: each stage reaches its steady-state count in flight (memory holds
@@ -79,7 +84,7 @@ def split_layers(
 _ROUNDING = 1e-9
 
 
-def _step_bound_s(prof: profile.Profile, counts: tuple[int, ...], num_micro_batches: int) -> float:
+def step_bound_s(prof: profile.Profile, counts: tuple[int, ...], num_micro_batches: int) -> float:
     """A lower bound on E's step of a pipeline of one-GPU stages of `counts` layers running
     `num_micro_batches` (free links): for each stage s, micro-batch 0's forward through the
     stages before it, all of s's forwards and backwards one after another, the last

@@ -101,7 +101,7 @@ class Estimates:
             arrival, peak = rerouted
         gpus = plan_.gpus_per_node
         alone = [p for q, p in enumerate(plan_.pipelines) if q not in moved]
-        runs = [self._run(p, plan_.micro_batch_size, gpus) for p in alone]
+        runs = [self.run(p, plan_.micro_batch_size, gpus) for p in alone]
         if len(runs) == len(plan_.pipelines) == 1:  # alone, the replay timed the tail already
             return Estimate(step_s=runs[0].step_s, peak_bytes=runs[0].peak_bytes)
         for pipeline, run in zip(alone, runs, strict=True):
@@ -111,9 +111,11 @@ class Estimates:
             peak_bytes=max([peak, *(r.peak_bytes for r in runs)]),
         )
 
-    def _run(
+    def run(
         self, pipeline: plan.Pipeline, micro_batch_size: int, gpus: int
     ) -> composition.PipelineRun:
+        """`pipeline` replayed alone (memoised): when each stage reaches its tail, its step
+        and peak; what whole estimates are composed from."""
         key = (canonical((pipeline,), gpus), micro_batch_size, gpus)
         if key not in self._runs:
             self.computed += 1

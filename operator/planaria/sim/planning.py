@@ -3,29 +3,28 @@
 - `Planner.fresh`: the fastest plan over a set of live workers, as if planned from scratch:
   every DP degree's symmetric and balanced asymmetric layout (`candidates.configurations` with
   an unbounded radius), the best layer split per depth (`distribution.split_layers`) and the
-  batch distributed (`distribution.distribute_batch`). Layouts are ranked by their eq. 10
-  screen (slowest pipeline alone: a lower bound on the whole plan's step) and estimated whole
-  in that order until no screen can beat the best whole estimate, so the result is exact.
-  This is the ideal bound's plan, the initial plan, and the re-plan of checkpoint restarts.
+  batch distributed (`batching.distribute`), over every prefix of the workers; exact, found
+  best-first on lower bounds (`fresh`). This is the ideal bound's plan, the initial plan, and
+  the re-plan of checkpoint restarts.
 - `Planner.decide`: the recovery after a failure: `policy.decide` (Odyssey eq. 8 over every
   candidate) or the same eq. 8 over the candidates of some kinds only (dynamic-only: no
   rerouting; rerouting-only), with the same branch-and-bound refinement.
 - `Planner.rejoin`: the transition to the fresh plan when nodes join (holdings of the running
   plan, joined workers holding nothing, `transfers.replan`).
 
-Caches: fresh layouts by the shape of the live set (workers per node; placement does not change
-an estimate, `screening.canonical`), decisions by their full input, estimates in one
+Caches: fresh plans by the number of live workers (a plan lies on a prefix of them; `fresh`
+keeps its screens and bounds per layout), decisions by their full input, estimates in one
 `screening.Estimates`. Every number still comes from the planner's estimator and transfers.
 """
 
 from __future__ import annotations
 
-from collections import Counter
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 from planaria.contract import errors, plan, profile
 from planaria.planner import candidates, distribution, policy, screening, transfers
+from planaria.sim import fresh as fresh_search
 
 REPLANNED = frozenset({candidates.Kind.SYMMETRIC, candidates.Kind.ASYMMETRIC})
 REROUTED = frozenset({candidates.Kind.REROUTE})
@@ -91,7 +90,7 @@ class Planner:
         self.job = job
         self.settings = settings or policy.PolicySettings()
         self.estimates = estimates or screening.Estimates(job.profile)
-        self._fresh: dict[tuple[object, ...], tuple[float, tuple[tuple[int, ...], ...]] | None] = {}
+        self._fresh: dict[tuple[bool, str | None], fresh_search.Search] = {}
         self._decided: dict[tuple[object, ...], Choice | None] = {}
         self._splits: dict[int, tuple[int, ...] | None] = {}
         self._reference = plan.Plan(
@@ -124,71 +123,21 @@ class Planner:
         workers). `symmetric` keeps DP x PP grids only (Varuna's grid topology, Oobleck §2);
         `constraint` drops plans that fail its test (e.g. Bamboo's redundant memory)."""
         ordered = sorted(workers)
-        best: tuple[float, tuple[tuple[int, ...], ...]] | None = None
-        for count in range(1, len(ordered) + 1):
-            found = self._best_of(ordered[:count], symmetric, constraint)
-            if found is not None and (best is None or found[0] < best[0]):
-                best = found
-        return None if best is None else self._laid_out(best[1], ordered)
+        found = self._search(symmetric, constraint).best(len(ordered))
+        return None if found is None else self._laid_out(found.layout, ordered)
 
-    def _best_of(
-        self, workers: list[plan.WorkerId], symmetric: bool, constraint: Constraint | None
-    ) -> tuple[float, tuple[tuple[int, ...], ...]] | None:
-        key = (self._shape(workers), symmetric, None if constraint is None else constraint.name)
+    def _search(self, symmetric: bool, constraint: Constraint | None) -> fresh_search.Search:
+        key = (symmetric, None if constraint is None else constraint.name)
         if key not in self._fresh:
-            self._fresh[key] = self._best_layout(len(workers), symmetric, constraint)
+            self._fresh[key] = fresh_search.Search(
+                self.estimates,
+                self._reference,
+                self._split,
+                lambda layout, n: self._laid_out(layout, [plan.WorkerId(w) for w in range(n)]),
+                symmetric,
+                None if constraint is None else constraint.test,
+            )
         return self._fresh[key]
-
-    def _shape(self, workers: list[plan.WorkerId]) -> tuple[int, ...]:
-        per_node = Counter(w // self.job.gpus_per_node for w in workers)
-        return tuple(sorted(per_node.values(), reverse=True))
-
-    def _best_layout(
-        self, num_workers: int, symmetric: bool, constraint: Constraint | None
-    ) -> tuple[float, tuple[tuple[int, ...], ...]] | None:
-        """Step and layout (per pipeline: layer counts..., micro-batches) of the fastest
-        layout using all `num_workers` (exact branch and bound on the screens)."""
-        screened = []
-        for layout in self._layouts(num_workers, symmetric):
-            built = self._laid_out(layout, [plan.WorkerId(w) for w in range(num_workers)])
-            alone = [self._alone(p) for p in built.pipelines]
-            if all(self.estimates.fits(e) for e in alone):
-                screened.append((max(e.step_s for e in alone), layout, built))
-        screened.sort(key=lambda item: item[0])
-        best: tuple[float, tuple[tuple[int, ...], ...]] | None = None
-        for screen_s, layout, built in screened:
-            if best is not None and screen_s >= best[0]:
-                break  # a screen is a lower bound: nothing later can beat the best
-            whole = self.estimates.whole(built)
-            if not self.estimates.fits(whole) or (constraint and not constraint.test(built)):
-                continue
-            if best is None or whole.step_s < best[0]:
-                best = (whole.step_s, layout)
-        return best
-
-    def _alone(self, pipeline: plan.Pipeline) -> screening.Estimate:
-        return self.estimates.pipeline(
-            pipeline, self.job.profile.micro_batch_size, self.job.gpus_per_node
-        )
-
-    def _layouts(self, num_workers: int, symmetric: bool) -> Iterable[tuple[tuple[int, ...], ...]]:
-        """Every configuration's layout: layer counts per pipeline plus its micro-batches."""
-        prof = self.job.profile
-        found = candidates.configurations(
-            num_workers, 1, prof.num_layers, self.job.num_micro_batches, num_workers
-        )
-        for depths in found:
-            if symmetric and len(set(depths)) > 1:
-                continue
-            splits = [self._split(d) for d in depths]
-            chosen = [s for s in splits if s is not None]
-            if len(chosen) < len(splits):
-                continue
-            try:
-                batch = distribution.distribute_batch(self.estimates, chosen, self._reference)
-            except errors.InfeasibleError:
-                continue  # this many pipelines cannot share the global batch
-            yield tuple((*split, m) for split, m in zip(chosen, batch, strict=True))
 
     def _split(self, depth: int) -> tuple[int, ...] | None:
         # the best split depends on the depth alone (Alg. 1): one search per depth
@@ -198,9 +147,7 @@ class Planner:
             )
         return self._splits[depth]
 
-    def _laid_out(
-        self, layout: tuple[tuple[int, ...], ...], workers: list[plan.WorkerId]
-    ) -> plan.Plan:
+    def _laid_out(self, layout: fresh_search.Layout, workers: list[plan.WorkerId]) -> plan.Plan:
         pipelines, used = [], 0
         for *split, num_micro_batches in layout:
             pipelines.append(

@@ -49,6 +49,7 @@ class Scenario:
     horizon_s: float
     trace: Callable[[int, float], traces.Trace]
     time_to_failure: Callable[[int], float]
+    gpus_per_node: int = 1
 
     def draw(self, seed: int) -> traces.Trace:
         """The trace of `seed` over this scenario's horizon."""
@@ -66,7 +67,9 @@ class Scenario:
         prof = synthetic.synthesize(
             shape, accelerators.named(self.accelerator), self.micro_batch_size, 1
         )
-        return planning.Job(profile=prof, global_batch=self.global_batch)
+        return planning.Job(
+            profile=prof, global_batch=self.global_batch, gpus_per_node=self.gpus_per_node
+        )
 
 
 def _odyssey() -> Scenario:
@@ -82,6 +85,24 @@ def _odyssey() -> Scenario:
         horizon_s=9 * HOUR_S,
         trace=lambda seed, horizon_s: traces.per_device(32, rate, horizon_s, seed),
         time_to_failure=lambda live: HOUR_S / (rate * max(live, 1)),
+    )
+
+
+def _scale(num_nodes: int, gpus_per_node: int) -> Scenario:
+    rate = 0.01  # per node per hour: about 10 failures an hour at 1,024 nodes
+    suffix = "" if gpus_per_node == 1 else f"x{gpus_per_node}"
+    return Scenario(
+        name=f"scale-{num_nodes}{suffix}",
+        description=f"scale (#17): {num_nodes} nodes x {gpus_per_node} GPU(s), 1%/node/hour",
+        model="gpt3-6.7b",
+        accelerator="a100-80gb",
+        num_nodes=num_nodes,
+        micro_batch_size=1,
+        global_batch=1024,
+        horizon_s=9 * HOUR_S,
+        trace=lambda seed, horizon_s: traces.per_device(num_nodes, rate, horizon_s, seed),
+        time_to_failure=lambda live: HOUR_S / (rate * max(live, 1)),
+        gpus_per_node=gpus_per_node,
     )
 
 
@@ -125,6 +146,8 @@ SCENARIOS: dict[str, Scenario] = {
         _oobleck("10m", 600.0),
         _spot("ec2", 7.7 * 60),
         _spot("gcp", 10.3 * 60),
+        _scale(1024, 1),
+        _scale(1024, 8),
     )
 }
 

@@ -51,7 +51,9 @@ def run(
     for done, trace in enumerate(drawn, start=1):
         for name in names:
             policy = policies.POLICIES[name](planner, scenario.time_to_failure)
-            runs[name].append(engine.simulate(trace, policy, scenario.global_batch))
+            runs[name].append(
+                engine.simulate(trace, policy, scenario.global_batch, scenario.gpus_per_node)
+            )
         if progress is not None:
             progress(done, len(drawn), time.perf_counter() - start)
     return Study(

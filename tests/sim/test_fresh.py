@@ -1,0 +1,236 @@
+"""The fresh-plan search (planaria.sim.fresh) against the exhaustive search it replaced.
+
+Covers: over hypothesis-drawn profiles (tied and free costs, links fast or slow, memory from
+ample to a few layers), batches, GPUs per node, symmetric grids or all layouts, with and
+without a constraint, `Planner.fresh` returns the very plan of the old search (every prefix
+count, every layout built whole and screened, branch and bound per count), kept here as the
+oracle; the search answers every smaller worker count the same after a larger one; a brute
+force over every layout of every count (each estimated whole) finds no faster plan; the step
+bound the search prunes with is never above E's estimate at any micro-batch count.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from planaria.contract import errors, plan, profile
+from planaria.planner import candidates, distribution, screening
+from planaria.sim import fresh, planning
+from tests import strategies
+
+W = plan.WorkerId
+Layout = tuple[tuple[int, ...], ...]
+
+
+# --- the oracle: the search as it was before planaria.sim.fresh --------------------------------
+
+
+def _old_fresh(
+    planner: planning.Planner,
+    workers: list[plan.WorkerId],
+    symmetric: bool,
+    constraint: planning.Constraint | None,
+) -> plan.Plan | None:
+    ordered = sorted(workers)
+    best: tuple[float, Layout] | None = None
+    for count in range(1, len(ordered) + 1):
+        found = _old_best_layout(planner, count, symmetric, constraint)
+        if found is not None and (best is None or found[0] < best[0]):
+            best = found
+    return None if best is None else planner._laid_out(best[1], ordered)
+
+
+def _old_best_layout(
+    planner: planning.Planner,
+    num_workers: int,
+    symmetric: bool,
+    constraint: planning.Constraint | None,
+) -> tuple[float, Layout] | None:
+    estimates = planner.estimates
+    screened = []
+    for layout in _old_layouts(planner, num_workers, symmetric):
+        built = planner._laid_out(layout, [W(w) for w in range(num_workers)])
+        alone = [
+            estimates.pipeline(p, planner.job.profile.micro_batch_size, planner.job.gpus_per_node)
+            for p in built.pipelines
+        ]
+        if all(estimates.fits(e) for e in alone):
+            screened.append((max(e.step_s for e in alone), layout, built))
+    screened.sort(key=lambda item: item[0])
+    best: tuple[float, Layout] | None = None
+    for screen_s, layout, built in screened:
+        if best is not None and screen_s >= best[0]:
+            break
+        whole = estimates.whole(built)
+        if not estimates.fits(whole) or (constraint and not constraint.test(built)):
+            continue
+        if best is None or whole.step_s < best[0]:
+            best = (whole.step_s, layout)
+    return best
+
+
+def _old_layouts(planner: planning.Planner, num_workers: int, symmetric: bool) -> Iterable[Layout]:
+    prof = planner.job.profile
+    found = candidates.configurations(
+        num_workers, 1, prof.num_layers, planner.job.num_micro_batches, num_workers
+    )
+    for depths in found:
+        if symmetric and len(set(depths)) > 1:
+            continue
+        splits = [planner._split(d) for d in depths]
+        chosen = [s for s in splits if s is not None]
+        if len(chosen) < len(splits):
+            continue
+        try:
+            batch = distribution.distribute_batch(planner.estimates, chosen, planner._reference)
+        except errors.InfeasibleError:
+            continue
+        yield tuple((*split, m) for split, m in zip(chosen, batch, strict=True))
+
+
+# --- properties --------------------------------------------------------------------------------
+
+
+@st.composite
+def tied_profiles(draw: st.DrawFn) -> profile.Profile:
+    """Layers of 0 or 1 s forward and backward that move no bytes over free links: many layouts
+    of different counts have the very same step, so the tie rule decides."""
+    times = st.sampled_from([(0.0,), (1.0,)])
+    layer = st.builds(
+        profile.LayerProfile,
+        name=st.just("layer"),
+        forward_s=times,
+        backward_s=times,
+        parameter_bytes=st.just(0),
+        gradient_bytes=st.just(0),
+        optimizer_bytes=st.just(0),
+        activation_bytes=st.just(0),
+        output_bytes=st.just(0),
+    )
+    free = profile.LinkProfile(bandwidth_bytes_per_s=1e9, latency_s=0.0)
+    return profile.Profile(
+        model="tied",
+        accelerator="drawn",
+        micro_batch_size=1,
+        memory_bytes=10**6,
+        layers=tuple(draw(st.lists(layer, min_size=1, max_size=6))),
+        intra_node=free,
+        inter_node=free,
+    )
+
+
+@st.composite
+def jobs(draw: st.DrawFn) -> planning.Job:
+    prof = draw(st.one_of(strategies.planning_profiles(max_layers=6, max_gpus=1), tied_profiles()))
+    num_micro_batches = draw(st.integers(min_value=1, max_value=14))
+    return planning.Job(
+        profile=prof,
+        global_batch=num_micro_batches * prof.micro_batch_size,
+        gpus_per_node=draw(st.integers(min_value=1, max_value=3)),
+    )
+
+
+def _few_pipelines(limit: int) -> planning.Constraint:
+    return planning.Constraint(name=f"at most {limit}", test=lambda p: len(p.pipelines) <= limit)
+
+
+@given(
+    jobs(),
+    st.integers(min_value=1, max_value=10),
+    st.booleans(),
+    st.sampled_from([None, 1, 2, 3]),
+)
+@settings(max_examples=150, deadline=None)
+def test_the_search_returns_the_exhaustive_searchs_plan(
+    job: planning.Job, num_workers: int, symmetric: bool, limit: int | None
+) -> None:
+    constraint = None if limit is None else _few_pipelines(limit)
+    workers = [W(w) for w in range(num_workers)]
+    planner = planning.Planner(job)
+    expected = _old_fresh(planning.Planner(job), workers, symmetric, constraint)
+    assert planner.fresh(workers, symmetric, constraint) == expected
+    # later calls for fewer workers come from the same search, kept per count
+    for n in range(num_workers - 1, 0, -1):
+        fewer = [W(w) for w in range(n)]
+        assert planner.fresh(fewer, symmetric, constraint) == _old_fresh(
+            planner, fewer, symmetric, constraint
+        )
+
+
+@given(jobs(), st.integers(min_value=1, max_value=7))
+@settings(max_examples=60, deadline=None)
+def test_no_layout_of_any_count_is_faster_than_the_fresh_plan(
+    job: planning.Job, num_workers: int
+) -> None:
+    planner = planning.Planner(job)
+    estimates, gpus = planner.estimates, job.gpus_per_node
+    steps = []
+    for count in range(1, num_workers + 1):
+        for layout in _old_layouts(planner, count, False):
+            built = planner._laid_out(layout, [W(w) for w in range(count)])
+            alone = [
+                estimates.pipeline(p, job.profile.micro_batch_size, gpus) for p in built.pipelines
+            ]
+            whole = estimates.whole(built)
+            if estimates.fits(whole) and all(estimates.fits(e) for e in alone):
+                steps.append(whole.step_s)
+    chosen = planner.fresh([W(w) for w in range(num_workers)])
+    if chosen is None:
+        assert not steps
+    else:
+        assert planner.step_s(chosen) == min(steps)
+
+
+@given(
+    strategies.planning_profiles(max_layers=6, max_gpus=1),
+    st.integers(min_value=1, max_value=6),
+    st.integers(min_value=1, max_value=20),
+    st.integers(min_value=1, max_value=3),
+    st.integers(min_value=0, max_value=2),
+)
+@settings(max_examples=80, deadline=None)
+def test_the_step_bound_holds_at_every_micro_batch_count_and_node_position(
+    prof: profile.Profile, depth: int, num_micro_batches: int, gpus: int, first: int
+) -> None:
+    if depth > prof.num_layers:
+        return
+    estimates = screening.Estimates(prof)
+    for counts in distribution.remainder_placements(prof.num_layers, depth):
+        workers = [W(first % gpus + s) for s in range(depth)]
+        alone = distribution.pipeline_of(counts, workers, num_micro_batches)
+        estimate = estimates.pipeline(alone, prof.micro_batch_size, gpus)
+        bound = distribution.step_bound_s(prof, counts, num_micro_batches)
+        assert bound * (1 - fresh._ROUNDING) <= estimate.step_s
+
+
+@given(jobs(), st.integers(min_value=1, max_value=7))
+@settings(max_examples=60, deadline=None)
+def test_every_bound_the_search_cuts_with_is_below_the_whole_step(
+    job: planning.Job, num_workers: int
+) -> None:
+    planner = planning.Planner(job)
+    search = planner._search(False, None)
+    for shape, room in fresh.groups(
+        num_workers, job.profile.num_layers, job.num_micro_batches, False
+    ):
+        members = (
+            [shape]
+            if room == 0
+            else [dataclasses.replace(shape, num_deeper=e) for e in range(1, room + 1)]
+        )
+        for member in members:
+            screened = search._screen(member)
+            if screened is None:
+                continue
+            built = planner._laid_out(
+                search._layout(member, screened), [W(w) for w in range(member.num_workers)]
+            )
+            step_s = planner.estimates.whole(built).step_s
+            assert search._group_bound_s(shape) <= step_s
+            assert search._balanced_bound_s(member) <= step_s
+            assert search._spread_bound_s(member) <= step_s and screened.screen_s <= step_s
+            assert search._tail_s(member) <= step_s
