@@ -159,11 +159,15 @@ def pipelined_profile(micro_batch_size: int) -> profile.Profile:
 
 @dataclasses.dataclass(frozen=True)
 class Ran:
-    """A `planaria run` of a job file: the job's name, its stdout and its recoveries.json."""
+    """A `planaria run` of a job file: the job's name, its stdout, the recoveries of its
+    recoveries.json that answered a lost worker, and the regroups (no worker failed: a step of
+    the first epoch outran the step timeout on a loaded machine and the same plan regrouped; the
+    final parameters are compared all the same)."""
 
     name: str
     stdout: str
     recoveries: list[dict[str, object]]
+    regroups: list[dict[str, object]]
 
 
 def run_job_file(workdir: Path, prefix: str, shm: Path, bound_s: float) -> Ran:
@@ -180,5 +184,11 @@ def run_job_file(workdir: Path, prefix: str, shm: Path, bound_s: float) -> Ran:
     finally:
         processes.kill(processes.agents_of(name))
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    recoveries = json.loads((workdir / "out" / "recoveries.json").read_text(encoding="utf-8"))
-    return Ran(name=name, stdout=done.stdout, recoveries=recoveries)
+    recorded = json.loads((workdir / "out" / "recoveries.json").read_text(encoding="utf-8"))
+    assert all(r["kind"] == "restart" for r in recorded if not r["failed"]), recorded
+    return Ran(
+        name=name,
+        stdout=done.stdout,
+        recoveries=[r for r in recorded if r["failed"]],
+        regroups=[r for r in recorded if not r["failed"]],
+    )
