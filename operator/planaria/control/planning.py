@@ -25,6 +25,7 @@ the controller turns that into Suspended.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
@@ -145,7 +146,7 @@ class Planner:
         the layer-copy matching's solver, which every policy but rerouting uses."""
         chosen = job_settings.Policy(self._job.policy)
         if chosen is not job_settings.Policy.REROUTE:
-            transfers.load_solver()
+            _load_solver_in_background()
         if chosen is job_settings.Policy.ADAPTIVE:
             candidates.prepare(running, self._estimates, self._policy.search)
 
@@ -262,3 +263,16 @@ def whole_nodes(live: Collection[plans.WorkerId], gpus_per_node: int) -> list[in
     alive = set(live)
     nodes = sorted({w // gpus_per_node for w in alive})
     return [n for n in nodes if all(n * gpus_per_node + g in alive for g in range(gpus_per_node))]
+
+
+_solver_loading = False
+
+
+def _load_solver_in_background() -> None:
+    """Import the layer-copy matching's solver on a thread, once per process, so that the first
+    re-plan after a failure does not pay it on the recovery's critical path (a matching that
+    comes first waits for the import under Python's import lock)."""
+    global _solver_loading
+    if not _solver_loading:
+        _solver_loading = True
+        threading.Thread(target=transfers.load_solver, name="load-solver", daemon=True).start()

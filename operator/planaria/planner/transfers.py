@@ -35,7 +35,6 @@ weighing the transition against the step time (`policy`).
 from __future__ import annotations
 
 import math
-import threading
 from collections import Counter, defaultdict
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
@@ -450,21 +449,8 @@ def keep(new: plan.Plan, overheads: Overheads) -> Transition:
 
 
 def load_solver() -> None:
-    """Start importing the matching's solver in the background (about a second of CPU, once per
-    process), so that the first re-plan after a failure does not pay it on the recovery's
-    critical path; a matching that comes first waits for the import under Python's import lock."""
-    global _solver_loading
-    if _solver_loading:
-        return
-    _solver_loading = True
-    threading.Thread(target=_import_solver, name="load-matching-solver", daemon=True).start()
-
-
-def _import_solver() -> None:
+    """Import the matching's solver (scipy.optimize: about a second of CPU, once per process)."""
     from scipy import optimize  # noqa: F401
-
-
-_solver_loading = False
 
 
 def _assignment(cost: CostMatrix) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.intp]]:
