@@ -150,10 +150,41 @@ def test_the_held_step_is_the_oldest_of_workers_at_most_one_step_apart() -> None
 
 def test_the_message_and_record_say_where_training_resumes() -> None:
     text = suspension.message("every worker of the plan is lost", None, need=4, live=1)
-    assert "restarts from step 0" in text and "once 4 workers are live (1 now)" in text
+    assert "snapshot every returning worker holds, else from step 0" in text
+    assert "once 4 workers are live (1 now)" in text
     state = suspension.Suspension(since_s=2.5)
     record = suspension.resumed(
         state, suspension.Resume(step=30, from_memory=True), epoch=4, reason="best plan"
     )
     assert (record.kind, record.epoch, record.started_s) == (status.MoveKind.RESUME, 4, 2.5)
     assert record.tier is messages.RecoveryTier.LOCAL_SNAPSHOT and "step 30" in record.reason
+    assert (record.failed, record.lost_steps) == ((), 0)
+
+
+def test_a_resume_below_the_step_reached_counts_the_steps_trained_again() -> None:
+    # Every worker of a plan lost at step 12: the record names them and the 12 steps redone
+    # when nothing newer than step 0 survived (seen on a GPU: the first snapshot was still
+    # being written when the only worker died, and the record said "0 steps lost").
+    state = suspension.suspend(
+        suspension.Suspension(),
+        checkpoint=None,
+        now=1.0,
+        retry=False,
+        reached=12,
+        lost=[W(1), W(0)],
+    )
+    from_zero = suspension.resumed(
+        state, suspension.Resume(step=0, from_memory=False), epoch=2, reason="r"
+    )
+    assert (from_zero.failed, from_zero.lost_steps, from_zero.tier) == (
+        (W(0), W(1)),
+        12,
+        messages.RecoveryTier.CHECKPOINT,
+    )
+    from_memory = suspension.resumed(
+        state, suspension.Resume(step=10, from_memory=True), epoch=2, reason="r"
+    )
+    assert from_memory.lost_steps == 2
+    # A second suspension that reached less (it resumed from an older step) keeps the newest.
+    again = suspension.suspend(state, checkpoint=None, now=5.0, retry=False, reached=3, lost=[W(0)])
+    assert (again.reached, again.lost) == (12, (W(0),))

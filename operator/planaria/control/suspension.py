@@ -58,6 +58,8 @@ class Suspension:
     snapshot_failed: bool = False
     unheard_since: float | None = None  # a resume waits for returning workers' first beats
     stall_since: float | None = None  # a resume waits for a stall to end
+    reached: int = 0  # the newest step any suspended plan committed: a resume below it redoes
+    lost: tuple[plans.WorkerId, ...] = ()  # the suspended plan's workers not live when it ended
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -82,9 +84,19 @@ class Facts:
     step_timeout_s: float
 
 
-def suspend(state: Suspension, *, checkpoint: int | None, now: float, retry: bool) -> Suspension:
+def suspend(
+    state: Suspension,
+    *,
+    checkpoint: int | None,
+    now: float,
+    retry: bool,
+    reached: int = 0,
+    lost: Iterable[plans.WorkerId] = (),
+) -> Suspension:
     """The suspension that starts at `now` with `checkpoint` the newest persistent one.
-    `retry`: host memory did not hold every layer and the checkpoint may be tried at once."""
+    `retry`: host memory did not hold every layer and the checkpoint may be tried at once.
+    `reached`: the newest step the suspended plan committed (kept if an earlier suspension
+    reached further), `lost`: its workers not live now (the resume's record names them)."""
     again = retry and checkpoint is not None
     failed = state.snapshot_failed
     if state.from_snapshot or retry:  # host memory did not hold every layer: checkpoint
@@ -97,6 +109,8 @@ def suspend(state: Suspension, *, checkpoint: int | None, now: float, retry: boo
         retry=again,
         from_snapshot=False,
         snapshot_failed=failed,
+        reached=max(state.reached, reached),
+        lost=tuple(sorted(lost)),
     )
 
 
@@ -254,7 +268,8 @@ def message(what: str, checkpoint: int | None, *, need: int, live: int) -> str:
     where = (
         f"the latest persistent checkpoint is step {checkpoint}"
         if checkpoint is not None
-        else "there is no persistent checkpoint, so training restarts from step 0"
+        else "there is no persistent checkpoint, so training resumes from the host-memory "
+        "snapshot every returning worker holds, else from step 0"
     )
     return (
         f"suspended: {what}; {where}; it resumes from there once {need} workers are live "
@@ -268,11 +283,12 @@ def resumed(state: Suspension, resume: Resume, *, epoch: int, reason: str) -> st
     tiers = messages.RecoveryTier
     return statuses.Recovery(
         started_s=state.since_s,
-        failed=(),
+        failed=state.lost,
         epoch=epoch,
         tier=tiers.LOCAL_SNAPSHOT if resume.from_memory else tiers.CHECKPOINT,
         kind=statuses.MoveKind.RESUME,
         reason=f"resumed from {where} at step {resume.step}: {reason}",
+        lost_steps=max(0, state.reached - resume.step),
     )
 
 
@@ -287,9 +303,20 @@ class Tracker:
     def enter(self, why: outcomes.Suspend, *, now: float, need: int) -> str:
         """Suspend the job as `why` says at `now` (`need`: the fewest workers any plan needs);
         the status message."""
-        checkpoint = self._roster.checkpoint_step(why.running.workers)
-        self.state = suspend(self.state, checkpoint=checkpoint, now=now, retry=why.retry)
-        live = len(self._roster.live(now))
+        roster, workers = self._roster, why.running.workers
+        checkpoint = roster.checkpoint_step(workers)
+        beats = [b for w in workers if (b := roster.beats.get(w)) is not None]
+        reached = max((b.last_committed_step for b in beats), default=0)
+        alive = roster.live(now)
+        self.state = suspend(
+            self.state,
+            checkpoint=checkpoint,
+            now=now,
+            retry=why.retry,
+            reached=reached,
+            lost=(w for w in workers if w not in alive),
+        )
+        live = len(alive)
         return message(why.what, checkpoint, need=need, live=live)
 
     def next(
