@@ -1,26 +1,30 @@
 """Benchmark for a machine with one GPU (issue #16 item 7): profile, precision, snapshots.
 
-    .venv/bin/python bench/gpu.py [--device cuda] [--model gpt3-medium] [--steps 10]
-                                  [--out bench/results/gpu.json]
-    .venv/bin/python bench/gpu.py --device cpu --model tiny --steps 3    # a smoke check
+    .venv/bin/python -m bench.gpu [--device cuda] [--model gpt3-medium] [--steps 5] [--rounds 2]
+                                  [--base /dev/shm] [--out bench/results/gpu.json]
+    .venv/bin/python -m bench.gpu --device cpu --model tiny --steps 2 --rounds 1   # smoke check
 
-Meant to finish in under 8 minutes on one H100 with the defaults. It measures:
+Meant to finish in under 8 minutes on one H100 or H200 with the defaults. It measures:
 
-1. `planaria profile --model M --device D --precision P` for fp32 and bf16 (a subprocess, the
-   command a user runs): the wall time of the command, and the profile's forward + backward
-   seconds and state and activation bytes summed over the layers.
-2. A 1-worker job of the model (micro-batch 1, global batch 4: 4 micro-batches a step) on the
-   device, run by the agent's own executor in a one-rank epoch (NCCL on cuda, gloo on cpu), in
-   fp32 and bf16, with host-memory snapshots off, every 5 steps and every step, written by the
-   agent's snapshot writer to /dev/shm as a worker does: begun right after a step commits, the
-   write overlapping the next step, waited for before that step's optimizer step. Per arm:
-   median step time, goodput (the arm's steps times the snapshot-free median step, over the
-   arm's wall time), the time the optimizer step waited for the snapshot, and the achieved
-   interval (steps per completed snapshot).
-3. For each precision, one snapshot's work split into its parts, each timed alone on the live
-   state: device-to-host copy into fresh pageable memory (what `snapshots.host_bytes` does),
-   zlib.crc32 of the bytes (the store's checksum) and the write of the bytes to a file in
-   /dev/shm.
+1. `planaria profile --model M --device D --precision P` for fp32, tf32 and bf16 (a
+   subprocess: the command a user runs): the command's wall time, and the profile's forward +
+   backward seconds per micro-batch and state and activation bytes, summed over the layers.
+2. A 1-worker job of the model (micro-batch 1, global batch 4: 4 micro-batches a step) trained
+   by the agent's own training state (`training_thread.Training`, as `bench/snapshot_executor.py`
+   drives it: the executor in a one-rank epoch, NCCL on cuda, and the epoch's snapshot writers
+   into a store under --base, a tmpfs such as /dev/shm as on a node). fp32 and bf16 with
+   snapshots off, every 5 steps and every step; tf32 with snapshots off. Arms are epochs of the
+   same run, interleaved in rounds (A B C, then C B A) so that drift hits all alike. Per arm:
+   the median step time (the executor's clock; the step's loss read syncs the GPU), the median
+   time the step spent on snapshots on its critical path (begin + release, the heartbeat's
+   `snapshot_s`), snapshots taken and skipped (a writer still busy at a due step skips it
+   rather than block training), the achieved interval, and the overhead against the
+   snapshot-free arm of the same precision.
+3. One snapshot's parts, each timed alone on the trained state: the staging copy (the writer's
+   copier: on cuda pinned buffers and a side stream; first with the buffers allocated, then
+   reused as every later snapshot does), the xxh3 checksum of the staged bytes (zlib.crc32 beside
+   it, the old checksum), and the store's write of them into a file under --base, first touch
+   and rewritten in place (both include the write's own xxh3, as the store does).
 
 Prints a table and writes JSON with the GPU named. Not a timed test; nothing is asserted.
 """
@@ -28,10 +32,12 @@ Prints a table and writes JSON with the GPU named. Not a timed test; nothing is 
 from __future__ import annotations
 
 import argparse
-import datetime
+import concurrent.futures
+import gc
 import json
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -43,23 +49,19 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch._C import _distributed_c10d as c10d
 
-from planaria.agent.execution import executor, groups, held_layers
-from planaria.agent.state import snapshot_store, snapshot_writer, snapshots
-from planaria.agent.training import data, model, semantics
-from planaria.contract import instructions, plan, schedule, shapes
+from bench import snapshot_executor
+from planaria.agent.runtime import epoch_writers
+from planaria.agent.state import durable_files, staging
+from planaria.agent.training import data
 from planaria.spec import profile_file
 from planaria.wire import messages
 
 RESULTS = Path(__file__).parent / "results" / "gpu.json"
-PLANARIA = str(Path(sys.executable).parent / "planaria")
-MICRO_BATCH, GLOBAL_BATCH = 1, 4
-WARMUP_STEPS = 2
-INTERVALS = (0, 5, 1)  # snapshots off, every 5 steps, every step
-PRECISIONS = (messages.Precision.FP32, messages.Precision.BF16)
-WAIT_S = 600.0
-WORKER = plan.WorkerId(0)
+MICRO_BATCH, NUM_MICRO_BATCHES = 1, 4
+FP32, TF32, BF16 = messages.Precision.FP32, messages.Precision.TF32, messages.Precision.BF16
+# Snapshot intervals measured per precision (0 = off); tf32 only for its step time.
+ARMS = {FP32: (0, 5, 1), TF32: (0,), BF16: (0, 5, 1)}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -77,27 +79,34 @@ class ArmRow:
     interval_steps: int
     steps: int
     median_step_s: float
-    goodput: float
-    median_wait_s: float  # the optimizer step waiting for the snapshot
-    snapshots: int
-    achieved_interval: float | None
-    snapshot_bytes: int
+    median_snapshot_s: float  # on the step's critical path: begin + release
+    snapshots_taken: int
+    snapshots_skipped: int
+    achieved_interval: float  # 0.0: fewer than two snapshots begun in an epoch
+    overhead: float  # median step time over the precision's snapshot-free arm's, minus 1
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Breakdown:
     precision: str
     snapshot_bytes: int
-    copy_s: float
-    checksum_s: float
-    write_s: float
+    alloc_s: float  # allocating the staging buffers (pinned on cuda): once per worker now
+    copy_first_s: float  # the first copy into them
+    copy_s: float  # the buffers reused, as every later snapshot
+    xxh3_s: float
+    crc32_s: float
+    write_first_s: float  # a new file: every page touched for the first time
+    write_s: float  # rewritten in place, as the store rewrites its double-buffered files
+    file_threads: int  # --file-threads (`snapshot_writer.WriterConfig.file_threads`)
+    write_threads_s: float  # one file per layer rewritten in place by that many threads
 
 
 def profile_row(model: str, device: str, precision: messages.Precision, out: Path) -> ProfileRow:
     """Run `planaria profile` for `precision` and sum its layers."""
-    command = [PLANARIA, "profile", "--model", model, "--micro-batch", str(MICRO_BATCH)]
-    command += ["--device", device, "--precision", precision.value, "--repeats", "3"]
-    command += ["--warmup", "1", "--out", str(out)]
+    command = [sys.executable, "-m", "planaria", "profile", "--model", model]
+    command += ["--micro-batch", str(MICRO_BATCH), "--device", device]
+    command += ["--precision", precision.value, "--repeats", "3", "--warmup", "1"]
+    command += ["--out", str(out)]
     started = time.perf_counter()
     subprocess.run(command, check=True, capture_output=True, text=True)
     elapsed = time.perf_counter() - started
@@ -111,193 +120,167 @@ def profile_row(model: str, device: str, precision: messages.Precision, out: Pat
     )
 
 
-class Job:
-    """A 1-worker job on `device`: one executor in a one-rank epoch and a snapshot writer."""
+def _sync(device: messages.Device) -> None:
+    if device is messages.Device.CUDA:
+        torch.cuda.synchronize()
 
-    def __init__(
-        self, shape: shapes.ModelShape, tokens: data.Tokens, device: str, p: messages.Precision
-    ) -> None:
-        config = semantics.TrainingConfig(
-            shape=shape,
-            seed=0,
-            global_batch_size=GLOBAL_BATCH,
-            micro_batch_size=MICRO_BATCH,
-            precision=p,
-        )
-        layers = range(shape.num_planner_layers)
-        one = plan.Plan(
-            pipelines=(
-                plan.Pipeline(
-                    stages=(plan.Stage(layer_start=0, layer_stop=len(layers), workers=(WORKER,)),),
-                    num_micro_batches=GLOBAL_BATCH // MICRO_BATCH,
-                ),
-            ),
-            micro_batch_size=MICRO_BATCH,
-        )
-        backend = messages.Backend.NCCL if device.startswith("cuda") else messages.Backend.GLOO
-        timeout = datetime.timedelta(seconds=WAIT_S)
-        store = c10d.TCPStore("127.0.0.1", 0, None, True, timeout, False)
-        self.epoch = groups.form_epoch(store, 1, 0, 1, backend, WAIT_S)
-        self.layers = held_layers.HeldLayers.build(config, layers, device)
-        self.runner = executor.Executor(
-            job=semantics.Job.from_tokens(config, tokens),
-            sched=schedule.compile_schedule(one),
-            worker=WORKER,
-            epoch=self.epoch,
-            layers=self.layers,
-        )
-        self.base = Path(tempfile.mkdtemp(prefix="planaria-gpu-bench-", dir="/dev/shm"))
-        store_root = snapshot_store.store_root("gpubench", 0, self.base)
-        writer_config = snapshot_writer.WriterConfig(
-            job="gpubench", worker=WORKER, redundancy=messages.RedundancyMode.NONE
-        )
-        self.writer = snapshot_writer.SnapshotWriter(
-            snapshot_store.SnapshotStore(store_root), writer_config
-        )
-        self.step_index = 0
-        self.waited_s = 0.0
 
-    def live(self) -> list[model.LayerState]:
-        layers = self.layers
-        return [
-            snapshots.live_layer_state(i, layers.modules[i], layers.optimizers[i])
-            for i in layers.indices
-        ]
-
-    def _before(self, step: int, index: int, op: instructions.Instruction) -> None:
-        if isinstance(op, instructions.OptimizerStep):  # the writer's contract
-            started = time.perf_counter()
-            self.writer.wait(WAIT_S)
-            self.waited_s += time.perf_counter() - started
-
-    def step(self, interval: int) -> tuple[float, float, int]:
-        """One step, then a snapshot begun when due; (seconds, optimizer's wait, bytes)."""
-        self.waited_s = 0.0
+def breakdown(
+    worker: snapshot_executor.Worker, p: messages.Precision, base: Path, threads: int
+) -> Breakdown:
+    """One snapshot's parts timed alone on the trained state (module docstring, item 3)."""
+    layers = worker.training.holding.layers
+    assert layers is not None
+    states = epoch_writers.live_states(layers)
+    stage = staging.Staging(staging.copier_for(torch.device(worker.device.value)))
+    started = time.perf_counter()
+    copies = [stage.prepare(s, [range(0, sum(t.nbytes for t in s.tensors()))]) for s in states]
+    alloc_s = time.perf_counter() - started  # the staging buffers (pinned on cuda)
+    timed = []
+    for _ in range(2):  # the first copy, then again
+        _sync(worker.device)
         started = time.perf_counter()
-        self.runner.run_step(self.step_index, self._before)  # commits: the loss syncs a GPU
-        self.step_index += 1
-        held = 0
-        if interval and self.step_index % interval == 0:
-            groups_of = {i: (WORKER,) for i in self.layers.indices}
-            states = self.live()
-            held = sum(s.nbytes for s in states)
-            self.writer.begin(step=self.step_index, epoch=1, states=states, groups=groups_of)
-        return time.perf_counter() - started, self.waited_s, held
-
-    def finish(self) -> int:
-        """Wait for the last snapshot; 1 if one was pending and completed, else 0."""
-        return 1 if self.writer.wait(WAIT_S) is not None else 0
-
-    def close(self) -> None:
-        self.writer.close()
-        groups.leave_epoch(self.epoch)
-        snapshot_store.remove_job("gpubench", self.base)
-        self.base.rmdir()
-
-
-def run_arm(job: Job, p: messages.Precision, interval: int, steps: int, base_s: float) -> ArmRow:
-    for _ in range(WARMUP_STEPS):
-        job.step(interval)
-    job.finish()
-    times, waits, taken, nbytes = [], [], 0, 0
+        stage.copier.launch([c.copy for c in copies]).complete()
+        timed.append(time.perf_counter() - started)
+    chunks = [view for c in copies for view in c.staged.views(0, c.staged.nbytes)]
     started = time.perf_counter()
-    for _ in range(steps):
-        seconds, waited, held = job.step(interval)
-        times.append(seconds)
-        waits.append(waited)
-        taken += held > 0
-        nbytes = max(nbytes, held)
-    job.finish()
-    wall = time.perf_counter() - started
-    median = statistics.median(times)
-    return ArmRow(
-        precision=p.value,
-        interval_steps=interval,
-        steps=steps,
-        median_step_s=median,
-        goodput=steps * (base_s or median) / wall,
-        median_wait_s=statistics.median(waits),
-        snapshots=taken,
-        achieved_interval=steps / taken if taken else None,
-        snapshot_bytes=nbytes,
-    )
-
-
-def breakdown(job: Job, p: messages.Precision) -> Breakdown:
-    """One snapshot's parts timed alone on the live state (module docstring, item 3)."""
-    tensors = [t for state in job.live() for t in state.tensors()]
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()  # the step's kernels are not part of the copy
-    started = time.perf_counter()
-    host = [snapshots.host_bytes(t) for t in tensors]
-    copy_s = time.perf_counter() - started
+    durable_files.checksum_of("xxh3", chunks)
+    xxh3_s = time.perf_counter() - started
     started = time.perf_counter()
     crc = 0
-    for array in host:
-        crc = zlib.crc32(array.data, crc)
-    checksum_s = time.perf_counter() - started
-    with tempfile.NamedTemporaryFile(dir="/dev/shm", prefix="planaria-gpu-bench-") as file:
-        started = time.perf_counter()
-        for array in host:
-            file.write(array.data)
-        file.flush()
-        write_s = time.perf_counter() - started
+    for chunk in chunks:
+        crc = zlib.crc32(chunk.data, crc)
+    crc32_s = time.perf_counter() - started
+    writes = []
+    with tempfile.TemporaryDirectory(prefix="planaria-gpu-bench-", dir=base) as scratch:
+        path = Path(scratch) / "snapshot"
+        for reuse in (False, True):
+            started = time.perf_counter()
+            durable_files.write_private_file(path, chunks, "xxh3", reuse=reuse)
+            writes.append(time.perf_counter() - started)
+        path.unlink()
+        layer_files = [
+            (Path(scratch) / f"layer-{i}", list(c.staged.views(0, c.staged.nbytes)))
+            for i, c in enumerate(copies)
+        ]
+
+        def write(pair: tuple[Path, list[Any]]) -> str:
+            return durable_files.write_private_file(pair[0], pair[1], "xxh3", reuse=True)
+
+        with concurrent.futures.ThreadPoolExecutor(threads) as pool:
+            list(pool.map(write, layer_files))  # first touch, as the store's first snapshot
+            started = time.perf_counter()
+            list(pool.map(write, layer_files))
+            writes.append(time.perf_counter() - started)
     return Breakdown(
         precision=p.value,
-        snapshot_bytes=sum(a.nbytes for a in host),
-        copy_s=copy_s,
-        checksum_s=checksum_s,
-        write_s=write_s,
+        snapshot_bytes=sum(c.staged.nbytes for c in copies),
+        alloc_s=alloc_s,
+        copy_first_s=timed[0],
+        copy_s=timed[1],
+        xxh3_s=xxh3_s,
+        crc32_s=crc32_s,
+        write_first_s=writes[0],
+        write_s=writes[1],
+        file_threads=threads,
+        write_threads_s=writes[2],
     )
 
 
 def train_arms(
-    shape: shapes.ModelShape, tokens: data.Tokens, device: str, steps: int
+    args: argparse.Namespace, corpus: Path, base: Path
 ) -> tuple[list[ArmRow], list[Breakdown]]:
-    arms, parts = [], []
-    for p in PRECISIONS:
-        job = Job(shape, tokens, device, p)
+    device = messages.Device(args.device)
+    rows, parts = [], []
+    for p, intervals in ARMS.items():
+        stores = Path(tempfile.mkdtemp(prefix=f"planaria-gpu-bench-{p.value}-", dir=base))
+        worker = snapshot_executor.Worker(
+            args.model,
+            corpus,
+            stores,
+            device=device,
+            precision=p,
+            micro_batch=MICRO_BATCH,
+            num_micro_batches=NUM_MICRO_BATCHES,
+        )
+        arms = {i: snapshot_executor.Arm(step_s=[], snapshot_s=[]) for i in intervals}
         try:
-            base = 0.0
-            for interval in INTERVALS:
-                row = run_arm(job, p, interval, steps, base)
-                base = base or row.median_step_s  # the snapshot-free arm comes first
-                arms.append(row)
-            parts.append(breakdown(job, p))
+            for r in range(args.rounds):
+                for interval in intervals if r % 2 == 0 else tuple(reversed(intervals)):
+                    worker.run(interval, args.steps, arms[interval])
+                    print(f"  {p.value} every {interval or '-'}: done", flush=True)
+            if len(intervals) > 1:
+                parts.append(breakdown(worker, p, base, args.file_threads))
         finally:
-            job.close()
-    return arms, parts
+            worker.close()
+            del worker
+            shutil.rmtree(stores)  # a precision's double-buffered store: twice its state
+            gc.collect()
+            if device is messages.Device.CUDA:
+                torch.cuda.empty_cache()
+        off = statistics.median(arms[0].step_s)
+        for interval, arm in arms.items():
+            step = statistics.median(arm.step_s)
+            achieved = [a for a in arm.achieved or [] if a]
+            rows.append(
+                ArmRow(
+                    precision=p.value,
+                    interval_steps=interval,
+                    steps=len(arm.step_s),
+                    median_step_s=step,
+                    median_snapshot_s=statistics.median(arm.snapshot_s),
+                    snapshots_taken=arm.taken,
+                    snapshots_skipped=arm.skipped,
+                    achieved_interval=statistics.mean(achieved) if achieved else 0.0,
+                    overhead=step / off - 1,
+                )
+            )
+    return rows, parts
+
+
+def _nccl_version() -> str:
+    version = torch.cuda.nccl.version()  # type: ignore[no-untyped-call]
+    return ".".join(map(str, version))
 
 
 def device_name(device: str) -> str:
-    if device.startswith("cuda"):
+    if device == "cuda":
         return torch.cuda.get_device_name(torch.device(device))
     return platform.processor() or platform.machine()
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--device", default="cuda", help="cuda (default) or cpu for a smoke run")
+    parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     parser.add_argument("--model", default="gpt3-medium", help="named model (default gpt3-medium)")
-    parser.add_argument("--steps", type=int, default=10, help="measured steps per arm (default 10)")
+    parser.add_argument("--steps", type=int, default=5, help="measured steps per arm and round")
+    parser.add_argument("--rounds", type=int, default=2, help="rounds of the arms (default 2)")
+    parser.add_argument("--base", type=Path, default=Path("/dev/shm"), help="tmpfs for stores")
+    parser.add_argument("--no-profile", action="store_true", help="skip `planaria profile`")
+    parser.add_argument(
+        "--file-threads", type=int, default=4, help="threads of the parallel write (default 4)"
+    )
     parser.add_argument("--out", type=Path, default=RESULTS, help=f"JSON (default {RESULTS})")
     args = parser.parse_args()
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
+    if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: this machine has no CUDA device; use --device cpu")
-    shape = shapes.named(args.model)
     started = time.perf_counter()
-    with tempfile.TemporaryDirectory() as scratch:
-        profiles = [
-            profile_row(args.model, args.device, p, Path(scratch) / f"{p}.json") for p in PRECISIONS
-        ]
-    tokens = data.load_default_corpus(max_bytes=4_000_000)
-    arms, parts = train_arms(shape, tokens, args.device, args.steps)
+    profiles = []
+    with tempfile.TemporaryDirectory(prefix="planaria-gpu-bench-", dir=args.base) as scratch:
+        for p in () if args.no_profile else (FP32, TF32, BF16):
+            profiles.append(profile_row(args.model, args.device, p, Path(scratch) / f"{p}.json"))
+            print(f"  profile {p.value}: {profiles[-1].command_s:.1f} s", flush=True)
+        corpus = Path(scratch) / "corpus.txt"
+        corpus.write_bytes(data.decode(data.load_default_corpus(max_bytes=4_000_000)).encode())
+        arms, parts = train_arms(args, corpus, Path(scratch))
     report = {
         "device": device_name(args.device),
         "torch": torch.__version__,
+        "nccl": _nccl_version() if args.device == "cuda" else None,
         "model": args.model,
         "micro_batch": MICRO_BATCH,
-        "global_batch": GLOBAL_BATCH,
+        "global_batch": MICRO_BATCH * NUM_MICRO_BATCHES,
+        "steps_per_arm": args.steps * args.rounds,
         "cpu_count": os.cpu_count(),
         "total_s": time.perf_counter() - started,
         "profiles": [asdict(row) for row in profiles],
@@ -312,29 +295,36 @@ def main() -> None:
 
 def _print(report: dict[str, Any]) -> None:
     print(
-        f"{report['model']} on {report['device']} (torch {report['torch']}), "
-        f"micro-batch {report['micro_batch']}, global batch {report['global_batch']}"
+        f"{report['model']} on {report['device']} (torch {report['torch']}, NCCL "
+        f"{report['nccl']}), micro-batch {report['micro_batch']}, global batch "
+        f"{report['global_batch']}, {report['steps_per_arm']} measured steps per arm"
     )
-    print("\nplanaria profile      command s   fwd+bwd s   state GiB   activations GiB")
+    print("\nplanaria profile  command s   fwd+bwd s   state GiB   activations GiB")
     for row in report["profiles"]:
         print(
-            f"  {row['precision']:<19} {row['command_s']:9.1f}   {row['forward_backward_s']:9.4f}"
+            f"  {row['precision']:<15} {row['command_s']:9.1f}   {row['forward_backward_s']:9.4f}"
             f"   {row['state_bytes'] / 2**30:9.3f}   {row['activation_bytes'] / 2**30:15.3f}"
         )
-    print("\nprecision  snapshots   step s   goodput   wait s   achieved interval   GiB")
+    print("\nprecision  snapshots   step s   snap s   taken  skipped  achieved  overhead")
     for row in report["arms"]:
         every = "off" if not row["interval_steps"] else f"every {row['interval_steps']}"
-        achieved = "-" if row["achieved_interval"] is None else f"{row['achieved_interval']:.1f}"
         print(
-            f"  {row['precision']:<8} {every:<9} {row['median_step_s']:8.3f}"
-            f"   {row['goodput']:7.1%}   {row['median_wait_s']:6.3f}   {achieved:>17}"
-            f"   {row['snapshot_bytes'] / 2**30:5.2f}"
+            f"  {row['precision']:<8} {every:<9} {row['median_step_s']:7.4f}"
+            f"  {row['median_snapshot_s']:7.4f}  {row['snapshots_taken']:5}"
+            f"  {row['snapshots_skipped']:7}  {row['achieved_interval']:8.2f}"
+            f"  {row['overhead']:+8.1%}"
         )
-    print("\none snapshot, parts timed alone   GiB   copy s   crc32 s   write s")
+    print(
+        "\none snapshot, timed alone  GiB  alloc s  copy 1st s  copy s  xxh3 s  crc32 s"
+        "  write 1st s  write s  threads  write s"
+    )
     for row in report["snapshot_breakdown"]:
         print(
-            f"  {row['precision']:<30} {row['snapshot_bytes'] / 2**30:5.2f}   "
-            f"{row['copy_s']:6.3f}   {row['checksum_s']:7.3f}   {row['write_s']:7.3f}"
+            f"  {row['precision']:<22} {row['snapshot_bytes'] / 2**30:5.2f}"
+            f"  {row['alloc_s']:7.3f}  {row['copy_first_s']:10.3f}  {row['copy_s']:6.3f}"
+            f"  {row['xxh3_s']:6.3f}"
+            f"  {row['crc32_s']:7.3f}  {row['write_first_s']:11.3f}  {row['write_s']:7.3f}"
+            f"  {row['file_threads']:7}  {row['write_threads_s']:7.3f}"
         )
     print(f"\ntotal {report['total_s']:.0f} s")
 

@@ -81,12 +81,26 @@ class Arm:
 class Worker:
     """One worker's `Training`, switched between snapshot intervals by epochs."""
 
-    def __init__(self, model_name: str, corpus: Path, base: Path) -> None:
+    def __init__(
+        self,
+        model_name: str,
+        corpus: Path,
+        base: Path,
+        *,
+        device: messages.Device = messages.Device.CPU,
+        precision: messages.Precision = messages.Precision.FP32,
+        micro_batch: int = MICRO_BATCH,
+        num_micro_batches: int = NUM_MICRO_BATCHES,
+    ) -> None:
+        """On `device` (cuda: an NCCL epoch on the current GPU, as an agent started with
+        `--device cuda` trains), in `precision`."""
         self.store = c10d.TCPStore("127.0.0.1", 0, None, True, datetime.timedelta(seconds=30))
         self.training = training_thread.Training(
-            worker=plan.WorkerId(0), job="bench", snapshot_base=base, device="cpu"
+            worker=plan.WorkerId(0), job="bench", snapshot_base=base, device=device.value
         )
         self.model_name, self.corpus, self.epoch = model_name, corpus, 0
+        self.device, self.precision = device, precision
+        self.micro_batch, self.num_micro_batches = micro_batch, num_micro_batches
 
     def arm(self, interval: int) -> None:
         """Start an epoch at the current step that snapshots every `interval` steps."""
@@ -95,17 +109,18 @@ class Worker:
             model=self.model_name,
             seed=0,
             optimizer=messages.OptimizerSettings(lr=1e-3),
-            global_batch_size=MICRO_BATCH * NUM_MICRO_BATCHES,
+            global_batch_size=self.micro_batch * self.num_micro_batches,
             data=messages.DataSettings(corpus_paths=(str(self.corpus),)),
-            device=messages.Device.CPU,
+            device=self.device,
             snapshot_interval_steps=interval,
             redundancy=messages.RedundancyMode.XOR,
+            precision=self.precision,
         )
         num_layers = shapes.named(self.model_name).num_planner_layers
         stage = plan.Stage(layer_start=0, layer_stop=num_layers, workers=(plan.WorkerId(0),))
         p = plan.Plan(
-            pipelines=(plan.Pipeline(stages=(stage,), num_micro_batches=NUM_MICRO_BATCHES),),
-            micro_batch_size=MICRO_BATCH,
+            pipelines=(plan.Pipeline(stages=(stage,), num_micro_batches=self.num_micro_batches),),
+            micro_batch_size=self.micro_batch,
         )
         rendezvous = messages.Rendezvous(
             store_host="127.0.0.1",
@@ -113,7 +128,9 @@ class Worker:
             key_prefix=f"epoch-{self.epoch}",
             rank=0,
             world_size=1,
-            backend=messages.Backend.GLOO,
+            backend=messages.Backend.NCCL
+            if self.device is messages.Device.CUDA
+            else messages.Backend.GLOO,
             timeout_s=60.0,
         )
         self.training.set_up(

@@ -4,10 +4,16 @@ Covers: merged ranges cover exactly the same bytes, sorted and disjoint (hypothe
 flattened bytes equal the live state's in the wanted ranges for small and large tensors,
 whatever the ranges (hypothesis); a second stage after an in-place update shows
 the new bytes (the cached views follow the tensors); a replaced tensor or new ranges prepare the
-layer afresh; non-contiguous tensors are copied each time; forgotten layers are dropped.
+layer afresh; non-contiguous tensors are copied each time; forgotten layers are dropped. Buffers
+outlive their staging: a closed staging's buffers serve the next staging on the same copier (the
+next epoch's writer: pinned memory is allocated once, not once per epoch), a forgotten layer's
+buffer serves another layer of its size, a resized layer gives its old buffer back, and `trim`
+frees what nobody took.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 import torch
@@ -118,3 +124,34 @@ def test_forgotten_layers_are_dropped() -> None:
     stage.stage(_state([3]), [range(0, 8)])
     stage.keep_only(set())
     assert stage._layers == {}  # the cached views (and their tensors) are released
+
+
+def test_a_closed_stagings_buffers_serve_the_next_staging_on_the_same_copier() -> None:
+    copier = staging.CpuCopier()
+    first = staging.Staging(copier)
+    states = [_state([7, BIG], seed=1), _state([100], seed=2)]
+    states[1] = dataclasses.replace(states[1], index=1)
+    buffers = {s.index: first.prepare(s, [range(0, s.nbytes)]).buffer for s in states}
+    first.close()
+    assert first._layers == {}
+    second = staging.Staging(copier)  # the next epoch's writer
+    for state in states:
+        prepared = second.prepare(state, [range(0, state.nbytes)])
+        assert prepared.buffer is buffers[state.index]  # no new allocation
+        _check(state, [range(0, state.nbytes)], second)  # and the bytes are right
+
+
+def test_forgotten_and_resized_layers_give_their_buffers_back_and_trim_frees_them() -> None:
+    copier = staging.CpuCopier()
+    stage = staging.Staging(copier)
+    state = _state([BIG])
+    whole = stage.prepare(state, [range(0, state.nbytes)]).buffer
+    half = stage.prepare(state, [range(0, state.nbytes // 2)]).buffer  # new ranges, new size
+    assert half is not whole and half.numel() == state.nbytes // 2
+    assert copier.buffer(whole.numel()) is whole  # the resized layer gave it back
+    copier.recycle(whole)
+    stage.keep_only(set())
+    assert copier.buffer(half.numel()) is half  # the forgotten layer gave it back
+    copier.recycle(half)
+    copier.trim()
+    assert copier.buffer(half.numel()) is not half  # freed: a new buffer

@@ -106,6 +106,9 @@ class Training:
         self._checkpoint_step: int | None = None  # as the last epoch's writers left it
         self._confirmed: int | None = None  # likewise (`snapshot_confirmed_step`)
         self._extra_hook = hook
+        # One copier for every epoch's writers: their staging buffers (pinned on a GPU) are
+        # allocated once and handed from one epoch's writer to the next (`staging`).
+        self._copier = staging.copier_for(torch.device(device))
         self._executor: executor.Executor | None = None
         self._writers: epoch_writers.EpochWriters | None = None
         self._corpora: dict[messages.DataSettings, corpora.Corpus] = {}
@@ -326,7 +329,7 @@ class Training:
                 optimizer=opt,
             ),
             checkpoint_step=self._checkpoint_step,
-            copier=staging.copier_for(torch.device(self.device)),
+            copier=self._copier,
             mirrors=self._mirrors(config),
         )
 

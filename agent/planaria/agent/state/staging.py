@@ -14,6 +14,15 @@ parameters and AdamW state are updated in place, so their storage does not move 
 is prepared afresh when a tensor's address, dtype, shape or contiguity, or the wanted ranges,
 change; a non-contiguous tensor is prepared afresh every time (its flat view is a copy).
 
+Buffers outlive their staging: a staging gives its buffers back to its copier when it forgets
+a layer (`keep_only`) or ends (`close`, when its writer closes at the end of an epoch), and the
+copier hands a buffer of the same size to the next request (`buffer`), so a worker that keeps
+one copier across epochs (the training thread does) allocates its staging once, not once per
+epoch: on a GPU host pinned memory costs about a second per few GB to allocate, and the first
+snapshot of every epoch paid it on the training thread. `trim` frees the buffers nobody took
+(called once a snapshot's layers are prepared, so a re-plan that changed the layer sizes does
+not keep the old ones).
+
 The device abstraction (`Copier`, one per device kind; `copier_for`):
 
     CpuCopier   a plain `torch.cat` per layer into the staging buffer (one call that releases
@@ -31,6 +40,7 @@ the writer never launches a snapshot while the previous one is being written.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -59,7 +69,14 @@ class Copier(Protocol):
     """Allocates staging buffers and copies live tensors into them, for one device kind."""
 
     def buffer(self, nbytes: int) -> torch.Tensor:
-        """A host uint8 buffer of `nbytes`, kept for as long as the layer's layout holds."""
+        """A host uint8 buffer of `nbytes`, kept for as long as the layer's layout holds (one
+        given back earlier when it has that size)."""
+
+    def recycle(self, buffer: torch.Tensor) -> None:
+        """Take back a buffer nothing reads any more, for a later `buffer` of its size."""
+
+    def trim(self) -> None:
+        """Free the buffers given back and not taken again."""
 
     def launch(self, copies: Sequence[tuple[Sequence[torch.Tensor], torch.Tensor]]) -> Ticket:
         """Training thread, right after the optimizer step: copy each group of uint8 sources,
@@ -81,11 +98,43 @@ class _CpuTicket:
         """Nothing to order on a CPU: the writer signals the end of the copy itself."""
 
 
+class _Pool:
+    """Buffers given back, by size (thread-safe: the training thread takes them, the writer
+    thread and the training thread give them back)."""
+
+    def __init__(self) -> None:
+        self._free: dict[int, list[torch.Tensor]] = {}
+        self._lock = threading.Lock()
+
+    def take(self, nbytes: int) -> torch.Tensor | None:
+        with self._lock:
+            free = self._free.get(nbytes)
+            return free.pop() if free else None
+
+    def give(self, buffer: torch.Tensor) -> None:
+        with self._lock:
+            self._free.setdefault(buffer.numel(), []).append(buffer)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._free.clear()
+
+
 class CpuCopier:
     """Preallocated pageable buffers, copied into by the writer thread."""
 
+    def __init__(self) -> None:
+        self._pool = _Pool()
+
     def buffer(self, nbytes: int) -> torch.Tensor:
-        return torch.empty(nbytes, dtype=torch.uint8)
+        pooled = self._pool.take(nbytes)
+        return pooled if pooled is not None else torch.empty(nbytes, dtype=torch.uint8)
+
+    def recycle(self, buffer: torch.Tensor) -> None:
+        self._pool.give(buffer)
+
+    def trim(self) -> None:
+        self._pool.clear()
 
     def launch(self, copies: Sequence[tuple[Sequence[torch.Tensor], torch.Tensor]]) -> Ticket:
         return _CpuTicket(copies)
@@ -110,9 +159,19 @@ class CudaCopier:
     def __init__(self, device: torch.device) -> None:
         self.device = device
         self._stream = torch.cuda.Stream(device=device)  # type: ignore[no-untyped-call]
+        self._pool = _Pool()
 
     def buffer(self, nbytes: int) -> torch.Tensor:
+        pooled = self._pool.take(nbytes)
+        if pooled is not None:
+            return pooled
         return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+
+    def recycle(self, buffer: torch.Tensor) -> None:
+        self._pool.give(buffer)
+
+    def trim(self) -> None:
+        self._pool.clear()
 
     def launch(self, copies: Sequence[tuple[Sequence[torch.Tensor], torch.Tensor]]) -> Ticket:
         stepped = torch.cuda.Event()  # type: ignore[no-untyped-call]
@@ -167,8 +226,10 @@ class Staging:
         key, wanted = _identity(state), merge(ranges)
         prepared = self._layers.get(state.index)
         if key is None or prepared is None or prepared.key != key or prepared.ranges != wanted:
-            buffer = None if prepared is None else prepared.buffer
-            prepared = self._layers[state.index] = _prepare(state, key, wanted, self, buffer)
+            old = None if prepared is None else prepared.buffer
+            prepared = self._layers[state.index] = _prepare(state, key, wanted, self, old)
+            if old is not None and prepared.buffer is not old:
+                self.copier.recycle(old)
         return prepared
 
     def stage(
@@ -181,9 +242,15 @@ class Staging:
         return prepared.layout, prepared.staged
 
     def keep_only(self, layers: set[int]) -> None:
-        """Forget layers no longer snapshotted, so their tensors and buffers can be freed."""
+        """Forget layers no longer snapshotted, so their tensors can be freed and their buffers
+        serve another layer (given back to the copier)."""
         for index in set(self._layers) - layers:
-            del self._layers[index]
+            self.copier.recycle(self._layers.pop(index).buffer)
+
+    def close(self) -> None:
+        """Forget every layer and give every buffer back to the copier (nothing reads them any
+        more: the writer has finished)."""
+        self.keep_only(set())
 
 
 def merge(ranges: Sequence[range]) -> tuple[range, ...]:
