@@ -15,9 +15,9 @@ whose step a persistent checkpoint is due at waits instead of skipping; store fi
 rewritten in place (the same inode, pre-faulted pages) unless a reader holds the slot open;
 snapshots checksummed with crc32 (older stores) stay readable next to xxh3 ones. Layer files
 written by several threads make the same snapshot, byte for byte and checksum for checksum, as
-one thread's (every redundancy mode, several layers and members); the default thread count is a
-quarter of the CPUs, 1 to 4; a closed writer's staging buffers serve the next writer on the same
-copier (the next epoch). No test here reads a clock: the writer is held back by events.
+one thread's (every redundancy mode, several layers and members); a closed writer's staging
+buffers serve the next writer on the same copier (the next epoch). No test here reads a clock:
+the writer is held back by events.
 """
 
 from __future__ import annotations
@@ -403,13 +403,6 @@ def test_files_written_side_by_side_make_the_same_snapshot_as_one_thread(
     assert contents[0] == contents[1] == [_bytes(s) for s in states]
 
 
-@given(cpus=st.integers(1, 512))
-def test_the_default_file_threads_are_a_quarter_of_the_cpus_from_one_to_four(cpus: int) -> None:
-    threads = snapshot_writer.file_threads(cpus)
-    assert threads == max(1, min(4, cpus // 4))
-    assert snapshot_writer.file_threads(2) == 1  # a 2-core machine keeps one writer thread
-
-
 def test_a_closed_writers_buffers_serve_the_next_writer_on_the_same_copier(tmp_path: Path) -> None:
     copier = staging.CpuCopier()
     state = _state(0, 5000, 1)
@@ -421,3 +414,48 @@ def test_a_closed_writers_buffers_serve_the_next_writer_on_the_same_copier(tmp_p
         buffers.append(writer._staging._layers[0].buffer)
         writer.close()
     assert buffers[0] is buffers[1]
+
+
+class CountingCopier(staging.CpuCopier):
+    """The CPU copier, counting the buffers it allocates (not the ones it hands back out)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: set[int] = set()
+        self.allocated = 0
+
+    def buffer(self, nbytes: int) -> torch.Tensor:
+        buffer = super().buffer(nbytes)
+        if id(buffer) not in self.seen:
+            self.seen.add(id(buffer))
+            self.allocated += 1
+        return buffer
+
+
+def test_reserved_buffers_are_allocated_before_the_first_begin_and_once_per_layer(
+    tmp_path: Path,
+) -> None:
+    copier = CountingCopier()
+    states = [_state(i, 1000, seed=i) for i in range(3)]  # three layers of the same size
+    groups = dict.fromkeys(range(3), (W(0), W(1)))
+    config = snapshot_writer.WriterConfig(job="job", worker=W(0), redundancy=Mode.COPY)
+    writer = snapshot_writer.SnapshotWriter(
+        snapshot_store.SnapshotStore(tmp_path / "s"), config, copier
+    )
+    writer.reserve(states, groups)
+    reserving = writer._reserving
+    assert reserving is not None
+    reserving.result(PATIENCE_S)
+    assert copier.allocated == 3  # one each, on the writer's thread, before any begin
+    writer.begin(step=1, epoch=1, states=states, groups=groups)
+    assert copier.allocated == 3  # begin took the reserved ones
+    assert writer.wait(PATIENCE_S) is not None
+    writer.close()
+    again = snapshot_writer.SnapshotWriter(
+        snapshot_store.SnapshotStore(tmp_path / "t"), config, copier
+    )
+    again.reserve(states, groups)  # the next epoch: the pool already holds them
+    again.begin(step=2, epoch=2, states=states, groups=groups)
+    assert again.wait(PATIENCE_S) is not None
+    again.close()
+    assert copier.allocated == 3

@@ -169,6 +169,12 @@ class EpochWriters:
         self._num_begun, self._last_begun = self._num_begun + 1, t
         return True
 
+    def reserve(self, layers: held_layers.HeldLayers) -> None:
+        """When the epoch opens: let the writer allocate the staging buffers of periodic
+        snapshots in the background (`SnapshotWriter.reserve`), not at the first snapshot."""
+        if self.config.settings.snapshot_interval_steps:
+            self.writer.reserve(live_states(layers), self.groups)
+
     def release(self) -> None:
         """Before the next optimizer step: wait until the pending snapshot no longer reads the
         live state (its copy), not for its writes; then collect it if it is complete."""

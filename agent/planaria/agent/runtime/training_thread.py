@@ -332,6 +332,8 @@ class Training:
             copier=self._copier,
             mirrors=self._mirrors(config),
         )
+        if self.holding.layers is not None:
+            self._writers.reserve(self.holding.layers)
 
     def _mirrors(self, config: messages.WorkerConfig) -> snapshot_mirrors.Link | None:
         """The snapshot mirrors' link over this epoch's group (None: no group, or NCCL)."""

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
-import os
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -71,8 +70,11 @@ class WriterConfig:
     redundancy: messages.RedundancyMode = messages.RedundancyMode.XOR
     interval_steps: int = 1
     optimizer: model.OptimizerConfig = field(default_factory=model.OptimizerConfig)
-    # Threads that checksum and write a snapshot's layer files side by side (0: `file_threads`).
-    file_threads: int = 0
+    # Threads that checksum and write a snapshot's layer files side by side. One by default:
+    # on an H200 host (16 cores) 4 threads wrote gpt3-medium's 4.6 GB 2.6x faster (0.7 s vs
+    # 1.8 s) but slowed bf16 steps, which are bound by the CPU launching kernels, by +20% (every
+    # 5 steps) and +41% (every step) against +3% and +8% with one (docs/benchmarks.md).
+    file_threads: int = 1
 
     def __post_init__(self) -> None:
         snapshot_store.check_name("job", self.job)
@@ -80,21 +82,10 @@ class WriterConfig:
             raise snapshot_store.SnapshotConfigError(
                 f"snapshot interval_steps is {self.interval_steps}; give a whole number >= 1"
             )
-        if self.file_threads < 0:
+        if self.file_threads < 1:
             raise snapshot_store.SnapshotConfigError(
-                f"snapshot file_threads is {self.file_threads}; give 0 (automatic) or more"
+                f"snapshot file_threads is {self.file_threads}; give a whole number >= 1"
             )
-
-
-def file_threads(cpus: int | None = None) -> int:
-    """How many threads write a snapshot's files at once by default: a quarter of the CPUs this
-    process may use, 1 to 4. One thread checksums (xxh3) and writes into tmpfs at a few GB/s,
-    while a GPU worker's state is GBs per snapshot (gpt3-medium: 4.6 GB, measured 2.4 s with
-    one thread on an H200 host, docs/benchmarks.md); on a small CPU machine a single thread
-    leaves the other cores to training."""
-    if cpus is None:
-        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return max(1, min(4, (cpus or 1) // 4))
 
 
 class SnapshotWriter:
@@ -112,7 +103,7 @@ class SnapshotWriter:
         self.config = config
         self._mirrors = mirrors
         self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="snapshot")
-        threads = config.file_threads or file_threads()
+        threads = config.file_threads
         self._files = (  # None: the snapshot thread writes every file itself
             concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="snapshot-file")
             if threads > 1
@@ -124,7 +115,29 @@ class SnapshotWriter:
         self._released.set()
         self._parity_buffers: dict[int, parity.Bytes] = {}
         self._staging = staging.Staging(copier)
+        self._reserving: concurrent.futures.Future[None] | None = None
         self._replicas: dict[int, recompute.OptimizerReplica] = {}
+
+    def reserve(self, states: Sequence[model.LayerState], groups: Groups) -> None:
+        """Allocate on the writer's thread the staging buffers a `begin` of `states` will take,
+        so that the first snapshot of an epoch does not allocate them on the training thread
+        (pinned memory on a GPU host: 4.3 s for gpt3-medium's 4.6 GB on an H200 host, all of it
+        a training stall at the first snapshot). Buffers the copier already holds (handed back
+        by the previous epoch's writer) are kept, not allocated again; a `begin` while this
+        still runs waits for it (no longer than allocating itself)."""
+        sizes = []
+        for state in states:
+            group = groups.get(state.index, ())
+            if self.config.worker in group:
+                wanted = self._wanted(state.nbytes, group.index(self.config.worker), len(group))
+                sizes.append(sum(len(r) for r in staging.merge(wanted)))
+        self._reserving = self._pool.submit(self._reserve, sizes)
+
+    def _reserve(self, sizes: Sequence[int]) -> None:
+        copier = self._staging.copier
+        taken = [copier.buffer(n) for n in sizes]  # all at once: equal sizes need one each
+        for buffer in taken:
+            copier.recycle(buffer)
 
     def due(self, step: int) -> bool:
         """Whether `begin(step)` takes a snapshot."""
@@ -164,6 +177,9 @@ class SnapshotWriter:
             )
         if not self.due(step):
             return False
+        reserving, self._reserving = self._reserving, None
+        if reserving is not None:
+            reserving.result()  # its buffers are in the copier's pool now
         jobs = [self._layer_job(state, groups, step) for state in states]
         self._staging.copier.trim()  # buffers of a layout no layer has any more
         self._ticket = ticket = self._staging.copier.launch([job.prepared.copy for job in jobs])
