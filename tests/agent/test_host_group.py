@@ -241,11 +241,14 @@ def test_releasing_the_epoch_ends_a_blocked_side_group_wait_here_and_at_the_peer
     epoch = groups.form_epoch(server, 1, 0, 2, GLOO, TIMEOUT_S, side_group=True)
     aborted: list[bool] = []
     abort = dist.distributed_c10d._abort_process_group
+
+    def recorded_abort() -> None:
+        aborted.append(True)
+        abort()
+
     if backend is NCCL:  # the release path of an NCCL epoch, over these gloo groups
         epoch = dataclasses.replace(epoch, backend=NCCL)
-        monkeypatch.setattr(
-            dist.distributed_c10d, "_abort_process_group", lambda: aborted.append(True) or abort()
-        )
+        monkeypatch.setattr(dist.distributed_c10d, "_abort_process_group", recorded_abort)
     errors: list[str] = []
     work = dist.irecv(torch.empty(1, dtype=torch.uint8), 1, group=epoch.host, tag=9)
     assert work is not None
