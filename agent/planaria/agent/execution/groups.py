@@ -28,7 +28,8 @@ with the epoch).
 Teardown: gloo groups are destroyed; NCCL communicators are aborted first (torch's
 `_abort_process_group`, which aborts and forgets every group of the process, the gloo side
 group included), because a plain destroy may wait for a collective that a dead peer will never
-finish. Only gloo is exercised on the CPU machines this is tested on.
+finish. CI exercises gloo only (the NCCL release path over gloo groups included); a one-rank
+NCCL epoch with its side group runs in tests/agent/test_host_group.py where CUDA is available.
 
 Releasing blocked waits (`Epoch.release`): a wait on a peer that hangs, or on a live peer that
 is itself blocked, ends only at the epoch's timeout in gloo: its point-to-point works complete
