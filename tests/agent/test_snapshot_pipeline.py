@@ -13,8 +13,9 @@ anywhere (the commit barrier's sum) makes every worker skip, and a snapshot coun
 everywhere (what the heartbeat reports) only after a barrier with no writer busy; a snapshot
 whose step a persistent checkpoint is due at waits instead of skipping; store files are
 rewritten in place (the same inode, pre-faulted pages) unless a reader holds the slot open;
-snapshots checksummed with crc32 (older stores) stay readable next to xxh3 ones. No test here
-reads a clock: the writer is held back by events.
+snapshots checksummed with crc32 (older stores) stay readable next to xxh3 ones; periodic
+snapshots are swapped with the mirrors, a TakeSnapshot is not. No test here reads a clock: the
+writer is held back by events.
 """
 
 from __future__ import annotations
