@@ -5,7 +5,8 @@ Covers: `Transport.opened` records the connected TCP sockets opened since a snap
 process's sockets, not listening ones, not ones accepted on a port that already listened (the
 agent's gRPC server), not ones open before; `shut` ends a blocked receive at both ends at once,
 counts only what it shut, is idempotent, and leaves a descriptor whose number now names another
-socket alone. The watcher releases once when the epoch's failure keys are set (by another
+socket alone; an NCCL epoch's release shuts its sockets (its gloo side group's) and aborts
+its communicators. The watcher releases once when the epoch's failure keys are set (by another
 worker or the controller: `rendezvous.flag_failed`), never after `stop`, and ends without
 releasing when the store goes away. The pipeline jobs that rely on both are in
 tests/e2e/test_pipeline_release.py.
@@ -178,9 +179,11 @@ def test_a_vanished_store_ends_the_watcher_without_releasing() -> None:
 def test_an_nccl_epoch_is_released_by_aborting_its_communicators(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """NCCL has no sockets of ours to shut: `release` aborts every communicator (torch's
-    `_abort_process_group`, safe from another thread), and an abort that fails is swallowed:
-    the epoch is being given up either way. (Only the call is checked here: no GPU in CI.)"""
+    """`release` shuts down the sockets recorded for an NCCL epoch (those of its gloo side
+    group, `groups.Epoch.host`, only) and aborts every communicator (torch's
+    `_abort_process_group`, safe from another thread); an abort that fails is swallowed: the
+    epoch is being given up either way. (Only the call is checked here: no GPU in CI; the
+    side group's blocked waits are tests/agent/test_host_group.py's.)"""
     calls: list[str] = []
     server = _listener()
     before = groups._sockets()
@@ -192,6 +195,7 @@ def test_an_nccl_epoch_is_released_by_aborting_its_communicators(
         raise RuntimeError("already aborted")
 
     monkeypatch.setattr(dist.distributed_c10d, "_abort_process_group", abort)
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
     epoch = groups.Epoch(
         number=1,
         rank=0,
@@ -204,6 +208,6 @@ def test_an_nccl_epoch_is_released_by_aborting_its_communicators(
     )
     epoch.release()
     assert calls == ["abort"]
-    assert transport.sockets  # untouched: NCCL's own connections are its business
+    assert not transport.sockets and theirs.recv(1) == b""  # the side group's: shut down
     for s in (server, mine, theirs):
         s.close()

@@ -7,7 +7,8 @@ with tags unique per pair of ranks, and is the same list whatever order it is co
 `decode_offer` keeps a well-formed offer, and turns a malformed one, or a manifest of another
 worker or step, into an offer that wants and serves nothing; a piece damaged in transit is
 rejected by its sender's checksum and its member left out. The round over real processes is
-tests/agent/test_runtime.py's `test_a_replacement_with_an_empty_store_...`.
+tests/agent/test_runtime.py's `test_a_replacement_with_an_empty_store_...` (on the world group of
+a gloo epoch) and tests/agent/test_host_group.py's (on a gloo side group, as on NCCL epochs).
 """
 
 from __future__ import annotations

@@ -13,11 +13,12 @@ anywhere (the commit barrier's sum) makes every worker skip, and a snapshot coun
 everywhere (what the heartbeat reports) only after a barrier with no writer busy; a snapshot
 whose step a persistent checkpoint is due at waits instead of skipping; store files are
 rewritten in place (the same inode, pre-faulted pages) unless a reader holds the slot open;
-snapshots checksummed with crc32 (older stores) stay readable next to xxh3 ones. Layer files
-written by several threads make the same snapshot, byte for byte and checksum for checksum, as
-one thread's (every redundancy mode, several layers and members); a closed writer's staging
-buffers serve the next writer on the same copier (the next epoch). No test here reads a clock:
-the writer is held back by events.
+snapshots checksummed with crc32 (older stores) stay readable next to xxh3 ones; periodic
+snapshots are swapped with the mirrors, a TakeSnapshot is not. Layer files written by several
+threads make the same snapshot, byte for byte and checksum for checksum, as one thread's (every
+redundancy mode, several layers and members); a closed writer's staging buffers serve the next
+writer on the same copier (the next epoch), and a writer reserves them in the background before
+its first snapshot. No test here reads a clock: the writer is held back by events.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from hypothesis import strategies as st
 
 from planaria.agent.execution import held_layers
 from planaria.agent.runtime import epoch_writers, training_thread
-from planaria.agent.state import snapshot_store, snapshot_writer, snapshots, staging
+from planaria.agent.state import mirroring, snapshot_store, snapshot_writer, snapshots, staging
 from planaria.agent.training import model
 from planaria.contract import plan
 from planaria.wire import messages
@@ -202,7 +203,11 @@ def test_a_failed_copy_releases_training_and_is_reported(tmp_path: Path) -> None
 
 
 def _writers(
-    store: snapshot_store.SnapshotStore, interval: int, tmp_path: Path, checkpoint: int = 0
+    store: snapshot_store.SnapshotStore,
+    interval: int,
+    tmp_path: Path,
+    checkpoint: int = 0,
+    mirrors: mirroring.Mirroring | None = None,
 ) -> tuple[epoch_writers.EpochWriters, held_layers.HeldLayers]:
     settings_ = messages.TrainingSettings(
         model="tiny",
@@ -249,6 +254,7 @@ def _writers(
         config=config,
         writer=snapshot_writer.WriterConfig(job="job", worker=W(0), redundancy=Mode.NONE),
         checkpoint_step=None,
+        mirrors=mirrors,
     )
     training = training_thread.training_config(settings_, 1)
     return writers, held_layers.HeldLayers.build(training, [0, 1])
@@ -301,6 +307,37 @@ def test_every_worker_skips_when_any_writer_is_busy_and_confirms_only_when_none_
     assert store.state(at_most=writers.confirmed).latest_step == 1  # what the heartbeat says
     assert store.state().latest_step == 3  # what this worker alone holds
     writers.close()
+
+
+class _Swaps:
+    """A `mirroring.Mirroring` with no peers: records the steps it swapped, returns nothing."""
+
+    def __init__(self) -> None:
+        self.steps: list[int] = []
+
+    def swap(
+        self, *, step: int, epoch: int, mine: Sequence[mirroring.MemberFiles]
+    ) -> list[mirroring.MemberFiles]:
+        assert mine, "a swap carries this worker's members"
+        self.steps.append(step)
+        return []
+
+
+def test_periodic_snapshots_are_mirrored_and_a_take_snapshot_is_not(tmp_path: Path) -> None:
+    """Mirrors swap point to point, so every worker must swap the same step: the barrier gives
+    the periodic snapshots that, a TakeSnapshot (each worker at its own step) has no such point
+    (docs/resilience.md, "TakeSnapshot and the mirrors")."""
+    swaps = _Swaps()
+    store = snapshot_store.SnapshotStore(tmp_path / "s")
+    writers, layers = _writers(store, 1, tmp_path, mirrors=swaps)
+    assert _after_step(writers, 1, layers)
+    writers.finish_snapshot()
+    assert writers.begin(2, layers, forced=True)  # TakeSnapshot
+    writers.finish_snapshot()
+    assert _after_step(writers, 3, layers)
+    writers.close()
+    assert swaps.steps == [1, 3]
+    assert store.state().latest_step == 3
 
 
 def test_a_snapshot_feeding_a_due_checkpoint_waits_for_the_writer(

@@ -16,9 +16,20 @@ in the same order. `form_epoch` therefore creates every subgroup of the epoch at
 sorted list (`subgroup_ranks`: the distinct all-reduce groups of the schedule), so no rank can
 create them in another order. A subgroup that spans the whole world is the world group itself.
 
+The host group (`Epoch.host`): snapshot mirrors and the restore's peer exchange move
+host-memory bytes (uint8 CPU tensors), which an NCCL group cannot carry. An NCCL epoch therefore
+also forms a gloo side group over the same ranks, through the same store (torch's `new_group`
+puts its keys under the epoch's prefix and its own group name), with the same timeout, created
+after the subgroups so every rank creates them in the same order. A gloo epoch's world group
+already carries host bytes: no second group, unless `form_epoch(side_group=True)` asks for one
+(how the CPU tests run the NCCL epochs' path: mirrors and exchange over a side group, released
+with the epoch).
+
 Teardown: gloo groups are destroyed; NCCL communicators are aborted first (torch's
-`_abort_process_group`), because a plain destroy may wait for a collective that a dead peer
-will never finish. Only gloo is exercised on the CPU machines this is tested on.
+`_abort_process_group`, which aborts and forgets every group of the process, the gloo side
+group included), because a plain destroy may wait for a collective that a dead peer will never
+finish. CI exercises gloo only (the NCCL release path over gloo groups included); a one-rank
+NCCL epoch with its side group runs in tests/agent/test_host_group.py where CUDA is available.
 
 Releasing blocked waits (`Epoch.release`): a wait on a peer that hangs, or on a live peer that
 is itself blocked, ends only at the epoch's timeout in gloo: its point-to-point works complete
@@ -30,7 +41,9 @@ before and after forming; listening sockets and connections to ports that were a
 listening, i.e. the agent's gRPC server, are left out), and `release` shuts them down. Every
 pending wait of this process on the epoch then fails at once ("Connection closed by peer"), and
 so does every peer's wait on this process: one release reaches every worker of the epoch that
-shares a group with it. For NCCL, `release` aborts the communicators instead.
+shares a group with it. For NCCL, `release` shuts down the side group's sockets (the only
+ones recorded: those opened while it formed, NCCL's own connections left to NCCL) and then
+aborts the communicators.
 
 Only one epoch can be formed in a process at a time: torch keeps the world group process-wide.
 
@@ -159,6 +172,8 @@ class Epoch:
 
     `subgroups` maps every subgroup's sorted ranks to its group (the world's ranks map to the
     world group). On a rank outside a subgroup its entry is torch's non-member placeholder.
+    `side` is the gloo side group over every rank (module docstring, "The host group"): always
+    on NCCL, on gloo only when asked for; `host` is the group host bytes travel on.
     """
 
     number: int
@@ -169,15 +184,30 @@ class Epoch:
     world: dist.ProcessGroup
     subgroups: Mapping[RankSet, dist.ProcessGroup]
     transport: Transport = field(default_factory=Transport)
+    side: dist.ProcessGroup | None = None
 
     def release(self) -> None:
         """End every pending wait on this epoch's groups, here and at its peers, at once
         (module docstring); from any thread. The epoch is unusable afterwards: leave it."""
-        if self.backend is messages.Backend.NCCL:
-            with contextlib.suppress(RuntimeError):
+        self.transport.shut()  # gloo's sockets: every group's on gloo, the side group's on NCCL
+        if self.backend is messages.Backend.NCCL and dist.is_initialized():
+            # (torch raises when another thread aborted or left first: nothing left to abort)
+            with contextlib.suppress(RuntimeError, ValueError, AssertionError):
                 dist.distributed_c10d._abort_process_group()
-            return
-        self.transport.shut()
+
+    @property
+    def host(self) -> dist.ProcessGroup:
+        """The gloo group that carries host-memory bytes between every rank (ranks as in the
+        world): the side group where one was formed, else a gloo world. GroupsError for an
+        NCCL epoch without a side group (not one `form_epoch` formed)."""
+        if self.side is not None:
+            return self.side
+        if self.backend is not messages.Backend.GLOO:
+            raise GroupsError(
+                f"epoch {self.number} is {self.backend} and has no gloo side group for host "
+                "bytes; form it with groups.form_epoch"
+            )
+        return self.world
 
     @property
     def timeout(self) -> datetime.timedelta:
@@ -222,17 +252,21 @@ def form_epoch(
     timeout_s: float,
     *,
     subgroups: Iterable[RankSet] = (),
+    side_group: bool = False,
 ) -> Epoch:
-    """Join epoch `epoch` as `rank` of `world_size` through `store`, and form its subgroups.
+    """Join epoch `epoch` as `rank` of `world_size` through `store`, and form its subgroups
+    and, on NCCL (or with `side_group`, on gloo too), its gloo side group for host bytes.
 
-    Blocks until every rank has joined (at most `timeout_s` per group). Raises EpochInputError
-    for arguments out of range or when this process is still in an epoch, EpochFormationError
-    when the rendezvous fails.
+    Every rank must pass the same `subgroups` and `side_group`. Blocks until every rank has
+    joined (at most `timeout_s` per group). Raises EpochInputError for arguments out of range
+    or when this process is still in an epoch, EpochFormationError when the rendezvous fails.
     """
     _check_epoch(epoch, rank, world_size, timeout_s)
     wanted = sorted(set(_checked_subgroups(subgroups, world_size)))
     timeout = datetime.timedelta(seconds=timeout_s)
+    nccl = backend is messages.Backend.NCCL
     before = _sockets()
+    side_before = before
     if not dist.is_initialized():
         # torch names a world group after a process-wide counter, and the name is part of every
         # rendezvous key ("epoch-E/<count>/..."). Destroying the world resets it, but a failed
@@ -250,16 +284,18 @@ def form_epoch(
         world = dist.group.WORLD
         assert world is not None, "init_process_group sets the world group"
         formed = {ranks: _subgroup(ranks, world, world_size, timeout) for ranks in wanted}
+        side = None
+        if nccl or side_group:
+            side_before = _sockets() if nccl else before  # on NCCL: only the side group's
+            side = _side_group(world_size, timeout)
     except RuntimeError as exc:  # torch.distributed's errors (DistError) are RuntimeErrors
-        _destroy_quietly()
+        _leave_quietly(nccl)
         raise EpochFormationError(
             f"rank {rank} could not form epoch {epoch} of {world_size} ranks: {exc}"
         ) from exc
-    transport = (
-        Transport.opened(before, _listening_ports(before))
-        if backend is messages.Backend.GLOO
-        else Transport()
-    )
+    # gloo's connections: every group's on gloo; on NCCL the side group's only (NCCL's own,
+    # if it opened any, are NCCL's business: aborting the communicators ends them)
+    transport = Transport.opened(side_before, _listening_ports(before))
     return Epoch(
         number=epoch,
         rank=rank,
@@ -269,6 +305,7 @@ def form_epoch(
         world=world,
         subgroups=formed,
         transport=transport,
+        side=side,
     )
 
 
@@ -293,6 +330,14 @@ def _subgroup(
     if ranks == tuple(range(world_size)):
         return world
     group: dist.ProcessGroup = dist.new_group(list(ranks), timeout=timeout)
+    return group
+
+
+def _side_group(world_size: int, timeout: datetime.timedelta) -> dist.ProcessGroup:
+    """The gloo group over every rank for host bytes (module docstring, "The host group")."""
+    group: dist.ProcessGroup = dist.new_group(
+        list(range(world_size)), timeout=timeout, backend="gloo"
+    )
     return group
 
 
@@ -325,10 +370,15 @@ def _check_epoch(epoch: int, rank: int, world_size: int, timeout_s: float) -> No
         )
 
 
-def _destroy_quietly() -> None:
-    """Undo a half-formed epoch so the caller can try the next one."""
-    if dist.is_initialized():
-        dist.destroy_process_group()
+def _leave_quietly(nccl: bool) -> None:
+    """Undo a half-formed epoch so the caller can try the next one (NCCL: abort, as
+    `leave_epoch` does, since a destroy may wait on a communicator a missing peer blocks)."""
+    if not dist.is_initialized():
+        return
+    if nccl:
+        dist.distributed_c10d._abort_process_group()
+        return
+    dist.destroy_process_group()
 
 
 def ranks_of(workers: Sequence[plan.WorkerId], ranks: Mapping[plan.WorkerId, int]) -> RankSet:

@@ -1,15 +1,19 @@
 """Peer snapshot transfer: snapshot pieces fetched from the surviving holders over the epoch's
-process group, so the snapshot tier protects across nodes (REFT §4.2-4.3; docs/resilience.md,
+host group, so the snapshot tier protects across nodes (REFT §4.2-4.3; docs/resilience.md,
 "Peer snapshots over the network").
+
+The pieces are host-memory bytes (uint8 CPU tensors), so every message of the round travels on
+`groups.Epoch.host`: a gloo epoch's world group, or the gloo side group an NCCL epoch forms
+beside its world (NCCL moves device tensors only). A release of the epoch ends its waits.
 
 One round per epoch set-up that resumes at a step s > 0 with more than one worker, on every rank
 (a collective: every rank calls `exchange`, whether it wants anything or not):
 
 1. `gather`: every rank publishes its offer, the manifest of its own complete snapshot of step
    s (or none), and what it wants, the layers that KEPT and its own store cannot serve. Two
-   all_gathers of uint8 tensors (lengths, then the padded JSON): nothing is pickled, and a
-   peer's manifest is decoded and checked exactly like one read from disk. Every rank decodes
-   the same bytes with the same rules, so every rank sees the same offers.
+   all_gathers of uint8 tensors on the host group (lengths, then the padded JSON): nothing is
+   pickled, and a peer's manifest is decoded and checked exactly like one read from disk.
+   Every rank decodes the same bytes with the same rules, so every rank sees the same offers.
 2. `plan_pieces`: the same deterministic list on every rank: for every rank d that wants layer
    L, each member of L's group that d does not hold comes from one other rank whose manifest
    has it (the member's holder, else its mirror on another node), which sends each file of
@@ -146,17 +150,17 @@ def _manifest(text: Any, worker: plan.WorkerId, step: int) -> manifests.Manifest
 
 
 def gather(epoch: groups.Epoch, mine: bytes) -> list[bytes]:
-    """Every rank's offer bytes, by rank (two all_gathers on the epoch's world group)."""
-    world, n = epoch.world, epoch.world_size
+    """Every rank's offer bytes, by rank (two all_gathers on the epoch's host group)."""
+    host, n = epoch.host, epoch.world_size
     try:
         length = torch.tensor([len(mine)], dtype=torch.int64)
         lengths = [torch.zeros(1, dtype=torch.int64) for _ in range(n)]
-        dist.all_gather(lengths, length, group=world)
+        dist.all_gather(lengths, length, group=host)
         longest = max(int(t.item()) for t in lengths)
         padded = torch.zeros(longest, dtype=torch.uint8)
         padded[: len(mine)] = torch.frombuffer(bytearray(mine), dtype=torch.uint8)
         everyone = [torch.empty(longest, dtype=torch.uint8) for _ in range(n)]
-        dist.all_gather(everyone, padded, group=world)
+        dist.all_gather(everyone, padded, group=host)
     except RuntimeError as exc:
         raise ExchangeError(
             f"gathering the snapshot offers of epoch {epoch.number} failed: {_first_line(exc)}",
@@ -236,8 +240,9 @@ def exchange(
     receiving = [p for p in pieces if p.destination == me]
     outgoing = _read_pieces(own, step, sending)
     buffers = {p: torch.empty(p.nbytes, dtype=torch.uint8) for p in receiving}
-    pending = [_post(dist.isend, t, p.destination, p, workers) for p, t in outgoing]
-    pending += [_post(dist.irecv, t, p.source, p, workers) for p, t in buffers.items()]
+    host = epoch.host
+    pending = [_post(dist.isend, t, p.destination, p, workers, host) for p, t in outgoing]
+    pending += [_post(dist.irecv, t, p.source, p, workers, host) for p, t in buffers.items()]
     for work, rank in pending:  # the tensors live in `outgoing` and `buffers` until here
         _wait(work, workers[rank], epoch)
     result.sent_bytes = sum(p.nbytes for p in sending)
@@ -315,17 +320,22 @@ def _member(
 
 
 def _post(
-    post: Any, tensor: torch.Tensor, rank: int, piece: Piece, workers: Sequence[plan.WorkerId]
+    post: Any,
+    tensor: torch.Tensor,
+    rank: int,
+    piece: Piece,
+    workers: Sequence[plan.WorkerId],
+    host: dist.ProcessGroup,
 ) -> tuple[dist.Work, int]:
-    try:
-        work = post(tensor, rank, tag=piece.tag)
+    try:  # (the host group spans every rank in the world's order: its ranks are the world's)
+        work = post(tensor, rank, group=host, tag=piece.tag)
     except RuntimeError as exc:
         raise ExchangeError(
             f"posting snapshot piece {piece.file.file} to or from worker {workers[rank]} failed: "
             f"{_first_line(exc)}",
             peer=workers[rank],
         ) from exc
-    assert work is not None, "every rank of the epoch is in its world group"
+    assert work is not None, "every rank of the epoch is in its host group"
     return work, rank
 
 

@@ -1,10 +1,10 @@
-"""Snapshot mirrors over the epoch's process group: at every snapshot, each member's files go to
+"""Snapshot mirrors over the epoch's host group: at every snapshot, each member's files go to
 its mirror on another node (`planaria.contract.snapshot_placement`; docs/resilience.md, "Mirrors").
 
 `Link.swap` runs on the snapshot writer's background thread, off the training's critical path,
 on every worker of the epoch for the same snapshots (the commit barrier makes every worker
 begin or skip a snapshot alike). Per member this worker holds and whose mirror exists, it sends
-to the mirror, point to point on the epoch's world group:
+to the mirror, point to point on the epoch's host group:
 
     tag + 0   the header's length (one int64)
     tag + 1   the header: a one-layer manifest (the member's entry, with its files' checksums,
@@ -22,9 +22,10 @@ Checked on arrival: the header must be the expected sender's entry of the expect
 member, step and epoch, and each file must match its checksum (`snapshot_store.verify`); a
 member that fails either is left out (logged), so the mirror does not hold it at that step.
 
-Only gloo epochs: an NCCL world group moves device tensors, so on GPUs the mirrors need a gloo
-group beside it, formed and released with the epoch's (`groups.form_epoch`); the restore's
-exchange needs the same. Neither is done (no GPU to test it here): see docs/resilience.md.
+The bytes travel on the epoch's host group (`groups.Epoch.host`): a gloo epoch's world group,
+or the gloo side group an NCCL epoch forms beside its world (whose NCCL communicators move
+device tensors only); it is formed and released with the epoch's groups (`groups.form_epoch`,
+`Epoch.release`), so the same release that ends the step's waits ends the swap's.
 
 Errors: MirrorError (`planaria.agent.state.mirroring`) when a transfer fails or stalls past the
 epoch's timeout (a peer died; the release of a failed epoch ends the waits at once).
@@ -65,6 +66,7 @@ class Link:
         redundancy: messages.RedundancyMode,
     ) -> None:
         self._epoch, self._worker, self._job, self._redundancy = epoch, worker, job, redundancy
+        self._host = epoch.host  # ranks in it are the world's
         self._ranks = configure_rules.ranks(plan.workers)
         self._groups = snapshot_placement.sharding_groups(plan)
         self._mirrors = snapshot_placement.mirrors(plan)
@@ -184,10 +186,10 @@ class Link:
 
     def _post(self, post: Any, tensor: torch.Tensor, peer: plans.WorkerId, tag: int) -> Any:
         try:
-            work = post(tensor, self._ranks[peer], group=self._epoch.world, tag=tag)
+            work = post(tensor, self._ranks[peer], group=self._host, tag=tag)
         except RuntimeError as exc:
             raise mirroring.MirrorError(f"posting to worker {peer}: {_first_line(exc)}") from exc
-        assert work is not None, "every worker of the plan is in the epoch's world group"
+        assert work is not None, "every worker of the plan is in the epoch's host group"
         return work
 
     def _wait(self, work: Any, peer: plans.WorkerId) -> None:
@@ -208,10 +210,9 @@ def link_for(
     redundancy: messages.RedundancyMode,
 ) -> Link | None:
     """The mirrors' link of this epoch, or None where there are none: no redundancy (a job
-    that chose NONE asked for no copies), one worker, or an NCCL epoch (module docstring)."""
-    if redundancy is messages.RedundancyMode.NONE:
-        return None
-    if epoch.world_size < 2 or epoch.backend is not messages.Backend.GLOO:
+    that chose NONE asked for no copies) or one worker. Any backend: the link sends on the
+    epoch's host group (module docstring)."""
+    if redundancy is messages.RedundancyMode.NONE or epoch.world_size < 2:
         return None
     return Link(epoch=epoch, plan=plan, worker=worker, job=job, redundancy=redundancy)
 

@@ -156,7 +156,7 @@ class EpochWriters:
             self.skipped += 0 if self._owed else 1
             self._owed = True
             return False
-        self.writer.begin(  # a TakeSnapshot may reach some workers only: it does not mirror
+        self.writer.begin(  # a TakeSnapshot is taken at no barrier: it cannot mirror
             step=t,
             epoch=self.config.epoch,
             states=live_states(layers),

@@ -168,8 +168,11 @@ class SnapshotWriter:
         `groups` every layer's sharding group (`snapshots.sharding_groups`). With `mirror` (and
         a `Mirroring`), the written files are also swapped with the mirrors before the
         manifest is committed: every worker of the epoch must take this snapshot with `mirror`
-        alike (a TakeSnapshot, sent to some workers only, does not mirror). Refused
-        (SnapshotConfigError) while the previous snapshot is `busy`.
+        alike, at the same step (the commit barrier's decision). A TakeSnapshot does not mirror:
+        each worker takes it at its own next step boundary, in any state, so a holder and its
+        mirror would swap different steps, or one would wait alone until the epoch's timeout
+        (docs/resilience.md, "TakeSnapshot and the mirrors"). Refused (SnapshotConfigError)
+        while the previous snapshot is `busy`.
         """
         if self._future is not None:
             raise snapshot_store.SnapshotConfigError(
