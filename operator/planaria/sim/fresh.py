@@ -63,6 +63,11 @@ _ROUNDING = 1e-9
 Layout = tuple[tuple[int, ...], ...]
 """Per pipeline its layer counts then its micro-batches, in worker order."""
 
+# The fastest link, then per stage: forward, backward, start, gradient bytes, optimizer step.
+_ChainParts = tuple[
+    profile.LinkProfile, list[float], list[float], list[float], list[int], list[float]
+]
+
 
 @dataclass(frozen=True, slots=True, order=True)
 class Shape:
@@ -142,6 +147,7 @@ class Search:
         self._answers: dict[int, Found | None] = {}
         self._bounds: dict[tuple[int, int], float] = {}
         self._chains: dict[tuple[int, int, int], float] = {}
+        self._parts: dict[int, _ChainParts | None] = {}
         self._costs: dict[int, batching.PipelineCost] = {}
         self._spread: dict[Shape, tuple[int, ...] | None] = {}
         self._screens: dict[Shape, _Screened | None] = {}
@@ -237,19 +243,10 @@ class Search:
         return self._chains[key]
 
     def _chained_s(self, depth: int, num_micro_batches: int, num_pipelines: int) -> float:
-        split = self.split(depth)
-        if split is None:
+        parts = self._chain_parts(depth)
+        if parts is None:
             return math.inf
-        prof, gpus = self.estimates.profile, self.reference.gpus_per_node
-        # buckets may go over either link: the faster of each term bounds them all
-        fastest = profile.LinkProfile(
-            bandwidth_bytes_per_s=max(k.bandwidth_bytes_per_s for k in _links(prof, gpus)),
-            latency_s=min(k.latency_s for k in _links(prof, gpus)),
-        )
-        stages = [prof.layers[a:b] for a, b in itertools.pairwise(_cuts(split))]
-        forward = [sum(layer.forward_s[0] for layer in layers) for layers in stages]
-        backward = [sum(layer.backward_s[0] for layer in layers) for layers in stages]
-        starts = list(itertools.accumulate(forward, initial=0.0))
+        fastest, forward, backward, starts, gradients, optimizers = parts
         # done[r]: when stage r can have run its last backward: after some stage s >= r ran all
         # its micro-batches (from when micro-batch 0 reached it) and the backward came back
         done = [0.0] * (depth + 1)
@@ -257,12 +254,36 @@ class Search:
             own = starts[r] + num_micro_batches * (forward[r] + backward[r])
             done[r] = max(own, backward[r] + done[r + 1]) if r + 1 < depth else own
         bound = 0.0
-        for r, (a, b) in enumerate(itertools.pairwise(_cuts(split))):
-            gradient = sum(layer.gradient_bytes for layer in prof.layers[a:b])
-            reduce_s = fastest.allreduce_s(gradient, num_pipelines)
-            optimizer = estimator.optimizer_s(prof, range(a, b), 1)
-            bound = max(bound, done[r] + reduce_s + optimizer)
+        for r in range(depth):
+            reduce_s = fastest.allreduce_s(gradients[r], num_pipelines)
+            bound = max(bound, done[r] + reduce_s + optimizers[r])
         return bound * (1 - _ROUNDING)
+
+    def _chain_parts(self, depth: int) -> _ChainParts | None:
+        """What `_chained_s` needs of a depth's split, whatever the micro-batches and
+        pipelines (None: no split fits): the fastest link terms, per stage its forward and
+        backward, when micro-batch 0 reaches it, its gradient bytes and optimizer step."""
+        if depth not in self._parts:
+            self._parts[depth] = self._chain_parts_of(depth)
+        return self._parts[depth]
+
+    def _chain_parts_of(self, depth: int) -> _ChainParts | None:
+        split = self.split(depth)
+        if split is None:
+            return None
+        prof, gpus = self.estimates.profile, self.reference.gpus_per_node
+        # buckets may go over either link: the faster of each term bounds them all
+        fastest = profile.LinkProfile(
+            bandwidth_bytes_per_s=max(k.bandwidth_bytes_per_s for k in _links(prof, gpus)),
+            latency_s=min(k.latency_s for k in _links(prof, gpus)),
+        )
+        ranges = list(itertools.pairwise(_cuts(split)))
+        forward = [sum(layer.forward_s[0] for layer in prof.layers[a:b]) for a, b in ranges]
+        backward = [sum(layer.backward_s[0] for layer in prof.layers[a:b]) for a, b in ranges]
+        starts = list(itertools.accumulate(forward, initial=0.0))
+        gradients = [sum(layer.gradient_bytes for layer in prof.layers[a:b]) for a, b in ranges]
+        optimizers = [estimator.optimizer_s(prof, range(a, b), 1) for a, b in ranges]
+        return fastest, forward, backward, starts, gradients, optimizers
 
     def _depth_bound_s(self, depth: int, num_micro_batches: int) -> float:
         """`distribution.step_bound_s` of the depth's split (inf: no split fits)."""
@@ -360,9 +381,13 @@ class Search:
         depths = shape.depths()
         if any(self.split(d) is None for d in set(depths)):
             return None
+        # the same list as one cost per pipeline (pipelines of a depth share it), built whole
+        deeper, others = shape.num_deeper, shape.num_pipelines - shape.num_deeper
+        costs = [self._cost(shape.depth + 1)] * deeper if deeper else []
+        costs += [self._cost(shape.depth)] * others
         try:
             spread = batching.distribute(
-                [self._cost(d) for d in depths],
+                costs,
                 self.reference.global_batch_size,
                 self.reference.micro_batch_size,
             )
