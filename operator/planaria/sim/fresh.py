@@ -137,7 +137,11 @@ class Search:
         plan_of: Callable[[Layout, int], plan.Plan],
         symmetric: bool,
         test: Callable[[plan.Plan], bool] | None,
+        shared: Search | None = None,
     ) -> None:
+        """`shared`: a search of the same job (estimates, reference, split and plan_of) whose
+        memos of each layout's bounds, batch and screen this one shares (and of its whole step
+        when neither has a test): they do not depend on which layouts a search may choose."""
         self.estimates = estimates
         self.reference = reference  # one pipeline of every micro-batch: the batch and its size
         self.split = split
@@ -156,6 +160,21 @@ class Search:
         self._spread_bounds: dict[Shape, float] = {}
         self._wholes: dict[Shape, float | None] = {}  # None: does not fit or fails the test
         self._alone: dict[tuple[int, int, int], screening.Estimate] = {}
+        self._runs: dict[tuple[int, int, int], composition.PipelineRun] = {}
+        if shared is not None:
+            self._share(shared)
+
+    def _share(self, other: Search) -> None:
+        self._bounds, self._chains, self._parts = other._bounds, other._chains, other._parts
+        self._costs, self._spread, self._screens = other._costs, other._spread, other._screens
+        self._tails, self._balanced = other._tails, other._balanced
+        self._spread_bounds, self._alone, self._runs = (
+            other._spread_bounds,
+            other._alone,
+            other._runs,
+        )
+        if self.test is None and other.test is None:
+            self._wholes = other._wholes
 
     def best(self, num_workers: int) -> Found | None:
         """The fastest layout over a prefix of `num_workers` workers (None: nothing fits)."""
@@ -361,11 +380,13 @@ class Search:
         bound = 0.0
         for depth, num_micro_batches, gpu in screened.kinds:
             run = self._run(depth, num_micro_batches, gpu)
+            parts = self._chain_parts(depth)
+            assert parts is not None  # the depth has a split
+            optimizers = parts[-1]
             bounds = list(itertools.accumulate(self._split_of(depth), initial=0))
-            for (a, b), arrival_s in zip(itertools.pairwise(bounds), run.arrival_s, strict=True):
+            for r, (a, b) in enumerate(itertools.pairwise(bounds)):
                 waits = sum(reduce_s[c] for c in reduce_s if a <= c < b)
-                optimizer = estimator.optimizer_s(prof, range(a, b), 1)
-                bound = max(bound, arrival_s + waits + optimizer)
+                bound = max(bound, run.arrival_s[r] + waits + optimizers[r])
         return bound * (1 - _ROUNDING)
 
     # --- the layout's parts ----------------------------------------------------------------
@@ -444,11 +465,12 @@ class Search:
         return self._alone[key]
 
     def _run(self, depth: int, num_micro_batches: int, gpu: int) -> composition.PipelineRun:
-        return self.estimates.run(
-            self._alone_of(depth, num_micro_batches, gpu),
-            self.reference.micro_batch_size,
-            self.reference.gpus_per_node,
-        )
+        key = (depth, num_micro_batches, gpu)
+        if key not in self._runs:  # the estimates' memo would build the pipeline to look it up
+            self._runs[key] = self.estimates.run(
+                self._alone_of(*key), self.reference.micro_batch_size, self.reference.gpus_per_node
+            )
+        return self._runs[key]
 
 
 def _links(prof: profile.Profile, gpus_per_node: int) -> list[profile.LinkProfile]:

@@ -136,6 +136,8 @@ class Planner:
                 lambda layout, n: self._laid_out(layout, [plan.WorkerId(w) for w in range(n)]),
                 symmetric,
                 None if constraint is None else constraint.test,
+                # layouts' bounds, batches and screens are the same for every kind of plan
+                next(iter(self._fresh.values()), None),
             )
         return self._fresh[key]
 
