@@ -107,16 +107,19 @@ def sensitivity(seeds: int, shared: planning.Planner) -> list[dict[str, object]]
 
 
 # One scale run in a fresh process (so --before's tree answers): every policy over seed 0 of
-# the scenario for argv[2] simulated hours on a cold planner; prints its seconds and summaries.
+# the scenario for argv[2] simulated hours on a cold planner; prints its wall and CPU seconds
+# (the process's: on a shared machine less sensitive to the load than wall) and summaries.
 _SCALE_SCRIPT = """
-import json, os, sys
+import json, os, sys, time
 from planaria.sim import report, scenarios, study
 scenario = scenarios.named(sys.argv[1]).with_horizon(float(sys.argv[2]) * scenarios.HOUR_S)
 load = os.getloadavg()[0]
+cpu = time.process_time()
 result = study.run(scenario, [0])
+cpu_s = time.process_time() - cpu
 summaries = report.summarise(result.runs, result.planner, result.num_nodes)
-print(json.dumps({"elapsed_s": result.elapsed_s, "events": len(result.traces[0].events),
-                  "load_average": load, "policies": report.to_json(summaries)}))
+print(json.dumps({"elapsed_s": result.elapsed_s, "cpu_s": cpu_s, "load_average": load,
+                  "events": len(result.traces[0].events), "policies": report.to_json(summaries)}))
 """
 
 
@@ -155,8 +158,10 @@ def scale(hours: float, names: list[str], before: str | None) -> dict[str, objec
                 "events": new["events"],
                 "elapsed_s": new["elapsed_s"],
                 "s_per_simulated_hour": new["elapsed_s"] / hours,
+                "cpu_s": new["cpu_s"],
                 "load_average": new["load_average"],
                 "before_elapsed_s": None if old is None else old["elapsed_s"],
+                "before_cpu_s": None if old is None else old["cpu_s"],
                 "before_load_average": None if old is None else old["load_average"],
             }
         )
@@ -165,26 +170,30 @@ def scale(hours: float, names: list[str], before: str | None) -> dict[str, objec
 
 
 def _scale_table(rows: list[dict[str, Any]], hours: float, before: str | None) -> None:
-    """Seconds per simulated hour, against today's odyssey (the first row) and, with
-    --before, the old tree's on the same scenario and its odyssey."""
-    base = rows[0]["s_per_simulated_hour"]
-    old_base = None if before is None else rows[0]["before_elapsed_s"] / hours
+    """Wall and CPU seconds per simulated hour, before (--before's tree) and after, and the
+    ratios to the odyssey scenario (the first row) of the same tree and of the old tree."""
     print(f"\nscale: every policy, 1 seed, {hours:g} simulated hours, cold planners")
-    print(
-        "| scenario | nodes x GPUs | events | s per simulated hour before | after "
-        "| after vs odyssey after | after vs odyssey before | load before / after |"
-    )
-    print("|---|---|---|---|---|---|---|---|")
-    for row in rows:
-        after = row["s_per_simulated_hour"]
-        old = "-" if before is None else f"{row['before_elapsed_s'] / hours:.1f}"
-        vs_old = "-" if old_base is None else f"{after / old_base:.2f}x"
-        old_load = "-" if before is None else f"{row['before_load_average']:.1f}"
+    for unit, after_key, before_key in (
+        ("wall", "elapsed_s", "before_elapsed_s"),
+        ("CPU", "cpu_s", "before_cpu_s"),
+    ):
+        base = rows[0][after_key] / hours
+        old_base = None if before is None else rows[0][before_key] / hours
         print(
-            f"| {row['scenario']} | {row['nodes']} x {row['gpus_per_node']} | {row['events']} | "
-            f"{old} | {after:.1f} | {after / base:.2f}x | {vs_old} | "
-            f"{old_load} / {row['load_average']:.1f} |"
+            f"\n| scenario | nodes x GPUs | events | {unit} s per simulated hour before | after "
+            "| after vs odyssey after | after vs odyssey before | load before / after |"
         )
+        print("|---|---|---|---|---|---|---|---|")
+        for row in rows:
+            after = row[after_key] / hours
+            old = "-" if before is None else f"{row[before_key] / hours:.1f}"
+            vs_old = "-" if old_base is None else f"{after / old_base:.2f}x"
+            old_load = "-" if before is None else f"{row['before_load_average']:.1f}"
+            print(
+                f"| {row['scenario']} | {row['nodes']} x {row['gpus_per_node']} | "
+                f"{row['events']} | {old} | {after:.1f} | {after / base:.2f}x | {vs_old} | "
+                f"{old_load} / {row['load_average']:.1f} |"
+            )
 
 
 def _fresh_old_vs_new(num_nodes: int) -> list[dict[str, object]]:
