@@ -1,7 +1,7 @@
 """The simulator's questions to the planner (planaria.sim.planning) against the planner itself.
 
 Covers: over hypothesis-drawn jobs, running plans (the fresh plan over a few workers), failed
-workers and idle spares, `Planner.candidates` for rerouting only, re-planning only and every
+workers and idle spares, `Planner.candidates_of` for rerouting only, re-planning only and every
 kind is the list the full `candidates.search` gives filtered to those kinds, in its order (it
 builds only the kinds asked for).
 """
@@ -46,7 +46,7 @@ def test_candidates_of_some_kinds_are_the_full_search_filtered(
     try:
         found = candidates.search(failure, planner.estimates, planner.settings.search)
     except errors.InfeasibleError:
-        assert planner.candidates(kinds, failure) is None
+        assert planner.candidates_of(kinds, failure) is None
         return
     expected = [c for c in found.candidates if c.kind in kinds]
-    assert planner.candidates(kinds, failure) == expected
+    assert planner.candidates_of(kinds, failure) == expected

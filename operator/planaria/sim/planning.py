@@ -8,7 +8,8 @@
   the re-plan of checkpoint restarts.
 - `Planner.decide`: the recovery after a failure: `policy.decide` (Odyssey eq. 8 over every
   candidate) or the same eq. 8 over the candidates of some kinds only (dynamic-only: no
-  rerouting; rerouting-only), with the same branch-and-bound refinement.
+  rerouting; rerouting-only), with the same branch-and-bound refinement; those build only the
+  candidates of their kinds (`Planner.candidates_of`).
 - `Planner.rejoin`: the transition to the fresh plan when nodes join (holdings of the running
   plan, joined workers holding nothing, `transfers.replan`).
 
@@ -188,7 +189,7 @@ class Planner:
             except errors.InfeasibleError:
                 return None
             return _choice(decision.choice)
-        pool = self.candidates(kinds, failure)
+        pool = self.candidates_of(kinds, failure)
         if pool is None:
             return None  # no worker of the plan survived
         batch = failure.running.global_batch_size
@@ -201,7 +202,7 @@ class Planner:
             pool[0:1] = [refined] if isinstance(refined, candidates.Candidate) else []
         return None
 
-    def candidates(
+    def candidates_of(
         self, kinds: frozenset[candidates.Kind], failure: candidates.Failure
     ) -> list[candidates.Candidate] | None:
         """`candidates.search`'s candidates of `kinds`, in its order, building only those
