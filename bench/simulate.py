@@ -11,16 +11,18 @@
    cluster scale): the same traces with 10 s, 60 s and 300 s (--sensitivity-seeds, default 10).
 4. Scale (#17 item 5, --scale alone): wall seconds per simulated hour of the 32-device
    `odyssey` scenario and of `scale-1024` (1,024 one-GPU nodes; `scale-1024x8` too with
-   --scale-x8), every policy over one seed of --scale-hours (default 2), each on a cold planner;
-   and one fresh plan of 32 nodes (batch 64 and 1024) by the exhaustive search `sim.fresh`
-   replaced (the oracle of tests/sim/test_fresh.py) and by `sim.fresh`, after the same splits,
-   with the ratio. Writes bench/results/simulate_scale.json.
+   --scale-x8), every policy over one seed of --scale-hours (default 2), each on a cold planner
+   in a fresh process; with --before DIR (an older tree, e.g. `git archive e602b73 | tar -x -C
+   DIR`) each scenario runs first with DIR/operator on PYTHONPATH, and both must give the same
+   per-policy summaries; and one fresh plan of 32 nodes (batch 64 and 1024) by the exhaustive
+   search `sim.fresh` replaced (the oracle of tests/sim/test_fresh.py) and by `sim.fresh`, after
+   the same splits, with the ratio. Writes bench/results/simulate_scale.json.
 
 Prints a table per study and writes bench/results/simulate.json.
 
     .venv/bin/python bench/simulate.py [--seeds N] [--oobleck-seeds N] [--sensitivity-seeds N]
                                        [--skip-oobleck] [--skip-sensitivity]
-    .venv/bin/python -m bench.simulate --scale [--scale-hours H] [--scale-x8]
+    .venv/bin/python -m bench.simulate --scale [--scale-hours H] [--scale-x8] [--before DIR]
 """
 
 from __future__ import annotations
@@ -28,9 +30,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from planaria.contract import plan
 from planaria.planner import candidates, policy, transfers
@@ -102,39 +106,94 @@ def sensitivity(seeds: int, shared: planning.Planner) -> list[dict[str, object]]
     return rows
 
 
-def scale(hours: float, names: list[str]) -> dict[str, object]:
+# One scale run in a fresh process (so --before's tree answers): every policy over seed 0 of
+# the scenario for argv[2] simulated hours on a cold planner; prints its wall and CPU seconds
+# (the process's: on a shared machine less sensitive to the load than wall) and summaries.
+_SCALE_SCRIPT = """
+import json, os, sys, time
+from planaria.sim import report, scenarios, study
+scenario = scenarios.named(sys.argv[1]).with_horizon(float(sys.argv[2]) * scenarios.HOUR_S)
+load = os.getloadavg()[0]
+cpu = time.process_time()
+result = study.run(scenario, [0])
+cpu_s = time.process_time() - cpu
+summaries = report.summarise(result.runs, result.planner, result.num_nodes)
+print(json.dumps({"elapsed_s": result.elapsed_s, "cpu_s": cpu_s, "load_average": load,
+                  "events": len(result.traces[0].events), "policies": report.to_json(summaries)}))
+"""
+
+
+def _scale_run(name: str, hours: float, before: str | None) -> dict[str, Any]:
+    """`_SCALE_SCRIPT` with this tree, or with `before`'s operator folder first on the path."""
+    env = dict(os.environ)
+    if before is not None:
+        env["PYTHONPATH"] = f"{before}/operator"
+    done = subprocess.run(
+        [sys.executable, "-c", _SCALE_SCRIPT, name, str(hours)],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    row: dict[str, Any] = json.loads(done.stdout.splitlines()[-1])
+    return row
+
+
+def scale(hours: float, names: list[str], before: str | None) -> dict[str, object]:
+    """Each scenario in a fresh process, after `before`'s tree in another when given (then
+    both must give the same summaries: the same plans, steps and pauses)."""
     rows = []
     for name in names:
         scenario = scenarios.named(name).with_horizon(hours * scenarios.HOUR_S)
-        load = os.getloadavg()[0]
-        result = study.run(scenario, [0])
-        events = len(result.traces[0].events)
+        old = None if before is None else _scale_run(name, hours, before)
+        new = _scale_run(name, hours, None)
+        if old is not None:
+            assert old["policies"] == new["policies"], f"{name}: results differ from --before"
         rows.append(
             {
                 "scenario": name,
                 "nodes": scenario.num_nodes,
                 "gpus_per_node": scenario.gpus_per_node,
                 "hours": hours,
-                "events": events,
-                "elapsed_s": result.elapsed_s,
-                "s_per_simulated_hour": result.elapsed_s / hours,
-                "load_average": load,
+                "events": new["events"],
+                "elapsed_s": new["elapsed_s"],
+                "s_per_simulated_hour": new["elapsed_s"] / hours,
+                "cpu_s": new["cpu_s"],
+                "load_average": new["load_average"],
+                "before_elapsed_s": None if old is None else old["elapsed_s"],
+                "before_cpu_s": None if old is None else old["cpu_s"],
+                "before_load_average": None if old is None else old["load_average"],
             }
         )
-    base = rows[0]["s_per_simulated_hour"]
-    print(f"\nscale: every policy, 1 seed, {hours:g} simulated hours, cold planners")
-    print(
-        "| scenario | nodes x GPUs | events | wall s | s per simulated hour | vs odyssey | load |"
-    )
-    print("|---|---|---|---|---|---|---|")
-    for row in rows:
-        ratio = row["s_per_simulated_hour"] / base  # type: ignore[operator]
-        print(
-            f"| {row['scenario']} | {row['nodes']} x {row['gpus_per_node']} | {row['events']} | "
-            f"{row['elapsed_s']:.1f} | {row['s_per_simulated_hour']:.1f} | {ratio:.2f}x | "
-            f"{row['load_average']:.1f} |"
-        )
+    _scale_table(rows, hours, before)
     return {"runs": rows, "fresh_32": _fresh_old_vs_new(32)}
+
+
+def _scale_table(rows: list[dict[str, Any]], hours: float, before: str | None) -> None:
+    """Wall and CPU seconds per simulated hour, before (--before's tree) and after, and the
+    ratios to the odyssey scenario (the first row) of the same tree and of the old tree."""
+    print(f"\nscale: every policy, 1 seed, {hours:g} simulated hours, cold planners")
+    for unit, after_key, before_key in (
+        ("wall", "elapsed_s", "before_elapsed_s"),
+        ("CPU", "cpu_s", "before_cpu_s"),
+    ):
+        base = rows[0][after_key] / hours
+        old_base = None if before is None else rows[0][before_key] / hours
+        print(
+            f"\n| scenario | nodes x GPUs | events | {unit} s per simulated hour before | after "
+            "| after vs odyssey after | after vs odyssey before | load before / after |"
+        )
+        print("|---|---|---|---|---|---|---|---|")
+        for row in rows:
+            after = row[after_key] / hours
+            old = "-" if before is None else f"{row[before_key] / hours:.1f}"
+            vs_old = "-" if old_base is None else f"{after / old_base:.2f}x"
+            old_load = "-" if before is None else f"{row['before_load_average']:.1f}"
+            print(
+                f"| {row['scenario']} | {row['nodes']} x {row['gpus_per_node']} | "
+                f"{row['events']} | {old} | {after:.1f} | {after / base:.2f}x | {vs_old} | "
+                f"{old_load} / {row['load_average']:.1f} |"
+            )
 
 
 def _fresh_old_vs_new(num_nodes: int) -> list[dict[str, object]]:
@@ -186,6 +245,9 @@ def main() -> None:
     parser.add_argument("--scale", action="store_true", help="only the scale study (4)")
     parser.add_argument("--scale-hours", type=float, default=2.0)
     parser.add_argument("--scale-x8", action="store_true", help="also scale-1024x8")
+    parser.add_argument(
+        "--before", metavar="DIR", help="with --scale: an older tree to time (and compare) too"
+    )
     parser.add_argument("--seeds", type=int, default=20)
     parser.add_argument("--oobleck-seeds", type=int, default=3)
     parser.add_argument("--sensitivity-seeds", type=int, default=10)
@@ -195,7 +257,7 @@ def main() -> None:
     started = time.perf_counter()
     if args.scale:
         names = ["odyssey", "scale-1024"] + (["scale-1024x8"] if args.scale_x8 else [])
-        scaled = scale(args.scale_hours, names)
+        scaled = scale(args.scale_hours, names, args.before)
         SCALE_RESULTS.parent.mkdir(parents=True, exist_ok=True)
         SCALE_RESULTS.write_text(json.dumps(scaled, indent=2))
         print(f"\nwrote {SCALE_RESULTS} ({time.perf_counter() - started:.0f} s in all)")

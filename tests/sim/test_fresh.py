@@ -4,7 +4,8 @@ Covers: over hypothesis-drawn profiles (tied and free costs, links fast or slow,
 ample to a few layers), batches, GPUs per node, symmetric grids or all layouts, with and
 without a constraint, `Planner.fresh` returns the very plan of the old search (every prefix
 count, every layout built whole and screened, branch and bound per count), kept here as the
-oracle; the search answers every smaller worker count the same after a larger one; a brute
+oracle; the search answers every smaller worker count the same after a larger one, and so do
+searches of every kind asked in any order of one planner (they share their layouts' memos); a brute
 force over every layout of every count (each estimated whole) finds no faster plan; the step
 bound the search prunes with is never above E's estimate at any micro-batch count.
 """
@@ -159,6 +160,29 @@ def test_the_search_returns_the_exhaustive_searchs_plan(
         assert planner.fresh(fewer, symmetric, constraint) == _old_fresh(
             planner, fewer, symmetric, constraint
         )
+
+
+@given(
+    jobs(),
+    st.lists(
+        st.tuples(
+            st.integers(min_value=1, max_value=9), st.booleans(), st.sampled_from([None, 1, 2])
+        ),
+        min_size=2,
+        max_size=5,
+    ),
+)
+@settings(max_examples=80, deadline=None)
+def test_searches_of_every_kind_on_one_planner_return_the_exhaustive_plans(
+    job: planning.Job, queries: list[tuple[int, bool, int | None]]
+) -> None:
+    # the searches of one planner share their layouts' memos (all layouts, grids only, tested)
+    planner = planning.Planner(job)
+    for num_workers, symmetric, limit in queries:
+        constraint = None if limit is None else _few_pipelines(limit)
+        workers = [W(w) for w in range(num_workers)]
+        expected = _old_fresh(planning.Planner(job), workers, symmetric, constraint)
+        assert planner.fresh(workers, symmetric, constraint) == expected
 
 
 @given(jobs(), st.integers(min_value=1, max_value=7))

@@ -63,6 +63,11 @@ _ROUNDING = 1e-9
 Layout = tuple[tuple[int, ...], ...]
 """Per pipeline its layer counts then its micro-batches, in worker order."""
 
+# The fastest link, then per stage: forward, backward, start, gradient bytes, optimizer step.
+_ChainParts = tuple[
+    profile.LinkProfile, list[float], list[float], list[float], list[int], list[float]
+]
+
 
 @dataclass(frozen=True, slots=True, order=True)
 class Shape:
@@ -132,7 +137,11 @@ class Search:
         plan_of: Callable[[Layout, int], plan.Plan],
         symmetric: bool,
         test: Callable[[plan.Plan], bool] | None,
+        shared: Search | None = None,
     ) -> None:
+        """`shared`: a search of the same job (estimates, reference, split and plan_of) whose
+        memos of each layout's bounds, batch and screen this one shares (and of its whole step
+        when neither has a test): they do not depend on which layouts a search may choose."""
         self.estimates = estimates
         self.reference = reference  # one pipeline of every micro-batch: the batch and its size
         self.split = split
@@ -142,6 +151,7 @@ class Search:
         self._answers: dict[int, Found | None] = {}
         self._bounds: dict[tuple[int, int], float] = {}
         self._chains: dict[tuple[int, int, int], float] = {}
+        self._parts: dict[int, _ChainParts | None] = {}
         self._costs: dict[int, batching.PipelineCost] = {}
         self._spread: dict[Shape, tuple[int, ...] | None] = {}
         self._screens: dict[Shape, _Screened | None] = {}
@@ -150,6 +160,21 @@ class Search:
         self._spread_bounds: dict[Shape, float] = {}
         self._wholes: dict[Shape, float | None] = {}  # None: does not fit or fails the test
         self._alone: dict[tuple[int, int, int], screening.Estimate] = {}
+        self._runs: dict[tuple[int, int, int], composition.PipelineRun] = {}
+        if shared is not None:
+            self._share(shared)
+
+    def _share(self, other: Search) -> None:
+        self._bounds, self._chains, self._parts = other._bounds, other._chains, other._parts
+        self._costs, self._spread, self._screens = other._costs, other._spread, other._screens
+        self._tails, self._balanced = other._tails, other._balanced
+        self._spread_bounds, self._alone, self._runs = (
+            other._spread_bounds,
+            other._alone,
+            other._runs,
+        )
+        if self.test is None and other.test is None:
+            self._wholes = other._wholes
 
     def best(self, num_workers: int) -> Found | None:
         """The fastest layout over a prefix of `num_workers` workers (None: nothing fits)."""
@@ -237,19 +262,10 @@ class Search:
         return self._chains[key]
 
     def _chained_s(self, depth: int, num_micro_batches: int, num_pipelines: int) -> float:
-        split = self.split(depth)
-        if split is None:
+        parts = self._chain_parts(depth)
+        if parts is None:
             return math.inf
-        prof, gpus = self.estimates.profile, self.reference.gpus_per_node
-        # buckets may go over either link: the faster of each term bounds them all
-        fastest = profile.LinkProfile(
-            bandwidth_bytes_per_s=max(k.bandwidth_bytes_per_s for k in _links(prof, gpus)),
-            latency_s=min(k.latency_s for k in _links(prof, gpus)),
-        )
-        stages = [prof.layers[a:b] for a, b in itertools.pairwise(_cuts(split))]
-        forward = [sum(layer.forward_s[0] for layer in layers) for layers in stages]
-        backward = [sum(layer.backward_s[0] for layer in layers) for layers in stages]
-        starts = list(itertools.accumulate(forward, initial=0.0))
+        fastest, forward, backward, starts, gradients, optimizers = parts
         # done[r]: when stage r can have run its last backward: after some stage s >= r ran all
         # its micro-batches (from when micro-batch 0 reached it) and the backward came back
         done = [0.0] * (depth + 1)
@@ -257,12 +273,36 @@ class Search:
             own = starts[r] + num_micro_batches * (forward[r] + backward[r])
             done[r] = max(own, backward[r] + done[r + 1]) if r + 1 < depth else own
         bound = 0.0
-        for r, (a, b) in enumerate(itertools.pairwise(_cuts(split))):
-            gradient = sum(layer.gradient_bytes for layer in prof.layers[a:b])
-            reduce_s = fastest.allreduce_s(gradient, num_pipelines)
-            optimizer = estimator.optimizer_s(prof, range(a, b), 1)
-            bound = max(bound, done[r] + reduce_s + optimizer)
+        for r in range(depth):
+            reduce_s = fastest.allreduce_s(gradients[r], num_pipelines)
+            bound = max(bound, done[r] + reduce_s + optimizers[r])
         return bound * (1 - _ROUNDING)
+
+    def _chain_parts(self, depth: int) -> _ChainParts | None:
+        """What `_chained_s` needs of a depth's split, whatever the micro-batches and
+        pipelines (None: no split fits): the fastest link terms, per stage its forward and
+        backward, when micro-batch 0 reaches it, its gradient bytes and optimizer step."""
+        if depth not in self._parts:
+            self._parts[depth] = self._chain_parts_of(depth)
+        return self._parts[depth]
+
+    def _chain_parts_of(self, depth: int) -> _ChainParts | None:
+        split = self.split(depth)
+        if split is None:
+            return None
+        prof, gpus = self.estimates.profile, self.reference.gpus_per_node
+        # buckets may go over either link: the faster of each term bounds them all
+        fastest = profile.LinkProfile(
+            bandwidth_bytes_per_s=max(k.bandwidth_bytes_per_s for k in _links(prof, gpus)),
+            latency_s=min(k.latency_s for k in _links(prof, gpus)),
+        )
+        ranges = list(itertools.pairwise(_cuts(split)))
+        forward = [sum(layer.forward_s[0] for layer in prof.layers[a:b]) for a, b in ranges]
+        backward = [sum(layer.backward_s[0] for layer in prof.layers[a:b]) for a, b in ranges]
+        starts = list(itertools.accumulate(forward, initial=0.0))
+        gradients = [sum(layer.gradient_bytes for layer in prof.layers[a:b]) for a, b in ranges]
+        optimizers = [estimator.optimizer_s(prof, range(a, b), 1) for a, b in ranges]
+        return fastest, forward, backward, starts, gradients, optimizers
 
     def _depth_bound_s(self, depth: int, num_micro_batches: int) -> float:
         """`distribution.step_bound_s` of the depth's split (inf: no split fits)."""
@@ -340,11 +380,13 @@ class Search:
         bound = 0.0
         for depth, num_micro_batches, gpu in screened.kinds:
             run = self._run(depth, num_micro_batches, gpu)
+            parts = self._chain_parts(depth)
+            assert parts is not None  # the depth has a split
+            optimizers = parts[-1]
             bounds = list(itertools.accumulate(self._split_of(depth), initial=0))
-            for (a, b), arrival_s in zip(itertools.pairwise(bounds), run.arrival_s, strict=True):
+            for r, (a, b) in enumerate(itertools.pairwise(bounds)):
                 waits = sum(reduce_s[c] for c in reduce_s if a <= c < b)
-                optimizer = estimator.optimizer_s(prof, range(a, b), 1)
-                bound = max(bound, arrival_s + waits + optimizer)
+                bound = max(bound, run.arrival_s[r] + waits + optimizers[r])
         return bound * (1 - _ROUNDING)
 
     # --- the layout's parts ----------------------------------------------------------------
@@ -360,9 +402,13 @@ class Search:
         depths = shape.depths()
         if any(self.split(d) is None for d in set(depths)):
             return None
+        # the same list as one cost per pipeline (pipelines of a depth share it), built whole
+        deeper, others = shape.num_deeper, shape.num_pipelines - shape.num_deeper
+        costs = [self._cost(shape.depth + 1)] * deeper if deeper else []
+        costs += [self._cost(shape.depth)] * others
         try:
             spread = batching.distribute(
-                [self._cost(d) for d in depths],
+                costs,
                 self.reference.global_batch_size,
                 self.reference.micro_batch_size,
             )
@@ -419,11 +465,12 @@ class Search:
         return self._alone[key]
 
     def _run(self, depth: int, num_micro_batches: int, gpu: int) -> composition.PipelineRun:
-        return self.estimates.run(
-            self._alone_of(depth, num_micro_batches, gpu),
-            self.reference.micro_batch_size,
-            self.reference.gpus_per_node,
-        )
+        key = (depth, num_micro_batches, gpu)
+        if key not in self._runs:  # the estimates' memo would build the pipeline to look it up
+            self._runs[key] = self.estimates.run(
+                self._alone_of(*key), self.reference.micro_batch_size, self.reference.gpus_per_node
+            )
+        return self._runs[key]
 
 
 def _links(prof: profile.Profile, gpus_per_node: int) -> list[profile.LinkProfile]:

@@ -8,7 +8,8 @@
   the re-plan of checkpoint restarts.
 - `Planner.decide`: the recovery after a failure: `policy.decide` (Odyssey eq. 8 over every
   candidate) or the same eq. 8 over the candidates of some kinds only (dynamic-only: no
-  rerouting; rerouting-only), with the same branch-and-bound refinement.
+  rerouting; rerouting-only), with the same branch-and-bound refinement; those build only the
+  candidates of their kinds (`Planner.candidates_of`).
 - `Planner.rejoin`: the transition to the fresh plan when nodes join (holdings of the running
   plan, joined workers holding nothing, `transfers.replan`).
 
@@ -136,6 +137,8 @@ class Planner:
                 lambda layout, n: self._laid_out(layout, [plan.WorkerId(w) for w in range(n)]),
                 symmetric,
                 None if constraint is None else constraint.test,
+                # layouts' bounds, batches and screens are the same for every kind of plan
+                next(iter(self._fresh.values()), None),
             )
         return self._fresh[key]
 
@@ -186,11 +189,9 @@ class Planner:
             except errors.InfeasibleError:
                 return None
             return _choice(decision.choice)
-        try:
-            found = candidates.search(failure, self.estimates, self.settings.search)
-        except errors.InfeasibleError:
+        pool = self.candidates_of(kinds, failure)
+        if pool is None:
             return None  # no worker of the plan survived
-        pool = [c for c in found.candidates if c.kind in kinds]
         batch = failure.running.global_batch_size
         while pool:
             # a screen's value is optimistic: refine the top until it is estimated whole
@@ -200,6 +201,37 @@ class Planner:
             refined = candidates.exact(pool[0], self.estimates)
             pool[0:1] = [refined] if isinstance(refined, candidates.Candidate) else []
         return None
+
+    def candidates_of(
+        self, kinds: frozenset[candidates.Kind], failure: candidates.Failure
+    ) -> list[candidates.Candidate] | None:
+        """`candidates.search`'s candidates of `kinds`, in its order, building only those
+        kinds: dynamic-only never estimates the rerouted plan whole (at 1,024 nodes a replay
+        of every pipeline it touches), rerouting-only never lays out and matches the
+        re-planned ones. None where the search raises InfeasibleError (no worker of the plan
+        survived). The same list as filtering the full search (tests/sim/test_planning.py)."""
+        running, settings = failure.running, self.settings.search
+        held = transfers.holdings(running, failure.failed, failure.spare)
+        if not held:
+            return None
+        found: list[candidates.Candidate | candidates.Rejection] = []
+        if candidates.Kind.REROUTE in kinds:
+            found.append(candidates._rerouted(failure, self.estimates, settings))
+        if kinds & REPLANNED:
+            for depths in candidates.configurations(
+                len(held),
+                len(running.pipelines),
+                running.num_layers,
+                running.num_micro_batches,
+                settings.dp_radius,
+            ):
+                try:
+                    found.extend(
+                        candidates._configured(depths, held, running, self.estimates, settings)
+                    )
+                except errors.InfeasibleError:
+                    return None  # the search raises it too: the batch cannot be shared
+        return [c for c in found if isinstance(c, candidates.Candidate) and c.kind in kinds]
 
     def rejoin(self, running: plan.Plan, live: Collection[plan.WorkerId]) -> Choice | None:
         """The move from `running` to the fresh plan over `live` (joined workers hold no
