@@ -336,7 +336,8 @@ class Training:
             self._writers.reserve(self.holding.layers)
 
     def _mirrors(self, config: messages.WorkerConfig) -> snapshot_mirrors.Link | None:
-        """The snapshot mirrors' link over this epoch's group (None: no group, or NCCL)."""
+        """The snapshot mirrors' link over this epoch's host-bytes group, on any backend (None:
+        no epoch, no redundancy or one worker)."""
         if self.epoch is None:
             return None
         redundancy = config.settings.redundancy
