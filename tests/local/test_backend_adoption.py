@@ -22,9 +22,8 @@ import pytest
 
 from planaria.contract import plan
 from planaria.control import ports
-from planaria.local import adoption
+from planaria.local import adoption, restarts
 from planaria.local import backend as local_backend
-from planaria.local import restarts
 from planaria.wire import messages
 
 W = plan.WorkerId

@@ -81,9 +81,7 @@ def log_of(pool: local_backend.LocalBackend, worker: plan.WorkerId) -> str:
     ],
 )
 @pytest.mark.asyncio
-async def test_an_exit_on_purpose_is_not_restarted(
-    tmp_path: Path, signum: signal.Signals
-) -> None:
+async def test_an_exit_on_purpose_is_not_restarted(tmp_path: Path, signum: signal.Signals) -> None:
     pool = _pool(tmp_path, restart=QUICK)
     try:
         await pool.start([W(0)])
