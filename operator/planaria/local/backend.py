@@ -5,6 +5,7 @@
     agent = await backend.connect(0, timeout_s=10)
     backend.kill(1)                         # SIGKILL: a DIED event follows
     await backend.restart(1)                # a JOINED event once it serves again
+    cause = await backend.gave_up()         # a worker that kept exiting on its own
     await backend.shutdown()                # Stop RPC, SIGTERM, SIGKILL; stores removed
     backend.kill_all()                      # SIGKILL every agent now (a forced stop)
 
@@ -14,12 +15,18 @@ the store with it. `placement` may put a worker elsewhere (another listen addres
 such as `ip netns exec`, extra environment: `Placement`); the store is then advertised at
 `store_host`, an address every worker can reach. Each agent is started with `--listen 127.0.0.1:0`
 (its placement's host) and a ready file it writes once it serves; its stderr and stdout go to
-`<run_dir>/workers/worker-W.log` (appended across restarts). A task per process waits for its exit
-and reports DIED with the exit code or signal; a restarted worker is reported JOINED once it
-answers. Agents are started in their own session (a Ctrl-C of the terminal reaches the controller
-only, which stops them in order). No code runs between fork and exec (that is unsafe in a process
+`<run_dir>/workers/worker-W.log` (appended across restarts). A task per process waits for its exit,
+reports DIED with the exit code or signal and appends how the process ended to its log (the only
+trace of a process killed from outside); a restarted worker is reported JOINED once it answers.
+Agents are started in their own session (a Ctrl-C of the terminal reaches the controller only,
+which stops them in order). No code runs between fork and exec (that is unsafe in a process
 with gRPC threads), so an agent does outlive a controller killed with SIGKILL; every other exit
 stops them.
+
+A process that exits on its own (not exit 0, not `kill`ed here, not at shutdown) is restarted by
+the backend, as a kubelet restarts a container (`planaria.local.restarts`: back-off doubling to
+a cap, a bounded number of restarts per worker); once a worker's restarts are spent, `gave_up`
+answers with a one-line cause, for the caller to fail the job with (`planaria run` does).
 
 The channel to the agents is mutual TLS (issue #10): the backend issues the job's credentials
 once, at construction (`planaria.rpc.tls`, a few milliseconds), into `<run_dir>/tls/agent`
@@ -43,9 +50,10 @@ status), so its death is a DIED event, and `kill`, `restart` and `shutdown` work
 own. The store is this process's, new, on another port than the old one's: the next epoch's
 Configure carries its address.
 
-Errors: `LocalBackendError` (a worker that exits or stays silent before it serves, a restart of
-a live worker); `ports.AgentUnreachable` from `connect` when the worker does not run;
-`tls.TlsError` (a ValueError) at construction for a job name that cannot name a certificate.
+Errors: `LocalBackendError` (a restart of a live worker, or one that exits or stays silent
+before it serves; `start` logs such a worker and leaves it to the restart policy);
+`ports.AgentUnreachable` from `connect` when the worker does not run; `tls.TlsError` (a
+ValueError) at construction for a job name that cannot name a certificate.
 """
 
 from __future__ import annotations
