@@ -4,7 +4,8 @@ after the back-off and reported JOINED (a new pid, the exit and the restart writ
 one killed through the backend (failure injection) or one that exits 0 (told to stop) is not
 restarted; one that keeps exiting at start is restarted the policy's number of times, then
 given up on with a one-line cause naming the exit and the log, and a start that meets such a
-worker returns instead of raising. Every wait is bounded by events, not by time."""
+worker returns instead of raising; a `restart` during the policy's back-off replaces its
+restart, and a shutdown cancels a waiting one. Every wait is bounded by events, not by time."""
 
 from __future__ import annotations
 
@@ -135,3 +136,28 @@ async def test_a_worker_that_cannot_serve_is_given_up_on_at_once_without_restart
         await pool.shutdown()
     assert "exit code 2 after 0 restart(s)" in cause and "worker-0.log" in cause
     assert "--threads" in log_of(pool, W(0))
+
+
+@pytest.mark.asyncio
+async def test_a_restart_or_a_shutdown_during_the_back_off_ends_the_policys_wait(
+    tmp_path: Path,
+) -> None:
+    # A back-off of an hour: only `restart` or `shutdown` can end it within the test.
+    slow = restarts.RestartPolicy(max_restarts=1, initial_backoff_s=3600.0, max_backoff_s=3600.0)
+    pool = _pool(tmp_path, restart=slow)
+    try:
+        await pool.start([W(0), W(1)])
+        events, first = pool.events(), dict(pool.pids)
+        for worker in (W(0), W(1)):
+            os.kill(first[worker], signal.SIGKILL)
+            died = await _next(events)
+            assert (died.kind, died.worker) == (ports.EventKind.DIED, worker)
+        assert pool.restarts == {W(0): 1, W(1): 1} and pool.alive() == ()
+        await pool.restart(W(0))  # replaces worker 0's waiting restart
+        joined = await _next(events)
+        assert (joined.kind, joined.worker) == (ports.EventKind.JOINED, W(0))
+        assert pool.alive() == (W(0),) and pool.pids[W(0)] != first[W(0)]
+    finally:
+        await asyncio.wait_for(pool.shutdown(), HANG_GUARD_S)  # cancels worker 1's wait
+    assert [e async for e in events] == []  # no second JOINED of worker 0, none of worker 1
+    assert pool.alive() == ()

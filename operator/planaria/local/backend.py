@@ -312,11 +312,9 @@ class LocalBackend:
         if self.running(worker):
             raise LocalBackendError(f"worker {worker} still runs; kill it before a restart")
         waiting = self._pending.pop(worker, None)
-        if waiting is not None:  # this restart replaces the policy's
+        if waiting is not None:  # still in its back-off (a launched one runs): this replaces it
             waiting.cancel()
             await asyncio.gather(waiting, return_exceptions=True)
-            if self.running(worker):
-                return  # the policy's restart had already launched it
         await self._launch(worker)
         self._events.put_nowait(ports.WorkerEvent(kind=ports.EventKind.JOINED, worker=worker))
 
