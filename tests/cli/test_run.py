@@ -361,6 +361,47 @@ async def test_execute_runs_the_job_with_the_injector_and_writes_the_report(
     assert "Succeeded" in stream.getvalue().splitlines()[-1]
 
 
+@pytest.mark.asyncio
+async def test_execute_fails_the_job_with_the_cause_once_the_backend_gives_up_on_a_worker(
+    tmp_path: Path,
+) -> None:
+    """`planaria run` hands `execute` the local backend's `gave_up`: once it answers (a worker
+    that kept crashing), the job ends Failed with that one line, in the status, the Failed
+    condition's reason and the summary's first line; the run stops instead of waiting."""
+    clock = clocks.RealClock()
+    cluster = fakes.FakeCluster(clock)
+    sink = scenarios.Sink()
+    cause = "worker 3's agent process 41 exited with exit code 3 after 5 restart(s)"
+    started = asyncio.Event()
+
+    async def gave_up() -> str:
+        while not sink.published or sink.published[-1].step < 10:
+            await clock.sleep(0.05)
+        started.set()
+        return cause
+
+    task = asyncio.ensure_future(
+        run.execute(
+            scenarios.job(steps=60),
+            cluster,
+            clock=clock,
+            sink=sink,
+            out=tmp_path / "out",
+            gave_up=gave_up,
+        )
+    )
+    while not task.done():
+        assert clock.monotonic() < 120.0, "the job did not end"
+        await scenarios.advance(0.05)
+    final = task.result()
+    assert started.is_set() and final.phase is statuses.Phase.FAILED
+    assert final.message == cause and 10 <= final.step < 60 and cluster.shut
+    failed = {c.type: c for c in final.conditions}["Failed"]
+    assert (failed.status, failed.reason) == ("True", run.GAVE_UP_REASON)
+    summary = (tmp_path / "out" / "summary.md").read_text(encoding="utf-8")
+    assert summary.splitlines()[0].endswith(f"Failed at step {final.step}: {cause}")
+
+
 def test_the_summary_says_how_often_snapshots_were_taken_against_the_interval() -> None:
     history = _history()
     assert "Host-memory snapshots" not in run_report.summary(history)  # none reported

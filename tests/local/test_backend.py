@@ -147,19 +147,6 @@ async def test_kept_stores_survive_shutdown(tmp_path: Path) -> None:
     assert (base / "kept" / "0").is_dir() and not _exists(pid)
 
 
-@pytest.mark.asyncio
-async def test_a_worker_that_cannot_serve_is_reported_with_its_log(tmp_path: Path) -> None:
-    pool = local_backend.LocalBackend(
-        job="bad", run_dir=tmp_path / "run", agent_args=("--threads", "0")
-    )
-    try:
-        with pytest.raises(local_backend.LocalBackendError, match="exit code 2.*worker-0.log"):
-            await pool.start([W(0)])
-    finally:
-        await pool.shutdown()
-    assert "--threads" in (tmp_path / "run" / "workers" / "worker-0.log").read_text()
-
-
 def test_a_job_name_with_a_slash_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="without '/'"):
         local_backend.LocalBackend(job="a/b", run_dir=tmp_path)

@@ -22,7 +22,7 @@ import pytest
 
 from planaria.contract import plan
 from planaria.control import ports
-from planaria.local import adoption
+from planaria.local import adoption, restarts
 from planaria.local import backend as local_backend
 from planaria.wire import messages
 
@@ -50,7 +50,8 @@ async def test_a_second_backend_adopts_kills_restarts_and_stops_the_first_ones_a
     tmp_path: Path,
 ) -> None:
     job, run = f"l2-adopt-{uuid.uuid4().hex[:8]}", tmp_path / "run"
-    first = local_backend.LocalBackend(job=job, run_dir=run)
+    # The first backend stands for a controller killed with SIGKILL: it restarts nothing.
+    first = local_backend.LocalBackend(job=job, run_dir=run, restart=restarts.NEVER)
     second: local_backend.LocalBackend | None = None
     try:
         await first.start([W(0), W(1)])

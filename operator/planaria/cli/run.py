@@ -234,6 +234,7 @@ async def _compose(
             interrupts=interrupts,
             before=before,
             log=log,
+            gave_up=backend.gave_up,
         )
         if interrupts.interrupted(final.phase) is None:
             journal.remove()  # every agent is stopped: nothing is left to adopt
@@ -313,6 +314,7 @@ def _not_yet_due(failures: list[faults.Failure], resume_step: int) -> list[fault
 
 
 Inject = Callable[[Callable[[], statuses.JobStatus]], Awaitable[None]]
+GAVE_UP_REASON = "WorkerCrashLoop"  # the Failed condition's reason when a worker keeps exiting
 
 
 async def execute(
@@ -328,6 +330,7 @@ async def execute(
     interrupts: run_interrupts.Interrupts | None = None,
     before: run_log.Before | None = None,
     log: run_log.ProgressLog | None = None,
+    gave_up: Callable[[], Awaitable[str]] | None = None,
 ) -> statuses.JobStatus:
     """Run the job on `backend` to its end, with `inject` (given a way to read the job's status)
     running alongside, then write the report to `out`; returns the final status. The report is
@@ -336,12 +339,13 @@ async def execute(
     `interrupts` may cancel the job (run_interrupts): the status is then the one it was
     cancelled in, and the report says which signal ended it. `before`: what earlier controllers
     of the run did (the report covers them too); `log` is told how the run ended, once the
-    report is written."""
+    report is written. `gave_up` returns once the backend gives up restarting a worker, with
+    why: the job then ends Failed with that cause (`planaria.local.restarts`)."""
     controller = controllers.Controller(
         settings, backend, clock=clock, sink=sink, journal=journal, adopt=adopt
     )
     started, started_wall = clock.monotonic(), time.time()
-    driving = asyncio.ensure_future(_drive(controller, inject))
+    driving = asyncio.ensure_future(_drive(controller, inject, gave_up))
     if interrupts is not None:
         interrupts.guard(driving)
     try:
@@ -410,15 +414,29 @@ def _history(
     )
 
 
-async def _drive(controller: controllers.Controller, inject: Inject | None) -> None:
-    """The controller's run, with the injector watching its status alongside."""
-    if inject is None:
-        await controller.run()
-        return
-    injecting = asyncio.ensure_future(inject(lambda: controller.status))
+async def _drive(
+    controller: controllers.Controller,
+    inject: Inject | None,
+    gave_up: Callable[[], Awaitable[str]] | None = None,
+) -> None:
+    """The controller's run, with the injector watching its status alongside, and the job
+    failed once the backend gives up on a worker."""
+    beside: list[asyncio.Future[None]] = []
+    if inject is not None:
+        beside.append(asyncio.ensure_future(inject(lambda: controller.status)))
+    if gave_up is not None:
+        beside.append(asyncio.ensure_future(_fail_on(controller, gave_up)))
     try:
         await controller.run()
     finally:
-        injecting.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await injecting
+        for task in beside:
+            task.cancel()
+        for task in beside:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+
+async def _fail_on(
+    controller: controllers.Controller, gave_up: Callable[[], Awaitable[str]]
+) -> None:
+    controller.fail(GAVE_UP_REASON, await gave_up())

@@ -87,6 +87,7 @@ class Controller:
         self._planner: planning.Planner | None = None
         self._phase, self._message = Phase.PENDING, "starting workers"
         self._reason = ""  # the Failed condition's reason, once the job failed
+        self._failure: failures.JobError | None = None  # a failure from outside (`fail`)
         self._arrivals: set[plans.WorkerId] = set()
         self._suspended = suspension.Tracker(settings, roster)
 
@@ -131,11 +132,13 @@ class Controller:
                 live = self._roster.live(self._clock.monotonic())
                 move = self._planner.best(live, statuses.MoveKind.INITIAL)
                 await self._open(outcomes.Open(move=move, resume_step=0))
-            while self._phase not in (Phase.SUCCEEDED, Phase.FAILED):
+            while self._phase not in (Phase.SUCCEEDED, Phase.FAILED) and self._failure is None:
                 await self._pass()
         except (errors.PlannerError, ValueError, connections.Unbounded) as exc:
             self._fail(failures.ended(exc))
         finally:
+            if self._failure is not None and self._phase is not Phase.SUCCEEDED:
+                self._fail(self._failure)  # the root cause of whatever else went wrong since
             if self._detached:
                 await self._lines.release()
             else:
@@ -143,6 +146,14 @@ class Controller:
                 await self._lines.close(live, self._job.heartbeat_timeout_s)
                 await self._publish()
         return self.status
+
+    def fail(self, reason: str, message: str) -> None:
+        """End the job Failed from outside the core, with the Failed condition's CamelCase
+        `reason` and the status `message` (`planaria run`: the local backend gave up restarting
+        a worker). The run ends after the pass under way (an epoch being opened is opened or
+        given up within the job's timeouts first); the first such failure is the one kept."""
+        if self._failure is None:
+            self._failure = failures.JobError(reason=reason, message=message)
 
     def detach(self) -> None:
         """Leave the job running when `run` is cancelled next: the agents and workers stay (an

@@ -5,6 +5,7 @@
     agent = await backend.connect(0, timeout_s=10)
     backend.kill(1)                         # SIGKILL: a DIED event follows
     await backend.restart(1)                # a JOINED event once it serves again
+    cause = await backend.gave_up()         # a worker that kept exiting on its own
     await backend.shutdown()                # Stop RPC, SIGTERM, SIGKILL; stores removed
     backend.kill_all()                      # SIGKILL every agent now (a forced stop)
 
@@ -14,12 +15,18 @@ the store with it. `placement` may put a worker elsewhere (another listen addres
 such as `ip netns exec`, extra environment: `Placement`); the store is then advertised at
 `store_host`, an address every worker can reach. Each agent is started with `--listen 127.0.0.1:0`
 (its placement's host) and a ready file it writes once it serves; its stderr and stdout go to
-`<run_dir>/workers/worker-W.log` (appended across restarts). A task per process waits for its exit
-and reports DIED with the exit code or signal; a restarted worker is reported JOINED once it
-answers. Agents are started in their own session (a Ctrl-C of the terminal reaches the controller
-only, which stops them in order). No code runs between fork and exec (that is unsafe in a process
+`<run_dir>/workers/worker-W.log` (appended across restarts). A task per process waits for its exit,
+reports DIED with the exit code or signal and appends how the process ended to its log (the only
+trace of a process killed from outside); a restarted worker is reported JOINED once it answers.
+Agents are started in their own session (a Ctrl-C of the terminal reaches the controller only,
+which stops them in order). No code runs between fork and exec (that is unsafe in a process
 with gRPC threads), so an agent does outlive a controller killed with SIGKILL; every other exit
 stops them.
+
+A process that exits on its own (not exit 0, not `kill`ed here, not at shutdown) is restarted by
+the backend, as a kubelet restarts a container (`planaria.local.restarts`: back-off doubling to
+a cap, a bounded number of restarts per worker); once a worker's restarts are spent, `gave_up`
+answers with a one-line cause, for the caller to fail the job with (`planaria run` does).
 
 The channel to the agents is mutual TLS (issue #10): the backend issues the job's credentials
 once, at construction (`planaria.rpc.tls`, a few milliseconds), into `<run_dir>/tls/agent`
@@ -43,9 +50,10 @@ status), so its death is a DIED event, and `kill`, `restart` and `shutdown` work
 own. The store is this process's, new, on another port than the old one's: the next epoch's
 Configure carries its address.
 
-Errors: `LocalBackendError` (a worker that exits or stays silent before it serves, a restart of
-a live worker); `ports.AgentUnreachable` from `connect` when the worker does not run;
-`tls.TlsError` (a ValueError) at construction for a job name that cannot name a certificate.
+Errors: `LocalBackendError` (a restart of a live worker, or one that exits or stays silent
+before it serves; `start` logs such a worker and leaves it to the restart policy);
+`ports.AgentUnreachable` from `connect` when the worker does not run; `tls.TlsError` (a
+ValueError) at construction for a job name that cannot name a certificate.
 """
 
 from __future__ import annotations
@@ -68,7 +76,7 @@ from torch._C import _distributed_c10d as c10d
 
 from planaria.contract import plan, rendezvous
 from planaria.control import ports
-from planaria.local import adoption
+from planaria.local import adoption, restarts
 from planaria.rpc import client, tls
 
 LOG = logging.getLogger(__name__)
@@ -124,6 +132,7 @@ class _Worker:
     generation: int = 0
     watcher: asyncio.Task[None] | None = None
     ended: asyncio.Event = field(default_factory=asyncio.Event)
+    on_purpose: bool = False  # killed by `LocalBackend.kill`: its exit is not restarted
 
 
 class LocalBackend:
@@ -142,9 +151,11 @@ class LocalBackend:
         store_host: str = LOOPBACK,
         placement: Callable[[plan.WorkerId], Placement] | None = None,
         adopt: bool = False,
+        restart: restarts.RestartPolicy = restarts.DEFAULT,
     ) -> None:
         """`adopt`: reuse the run directory's credentials, for `adopt()` (module docstring);
-        tls.TlsError when the run directory has none."""
+        tls.TlsError when the run directory has none. `restart`: how agents that exit on their
+        own are restarted (`planaria.local.restarts`; `restarts.NEVER`: not at all)."""
         if not job or "/" in job:
             raise ValueError(f"local backend: job name {job!r} is not usable; give one without '/'")
         self.job = job
@@ -162,6 +173,11 @@ class LocalBackend:
             else _issue_tls(job, run_dir / "tls")
         )
         self._workers: dict[plan.WorkerId, _Worker] = {}
+        self._policy = restart
+        self._restarts: dict[plan.WorkerId, int] = {}  # automatic restarts made, per worker
+        self._pending: dict[plan.WorkerId, asyncio.Task[None]] = {}  # restarts waiting
+        self._cause: str | None = None  # why the backend gave up on a worker
+        self._given_up = asyncio.Event()
         self._events: asyncio.Queue[ports.WorkerEvent | None] = asyncio.Queue()
         self._closed = False
         self._shutdown: asyncio.Task[None] | None = None
@@ -185,9 +201,16 @@ class LocalBackend:
             rendezvous.flag_failed(store, world_size, "controller")
 
     async def start(self, workers: Sequence[plan.WorkerId]) -> None:
-        """Launch an agent per worker not already running; returns once all of them serve."""
+        """Launch an agent per worker not already running; returns once each of them serves or
+        has exited. One that exited is reported DIED and restarted by the policy like any
+        other (a JOINED event once it serves), or given up on (`gave_up`)."""
         fresh = [w for w in dict.fromkeys(workers) if not self.running(w)]
-        await asyncio.gather(*(self._launch(w) for w in fresh))
+        launched = await asyncio.gather(*(self._launch(w) for w in fresh), return_exceptions=True)
+        for worker, result in zip(fresh, launched, strict=True):
+            if isinstance(result, LocalBackendError):
+                LOG.warning("worker %d did not start: %s", worker, result)
+            elif isinstance(result, BaseException):
+                raise result
 
     async def connect(self, worker: plan.WorkerId, timeout_s: float) -> ports.Agent:
         record = self._workers.get(worker)
@@ -210,6 +233,11 @@ class LocalBackend:
         await asyncio.shield(self._shutdown)
 
     async def _shut_down(self) -> None:
+        # A restart waiting or under way ends first: its process, if any, is then stopped too.
+        pending = list(self._pending.values())
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
         await asyncio.gather(*(self._stop(w, r) for w, r in self._workers.items()))
         self._events.put_nowait(None)
         self._store = None  # the TCPStore's server ends with its last reference
@@ -258,10 +286,14 @@ class LocalBackend:
         return {w: r.process.pid for w, r in self._workers.items()}
 
     def kill(self, worker: plan.WorkerId, signum: int = signal.SIGKILL) -> None:
-        """Send `signum` to `worker`'s process (a DIED event follows when it exits)."""
+        """Send `signum` to `worker`'s process (a DIED event follows when it exits). An exit
+        this causes is on purpose: not restarted by the policy (`restart` brings it back)."""
         if not self.running(worker):
             raise LocalBackendError(f"worker {worker} does not run; kill a running worker")
-        self._workers[worker].process.send_signal(signum)
+        record = self._workers[worker]
+        if signum not in (signal.SIGSTOP, signal.SIGCONT):  # these do not end it
+            record.on_purpose = True
+        record.process.send_signal(signum)
 
     def kill_all(self) -> None:
         """SIGKILL every running agent now, without the Stop RPC and the graces (a second
@@ -269,6 +301,7 @@ class LocalBackend:
         removes the stores."""
         for record in self._workers.values():
             if not record.ended.is_set():
+                record.on_purpose = True
                 with contextlib.suppress(ProcessLookupError):
                     record.process.kill()
 
@@ -278,8 +311,24 @@ class LocalBackend:
             raise LocalBackendError("the backend is shut down; restart before shutdown")
         if self.running(worker):
             raise LocalBackendError(f"worker {worker} still runs; kill it before a restart")
+        waiting = self._pending.pop(worker, None)
+        if waiting is not None:  # still in its back-off (a launched one runs): this replaces it
+            waiting.cancel()
+            await asyncio.gather(waiting, return_exceptions=True)
         await self._launch(worker)
         self._events.put_nowait(ports.WorkerEvent(kind=ports.EventKind.JOINED, worker=worker))
+
+    @property
+    def restarts(self) -> dict[plan.WorkerId, int]:
+        """How many times the policy restarted each worker (only those it restarted)."""
+        return dict(self._restarts)
+
+    async def gave_up(self) -> str:
+        """Wait until the backend gives up restarting a worker (`planaria.local.restarts`);
+        returns the one-line cause. `planaria run` ends the job Failed with it."""
+        await self._given_up.wait()
+        assert self._cause is not None, "the cause is set before the event"
+        return self._cause
 
     async def wait_exited(self, worker: plan.WorkerId, timeout_s: float) -> None:
         """Wait until `worker`'s process has exited and its DIED event is queued."""
@@ -349,16 +398,73 @@ class LocalBackend:
     async def _watch(self, worker: plan.WorkerId, record: _Worker) -> None:
         code = await record.process.wait()
         record.ended.set()
-        if not self._closed:
-            detail = (
-                f"process {record.process.pid} exited with {_describe(code)}"
-                if code is not None
-                else f"adopted process {record.process.pid} exited (its status is its parent's)"
-            )
+        detail = (
+            f"process {record.process.pid} exited with {_describe(code)}"
+            if code is not None
+            else f"adopted process {record.process.pid} exited (its status is its parent's)"
+        )
+        if self._closed:
+            self._note(worker, f"{detail} (stopped at the end of the run)")
+            return
+        self._events.put_nowait(
+            ports.WorkerEvent(kind=ports.EventKind.DIED, worker=worker, detail=detail)
+        )
+        if not restarts.unexpected(code, on_purpose=record.on_purpose):
             LOG.info("worker %d: %s", worker, detail)
+            self._note(worker, f"{detail}{' (killed on purpose)' if record.on_purpose else ''}")
+            return
+        self._restart_later(worker, detail)
+
+    def _restart_later(self, worker: plan.WorkerId, detail: str) -> None:
+        """Schedule the policy's restart of `worker`, whose process `detail` on its own; or give
+        up on it when its restarts are spent."""
+        done = self._restarts.get(worker, 0)
+        delay_s = self._policy.backoff_s(done)
+        if delay_s is None:
+            self._give_up(worker, done, detail)
+            return
+        self._restarts[worker] = done + 1
+        said = (
+            f"worker {worker}: {detail}; restarting it in {delay_s:g} s "
+            f"(restart {done + 1} of {self._policy.max_restarts})"
+        )
+        LOG.warning("%s", said)
+        self._note(worker, said)
+        self._pending[worker] = asyncio.ensure_future(self._restart_after(worker, delay_s))
+
+    async def _restart_after(self, worker: plan.WorkerId, delay_s: float) -> None:
+        try:
+            await asyncio.sleep(delay_s)
+            if self._closed or self.running(worker):
+                return
+            try:
+                await self._launch(worker)
+            except LocalBackendError as exc:  # its watcher restarts it again or gives up
+                LOG.warning("worker %d: the restart did not serve: %s", worker, exc)
+                return
+            LOG.warning("worker %d: restarted (process %d)", worker, self.pids[worker])
             self._events.put_nowait(
-                ports.WorkerEvent(kind=ports.EventKind.DIED, worker=worker, detail=detail)
+                ports.WorkerEvent(kind=ports.EventKind.JOINED, worker=worker, detail="restarted")
             )
+        finally:
+            if self._pending.get(worker) is asyncio.current_task():
+                del self._pending[worker]
+
+    def _give_up(self, worker: plan.WorkerId, done: int, detail: str) -> None:
+        _, log_path = self._paths(worker)
+        said = restarts.cause(worker, done, detail, log_path)
+        LOG.error("%s", said)
+        self._note(worker, said)
+        if self._cause is None:  # the first worker given up on is the job's cause
+            self._cause = said
+            self._given_up.set()
+
+    def _note(self, worker: plan.WorkerId, text: str) -> None:
+        """Append `text` to `worker`'s log, after what its processes wrote: how each ended."""
+        _, log_path = self._paths(worker)
+        stamp = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
+        with open(log_path, "a", encoding="utf-8") as log:
+            log.write(f"[planaria run {stamp}] {text}\n")
 
     async def _stop(self, worker: plan.WorkerId, record: _Worker) -> None:
         """Stop RPC, then SIGTERM, then SIGKILL, each after the grace; always reaped."""
