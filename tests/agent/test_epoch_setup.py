@@ -26,6 +26,7 @@ from torch._C import _distributed_c10d as c10d
 
 from planaria.agent.execution import held_layers
 from planaria.agent.recovery import epoch_setup
+from planaria.agent.runtime import training_thread
 from planaria.agent.state import manifests, snapshot_store, snapshot_writer, snapshots
 from planaria.agent.training import data, model, semantics
 from planaria.contract import plan, shapes
@@ -171,6 +172,23 @@ def test_a_store_that_is_gone_fails_the_connection_within_the_rendezvous_timeout
     with pytest.raises(RuntimeError):  # torch's DistNetworkError
         epoch_setup.connect_store(_rendezvous(port, 0.5))
     assert time.monotonic() - started < 5.0  # not 2 x STORE_TIMEOUT_S
+
+
+def test_a_store_the_agent_cannot_reach_at_set_up_is_a_regroup_timeout(tmp_path: Path) -> None:
+    # Not INTERNAL (the worker's own fault: one retry, then the job fails): a late or dead
+    # store is the regroup's problem, as a peer that does not come.
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    training = training_thread.Training(
+        worker=plan.WorkerId(0), job="job", snapshot_base=tmp_path, device="cpu"
+    )
+    with pytest.raises(epoch_setup.RegroupError) as refused:
+        training._store_client(_rendezvous(port, 0.5))
+    assert refused.value.kind is messages.ErrorKind.TIMEOUT
+    message = str(refused.value)
+    assert f"the rendezvous store at 127.0.0.1:{port} did not answer within 0.5 s" in message
+    assert "\n" not in message
 
 
 def test_a_live_store_connects() -> None:

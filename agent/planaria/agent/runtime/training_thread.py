@@ -379,7 +379,16 @@ class Training:
         key = (rendezvous.store_host, rendezvous.store_port)
         if key not in self._stores:
             self._stores.clear()  # one controller at a time: an older store's client goes
-            self._stores[key] = epoch_setup.connect_store(rendezvous)
+            try:
+                self._stores[key] = epoch_setup.connect_store(rendezvous)
+            except RuntimeError as exc:  # torch's DistNetworkError: the store did not answer
+                # A regroup timeout, as when a peer does not come (the controller retries the
+                # epoch), not this worker's own fault (INTERNAL: one retry, then the job fails);
+                # seen under heavy load, where the store's accept came late.
+                raise epoch_setup.RegroupError(
+                    f"the rendezvous store at {key[0]}:{key[1]} did not answer within "
+                    f"{rendezvous.timeout_s:g} s: {str(exc).splitlines()[0]}"
+                ) from exc
         return self._stores[key]
 
     def close(self) -> None:
