@@ -45,6 +45,7 @@ from planaria.wire import messages
 from tests.agent import runtime_cluster
 
 State = messages.AgentState
+PATIENCE_S = 60.0  # only ever reached when the code under test is broken
 Tier = messages.RecoveryTier
 W = plan.WorkerId
 Stages = list[tuple[int, int, int]]
@@ -719,3 +720,21 @@ def test_a_stop_past_its_grace_releases_a_step_blocked_on_a_hung_peer(
     texts = [e.message for e in beat.errors]
     assert all("this wait was abandoned" in t for t in texts), texts
     assert not any("Timed out" in t for t in texts), texts
+
+
+def test_a_failed_training_thread_stops_the_runtime_as_crashed_and_a_stop_does_not(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    stopped = runtime.Runtime(worker=W(0), job="solo", snapshot_base=tmp_path)
+    stopped.start()
+    assert stopped.stop(0.0).accepted
+    assert stopped.wait_stopped(PATIENCE_S) and not stopped.crashed
+
+    def bug(self: runtime.Runtime) -> None:
+        raise RuntimeError("a bug in the training thread")
+
+    monkeypatch.setattr(runtime.Runtime, "_next", bug)
+    failed = runtime.Runtime(worker=W(0), job="solo", snapshot_base=tmp_path)
+    failed.start()
+    assert failed.wait_stopped(PATIENCE_S) and failed.crashed
+    assert failed.heartbeat().state is State.STOPPED

@@ -75,6 +75,8 @@ class _FakeRuntime:
     def profile(self, order: messages.ProfileOrder) -> profile.Profile:
         raise ValueError("training: profile when idle")
 
+    crashed = False  # RuntimeLike: this fake never stops by itself
+
     def wait_stopped(self, timeout_s: float | None = None) -> bool:
         return True
 
@@ -245,3 +247,17 @@ def test_stop_turns_health_not_serving_stops_the_runtime_then_the_server(tmp_pat
         thread.join(10)
     assert exit_codes == [0]
     assert [name for name, _ in runtime.calls] == ["stop", "stop"]
+
+
+class _Crashed(_FakeRuntime):
+    """A runtime whose training thread failed (a bug): stopped, with no Stop."""
+
+    crashed = True
+
+
+def test_an_agent_whose_training_thread_failed_exits_for_its_supervisor(tmp_path: Path) -> None:
+    # It could never train again (it refuses every Configure): serving on, it would be a live
+    # worker the controller gives up on forever; exiting lets the kubelet or the local
+    # backend restart it.
+    options = service.Options(worker=plan.WorkerId(2), job="j", grace_s=0.5)
+    assert service.serve(options, _Crashed()) == service.EXIT_CRASHED

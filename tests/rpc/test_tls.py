@@ -96,6 +96,8 @@ class _FakeRuntime:
     def profile(self, order: messages.ProfileOrder) -> profile.Profile:
         raise ValueError("busy")
 
+    crashed = False  # RuntimeLike: this fake never stops by itself
+
     def wait_stopped(self, timeout_s: float | None = None) -> bool:
         return True
 

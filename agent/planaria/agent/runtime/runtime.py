@@ -90,6 +90,7 @@ class Runtime:
         self._load: messages.SnapshotLoad | None = None
         self._thread: threading.Thread | None = None
         self._stopped = threading.Event()
+        self._crashed = False  # the training thread failed (`crashed`)
 
     # --- commands (any thread) ------------------------------------------------------------
 
@@ -259,6 +260,12 @@ class Runtime:
         """Whether the runtime reached STOPPED within `timeout_s`."""
         return self._stopped.wait(timeout_s)
 
+    @property
+    def crashed(self) -> bool:
+        """Whether the training thread ended by failing, not by a Stop (it never trains
+        again: the agent exits for its supervisor to restart it, `service.serve`)."""
+        return self._crashed
+
     def close(self) -> None:
         """Stop, join the training thread, leave the epoch and close the writers."""
         self.stop(0.0)
@@ -274,6 +281,7 @@ class Runtime:
                 self._serve(order)
         except BaseException:  # a bug: report it, then stop like a Stop would
             LOG.exception("worker %d: the training thread failed", self.worker)
+            self._crashed = True
         finally:
             self._training.close()
             with self._cond:

@@ -75,6 +75,9 @@ class RuntimeLike(Protocol):
     def profile(self, order: messages.ProfileOrder) -> profile.Profile: ...
     def wait_stopped(self, timeout_s: float | None = None) -> bool: ...
     def close(self) -> None: ...
+    @property
+    def crashed(self) -> bool:
+        """Whether the runtime stopped by itself: its training thread failed (a bug)."""
 
 
 class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
@@ -211,8 +214,15 @@ class ServeError(ValueError):
     """The agent cannot start as asked (e.g. the address cannot be bound)."""
 
 
+EXIT_CRASHED = 3  # the exit status of an agent whose training thread failed
+
+
 def serve(options: Options, runtime: RuntimeLike | None = None) -> int:
-    """Run the agent until Stop or SIGTERM/SIGINT; returns the exit status (0)."""
+    """Run the agent until Stop or SIGTERM/SIGINT; returns the exit status: 0, or
+    EXIT_CRASHED when the runtime stopped by itself (its training thread failed). Such an
+    agent can never train again and refuses every Configure, so it exits for its supervisor
+    (the kubelet, or `planaria run`'s backend) to restart it, instead of serving on, alive,
+    as a worker the controller must give up on."""
     if runtime is None:
         # torch loads only in the agent process
         from planaria.agent.runtime import runtime as runtimes
@@ -232,6 +242,15 @@ def serve(options: Options, runtime: RuntimeLike | None = None) -> int:
         runtime.close()
         raise
     _install_signal_handlers(stopping)
+    crashed = threading.Event()
+
+    def watch() -> None:
+        runtime.wait_stopped()
+        if runtime.crashed:
+            crashed.set()
+            stopping.set()
+
+    threading.Thread(target=watch, name="runtime-watch", daemon=True).start()
     if options.ready_file is not None:
         _write_atomically(options.ready_file, f"{address}\n")
     LOG.info("planaria agent: worker %d serving on %s", options.worker, address)
@@ -242,6 +261,9 @@ def serve(options: Options, runtime: RuntimeLike | None = None) -> int:
     )
     stopping.wait()
     _shut_down(server, health_servicer, runtime, options.grace_s)
+    if crashed.is_set():
+        LOG.error("planaria agent: worker %d: the training thread failed; exiting", options.worker)
+        return EXIT_CRASHED
     return 0
 
 
