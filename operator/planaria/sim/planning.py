@@ -209,7 +209,7 @@ class Planner:
         kinds: dynamic-only never estimates the rerouted plan whole (at 1,024 nodes a replay
         of every pipeline it touches), rerouting-only never lays out and matches the
         re-planned ones. None where the search raises InfeasibleError (no worker of the plan
-        survived). The same list as filtering the full search (tests/sim/test_planning.py)."""
+        survived). The same list as filtering the full search (tests/sim/test_sim_planning.py)."""
         running, settings = failure.running, self.settings.search
         held = transfers.holdings(running, failure.failed, failure.spare)
         if not held:
