@@ -402,3 +402,58 @@ def test_snapshots_follow_state_updated_in_place_and_state_replaced(tmp_path: Pa
     for layer in range(MICRO.num_planner_layers):  # new optimizer state tensors
         trainer.load_layer_state(other.layer_state(layer))
     snapshot_and_check(4)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    shapes_=st.lists(st.lists(st.integers(0, 5), max_size=3), min_size=1, max_size=4),
+    dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float64, torch.int8]),
+    offset=st.integers(0, 7),
+)
+def test_unflatten_gives_views_of_its_buffer_where_aligned_and_equal_bytes_always(
+    shapes_: list[list[int]], dtype: torch.dtype, offset: int
+) -> None:
+    # Restoring copies a layer's bytes once (the read), not three times: the tensors are views
+    # of the read buffer when their dtype's alignment allows, copies otherwise (an odd offset).
+    rng = np.random.default_rng(len(shapes_) + offset)
+
+    def tensor(shape: list[int]) -> torch.Tensor:
+        n = int(np.prod(shape)) * torch.empty((), dtype=dtype).element_size()
+        if not n:
+            return torch.empty(shape, dtype=dtype)
+        raw = torch.from_numpy(rng.integers(0, 256, n).astype(np.uint8))
+        return raw.view(dtype).reshape(shape)
+
+    def raw(t: torch.Tensor) -> bytes:
+        return t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+
+    names = tuple(f"p{i}" for i in range(len(shapes_)))
+    state = model.LayerState(
+        index=0,
+        names=names,
+        parameters=tuple(tensor(s) for s in shapes_),
+        exp_avg=tuple(tensor(s) for s in shapes_),
+        exp_avg_sq=tuple(tensor(s) for s in shapes_),
+        steps=tuple(torch.tensor(float(i)) for i in range(len(shapes_))),
+    )
+    flat = b"".join(raw(t) for t in state.tensors())
+    buffer = np.zeros(len(flat) + offset, dtype=np.uint8)
+    buffer[offset:] = np.frombuffer(flat, dtype=np.uint8)
+    entry = manifests.LayerEntry(
+        layer=0,
+        names=names,
+        group=(0,),
+        member=0,
+        total_bytes=len(flat),
+        tensors=snapshots.tensor_layout(state),
+        files=(),
+        tolerated_losses=0,
+    )
+    data = buffer[offset:]
+    rebuilt = snapshots.unflatten(entry, data)
+    for got, want, layout in zip(rebuilt.tensors(), state.tensors(), entry.tensors, strict=True):
+        assert got.dtype == want.dtype and got.shape == want.shape
+        assert raw(got) == raw(want)
+        if got.numel():
+            at = data.ctypes.data + layout.offset  # where its bytes sit in the buffer
+            assert (got.data_ptr() == at) == (at % got.element_size() == 0)

@@ -175,7 +175,10 @@ def flat_bytes(state: model.LayerState) -> parity.FlatBytes:
 
 
 def unflatten(entry: manifests.LayerEntry, data: parity.Bytes) -> model.LayerState:
-    """Rebuild the LayerState whose flattened bytes are `data` (laid out as `entry` says)."""
+    """Rebuild the LayerState whose flattened bytes are `data` (laid out as `entry` says). Its
+    tensors are views of `data` where their offsets are aligned for their dtype (the caller
+    hands over a buffer of its own, writable, that nothing else changes), copies otherwise:
+    restoring a layer copied its bytes three times before (read, join, split), now once."""
     _check_layout(entry, data.size)
     source = torch.from_numpy(data)
     tensors = [_tensor_at(layout, source) for layout in entry.tensors]
@@ -191,8 +194,13 @@ def unflatten(entry: manifests.LayerEntry, data: parity.Bytes) -> model.LayerSta
 
 
 def _tensor_at(layout: manifests.TensorLayout, source: torch.Tensor) -> torch.Tensor:
-    out = torch.empty(layout.shape, dtype=DTYPES[layout.dtype])
-    out.reshape(-1).view(torch.uint8).copy_(source[layout.offset : layout.offset + layout.nbytes])
+    dtype = DTYPES[layout.dtype]
+    piece = source[layout.offset : layout.offset + layout.nbytes]
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    if layout.nbytes and piece.data_ptr() % itemsize == 0:
+        return piece.view(dtype).reshape(layout.shape)
+    out = torch.empty(layout.shape, dtype=dtype)
+    out.reshape(-1).view(torch.uint8).copy_(piece)
     return out
 
 
@@ -285,8 +293,10 @@ def rebuild_layer(members: Sequence[MemberSnapshot]) -> model.LayerState:
         raise snapshot_store.SnapshotMissing(_lost_message(first, lost))
     for k in lost:
         shards[k] = _recover(k, first, by_member)
-    data = np.concatenate([shards[k] for k in range(group_size)])
-    return unflatten(first.entry, data)
+    whole = shards[0] if group_size == 1 else None
+    if whole is not None and whole.flags.writeable:  # its own buffer: no copy needed
+        return unflatten(first.entry, whole)
+    return unflatten(first.entry, np.concatenate([shards[k] for k in range(group_size)]))
 
 
 def _distinct(members: Sequence[MemberSnapshot]) -> list[MemberSnapshot]:

@@ -391,8 +391,8 @@ def load_layer_state(
             p.copy_(value)
             optimizer.state[p] = {
                 "step": step.detach().clone().to(device="cpu", dtype=torch.float32),
-                "exp_avg": avg.detach().clone().to(p.device),
-                "exp_avg_sq": avg_sq.detach().clone().to(p.device),
+                "exp_avg": avg.detach().to(p.device, copy=True),  # one copy, also to a GPU
+                "exp_avg_sq": avg_sq.detach().to(p.device, copy=True),
             }
 
 
