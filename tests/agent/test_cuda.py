@@ -32,12 +32,13 @@ from planaria.agent.training import data, model, semantics
 from planaria.contract import instructions, plan, schedule
 from planaria.wire import messages
 from tests.agent import test_executor as lossless
+from tests.agent import test_precision as precise
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 NCCL = messages.Backend.NCCL
 FORM_S = 60.0
-ONE_WORKER = lossless._plan(([(0, 5, (0,))], 3))
+ONE_WORKER = precise.ONE_WORKER
 WORKER = plan.WorkerId(0)
 STEPS = 3
 
@@ -100,23 +101,10 @@ def test_the_cuda_copy_is_ordered_by_events_not_by_the_host() -> None:
     assert torch.equal(live.cpu(), torch.full_like(staged, 2.0))
 
 
-def _bf16_config() -> semantics.TrainingConfig:
-    config = lossless._config(ONE_WORKER)  # exact mode, the lossless tests' model
-    return semantics.TrainingConfig(
-        shape=config.shape,
-        seed=config.seed,
-        global_batch_size=config.global_batch_size,
-        micro_batch_size=config.micro_batch_size,
-        optimizer=config.optimizer,
-        reduction=config.reduction,
-        precision=messages.Precision.BF16,
-    )
-
-
 def test_a_bf16_job_on_the_gpu_snapshots_its_fp32_master_state_bit_for_bit(
     epoch: groups.Epoch,
 ) -> None:
-    config = _bf16_config()
+    config = precise._config(ONE_WORKER, messages.Precision.BF16)  # exact mode
     tokens = data.load_default_corpus(max_bytes=lossless.CORPUS_BYTES)
     layers = held_layers.HeldLayers.build(config, range(config.shape.num_planner_layers), "cuda")
     runner = executors.Executor(

@@ -14,15 +14,11 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 import signal
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from planaria.agent.training import data
 from planaria.cli import run
 from planaria.contract import plan
 from planaria.control import clock
@@ -36,22 +32,6 @@ from tests.e2e import local_job
 W = plan.WorkerId
 Phase = statuses.Phase
 HANG_GUARD_S = 150.0  # only against a hang: never reached when the restarts work
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """100 kB of the standard library's source, the agents' training text."""
-    path = tmp_path_factory.mktemp("corpus") / "corpus.txt"
-    path.write_bytes(data.load_default_corpus(max_bytes=100_000).tobytes())
-    return path
-
-
-@pytest.fixture
-def shm() -> Iterator[Path]:
-    """A snapshot base under /dev/shm of this test's own, removed afterwards."""
-    base = Path("/dev/shm") / f"planaria-restart-{uuid.uuid4().hex[:8]}"
-    yield base
-    shutil.rmtree(base, ignore_errors=True)
 
 
 def _single(name: str, corpus: Path) -> local_job.job_settings.JobSettings:
