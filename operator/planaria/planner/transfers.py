@@ -37,7 +37,8 @@ from __future__ import annotations
 import math
 from collections import Counter, defaultdict
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import cast
 
 import numpy as np
 import numpy.typing as npt
@@ -85,16 +86,29 @@ class Restore:
 class Transition:
     """Moving from the old plan to `target`: the copies, the restores, bytes and seconds.
 
+    `target` is `layout` with its workers replaced through `binding` (None: as written). It is
+    built when first asked for: the search binds and costs every candidate, but eq. 8 needs
+    the new plan of few of them (at 8,192 workers building one takes tens of milliseconds).
     `moved_bytes` counts every byte received by some worker (copies and restores); `transfer_s`
     is the bandwidth model's time for all of them; `overhead_s` the fixed `Overheads` paid.
     """
 
-    target: plan.Plan
+    layout: plan.Plan
+    binding: Mapping[plan.WorkerId, plan.WorkerId] | None
     transfers: tuple[plan.LayerTransfer, ...]
     restores: tuple[Restore, ...]
     moved_bytes: int
     transfer_s: float
     overhead_s: float
+    _built: list[plan.Plan] = field(default_factory=list, init=False, repr=False, compare=False)
+
+    @property
+    def target(self) -> plan.Plan:
+        """The next plan: `layout` played by the bound survivors."""
+        if not self._built:
+            built = self.layout if self.binding is None else relabel(self.layout, self.binding)
+            self._built.append(built)
+        return self._built[0]
 
     @property
     def total_s(self) -> float:
@@ -173,22 +187,120 @@ def match(
 
     Raises PlanInputError when the layout uses workers that are not live survivors.
     """
-    wanted = roles(layout)
-    _check_layout(held, wanted)
-    survivors = list(held)
-    sizes = [moved_bytes(layer) for layer in prof.layers]
-    costs = _ClassCosts.of([held[w] for w in survivors], list(wanted.values()), sizes)
-    # whole nodes play whole layout nodes: co-location, hence the layout's estimate, is kept
-    rows = _groups(survivors, layout.gpus_per_node)
-    cols = _groups(list(wanted), layout.gpus_per_node)
-    outer, inner = _node_costs(costs, rows, cols)
-    layout_workers = list(wanted)
-    binding: dict[plan.WorkerId, plan.WorkerId] = {}
-    for a, b in zip(*_assignment(outer), strict=True):
-        if b < len(cols):  # columns past the layout's nodes are padding: a left idle
-            for i, j in inner(int(a), int(b)):
-                binding[layout_workers[j]] = survivors[i]
-    return binding
+    return Survivors(held, prof).match(layout)
+
+
+class Survivors:
+    """The survivors' side of every binding after one failure, computed once: each survivor's
+    holding class, their nodes and node shapes, each layer's holders. The candidate search
+    binds half a dozen layouts to the same survivors; at 8,192 workers classing and grouping
+    them again was a large part of each binding. `match` and `replan` give what the module's
+    functions of the same names give."""
+
+    def __init__(self, held: Holdings, prof: profile.Profile) -> None:
+        self.held = held
+        self.profile = prof
+        self.workers = list(held)
+        self._sizes = [moved_bytes(layer) for layer in prof.layers]
+        have, self._class = _incidence([held[w] for w in self.workers], len(self._sizes))
+        # (1 - have) masks what a survivor already holds; dropping a layer it holds costs nothing
+        self._lacking = (1.0 - have) * np.asarray(self._sizes, dtype=np.float64)
+        self._nodes: dict[int, _Nodes] = {}
+        self._holders = _Holders(held)
+
+    def match(self, layout: plan.Plan) -> dict[plan.WorkerId, plan.WorkerId]:
+        """`match` of the module, on these survivors."""
+        workers, role_class, ranges = _role_classes(layout)
+        strangers = sorted(set(workers) - set(self.held))
+        if strangers:
+            raise errors.PlanInputError(
+                f"the new layout uses workers {strangers} that are not live; lay it out over "
+                f"the survivors {sorted(self.held)}"
+            )
+        need = np.zeros((len(ranges), len(self._sizes)))
+        for (start, stop), row in ranges.items():
+            need[row, start:stop] = 1.0
+        # entries are sums of integer byte counts: exact in float64 in any order while a model
+        # holds under 2**53 bytes (9 PB)
+        distinct: CostMatrix = self._lacking @ need.T
+        gpus = layout.gpus_per_node
+        if gpus not in self._nodes:
+            self._nodes[gpus] = _Nodes.of(self.workers, self._class, gpus)
+        # whole nodes play whole layout nodes: co-location, hence the layout's estimate, is kept
+        rows, cols = self._nodes[gpus], _Nodes.of(workers, role_class, gpus)
+        outer, inner = _node_costs(distinct, rows, cols)
+        binding: dict[plan.WorkerId, plan.WorkerId] = {}
+        for a, b in zip(*_assignment(outer), strict=True):
+            if b < len(cols.groups):  # columns past the layout's nodes are padding: a left idle
+                for i, j in inner(int(a), int(b)):
+                    binding[workers[j]] = self.workers[i]
+        return binding
+
+    def replan(
+        self,
+        layout: plan.Plan,
+        overheads: Overheads,
+        *,
+        binding: Mapping[plan.WorkerId, plan.WorkerId] | None = None,
+    ) -> Transition:
+        """`replan` of the module, on these survivors."""
+        chosen = self.match(layout) if binding is None else binding
+        transfers, restores = _missing(self.held, self._holders, layout, chosen)
+        moved = sum(self._sizes[t.layer] for t in transfers)
+        moved += sum(self._sizes[r.layer] for r in restores)
+        transition = Transition(
+            layout=layout,
+            binding=chosen,
+            transfers=transfers,
+            restores=restores,
+            moved_bytes=moved,
+            transfer_s=transfer_s(transfers, restores, self.profile, layout.gpus_per_node),
+            overhead_s=overheads.regroup_s + overheads.restart_s,
+        )
+        if binding is not None:
+            _ = transition.target  # a caller's binding is checked now (PlanInputError)
+        return transition
+
+
+def _role_classes(
+    layout: plan.Plan,
+) -> tuple[list[plan.WorkerId], npt.NDArray[np.intp], dict[tuple[int, int], int]]:
+    """The layout's workers in id order (`roles`' order), each one's role class, and each
+    class's layer range [start, stop)."""
+    ranges: dict[tuple[int, int], int] = {}
+    workers: list[plan.WorkerId] = []
+    classes: list[int] = []
+    for pipeline in layout.pipelines:
+        for stage in pipeline.stages:
+            role = ranges.setdefault((stage.layer_start, stage.layer_stop), len(ranges))
+            workers.extend(stage.workers)
+            classes.extend([role] * len(stage.workers))
+    ids = np.asarray(workers, dtype=np.int64)
+    order = np.argsort(ids, kind="stable")
+    in_order = cast(list[plan.WorkerId], ids[order].tolist())
+    return in_order, np.asarray(classes, dtype=np.intp)[order], ranges
+
+
+@dataclass(frozen=True, slots=True)
+class _Nodes:
+    """Workers (indices into a list of them) grouped by node in node order, each group in list
+    order; each node's shape (its workers' classes in that order) as an index into `shapes`."""
+
+    groups: list[list[int]]
+    shape: npt.NDArray[np.intp]
+    shapes: list[list[int]]
+
+    @classmethod
+    def of(cls, workers: Sequence[int], classes: npt.NDArray[np.intp], gpus: int) -> _Nodes:
+        groups = _groups(workers, gpus)
+        of_worker = classes.tolist()
+        index: dict[tuple[int, ...], int] = {}
+        shape = [index.setdefault(tuple([of_worker[i] for i in g]), len(index)) for g in groups]
+        return cls(groups, np.asarray(shape, dtype=np.intp), [list(key) for key in index])
+
+    def shapes_of_one(self) -> list[int]:
+        """With one worker per node: each node's worker's class."""
+        return [self.shapes[s][0] for s in self.shape.tolist()]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -224,58 +336,37 @@ class _ClassCosts:
 _Pairs = Callable[[int, int], tuple[tuple[int, int], ...]]
 
 
-def _node_costs(
-    costs: _ClassCosts, rows: list[list[int]], cols: list[list[int]]
-) -> tuple[CostMatrix, _Pairs]:
+def _node_costs(distinct: CostMatrix, rows: _Nodes, cols: _Nodes) -> tuple[CostMatrix, _Pairs]:
     """The N x N node matrix (survivor node a plays layout node b; columns past the layout's
-    nodes are empty roles, cost 0) and, per pair, the inner matching's (survivor, role) pairs."""
-    outer = np.zeros((len(rows), len(rows)))
-    if all(len(group) == 1 for group in rows + cols):  # one worker per node: no inner matching
-        outer[:, : len(cols)] = costs.block([r[0] for r in rows], [c[0] for c in cols])
-        return outer, lambda a, b: ((rows[a][0], cols[b][0]),)
+    nodes are empty roles, cost 0) and, per pair, the inner matching's (survivor, role) pairs;
+    `distinct[h, r]`: the bytes a survivor of holding class h receives to play role class r."""
+    outer = np.zeros((len(rows.groups), len(rows.groups)))
+    num_cols = len(cols.groups)
+    if all(len(group) == 1 for group in rows.groups + cols.groups):  # no inner matching
+        # one worker per node: its shape is its class
+        outer[:, :num_cols] = distinct[np.ix_(rows.shapes_of_one(), cols.shapes_of_one())]
+        return outer, lambda a, b: ((rows.groups[a][0], cols.groups[b][0]),)
     # The inner matching of nodes a and b sees only the classes of a's survivors and of b's
     # roles, in node order: nodes with the same ordered classes have the same block, hence the
     # same Kuhn-Munkres answer at the same local positions. Solve it once per distinct pair of
     # such shapes (a few dozen), not per pair of nodes (a million at 1,024 nodes).
-    row_shape, row_shapes = _shapes([costs.held_index[r] for r in rows])
-    col_shape, col_shapes = _shapes([costs.wanted_index[c] for c in cols])
     local: list[list[tuple[tuple[int, int], ...]]] = []
-    by_shape = np.zeros((len(row_shapes), len(col_shapes)))
-    for r, held_classes in enumerate(row_shapes):
+    by_shape = np.zeros((len(rows.shapes), len(cols.shapes)))
+    for r, held_classes in enumerate(rows.shapes):
         local.append([])
-        for c, wanted_classes in enumerate(col_shapes):
-            by_shape[r, c], pairs = _inner(costs.distinct, held_classes, wanted_classes)
+        for c, wanted_classes in enumerate(cols.shapes):
+            by_shape[r, c], pairs = _inner(distinct, held_classes, wanted_classes)
             local[r].append(pairs)
-    outer[:, : len(cols)] = by_shape[np.ix_(row_shape, col_shape)]
+    outer[:, :num_cols] = by_shape[np.ix_(rows.shape, cols.shape)]
 
     def pairs_of(a: int, b: int) -> tuple[tuple[int, int], ...]:
-        return tuple((rows[a][i], cols[b][j]) for i, j in local[row_shape[a]][col_shape[b]])
+        row, col = rows.groups[a], cols.groups[b]
+        return tuple((row[i], col[j]) for i, j in local[rows.shape[a]][cols.shape[b]])
 
     return outer, pairs_of
 
 
-def _shapes(
-    classes: Sequence[npt.NDArray[np.intp]],
-) -> tuple[npt.NDArray[np.intp], list[list[int]]]:
-    """Each node's shape (its workers' classes in node order) as an index into the distinct
-    shapes, and the distinct shapes."""
-    index: dict[tuple[int, ...], int] = {}
-    shape = np.array(
-        [index.setdefault(tuple(c.tolist()), len(index)) for c in classes], dtype=np.intp
-    )
-    return shape, [list(key) for key in index]
-
-
-def _check_layout(held: Holdings, wanted: Mapping[plan.WorkerId, frozenset[int]]) -> None:
-    strangers = sorted(set(wanted) - set(held))
-    if strangers:
-        raise errors.PlanInputError(
-            f"the new layout uses workers {strangers} that are not live; lay it out over the "
-            f"survivors {sorted(held)}"
-        )
-
-
-def _groups(workers: Sequence[plan.WorkerId], gpus_per_node: int) -> list[list[int]]:
+def _groups(workers: Sequence[int], gpus_per_node: int) -> list[list[int]]:
     """Indices into `workers`, grouped by node in node order."""
     by_node: dict[int, list[int]] = defaultdict(list)
     for index, worker in enumerate(workers):
@@ -326,36 +417,55 @@ def missing(
 ) -> tuple[tuple[plan.LayerTransfer, ...], tuple[Restore, ...]]:
     """Layers each worker of `new` lacks: copies from every live holder, in (destination, layer)
     order, and restores of layers no survivor holds."""
-    # survivors of a stage hold the same layers: group them by holding, and list a layer's
-    # holders (sorted, so every agent computes the same shard split, LayerTransfer.shard) once,
-    # when a copy first needs it; at 8,192 workers a layer has thousands of holders
-    by_holding: dict[frozenset[int], list[plan.WorkerId]] = defaultdict(list)
-    for worker, layers in held.items():
-        by_holding[layers].append(worker)
-    sources: dict[int, tuple[plan.WorkerId, ...]] = {}
+    return _missing(held, _Holders(held), new, None)
 
-    def sources_of(layer: int) -> tuple[plan.WorkerId, ...]:
-        if layer not in sources:
-            holders = (w for layers, ws in by_holding.items() if layer in layers for w in ws)
-            sources[layer] = tuple(sorted(holders))
-        return sources[layer]
 
+class _Holders:
+    """Each layer's live holders, sorted (so every agent computes the same shard split,
+    `LayerTransfer.shard`), listed when a copy first needs them: survivors of a stage hold the
+    same layers, so they are grouped by holding first; at 8,192 workers a layer has thousands
+    of holders."""
+
+    def __init__(self, held: Holdings) -> None:
+        self._by_holding: dict[frozenset[int], list[plan.WorkerId]] = defaultdict(list)
+        for worker, layers in held.items():
+            self._by_holding[layers].append(worker)
+        self._sources: dict[int, tuple[plan.WorkerId, ...]] = {}
+
+    def of(self, layer: int) -> tuple[plan.WorkerId, ...]:
+        if layer not in self._sources:
+            found = (w for layers, ws in self._by_holding.items() if layer in layers for w in ws)
+            self._sources[layer] = tuple(sorted(found))
+        return self._sources[layer]
+
+
+def _missing(
+    held: Holdings,
+    holders: _Holders,
+    layout: plan.Plan,
+    binding: Mapping[plan.WorkerId, plan.WorkerId] | None,
+) -> tuple[tuple[plan.LayerTransfer, ...], tuple[Restore, ...]]:
+    """`missing` for `layout` played through `binding` (None: as written), without building
+    the relabelled plan."""
     transfers: list[plan.LayerTransfer] = []
     restores: list[Restore] = []
-    lacking: dict[tuple[frozenset[int], frozenset[int]], list[int]] = {}  # per distinct pair
+    # per distinct (role, holding) pair, the layers the role lacks, in order
+    lacking: dict[tuple[int, int, frozenset[int]], list[int]] = {}
     nothing: frozenset[int] = frozenset()
-    for stage in (stage for pipeline in new.pipelines for stage in pipeline.stages):
-        layers = frozenset(stage.layers)
-        for worker in stage.workers:
+    for stage in (stage for pipeline in layout.pipelines for stage in pipeline.stages):
+        start, stop = stage.layer_start, stage.layer_stop
+        for role in stage.workers:
+            worker = role if binding is None else binding[role]
             have = held.get(worker, nothing)
-            if (layers, have) not in lacking:
-                lacking[layers, have] = sorted(layers - have)
-            for layer in lacking[layers, have]:
-                if sources_of(layer):
-                    copy = plan.LayerTransfer(
-                        layer=layer, destination=worker, sources=sources_of(layer)
+            key = (start, stop, have)
+            if key not in lacking:
+                lacking[key] = [layer for layer in range(start, stop) if layer not in have]
+            for layer in lacking[key]:
+                sources = holders.of(layer)
+                if sources:
+                    transfers.append(
+                        plan.LayerTransfer(layer=layer, destination=worker, sources=sources)
                     )
-                    transfers.append(copy)
                 else:
                     restores.append(Restore(layer=layer, destination=worker))
     # a worker has one stage and its layers come in order: a stable sort by destination gives
@@ -420,26 +530,16 @@ def replan(
     binding: Mapping[plan.WorkerId, plan.WorkerId] | None = None,
 ) -> Transition:
     """The transition to `layout` with its workers bound to survivors by `binding` (default:
-    the min-cost `match`; pass the identity to cost the layout as written)."""
-    chosen = match(held, layout, prof) if binding is None else binding
-    new = relabel(layout, chosen)
-    transfers, restores = missing(held, new)
-    moved = sum(moved_bytes(prof.layers[t.layer]) for t in transfers)
-    moved += sum(moved_bytes(prof.layers[r.layer]) for r in restores)
-    return Transition(
-        target=new,
-        transfers=transfers,
-        restores=restores,
-        moved_bytes=moved,
-        transfer_s=transfer_s(transfers, restores, prof, new.gpus_per_node),
-        overhead_s=overheads.regroup_s + overheads.restart_s,
-    )
+    the min-cost `match`; pass the identity to cost the layout as written). Binding several
+    layouts to the same survivors: `Survivors(held, prof).replan` each (the same result)."""
+    return Survivors(held, prof).replan(layout, overheads, binding=binding)
 
 
 def keep(new: plan.Plan, overheads: Overheads) -> Transition:
     """The transition of rerouting: the layout stays, nothing moves, survivors regroup."""
     return Transition(
-        target=new,
+        layout=new,
+        binding=None,
         transfers=(),
         restores=(),
         moved_bytes=0,
