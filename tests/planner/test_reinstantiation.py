@@ -7,9 +7,10 @@ merge has a template (App. B); §5.1's simple, borrow and merge steps on hand-ma
 untouched pipelines kept as they were; the re-optimised mix wins only on throughput or on bytes;
 moved bytes are exact (nothing for an unchanged plan, a shard's missing part otherwise) and
 summed by distinct placement equal the worker-by-worker sum (hypothesis, 1-3 GPUs per stage),
-and a mix scored without building its plan has its built outcome's throughput and bytes;
-failed
-nodes outside the plan, lost layers, too few survivors and a plan made from other templates are
+and a mix scored without building its plan (bytes counted per node shape) has its built
+outcome's throughput and the worker-level bytes of the built plan; nodes assigned to a mix
+as the list search before #17 assigned them (hypothesis oracle); failed nodes outside the
+plan, lost layers, too few survivors and a plan made from other templates are
 refused with reasons; survivor sets too large to list are searched (`mix`) and reach the same
 best throughput as listing them.
 """
@@ -252,14 +253,16 @@ def test_a_scored_mix_has_the_throughput_and_bytes_of_its_built_outcome(
     for size in after.pipeline_sizes:
         groups.append(list(nodes[used : used + size]))
         used += size
+    layout = reinstantiation._layout(start)
     built = reinstantiation._outcome(
-        start, template_set, groups, reinstantiation.Path.REOPTIMISED, [], ()
+        layout, template_set, groups, reinstantiation.Path.REOPTIMISED, [], ()
     )
-    held = reinstantiation._NodePlaces.of(
-        reinstantiation._placements(start), template_set.gpus_per_node
-    )
-    score = reinstantiation._score(start, template_set, groups, held)
-    assert score == (built.throughput, built.moved_bytes)
+    # both count bytes per node shape: the worker-level `moved_bytes` (its own oracle above)
+    # on the built plan is their reference
+    expected = reinstantiation.moved_bytes(start, built.plan, template_set.layer_state_bytes)
+    assert built.moved_bytes == expected
+    score = reinstantiation._score(layout, template_set, groups)
+    assert score == (built.throughput, expected)
 
 
 def list_assign(
