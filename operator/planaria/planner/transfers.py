@@ -37,7 +37,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections import Counter, defaultdict
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import cast
 
@@ -204,7 +204,14 @@ class Survivors:
         self._live = set(held)
         self.workers = list(held)
         self._sizes = [moved_bytes(layer) for layer in prof.layers]
-        have, self._class = _incidence([held[w] for w in self.workers], len(self._sizes))
+        classes: dict[frozenset[int], int] = {}
+        self._class = np.array(
+            [classes.setdefault(held[w], len(classes)) for w in self.workers], dtype=np.intp
+        )
+        self._holding = list(classes)  # each holding class's layers
+        have = np.zeros((len(classes), len(self._sizes)))
+        for row, layers in enumerate(self._holding):
+            have[row, list(layers)] = 1.0
         # (1 - have) masks what a survivor already holds; dropping a layer it holds costs nothing
         self._lacking = (1.0 - have) * np.asarray(self._sizes, dtype=np.float64)
         self._nodes: dict[int, _Nodes] = {}
@@ -212,6 +219,46 @@ class Survivors:
 
     def match(self, layout: plan.Plan) -> dict[plan.WorkerId, plan.WorkerId]:
         """`match` of the module, on these survivors."""
+        bound = self._bind(layout)
+        return dict(
+            zip(bound.workers, [self.workers[i] for i in bound.survivor.tolist()], strict=True)
+        )
+
+    def replan(
+        self,
+        layout: plan.Plan,
+        overheads: Overheads,
+        *,
+        binding: Mapping[plan.WorkerId, plan.WorkerId] | None = None,
+    ) -> Transition:
+        """`replan` of the module, on these survivors."""
+        if binding is None:
+            bound = self._bind(layout)
+            survivors = [self.workers[i] for i in bound.survivor.tolist()]
+            chosen: Mapping[plan.WorkerId, plan.WorkerId] = dict(
+                zip(bound.workers, survivors, strict=True)
+            )
+            transfers, restores = self._lacked(bound)
+        else:
+            chosen = binding
+            transfers, restores = _missing(self.held, self._holders, layout, chosen)
+        moved = sum(self._sizes[t.layer] for t in transfers)
+        moved += sum(self._sizes[r.layer] for r in restores)
+        transition = Transition(
+            layout=layout,
+            binding=chosen,
+            transfers=transfers,
+            restores=restores,
+            moved_bytes=moved,
+            transfer_s=transfer_s(transfers, restores, self.profile, layout.gpus_per_node),
+            overhead_s=overheads.regroup_s + overheads.restart_s,
+        )
+        if binding is not None:
+            _ = transition.target  # a caller's binding is checked now (PlanInputError)
+        return transition
+
+    def _bind(self, layout: plan.Plan) -> _Bound:
+        """The min-cost binding of `layout`'s roles to these survivors (`match`)."""
         workers, role_class, ranges = _role_classes(layout)
         strangers = sorted(set(workers) - self._live)
         if strangers:
@@ -230,38 +277,66 @@ class Survivors:
             self._nodes[gpus] = _Nodes.of(self.workers, self._class, gpus)
         # whole nodes play whole layout nodes: co-location, hence the layout's estimate, is kept
         rows, cols = self._nodes[gpus], _Nodes.of_sorted(workers, role_class, gpus)
-        outer, inner = _node_costs(distinct, rows, cols)
-        binding: dict[plan.WorkerId, plan.WorkerId] = {}
-        for a, b in zip(*_assignment(outer), strict=True):
-            if b < len(cols.groups):  # columns past the layout's nodes are padding: a left idle
-                for i, j in inner(int(a), int(b)):
-                    binding[workers[j]] = self.workers[i]
-        return binding
+        outer, local = _node_costs(distinct, rows, cols)
+        a, b = _assignment(outer)
+        played = b < len(cols.groups)  # columns past the layout's nodes are padding: a left idle
+        a, b = a[played], b[played]
+        survivor = np.full(len(workers), -1, dtype=np.intp)
+        # the survivor at position i of node a plays the role at position j of node b, for
+        # the inner matching's (i, j) of their shapes: all nodes of one shape pair at once
+        pair = rows.shape[a] * len(cols.shapes) + cols.shape[b]
+        for key in np.unique(pair).tolist():
+            chosen = pair == key
+            i, j = local[key // len(cols.shapes)][key % len(cols.shapes)]
+            survivor[cols.members[b[chosen]][:, j].ravel()] = rows.members[a[chosen]][:, i].ravel()
+        assert bool(np.all(survivor >= 0)), "every role of a feasible layout is played"
+        return _Bound(workers=workers, role_class=role_class, ranges=ranges, survivor=survivor)
 
-    def replan(
-        self,
-        layout: plan.Plan,
-        overheads: Overheads,
-        *,
-        binding: Mapping[plan.WorkerId, plan.WorkerId] | None = None,
-    ) -> Transition:
-        """`replan` of the module, on these survivors."""
-        chosen = self.match(layout) if binding is None else binding
-        transfers, restores = _missing(self.held, self._holders, layout, chosen)
-        moved = sum(self._sizes[t.layer] for t in transfers)
-        moved += sum(self._sizes[r.layer] for r in restores)
-        transition = Transition(
-            layout=layout,
-            binding=chosen,
-            transfers=transfers,
-            restores=restores,
-            moved_bytes=moved,
-            transfer_s=transfer_s(transfers, restores, self.profile, layout.gpus_per_node),
-            overhead_s=overheads.regroup_s + overheads.restart_s,
-        )
-        if binding is not None:
-            _ = transition.target  # a caller's binding is checked now (PlanInputError)
-        return transition
+    def _lacked(self, bound: _Bound) -> tuple[tuple[plan.LayerTransfer, ...], tuple[Restore, ...]]:
+        """`missing` for a binding of `_bind`: each (role class, holding class) pair's lacking
+        layers listed once, then only the workers that lack some, by destination (one role per
+        worker, layers in order: `missing`'s (destination, layer) order)."""
+        num_holdings = len(self._holding)
+        pair = bound.role_class * num_holdings + self._class[bound.survivor]
+        distinct, which = np.unique(pair, return_inverse=True)
+        ranges = list(bound.ranges)  # in class order
+        lack: list[list[int]] = []
+        for key in distinct.tolist():
+            start, stop = ranges[key // num_holdings]
+            have = self._holding[key % num_holdings]
+            lack.append([layer for layer in range(start, stop) if layer not in have])
+        needy = [k for k, layers in enumerate(lack) if layers]
+        if not needy:
+            return (), ()
+        roles = np.flatnonzero(np.isin(which, needy))
+        destinations = np.asarray(self.workers, dtype=np.int64)[bound.survivor[roles]]
+        order = np.argsort(destinations, kind="stable")
+        transfers: list[plan.LayerTransfer] = []
+        restores: list[Restore] = []
+        for worker, k in zip(
+            destinations[order].tolist(), which[roles[order]].tolist(), strict=True
+        ):
+            for layer in lack[k]:
+                sources = self._holders.of(layer)
+                if sources:
+                    transfers.append(
+                        plan.LayerTransfer(layer=layer, destination=worker, sources=sources)
+                    )
+                else:
+                    restores.append(Restore(layer=layer, destination=worker))
+        return tuple(transfers), tuple(restores)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Bound:
+    """A binding by `Survivors._bind`: the layout's workers in id order, each one's role class
+    (layer range `ranges`, in class order) and the survivor playing it (an index into
+    `Survivors.workers`)."""
+
+    workers: list[plan.WorkerId]
+    role_class: npt.NDArray[np.intp]
+    ranges: dict[tuple[int, int], int]
+    survivor: npt.NDArray[np.intp]
 
 
 def _role_classes(
@@ -288,6 +363,12 @@ class _Nodes:
     groups: list[list[int]]
     shape: npt.NDArray[np.intp]
     shapes: list[list[int]]
+    members: npt.NDArray[np.intp]  # `groups` as rows, padded with -1
+
+    @staticmethod
+    def padded(groups: list[list[int]]) -> npt.NDArray[np.intp]:
+        width = max(len(g) for g in groups)
+        return np.asarray([g + [-1] * (width - len(g)) for g in groups], dtype=np.intp)
 
     @classmethod
     def of(cls, workers: Sequence[int], classes: npt.NDArray[np.intp], gpus: int) -> _Nodes:
@@ -295,7 +376,8 @@ class _Nodes:
         of_worker = classes.tolist()
         index: dict[tuple[int, ...], int] = {}
         shape = [index.setdefault(tuple([of_worker[i] for i in g]), len(index)) for g in groups]
-        return cls(groups, np.asarray(shape, dtype=np.intp), [list(key) for key in index])
+        shapes = [list(key) for key in index]
+        return cls(groups, np.asarray(shape, dtype=np.intp), shapes, cls.padded(groups))
 
     @classmethod
     def of_sorted(cls, workers: Sequence[int], classes: npt.NDArray[np.intp], gpus: int) -> _Nodes:
@@ -307,7 +389,8 @@ class _Nodes:
         index: dict[tuple[int, ...], int] = {}
         shape = [index.setdefault(tuple(of_worker[a:b]), len(index)) for a, b in bounds]
         groups = [list(range(a, b)) for a, b in bounds]
-        return cls(groups, np.asarray(shape, dtype=np.intp), [list(key) for key in index])
+        shapes = [list(key) for key in index]
+        return cls(groups, np.asarray(shape, dtype=np.intp), shapes, cls.padded(groups))
 
     def shapes_of_one(self) -> list[int]:
         """With one worker per node: each node's worker's class."""
@@ -344,35 +427,33 @@ class _ClassCosts:
         return result
 
 
-_Pairs = Callable[[int, int], tuple[tuple[int, int], ...]]
+_Local = tuple[npt.NDArray[np.intp], npt.NDArray[np.intp]]
 
 
-def _node_costs(distinct: CostMatrix, rows: _Nodes, cols: _Nodes) -> tuple[CostMatrix, _Pairs]:
+def _node_costs(
+    distinct: CostMatrix, rows: _Nodes, cols: _Nodes
+) -> tuple[CostMatrix, list[list[_Local]]]:
     """The N x N node matrix (survivor node a plays layout node b; columns past the layout's
-    nodes are empty roles, cost 0) and, per pair, the inner matching's (survivor, role) pairs;
-    `distinct[h, r]`: the bytes a survivor of holding class h receives to play role class r."""
+    nodes are empty roles, cost 0) and, per pair of node shapes, the inner matching's positions
+    (i in the survivors' node, j in the layout's); `distinct[h, r]`: the bytes a survivor of
+    holding class h receives to play role class r."""
     if all(len(group) == 1 for group in rows.groups + cols.groups):  # no inner matching
         # one worker per node: its shape is its class
         outer = _padded(distinct, rows.shapes_of_one(), cols.shapes_of_one())
-        return outer, lambda a, b: ((rows.groups[a][0], cols.groups[b][0]),)
+        one = (np.zeros(1, dtype=np.intp), np.zeros(1, dtype=np.intp))
+        return outer, [[one] * len(cols.shapes) for _ in rows.shapes]
     # The inner matching of nodes a and b sees only the classes of a's survivors and of b's
     # roles, in node order: nodes with the same ordered classes have the same block, hence the
     # same Kuhn-Munkres answer at the same local positions. Solve it once per distinct pair of
     # such shapes (a few dozen), not per pair of nodes (a million at 1,024 nodes).
-    local: list[list[tuple[tuple[int, int], ...]]] = []
+    local: list[list[_Local]] = []
     by_shape = np.zeros((len(rows.shapes), len(cols.shapes)))
     for r, held_classes in enumerate(rows.shapes):
         local.append([])
         for c, wanted_classes in enumerate(cols.shapes):
-            by_shape[r, c], pairs = _inner(distinct, held_classes, wanted_classes)
-            local[r].append(pairs)
-    outer = _padded(by_shape, rows.shape, cols.shape)
-
-    def pairs_of(a: int, b: int) -> tuple[tuple[int, int], ...]:
-        row, col = rows.groups[a], cols.groups[b]
-        return tuple((row[i], col[j]) for i, j in local[rows.shape[a]][cols.shape[b]])
-
-    return outer, pairs_of
+            by_shape[r, c], positions = _inner(distinct, held_classes, wanted_classes)
+            local[r].append(positions)
+    return _padded(by_shape, rows.shape, cols.shape), local
 
 
 def _padded(
@@ -400,16 +481,16 @@ def _groups(workers: Sequence[int], gpus_per_node: int) -> list[list[int]]:
 
 def _inner(
     distinct: CostMatrix, held_classes: list[int], wanted_classes: list[int]
-) -> tuple[float, tuple[tuple[int, int], ...]]:
+) -> tuple[float, _Local]:
     """Cheapest way for one node's survivors (their classes, in order) to play one layout
-    node's roles: total bytes and (survivor, role) pairs as positions within the two nodes;
-    inf when too few survivors."""
+    node's roles: total bytes and the (survivor, role) positions within the two nodes; inf
+    when too few survivors."""
     if len(wanted_classes) > len(held_classes):  # needs more GPUs than this node has alive
-        return math.inf, ()
+        empty = np.zeros(0, dtype=np.intp)
+        return math.inf, (empty, empty)
     block = distinct[np.ix_(held_classes, wanted_classes)]
     r, c = _assignment(block)
-    pairs = tuple(zip(r.tolist(), c.tolist(), strict=True))
-    return float(block[r, c].sum()), pairs
+    return float(block[r, c].sum()), (r, c)
 
 
 def relabel(layout: plan.Plan, binding: Mapping[plan.WorkerId, plan.WorkerId]) -> plan.Plan:
