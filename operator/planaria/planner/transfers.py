@@ -495,22 +495,26 @@ def _inner(
 
 def relabel(layout: plan.Plan, binding: Mapping[plan.WorkerId, plan.WorkerId]) -> plan.Plan:
     """`layout` with every worker replaced by the survivor bound to it."""
-    pipelines = tuple(
-        plan.Pipeline(
-            stages=tuple(
+    survivor = binding.__getitem__  # one C call per worker: 8,192 of them at 1,024 x 8
+
+    def stages(pipeline: plan.Pipeline) -> tuple[plan.Stage, ...]:
+        return tuple(
+            [
                 plan.Stage(
                     layer_start=s.layer_start,
                     layer_stop=s.layer_stop,
-                    workers=tuple(binding[w] for w in s.workers),
+                    workers=tuple(map(survivor, s.workers)),
                 )
-                for s in p.stages
-            ),
-            num_micro_batches=p.num_micro_batches,
+                for s in pipeline.stages
+            ]
         )
+
+    pipelines = [
+        plan.Pipeline(stages=stages(p), num_micro_batches=p.num_micro_batches)
         for p in layout.pipelines
-    )
+    ]
     return plan.Plan(
-        pipelines=pipelines,
+        pipelines=tuple(pipelines),
         micro_batch_size=layout.micro_batch_size,
         gpus_per_node=layout.gpus_per_node,
         reroutes=layout.reroutes,
