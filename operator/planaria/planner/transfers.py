@@ -10,6 +10,8 @@ Matching is done per node (Odyssey matches nodes): the layout's node b is played
 node a, and a's live GPUs play b's workers by an inner matching of the same cost. Nodes keep
 their co-location, so the layout's step estimate (intra- vs inter-node links) stays exact. With
 one GPU per node this is plain worker-to-role matching on an N x N matrix (empty roles pad it).
+`Survivors` computes the survivors' side once for every layout bound after one failure (the
+candidate search binds half a dozen); a `Transition` builds its relabelled plan only when asked.
 
 What moves (`plan.LayerTransfer`): every layer a worker's new role has and it does not hold,
 sent by ALL live holders of the layer in equal shards. A layer no survivor holds is a `Restore`:
