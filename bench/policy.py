@@ -20,6 +20,7 @@ decisions.
     .venv/bin/python bench/policy.py --scale [--runs N] [--before DIR]
         (cold only, 32 / 256 / 1,024 workers: wall and CPU milliseconds per decision)
     .venv/bin/python bench/policy.py --cluster [--runs N] [--before DIR] [--timeout S]
+            [--before-max-nodes N]
         (the controller's first plan and cold adaptive recoveries at 64 and 1,024 nodes x 8
         GPUs, gpt3-6.7b and llama2-7b, f = 1..3; #17's targets)
 
@@ -36,9 +37,11 @@ the first plan (templates fitted to the job, then `best` over every worker: seco
 run a fresh Planner (so the estimates are cold) and one worker failing: `recover` (Odyssey eq. 8
 over rerouting, the DP/PP candidates and Oobleck's reinstantiations: the controller's adaptive
 decision) and `policy.decide` alone (no Oobleck layouts), wall and CPU ms, and the process's
-peak RSS. With --before, cases of at most 128 nodes also run on the older tree (at 1,024 x 8 it
-solves an inner matching per pair of nodes, a million per candidate, and does not finish in
-minutes); the two must give the same move (kind, reason, plan, copies) or the bench fails.
+peak RSS. With --before, cases of at most --before-max-nodes nodes (default 128) also run on
+the older tree (d1a710b and older solve an inner matching per pair of nodes at 1,024 x 8, a
+million per candidate, and do not finish in minutes; e602b73 and later do: give 1024); the two
+must give the same move (kind, reason, plan, copies) and `policy.decide` the same rendered
+reason (every candidate ranked with its numbers, every rejection), or the bench fails.
 Writes bench/results/policy-cluster.json.
 """
 
@@ -151,6 +154,12 @@ def main() -> None:
         "--cluster", action="store_true", help="the controller at 64 and 1,024 nodes x 8 GPUs"
     )
     parser.add_argument("--timeout", type=float, default=600.0, help="per child, seconds")
+    parser.add_argument(
+        "--before-max-nodes",
+        type=int,
+        default=CLUSTER_BEFORE_MAX_NODES,
+        help="with --cluster --before: the largest case (nodes) the older tree runs",
+    )
     parser.add_argument("--child", nargs=4, type=int, help=argparse.SUPPRESS)
     parser.add_argument("--cluster-child", nargs=5, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -162,7 +171,7 @@ def main() -> None:
         print(json.dumps(cluster_decisions(int(nodes), int(gpus), int(f), model, int(runs))))
         return
     if args.cluster:
-        cluster(min(args.runs, 3), args.before, args.timeout)
+        cluster(min(args.runs, 3), args.before, args.timeout, args.before_max_nodes)
         return
     if args.scale:
         scale(min(args.runs, 3), args.before)
@@ -257,7 +266,7 @@ def cold_decisions(dp: int, pp: int, m: int, runs: int) -> dict[str, object]:
     }
 
 
-def cluster(runs: int, before: str | None, timeout_s: float) -> None:
+def cluster(runs: int, before: str | None, timeout_s: float, before_max_nodes: int) -> None:
     """Each --cluster case in fresh processes (the older tree's first when asked), a row each."""
     print(
         f"{'case':>26} {'planner':>7} {'first plan s':>12} {'recover CPU ms':>22} "
@@ -267,7 +276,7 @@ def cluster(runs: int, before: str | None, timeout_s: float) -> None:
     for nodes, gpus, f, model in CLUSTER_CASES:
         name = f"{model} {nodes} x {gpus} f={f}"
         trees: dict[str, str | None] = {"after": None}
-        if before and nodes <= CLUSTER_BEFORE_MAX_NODES:
+        if before and nodes <= before_max_nodes:
             trees = {"before": f"{before}/operator", "after": None}
         found_by: dict[str, dict[str, object]] = {}
         for label, tree in trees.items():
@@ -282,8 +291,11 @@ def cluster(runs: int, before: str | None, timeout_s: float) -> None:
                 f"{_spread(found['recover_wall_ms']):>22} {found['peak_rss_mib']:>7.0f}  "
                 f"{found['choice']}"
             )
-        if "before" in found_by and found_by["before"].get("moves") != found_by["after"]["moves"]:
-            raise SystemExit(f"the moves differ at {name}: {found_by}")
+        if "before" in found_by and any(
+            found_by["before"].get(key) != found_by["after"].get(key)
+            for key in ("moves", "decide_reasons")
+        ):
+            raise SystemExit(f"the moves or decide's reasons differ at {name}: {found_by}")
         report.append({"case": name, **found_by})
     CLUSTER_RESULTS.parent.mkdir(parents=True, exist_ok=True)
     document = {"time_to_failure_s": HOUR_S, "load_average": os.getloadavg(), "cases": report}
@@ -325,7 +337,7 @@ def cluster_decisions(nodes: int, gpus: int, f: int, model: str, runs: int) -> d
     start = time.perf_counter()
     running = planning.Planner(source, job).best(workers, statuses.MoveKind.INITIAL).plan
     first_plan_s = time.perf_counter() - start
-    recover_wall, recover_cpu, decide_cpu, moves = [], [], [], []
+    recover_wall, recover_cpu, decide_cpu, moves, reasons = [], [], [], [], []
     for i in range(runs):
         worker = plan.WorkerId((7919 * i + 3) % len(workers))
         planner = planning.Planner(source, job)
@@ -337,8 +349,9 @@ def cluster_decisions(nodes: int, gpus: int, f: int, model: str, runs: int) -> d
         failure = candidates.Failure(running=running, failed=frozenset({worker}))
         estimates = screening.Estimates(source)
         cpu = time.process_time()
-        policy.decide(failure, estimates, HOUR_S, policy.PolicySettings())
+        _, reason = policy.decide(failure, estimates, HOUR_S, policy.PolicySettings())
         decide_cpu.append((time.process_time() - cpu) * 1e3)
+        reasons.append(_digest(policy.render_reason(reason)))
     return {
         "first_plan_s": first_plan_s,
         "recover_wall_ms": recover_wall,
@@ -347,6 +360,7 @@ def cluster_decisions(nodes: int, gpus: int, f: int, model: str, runs: int) -> d
         "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "choice": moves[0][1].split(";")[0],
         "moves": moves,
+        "decide_reasons": reasons,
     }
 
 

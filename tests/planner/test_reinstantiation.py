@@ -7,9 +7,10 @@ merge has a template (App. B); §5.1's simple, borrow and merge steps on hand-ma
 untouched pipelines kept as they were; the re-optimised mix wins only on throughput or on bytes;
 moved bytes are exact (nothing for an unchanged plan, a shard's missing part otherwise) and
 summed by distinct placement equal the worker-by-worker sum (hypothesis, 1-3 GPUs per stage),
-and a mix scored without building its plan has its built outcome's throughput and bytes;
-failed
-nodes outside the plan, lost layers, too few survivors and a plan made from other templates are
+and a mix scored without building its plan (bytes counted per node shape) has its built
+outcome's throughput and the worker-level bytes of the built plan; nodes assigned to a mix
+as the list search before #17 assigned them (hypothesis oracle); failed nodes outside the
+plan, lost layers, too few survivors and a plan made from other templates are
 refused with reasons; survivor sets too large to list are searched (`mix`) and reach the same
 best throughput as listing them.
 """
@@ -252,12 +253,59 @@ def test_a_scored_mix_has_the_throughput_and_bytes_of_its_built_outcome(
     for size in after.pipeline_sizes:
         groups.append(list(nodes[used : used + size]))
         used += size
+    layout = reinstantiation._layout(start)
     built = reinstantiation._outcome(
-        start, template_set, groups, reinstantiation.Path.REOPTIMISED, [], ()
+        layout, template_set, groups, reinstantiation.Path.REOPTIMISED, [], ()
     )
-    held = reinstantiation._placements(start)
-    score = reinstantiation._score(start, template_set, groups, held)
-    assert score == (built.throughput, built.moved_bytes)
+    # both count bytes per node shape: the worker-level `moved_bytes` (its own oracle above)
+    # on the built plan is their reference
+    expected = reinstantiation.moved_bytes(start, built.plan, template_set.layer_state_bytes)
+    assert built.moved_bytes == expected
+    score = reinstantiation._score(layout, template_set, groups)
+    assert score == (built.throughput, expected)
+
+
+def list_assign(
+    layout: reinstantiation._Layout, survivors: list[int], sizes: list[int]
+) -> list[list[int]]:
+    """`_assign` as it was before #17 (a list of sizes searched and sliced per pipeline,
+    quadratic at 1,024 nodes): its oracle."""
+    alive = set(survivors)
+    remaining = list(sizes)
+    groups, used = [], set()
+    for group in layout.groups:
+        if all(n in alive for n in group) and len(group) in remaining:
+            remaining.remove(len(group))
+            groups.append(list(group))
+            used.update(group)
+    pool = [n for n in survivors if n not in used]
+    for size in remaining:
+        chunk, pool = pool[:size], pool[size:]
+        groups.append(sorted(chunk, key=lambda n: (layout.first_layer[n], n)))
+    return groups
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.data())
+def test_assigning_nodes_to_a_mix_keeps_intact_pipelines_as_the_list_search_did(
+    data: st.DataObject,
+) -> None:
+    old_sizes = data.draw(st.lists(st.integers(1, 4), min_size=1, max_size=8))
+    nodes = data.draw(st.permutations(range(sum(old_sizes))))
+    groups, used = [], 0
+    for size in old_sizes:
+        groups.append(list(nodes[used : used + size]))
+        used += size
+    first = {n: data.draw(st.integers(0, 5)) for n in nodes}
+    layout = reinstantiation._Layout(groups=groups, first_layer=first)
+    lost = data.draw(st.sets(st.sampled_from(nodes), max_size=len(nodes) - 1))
+    survivors = [n for group in groups for n in group if n not in lost]
+    sizes: list[int] = []
+    while sum(sizes) < len(survivors):
+        sizes.append(data.draw(st.integers(1, len(survivors) - sum(sizes))))
+    assert reinstantiation._assign(layout, survivors, sizes) == list_assign(
+        layout, survivors, sizes
+    )
 
 
 def test_failed_nodes_outside_the_plan_are_refused() -> None:

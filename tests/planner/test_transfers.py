@@ -6,7 +6,10 @@ layers a survivor lacks); Odyssey Fig. 3 (DP=3 x PP=3 over 9 layers, one node fa
 strictly fewer than the identity; the matching's bytes equal a brute-force optimum over every
 node-preserving assignment (hypothesis, up to 6 workers, 1 or 2 GPUs per node); the binding
 memoised by node shape equals the per-node-pair matching it replaced (hypothesis, up to 16
-workers, 2-4 GPUs per node, and grids of repeated node shapes); every worker receives exactly
+workers, 2-4 GPUs per node, and grids of repeated node shapes); survivors shared by two
+layouts (`Survivors`: binding by index arrays, copies listed per class pair) bind and list
+copies as that matching and `missing` on the relabelled plan do (hypothesis, 1-4 GPUs per
+node); every worker receives exactly
 the layers it lacks, from every live holder, and restores only layers nobody holds, both in
 (destination, layer) order; node co-location is kept; the bandwidth model against hand-computed
 times (sources spread, intra vs inter node, latency per message, restores) and, exactly, against
@@ -265,6 +268,35 @@ def test_matching_by_node_shape_binds_as_the_per_node_pair_matching_on_a_grid(gp
     layout = dataclasses.replace(on(grid([[2, 5, 8]] * 5, 12), list(held)[:20]), gpus_per_node=gpus)
     prof = strategies.uniform_profile(12)
     assert transfers.match(held, layout, prof) == pairwise_match(held, layout, prof)
+
+
+@given(st.data(), st.integers(min_value=1, max_value=4))
+@settings(max_examples=80, deadline=None)
+def test_survivors_shared_by_two_layouts_bind_and_list_copies_as_each_alone(
+    data: st.DataObject, gpus: int
+) -> None:
+    # `Survivors` binds by index arrays and lists copies per (role, holding) class pair; the
+    # per-node-pair matching and `missing` on the relabelled plan are its oracles
+    old = dataclasses.replace(
+        data.draw(strategies.running_plans(max_workers=16, max_pipelines=6)), gpus_per_node=gpus
+    )
+    failed = data.draw(strategies.failed_workers(old))
+    held = transfers.holdings(old, failed)
+    prof = strategies.uniform_profile(old.num_layers)
+    shared = transfers.Survivors(held, prof)
+    for _ in range(2):
+        layout = data.draw(
+            strategies.layouts(list(held), old.num_layers, gpus, old.num_micro_batches)
+        )
+        move = shared.replan(layout, transfers.Overheads())
+        binding = pairwise_match(held, layout, prof)
+        new = transfers.relabel(layout, binding)
+        assert move.binding == binding
+        assert move.target == new
+        assert (move.transfers, move.restores) == transfers.missing(held, new)
+        sizes = [transfers.moved_bytes(prof.layers[t.layer]) for t in move.transfers]
+        sizes += [transfers.moved_bytes(prof.layers[r.layer]) for r in move.restores]
+        assert move.moved_bytes == sum(sizes)
 
 
 @given(st.data())

@@ -147,6 +147,7 @@ def search(
     held = transfers.holdings(running, failure.failed, failure.spare)
     if not held:
         raise errors.InfeasibleError("every worker of the plan failed; nothing can recover")
+    survivors = transfers.Survivors(held, estimates.profile)  # shared by every binding below
     # rerouting is estimated whole here: its cost is the peers' extra work, no pipeline alone
     found: list[Candidate | Rejection] = [_rerouted(failure, estimates, settings)]
     for depths in configurations(
@@ -156,9 +157,9 @@ def search(
         running.num_micro_batches,
         settings.dp_radius,
     ):
-        found.extend(_configured(depths, held, running, estimates, settings))
+        found.extend(_configured(depths, survivors, running, estimates, settings))
     for number, layout in enumerate(given):
-        found.append(_given(number, layout, held, running, estimates, settings))
+        found.append(_given(number, layout, survivors, running, estimates, settings))
     return Search(
         candidates=tuple(c for c in found if isinstance(c, Candidate)),
         rejected=tuple(c for c in found if isinstance(c, Rejection)),
@@ -219,7 +220,7 @@ def _pipelines(indices: Sequence[int]) -> str:
 
 def _configured(
     depths: tuple[int, ...],
-    held: transfers.Holdings,
+    survivors: transfers.Survivors,
     running: plan.Plan,
     estimates: screening.Estimates,
     settings: SearchSettings,
@@ -231,13 +232,13 @@ def _configured(
         d: distribution.split_layers(estimates, d, running, settings.max_splits)
         for d in sorted(set(depths))
     }
-    found = [_laid_out(depths, best, "", held, running, estimates, settings)]
+    found = [_laid_out(depths, best, "", survivors, running, estimates, settings)]
     # the first running pipeline of each depth wins (reversed: later ones are overwritten)
     current = {len(p.stages): _counts(p) for p in reversed(running.pipelines)}
     kept = {d: current.get(d, counts) for d, counts in best.items()}
     if kept != best:
         found.append(
-            _laid_out(depths, kept, " (running split)", held, running, estimates, settings)
+            _laid_out(depths, kept, " (running split)", survivors, running, estimates, settings)
         )
     return found
 
@@ -250,7 +251,7 @@ def _laid_out(
     depths: tuple[int, ...],
     splits: dict[int, tuple[int, ...] | None],
     suffix: str,
-    held: transfers.Holdings,
+    survivors: transfers.Survivors,
     running: plan.Plan,
     estimates: screening.Estimates,
     settings: SearchSettings,
@@ -265,8 +266,8 @@ def _laid_out(
             f"{estimates.memory_bytes / 2**30:.2f} GiB per worker"
         )
         return Rejection(kind=kind, label=label, why=why)
-    layout = _layout(depths, splits, list(held), running, estimates)
-    return _screened(kind, label, layout, held, estimates, settings)
+    layout = _layout(depths, splits, survivors.workers, running, estimates)
+    return _screened(kind, label, layout, survivors, estimates, settings)
 
 
 def _layout(
@@ -329,7 +330,7 @@ def _depths_label(depths: tuple[int, ...], splits: dict[int, tuple[int, ...] | N
 def _given(
     number: int,
     layout: plan.Plan,
-    held: transfers.Holdings,
+    survivors: transfers.Survivors,
     running: plan.Plan,
     estimates: screening.Estimates,
     settings: SearchSettings,
@@ -341,14 +342,14 @@ def _given(
         )
     depths = "+".join(str(len(p.stages)) for p in layout.pipelines)
     label = f"given {number}: DP={len(layout.pipelines)} PP={depths}"
-    return _screened(Kind.GIVEN, label, layout, held, estimates, settings)
+    return _screened(Kind.GIVEN, label, layout, survivors, estimates, settings)
 
 
 def _screened(
     kind: Kind,
     label: str,
     layout: plan.Plan,
-    held: transfers.Holdings,
+    survivors: transfers.Survivors,
     estimates: screening.Estimates,
     settings: SearchSettings,
 ) -> Candidate | Rejection:
@@ -362,7 +363,7 @@ def _screened(
     )
     if not estimates.fits(screen):
         return Rejection(kind=kind, label=label, why=_over(screen, estimates))
-    transition = transfers.replan(held, layout, estimates.profile, settings.overheads)
+    transition = survivors.replan(layout, settings.overheads)
     return Candidate(kind=kind, label=label, transition=transition, estimate=screen, exact=False)
 
 

@@ -84,11 +84,14 @@ class Reinstantiation:
 
 @dataclass(slots=True)
 class _Layout:
-    """What the old plan says about each node: its pipeline and the first layer it held."""
+    """What the old plan says about each node: its pipeline, the first layer it held and what
+    its GPUs held (`places`); and the plan's global batch."""
 
     groups: list[list[int]]
     first_layer: dict[int, int] = field(default_factory=dict)
     pipeline_of: dict[int, int] = field(default_factory=dict)
+    places: _NodePlaces | None = None
+    global_batch: int = 0
 
 
 def reinstantiate(
@@ -128,7 +131,8 @@ def _equal(throughput: float, top: float) -> bool:
 
 
 def _layout(current: plan.Plan) -> _Layout:
-    layout = _Layout(groups=[])
+    places = _NodePlaces.of(_placements(current), current.gpus_per_node)
+    layout = _Layout(groups=[], places=places, global_batch=current.global_batch_size)
     for index, pipeline in enumerate(current.pipelines):
         nodes: list[int] = []
         for stage in pipeline.stages:
@@ -212,7 +216,7 @@ def _oobleck(
         return f"§5.1 needs templates of {missing} nodes, which the template set lacks"
     if len(kept) < template_set.fault_tolerance + 1:
         return f"§5.1 leaves {len(kept)} pipeline(s), fewer than f + 1"
-    return _outcome(current, template_set, kept, path, steps, tuple(merged))
+    return _outcome(layout, template_set, kept, path, steps, tuple(merged))
 
 
 def _borrow(groups: list[list[int]], short: list[int], n0: int, steps: list[str]) -> list[int]:
@@ -284,33 +288,64 @@ def _reoptimised(
     placed = [_assign(layout, survivors, c.instantiation.pipeline_sizes) for c in tied]
     # `_pick` over every tied outcome, scored without building their plans (at 1,024 nodes
     # a dozen tie, each a plan of 8,192 workers); only the winner's plan is built
-    held = _placements(current)
-    scores = [_score(current, template_set, groups, held) for groups in placed]
+    scores = [_score(layout, template_set, groups) for groups in placed]
     top_score = max(throughput for throughput, _ in scores)
     contenders = [i for i, (throughput, _) in enumerate(scores) if _equal(throughput, top_score)]
     best = min(contenders, key=lambda i: scores[i][1])
     steps = [f"re-optimised: {tied[best].instantiation.describe()}"]
-    return [_outcome(current, template_set, placed[best], Path.REOPTIMISED, steps, ())]
+    return [_outcome(layout, template_set, placed[best], Path.REOPTIMISED, steps, ())]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _NodePlaces:
+    """What each node's GPUs held in the old plan (`_placements`, None for a GPU outside it),
+    as an index into the distinct such tuples: a running plan repeats a handful of them."""
+
+    shape: dict[int, int]
+    shapes: list[tuple[_Place | None, ...]]
+
+    @classmethod
+    def of(cls, held: dict[int, _Place], gpus: int) -> _NodePlaces:
+        index: dict[tuple[_Place | None, ...], int] = {}
+        shape = {
+            node: index.setdefault(
+                tuple(held.get(node * gpus + g) for g in range(gpus)), len(index)
+            )
+            for node in sorted({worker // gpus for worker in held})
+        }
+        return cls(shape=shape, shapes=list(index))
 
 
 def _score(
-    current: plan.Plan,
-    template_set: templates.TemplateSet,
-    groups: list[list[int]],
-    held: dict[int, _Place],
+    layout: _Layout, template_set: templates.TemplateSet, groups: list[list[int]]
 ) -> tuple[float, int]:
     """`_outcome`'s throughput and moved bytes for pipelines on `groups`, without the plan."""
-    costs = [batching.pipeline_cost(template_set.template(len(g)).mapping) for g in groups]
-    spread = batching.distribute(costs, current.global_batch_size, template_set.micro_batch_size)
-    m = template_set.gpus_per_node
-    places = (
-        (group[s.node] * m + s.gpu_start + j, (s.layer_start, s.layer_stop, j, s.num_gpus))
-        for group in groups
-        for s in template_set.template(len(group)).mapping.stages
-        for j in range(s.num_gpus)
-    )  # the workers and ranks `instantiation.build_plan` gives
-    moved = _moved(held, places, template_set.layer_state_bytes)
-    return spread.throughput(current.global_batch_size), moved
+    costs = _costs(template_set, groups)
+    spread = batching.distribute(costs, layout.global_batch, template_set.micro_batch_size)
+    return spread.throughput(layout.global_batch), _moved_on(layout, template_set, groups)
+
+
+def _moved_on(layout: _Layout, template_set: templates.TemplateSet, groups: list[list[int]]) -> int:
+    """`moved_bytes` from the old plan to the templates' pipelines on node `groups` (the
+    workers and ranks `instantiation.build_plan` gives), without the new plan: a worker's bytes
+    depend on its new place (template, node position in it, GPU) and what it held, so nodes
+    are counted by (template, position, old node shape), 8x fewer than workers."""
+    assert layout.places is not None, "_layout fills the old plan's places"
+    held = layout.places
+    nodes = Counter(
+        (len(group), k, held.shape[node]) for group in groups for k, node in enumerate(group)
+    )
+    places: Counter[tuple[_Place, _Place | None]] = Counter()
+    for (size, k, before), count in nodes.items():
+        for s in template_set.template(size).mapping.stages:
+            if s.node == k:
+                for j in range(s.num_gpus):
+                    need = (s.layer_start, s.layer_stop, j, s.num_gpus)
+                    places[need, held.shapes[before][s.gpu_start + j]] += count
+    return sum(
+        count * _worker_moved_bytes(need, have, template_set.layer_state_bytes)
+        for (need, have), count in places.items()
+    )
 
 
 def _survivor_mixes(
@@ -332,18 +367,29 @@ def _survivor_mixes(
 
 
 def _assign(layout: _Layout, survivors: Sequence[int], sizes: Sequence[int]) -> list[list[int]]:
-    """Node groups for pipelines of `sizes`: intact old pipelines first, then the rest."""
+    """Node groups for pipelines of `sizes`: intact old pipelines first (each takes the first
+    size equal to its own still free), then the rest in order, on the other survivors in order."""
     alive = set(survivors)
-    remaining = list(sizes)
+    free = Counter(sizes)  # counted, not a list searched per old pipeline: 1,000 at 1,024 nodes
+    kept: Counter[int] = Counter()
     groups, used = [], set()
     for group in layout.groups:
-        if all(n in alive for n in group) and len(group) in remaining:
-            remaining.remove(len(group))
+        if free[len(group)] > 0 and all(n in alive for n in group):
+            free[len(group)] -= 1
+            kept[len(group)] += 1
             groups.append(list(group))
             used.update(group)
+    remaining = []  # `sizes` without the first kept[size] of each size
+    for size in sizes:
+        if kept[size]:
+            kept[size] -= 1
+        else:
+            remaining.append(size)
     pool = [n for n in survivors if n not in used]
+    start = 0
     for size in remaining:
-        chunk, pool = pool[:size], pool[size:]
+        chunk = pool[start : start + size]
+        start += size
         groups.append(sorted(chunk, key=lambda n: (layout.first_layer[n], n)))
     return groups
 
@@ -352,27 +398,37 @@ def _assign(layout: _Layout, survivors: Sequence[int], sizes: Sequence[int]) -> 
 
 
 def _outcome(
-    current: plan.Plan,
+    layout: _Layout,
     template_set: templates.TemplateSet,
     groups: list[list[int]],
     path: Path,
     steps: list[str],
     merged: tuple[int, ...],
 ) -> Outcome:
-    costs = [batching.pipeline_cost(template_set.template(len(g)).mapping) for g in groups]
-    distribution = batching.distribute(
-        costs, current.global_batch_size, template_set.micro_batch_size
-    )
+    costs = _costs(template_set, groups)
+    distribution = batching.distribute(costs, layout.global_batch, template_set.micro_batch_size)
     new = instantiation.build_plan(template_set, groups, distribution.micro_batches)
     return Outcome(
         path=path,
         plan=new,
         distribution=distribution,
-        throughput=distribution.throughput(current.global_batch_size),
-        moved_bytes=moved_bytes(current, new, template_set.layer_state_bytes),
+        throughput=distribution.throughput(layout.global_batch),
+        moved_bytes=_moved_on(layout, template_set, groups),
         steps=tuple(steps),
         merged_sizes=merged,
     )
+
+
+def _costs(
+    template_set: templates.TemplateSet, groups: list[list[int]]
+) -> list[batching.PipelineCost]:
+    """T(N_b) of each group's template (`batching.pipeline_cost`), computed once per size: a
+    thousand groups share a handful of sizes at 1,024 nodes."""
+    by_size = {
+        size: batching.pipeline_cost(template_set.template(size).mapping)
+        for size in {len(g) for g in groups}
+    }
+    return [by_size[len(g)] for g in groups]
 
 
 _Place = tuple[int, int, int, int]  # a worker's stage layers [start, stop), its rank, ranks

@@ -10,6 +10,8 @@ Matching is done per node (Odyssey matches nodes): the layout's node b is played
 node a, and a's live GPUs play b's workers by an inner matching of the same cost. Nodes keep
 their co-location, so the layout's step estimate (intra- vs inter-node links) stays exact. With
 one GPU per node this is plain worker-to-role matching on an N x N matrix (empty roles pad it).
+`Survivors` computes the survivors' side once for every layout bound after one failure (the
+candidate search binds half a dozen); a `Transition` builds its relabelled plan only when asked.
 
 What moves (`plan.LayerTransfer`): every layer a worker's new role has and it does not hold,
 sent by ALL live holders of the layer in equal shards. A layer no survivor holds is a `Restore`:
@@ -34,10 +36,12 @@ weighing the transition against the step time (`policy`).
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import Counter, defaultdict
-from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import cast
 
 import numpy as np
 import numpy.typing as npt
@@ -85,16 +89,29 @@ class Restore:
 class Transition:
     """Moving from the old plan to `target`: the copies, the restores, bytes and seconds.
 
+    `target` is `layout` with its workers replaced through `binding` (None: as written). It is
+    built when first asked for: the search binds and costs every candidate, but eq. 8 needs
+    the new plan of few of them (at 8,192 workers building one takes tens of milliseconds).
     `moved_bytes` counts every byte received by some worker (copies and restores); `transfer_s`
     is the bandwidth model's time for all of them; `overhead_s` the fixed `Overheads` paid.
     """
 
-    target: plan.Plan
+    layout: plan.Plan
+    binding: Mapping[plan.WorkerId, plan.WorkerId] | None
     transfers: tuple[plan.LayerTransfer, ...]
     restores: tuple[Restore, ...]
     moved_bytes: int
     transfer_s: float
     overhead_s: float
+    _built: list[plan.Plan] = field(default_factory=list, init=False, repr=False, compare=False)
+
+    @property
+    def target(self) -> plan.Plan:
+        """The next plan: `layout` played by the bound survivors."""
+        if not self._built:
+            built = self.layout if self.binding is None else relabel(self.layout, self.binding)
+            self._built.append(built)
+        return self._built[0]
 
     @property
     def total_s(self) -> float:
@@ -173,22 +190,213 @@ def match(
 
     Raises PlanInputError when the layout uses workers that are not live survivors.
     """
-    wanted = roles(layout)
-    _check_layout(held, wanted)
-    survivors = list(held)
-    sizes = [moved_bytes(layer) for layer in prof.layers]
-    costs = _ClassCosts.of([held[w] for w in survivors], list(wanted.values()), sizes)
-    # whole nodes play whole layout nodes: co-location, hence the layout's estimate, is kept
-    rows = _groups(survivors, layout.gpus_per_node)
-    cols = _groups(list(wanted), layout.gpus_per_node)
-    outer, inner = _node_costs(costs, rows, cols)
-    layout_workers = list(wanted)
-    binding: dict[plan.WorkerId, plan.WorkerId] = {}
-    for a, b in zip(*_assignment(outer), strict=True):
-        if b < len(cols):  # columns past the layout's nodes are padding: a left idle
-            for i, j in inner(int(a), int(b)):
-                binding[layout_workers[j]] = survivors[i]
-    return binding
+    return Survivors(held, prof).match(layout)
+
+
+class Survivors:
+    """The survivors' side of every binding after one failure, computed once: each survivor's
+    holding class, their nodes and node shapes, each layer's holders. The candidate search
+    binds half a dozen layouts to the same survivors; at 8,192 workers classing and grouping
+    them again was a large part of each binding. `match` and `replan` give what the module's
+    functions of the same names give."""
+
+    def __init__(self, held: Holdings, prof: profile.Profile) -> None:
+        self.held = held
+        self.profile = prof
+        self._live = set(held)
+        self.workers = list(held)
+        self._sizes = [moved_bytes(layer) for layer in prof.layers]
+        classes: dict[frozenset[int], int] = {}
+        self._class = np.array(
+            [classes.setdefault(held[w], len(classes)) for w in self.workers], dtype=np.intp
+        )
+        self._holding = list(classes)  # each holding class's layers
+        have = np.zeros((len(classes), len(self._sizes)))
+        for row, layers in enumerate(self._holding):
+            have[row, list(layers)] = 1.0
+        # (1 - have) masks what a survivor already holds; dropping a layer it holds costs nothing
+        self._lacking = (1.0 - have) * np.asarray(self._sizes, dtype=np.float64)
+        self._nodes: dict[int, _Nodes] = {}
+        self._holders = _Holders(held)
+
+    def match(self, layout: plan.Plan) -> dict[plan.WorkerId, plan.WorkerId]:
+        """`match` of the module, on these survivors."""
+        bound = self._bind(layout)
+        return dict(
+            zip(bound.workers, [self.workers[i] for i in bound.survivor.tolist()], strict=True)
+        )
+
+    def replan(
+        self,
+        layout: plan.Plan,
+        overheads: Overheads,
+        *,
+        binding: Mapping[plan.WorkerId, plan.WorkerId] | None = None,
+    ) -> Transition:
+        """`replan` of the module, on these survivors."""
+        if binding is None:
+            bound = self._bind(layout)
+            survivors = [self.workers[i] for i in bound.survivor.tolist()]
+            chosen: Mapping[plan.WorkerId, plan.WorkerId] = dict(
+                zip(bound.workers, survivors, strict=True)
+            )
+            transfers, restores = self._lacked(bound)
+        else:
+            chosen = binding
+            transfers, restores = _missing(self.held, self._holders, layout, chosen)
+        moved = sum(self._sizes[t.layer] for t in transfers)
+        moved += sum(self._sizes[r.layer] for r in restores)
+        transition = Transition(
+            layout=layout,
+            binding=chosen,
+            transfers=transfers,
+            restores=restores,
+            moved_bytes=moved,
+            transfer_s=transfer_s(transfers, restores, self.profile, layout.gpus_per_node),
+            overhead_s=overheads.regroup_s + overheads.restart_s,
+        )
+        if binding is not None:
+            _ = transition.target  # a caller's binding is checked now (PlanInputError)
+        return transition
+
+    def _bind(self, layout: plan.Plan) -> _Bound:
+        """The min-cost binding of `layout`'s roles to these survivors (`match`)."""
+        workers, role_class, ranges = _role_classes(layout)
+        strangers = sorted(set(workers) - self._live)
+        if strangers:
+            raise errors.PlanInputError(
+                f"the new layout uses workers {strangers} that are not live; lay it out over "
+                f"the survivors {sorted(self.held)}"
+            )
+        need = np.zeros((len(ranges), len(self._sizes)))
+        for (start, stop), row in ranges.items():
+            need[row, start:stop] = 1.0
+        # entries are sums of integer byte counts: exact in float64 in any order while a model
+        # holds under 2**53 bytes (9 PB)
+        distinct: CostMatrix = self._lacking @ need.T
+        gpus = layout.gpus_per_node
+        if gpus not in self._nodes:
+            self._nodes[gpus] = _Nodes.of(self.workers, self._class, gpus)
+        # whole nodes play whole layout nodes: co-location, hence the layout's estimate, is kept
+        rows, cols = self._nodes[gpus], _Nodes.of_sorted(workers, role_class, gpus)
+        outer, local = _node_costs(distinct, rows, cols)
+        a, b = _assignment(outer)
+        played = b < len(cols.groups)  # columns past the layout's nodes are padding: a left idle
+        a, b = a[played], b[played]
+        survivor = np.full(len(workers), -1, dtype=np.intp)
+        # the survivor at position i of node a plays the role at position j of node b, for
+        # the inner matching's (i, j) of their shapes: all nodes of one shape pair at once
+        pair = rows.shape[a] * len(cols.shapes) + cols.shape[b]
+        for key in np.unique(pair).tolist():
+            chosen = pair == key
+            i, j = local[key // len(cols.shapes)][key % len(cols.shapes)]
+            survivor[cols.members[b[chosen]][:, j].ravel()] = rows.members[a[chosen]][:, i].ravel()
+        assert bool(np.all(survivor >= 0)), "every role of a feasible layout is played"
+        return _Bound(workers=workers, role_class=role_class, ranges=ranges, survivor=survivor)
+
+    def _lacked(self, bound: _Bound) -> tuple[tuple[plan.LayerTransfer, ...], tuple[Restore, ...]]:
+        """`missing` for a binding of `_bind`: each (role class, holding class) pair's lacking
+        layers listed once, then only the workers that lack some, by destination (one role per
+        worker, layers in order: `missing`'s (destination, layer) order)."""
+        num_holdings = len(self._holding)
+        pair = bound.role_class * num_holdings + self._class[bound.survivor]
+        distinct, which = np.unique(pair, return_inverse=True)
+        ranges = list(bound.ranges)  # in class order
+        lack: list[list[int]] = []
+        for key in distinct.tolist():
+            start, stop = ranges[key // num_holdings]
+            have = self._holding[key % num_holdings]
+            lack.append([layer for layer in range(start, stop) if layer not in have])
+        needy = [k for k, layers in enumerate(lack) if layers]
+        if not needy:
+            return (), ()
+        roles = np.flatnonzero(np.isin(which, needy))
+        destinations = np.asarray(self.workers, dtype=np.int64)[bound.survivor[roles]]
+        order = np.argsort(destinations, kind="stable")
+        transfers: list[plan.LayerTransfer] = []
+        restores: list[Restore] = []
+        for worker, k in zip(
+            destinations[order].tolist(), which[roles[order]].tolist(), strict=True
+        ):
+            for layer in lack[k]:
+                sources = self._holders.of(layer)
+                if sources:
+                    transfers.append(
+                        plan.LayerTransfer(layer=layer, destination=worker, sources=sources)
+                    )
+                else:
+                    restores.append(Restore(layer=layer, destination=worker))
+        return tuple(transfers), tuple(restores)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Bound:
+    """A binding by `Survivors._bind`: the layout's workers in id order, each one's role class
+    (layer range `ranges`, in class order) and the survivor playing it (an index into
+    `Survivors.workers`)."""
+
+    workers: list[plan.WorkerId]
+    role_class: npt.NDArray[np.intp]
+    ranges: dict[tuple[int, int], int]
+    survivor: npt.NDArray[np.intp]
+
+
+def _role_classes(
+    layout: plan.Plan,
+) -> tuple[list[plan.WorkerId], npt.NDArray[np.intp], dict[tuple[int, int], int]]:
+    """The layout's workers in id order (`roles`' order), each one's role class, and each
+    class's layer range [start, stop)."""
+    ranges: dict[tuple[int, int], int] = {}
+    stages = [stage for pipeline in layout.pipelines for stage in pipeline.stages]
+    role = [ranges.setdefault((s.layer_start, s.layer_stop), len(ranges)) for s in stages]
+    ids = np.fromiter((w for s in stages for w in s.workers), dtype=np.int64)
+    classes = np.repeat(np.asarray(role, dtype=np.intp), [len(s.workers) for s in stages])
+    if ids.size > 1 and not bool(np.all(ids[1:] > ids[:-1])):  # laid out out of id order
+        order = np.argsort(ids, kind="stable")
+        ids, classes = ids[order], classes[order]
+    return cast(list[plan.WorkerId], ids.tolist()), classes, ranges
+
+
+@dataclass(frozen=True, slots=True)
+class _Nodes:
+    """Workers (indices into a list of them) grouped by node in node order, each group in list
+    order; each node's shape (its workers' classes in that order) as an index into `shapes`."""
+
+    groups: list[list[int]]
+    shape: npt.NDArray[np.intp]
+    shapes: list[list[int]]
+    members: npt.NDArray[np.intp]  # `groups` as rows, padded with -1
+
+    @staticmethod
+    def padded(groups: list[list[int]]) -> npt.NDArray[np.intp]:
+        width = max(len(g) for g in groups)
+        return np.asarray([g + [-1] * (width - len(g)) for g in groups], dtype=np.intp)
+
+    @classmethod
+    def of(cls, workers: Sequence[int], classes: npt.NDArray[np.intp], gpus: int) -> _Nodes:
+        groups = _groups(workers, gpus)
+        of_worker = classes.tolist()
+        index: dict[tuple[int, ...], int] = {}
+        shape = [index.setdefault(tuple([of_worker[i] for i in g]), len(index)) for g in groups]
+        shapes = [list(key) for key in index]
+        return cls(groups, np.asarray(shape, dtype=np.intp), shapes, cls.padded(groups))
+
+    @classmethod
+    def of_sorted(cls, workers: Sequence[int], classes: npt.NDArray[np.intp], gpus: int) -> _Nodes:
+        """`of` for workers in id order: each node's workers are one run of the list."""
+        nodes = np.asarray(workers, dtype=np.int64) // gpus
+        starts = np.flatnonzero(np.r_[True, nodes[1:] != nodes[:-1]]).tolist()
+        bounds = list(itertools.pairwise([*starts, len(workers)]))
+        of_worker = classes.tolist()
+        index: dict[tuple[int, ...], int] = {}
+        shape = [index.setdefault(tuple(of_worker[a:b]), len(index)) for a, b in bounds]
+        groups = [list(range(a, b)) for a, b in bounds]
+        shapes = [list(key) for key in index]
+        return cls(groups, np.asarray(shape, dtype=np.intp), shapes, cls.padded(groups))
+
+    def shapes_of_one(self) -> list[int]:
+        """With one worker per node: each node's worker's class."""
+        return [self.shapes[s][0] for s in self.shape.tolist()]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -221,61 +429,51 @@ class _ClassCosts:
         return result
 
 
-_Pairs = Callable[[int, int], tuple[tuple[int, int], ...]]
+_Local = tuple[npt.NDArray[np.intp], npt.NDArray[np.intp]]
 
 
 def _node_costs(
-    costs: _ClassCosts, rows: list[list[int]], cols: list[list[int]]
-) -> tuple[CostMatrix, _Pairs]:
+    distinct: CostMatrix, rows: _Nodes, cols: _Nodes
+) -> tuple[CostMatrix, list[list[_Local]]]:
     """The N x N node matrix (survivor node a plays layout node b; columns past the layout's
-    nodes are empty roles, cost 0) and, per pair, the inner matching's (survivor, role) pairs."""
-    outer = np.zeros((len(rows), len(rows)))
-    if all(len(group) == 1 for group in rows + cols):  # one worker per node: no inner matching
-        outer[:, : len(cols)] = costs.block([r[0] for r in rows], [c[0] for c in cols])
-        return outer, lambda a, b: ((rows[a][0], cols[b][0]),)
+    nodes are empty roles, cost 0) and, per pair of node shapes, the inner matching's positions
+    (i in the survivors' node, j in the layout's); `distinct[h, r]`: the bytes a survivor of
+    holding class h receives to play role class r."""
+    if all(len(group) == 1 for group in rows.groups + cols.groups):  # no inner matching
+        # one worker per node: its shape is its class
+        outer = _padded(distinct, rows.shapes_of_one(), cols.shapes_of_one())
+        one = (np.zeros(1, dtype=np.intp), np.zeros(1, dtype=np.intp))
+        return outer, [[one] * len(cols.shapes) for _ in rows.shapes]
     # The inner matching of nodes a and b sees only the classes of a's survivors and of b's
     # roles, in node order: nodes with the same ordered classes have the same block, hence the
     # same Kuhn-Munkres answer at the same local positions. Solve it once per distinct pair of
     # such shapes (a few dozen), not per pair of nodes (a million at 1,024 nodes).
-    row_shape, row_shapes = _shapes([costs.held_index[r] for r in rows])
-    col_shape, col_shapes = _shapes([costs.wanted_index[c] for c in cols])
-    local: list[list[tuple[tuple[int, int], ...]]] = []
-    by_shape = np.zeros((len(row_shapes), len(col_shapes)))
-    for r, held_classes in enumerate(row_shapes):
+    local: list[list[_Local]] = []
+    by_shape = np.zeros((len(rows.shapes), len(cols.shapes)))
+    for r, held_classes in enumerate(rows.shapes):
         local.append([])
-        for c, wanted_classes in enumerate(col_shapes):
-            by_shape[r, c], pairs = _inner(costs.distinct, held_classes, wanted_classes)
-            local[r].append(pairs)
-    outer[:, : len(cols)] = by_shape[np.ix_(row_shape, col_shape)]
-
-    def pairs_of(a: int, b: int) -> tuple[tuple[int, int], ...]:
-        return tuple((rows[a][i], cols[b][j]) for i, j in local[row_shape[a]][col_shape[b]])
-
-    return outer, pairs_of
+        for c, wanted_classes in enumerate(cols.shapes):
+            by_shape[r, c], positions = _inner(distinct, held_classes, wanted_classes)
+            local[r].append(positions)
+    return _padded(by_shape, rows.shape, cols.shape), local
 
 
-def _shapes(
-    classes: Sequence[npt.NDArray[np.intp]],
-) -> tuple[npt.NDArray[np.intp], list[list[int]]]:
-    """Each node's shape (its workers' classes in node order) as an index into the distinct
-    shapes, and the distinct shapes."""
-    index: dict[tuple[int, ...], int] = {}
-    shape = np.array(
-        [index.setdefault(tuple(c.tolist()), len(index)) for c in classes], dtype=np.intp
-    )
-    return shape, [list(key) for key in index]
+def _padded(
+    table: CostMatrix,
+    rows: Sequence[int] | npt.NDArray[np.intp],
+    cols: Sequence[int] | npt.NDArray[np.intp],
+) -> CostMatrix:
+    """`table[rows[a], cols[b]]` for every a, b, padded with zero columns to a square (empty
+    roles). Indexed one axis at a time: `np.ix_` on a 1,024 x 1,024 result is 8x slower."""
+    block: CostMatrix = table[np.asarray(rows, dtype=np.intp)][:, np.asarray(cols, dtype=np.intp)]
+    if block.shape[1] == block.shape[0]:
+        return block
+    outer = np.zeros((block.shape[0], block.shape[0]))
+    outer[:, : block.shape[1]] = block
+    return outer
 
 
-def _check_layout(held: Holdings, wanted: Mapping[plan.WorkerId, frozenset[int]]) -> None:
-    strangers = sorted(set(wanted) - set(held))
-    if strangers:
-        raise errors.PlanInputError(
-            f"the new layout uses workers {strangers} that are not live; lay it out over the "
-            f"survivors {sorted(held)}"
-        )
-
-
-def _groups(workers: Sequence[plan.WorkerId], gpus_per_node: int) -> list[list[int]]:
+def _groups(workers: Sequence[int], gpus_per_node: int) -> list[list[int]]:
     """Indices into `workers`, grouped by node in node order."""
     by_node: dict[int, list[int]] = defaultdict(list)
     for index, worker in enumerate(workers):
@@ -285,36 +483,40 @@ def _groups(workers: Sequence[plan.WorkerId], gpus_per_node: int) -> list[list[i
 
 def _inner(
     distinct: CostMatrix, held_classes: list[int], wanted_classes: list[int]
-) -> tuple[float, tuple[tuple[int, int], ...]]:
+) -> tuple[float, _Local]:
     """Cheapest way for one node's survivors (their classes, in order) to play one layout
-    node's roles: total bytes and (survivor, role) pairs as positions within the two nodes;
-    inf when too few survivors."""
+    node's roles: total bytes and the (survivor, role) positions within the two nodes; inf
+    when too few survivors."""
     if len(wanted_classes) > len(held_classes):  # needs more GPUs than this node has alive
-        return math.inf, ()
+        empty = np.zeros(0, dtype=np.intp)
+        return math.inf, (empty, empty)
     block = distinct[np.ix_(held_classes, wanted_classes)]
     r, c = _assignment(block)
-    pairs = tuple(zip(r.tolist(), c.tolist(), strict=True))
-    return float(block[r, c].sum()), pairs
+    return float(block[r, c].sum()), (r, c)
 
 
 def relabel(layout: plan.Plan, binding: Mapping[plan.WorkerId, plan.WorkerId]) -> plan.Plan:
     """`layout` with every worker replaced by the survivor bound to it."""
-    pipelines = tuple(
-        plan.Pipeline(
-            stages=tuple(
+    survivor = binding.__getitem__  # one C call per worker: 8,192 of them at 1,024 x 8
+
+    def stages(pipeline: plan.Pipeline) -> tuple[plan.Stage, ...]:
+        return tuple(
+            [
                 plan.Stage(
                     layer_start=s.layer_start,
                     layer_stop=s.layer_stop,
-                    workers=tuple(binding[w] for w in s.workers),
+                    workers=tuple(map(survivor, s.workers)),
                 )
-                for s in p.stages
-            ),
-            num_micro_batches=p.num_micro_batches,
+                for s in pipeline.stages
+            ]
         )
+
+    pipelines = [
+        plan.Pipeline(stages=stages(p), num_micro_batches=p.num_micro_batches)
         for p in layout.pipelines
-    )
+    ]
     return plan.Plan(
-        pipelines=pipelines,
+        pipelines=tuple(pipelines),
         micro_batch_size=layout.micro_batch_size,
         gpus_per_node=layout.gpus_per_node,
         reroutes=layout.reroutes,
@@ -326,42 +528,68 @@ def missing(
 ) -> tuple[tuple[plan.LayerTransfer, ...], tuple[Restore, ...]]:
     """Layers each worker of `new` lacks: copies from every live holder, in (destination, layer)
     order, and restores of layers no survivor holds."""
-    # survivors of a stage hold the same layers: group them by holding, and list a layer's
-    # holders (sorted, so every agent computes the same shard split, LayerTransfer.shard) once,
-    # when a copy first needs it; at 8,192 workers a layer has thousands of holders
-    by_holding: dict[frozenset[int], list[plan.WorkerId]] = defaultdict(list)
-    for worker, layers in held.items():
-        by_holding[layers].append(worker)
-    sources: dict[int, tuple[plan.WorkerId, ...]] = {}
+    return _missing(held, _Holders(held), new, None)
 
-    def sources_of(layer: int) -> tuple[plan.WorkerId, ...]:
-        if layer not in sources:
-            holders = (w for layers, ws in by_holding.items() if layer in layers for w in ws)
-            sources[layer] = tuple(sorted(holders))
-        return sources[layer]
 
-    transfers: list[plan.LayerTransfer] = []
-    restores: list[Restore] = []
-    lacking: dict[tuple[frozenset[int], frozenset[int]], list[int]] = {}  # per distinct pair
+class _Holders:
+    """Each layer's live holders, sorted (so every agent computes the same shard split,
+    `LayerTransfer.shard`), listed when a copy first needs them: survivors of a stage hold the
+    same layers, so they are grouped by holding first; at 8,192 workers a layer has thousands
+    of holders."""
+
+    def __init__(self, held: Holdings) -> None:
+        self._by_holding: dict[frozenset[int], list[plan.WorkerId]] = defaultdict(list)
+        for worker, layers in held.items():
+            self._by_holding[layers].append(worker)
+        self._sources: dict[int, tuple[plan.WorkerId, ...]] = {}
+
+    def of(self, layer: int) -> tuple[plan.WorkerId, ...]:
+        if layer not in self._sources:
+            found = (w for layers, ws in self._by_holding.items() if layer in layers for w in ws)
+            self._sources[layer] = tuple(sorted(found))
+        return self._sources[layer]
+
+
+def _missing(
+    held: Holdings,
+    holders: _Holders,
+    layout: plan.Plan,
+    binding: Mapping[plan.WorkerId, plan.WorkerId] | None,
+) -> tuple[tuple[plan.LayerTransfer, ...], tuple[Restore, ...]]:
+    """`missing` for `layout` played through `binding` (None: as written), without building
+    the relabelled plan."""
+    # per role (layer range) and holding, the layers the role lacks, in order: a few dozen
+    # distinct pairs at 8,192 workers, and survivors of one old stage share one holding set
+    lacking: dict[tuple[int, int], dict[frozenset[int], list[int]]] = {}
     nothing: frozenset[int] = frozenset()
-    for stage in (stage for pipeline in new.pipelines for stage in pipeline.stages):
-        layers = frozenset(stage.layers)
-        for worker in stage.workers:
+    needs: list[tuple[plan.WorkerId, list[int]]] = []
+    for stage in (stage for pipeline in layout.pipelines for stage in pipeline.stages):
+        start, stop = stage.layer_start, stage.layer_stop
+        by_holding = lacking.setdefault((start, stop), {})
+        for role in stage.workers:
+            worker = role if binding is None else binding[role]
             have = held.get(worker, nothing)
-            if (layers, have) not in lacking:
-                lacking[layers, have] = sorted(layers - have)
-            for layer in lacking[layers, have]:
-                if sources_of(layer):
-                    copy = plan.LayerTransfer(
-                        layer=layer, destination=worker, sources=sources_of(layer)
-                    )
-                    transfers.append(copy)
-                else:
-                    restores.append(Restore(layer=layer, destination=worker))
+            lack = by_holding.get(have)
+            if lack is None:
+                lack = by_holding[have] = [
+                    layer for layer in range(start, stop) if layer not in have
+                ]
+            if lack:
+                needs.append((worker, lack))
     # a worker has one stage and its layers come in order: a stable sort by destination gives
     # (destination, layer) order without listing every worker's role first
-    transfers.sort(key=lambda copy: copy.destination)
-    restores.sort(key=lambda restore: restore.destination)
+    needs.sort(key=lambda need: need[0])
+    transfers: list[plan.LayerTransfer] = []
+    restores: list[Restore] = []
+    for worker, lack in needs:
+        for layer in lack:
+            sources = holders.of(layer)
+            if sources:
+                transfers.append(
+                    plan.LayerTransfer(layer=layer, destination=worker, sources=sources)
+                )
+            else:
+                restores.append(Restore(layer=layer, destination=worker))
     return tuple(transfers), tuple(restores)
 
 
@@ -420,26 +648,16 @@ def replan(
     binding: Mapping[plan.WorkerId, plan.WorkerId] | None = None,
 ) -> Transition:
     """The transition to `layout` with its workers bound to survivors by `binding` (default:
-    the min-cost `match`; pass the identity to cost the layout as written)."""
-    chosen = match(held, layout, prof) if binding is None else binding
-    new = relabel(layout, chosen)
-    transfers, restores = missing(held, new)
-    moved = sum(moved_bytes(prof.layers[t.layer]) for t in transfers)
-    moved += sum(moved_bytes(prof.layers[r.layer]) for r in restores)
-    return Transition(
-        target=new,
-        transfers=transfers,
-        restores=restores,
-        moved_bytes=moved,
-        transfer_s=transfer_s(transfers, restores, prof, new.gpus_per_node),
-        overhead_s=overheads.regroup_s + overheads.restart_s,
-    )
+    the min-cost `match`; pass the identity to cost the layout as written). Binding several
+    layouts to the same survivors: `Survivors(held, prof).replan` each (the same result)."""
+    return Survivors(held, prof).replan(layout, overheads, binding=binding)
 
 
 def keep(new: plan.Plan, overheads: Overheads) -> Transition:
     """The transition of rerouting: the layout stays, nothing moves, survivors regroup."""
     return Transition(
-        target=new,
+        layout=new,
+        binding=None,
         transfers=(),
         restores=(),
         moved_bytes=0,
