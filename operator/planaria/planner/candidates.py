@@ -21,7 +21,7 @@ to ask them. Rejected candidates (out of memory, rerouting impossible) come back
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
@@ -131,9 +131,15 @@ def search(
     estimates: screening.Estimates,
     settings: SearchSettings,
     given: Sequence[plan.Plan] = (),
+    *,
+    kinds: Collection[Kind] | None = None,
 ) -> Search:
     """Every candidate for recovering from `failure`, screened, bound to the survivors, with
     rejections. `given` layouts (over survivors, same global batch) are candidates too.
+    `kinds` (default: all) builds only candidates of those kinds, the same ones in the same
+    order as filtering the full search (the simulator's dynamic-only and rerouting-only
+    policies: at 1,024 nodes rerouting's whole-plan estimate or the re-plans' matchings are
+    most of a decision).
 
     Raises PlanInputError when the profile does not fit the plan or a given layout does not
     fit the job; InfeasibleError when no worker survives.
@@ -147,19 +153,25 @@ def search(
     held = transfers.holdings(running, failure.failed, failure.spare)
     if not held:
         raise errors.InfeasibleError("every worker of the plan failed; nothing can recover")
+    wanted = frozenset(Kind if kinds is None else kinds)
     survivors = transfers.Survivors(held, estimates.profile)  # shared by every binding below
-    # rerouting is estimated whole here: its cost is the peers' extra work, no pipeline alone
-    found: list[Candidate | Rejection] = [_rerouted(failure, estimates, settings)]
-    for depths in configurations(
-        len(held),
-        len(running.pipelines),
-        running.num_layers,
-        running.num_micro_batches,
-        settings.dp_radius,
-    ):
-        found.extend(_configured(depths, survivors, running, estimates, settings))
-    for number, layout in enumerate(given):
-        found.append(_given(number, layout, survivors, running, estimates, settings))
+    found: list[Candidate | Rejection] = []
+    if Kind.REROUTE in wanted:
+        # rerouting is estimated whole here: its cost is the peers' extra work
+        found.append(_rerouted(failure, estimates, settings))
+    if wanted & {Kind.SYMMETRIC, Kind.ASYMMETRIC}:
+        for depths in configurations(
+            len(held),
+            len(running.pipelines),
+            running.num_layers,
+            running.num_micro_batches,
+            settings.dp_radius,
+        ):
+            found.extend(_configured(depths, survivors, running, estimates, settings))
+    if Kind.GIVEN in wanted:
+        for number, layout in enumerate(given):
+            found.append(_given(number, layout, survivors, running, estimates, settings))
+    found = [c for c in found if c.kind in wanted]
     return Search(
         candidates=tuple(c for c in found if isinstance(c, Candidate)),
         rejected=tuple(c for c in found if isinstance(c, Rejection)),

@@ -210,28 +210,11 @@ class Planner:
         of every pipeline it touches), rerouting-only never lays out and matches the
         re-planned ones. None where the search raises InfeasibleError (no worker of the plan
         survived). The same list as filtering the full search (tests/sim/test_sim_planning.py)."""
-        running, settings = failure.running, self.settings.search
-        held = transfers.holdings(running, failure.failed, failure.spare)
-        if not held:
-            return None
-        found: list[candidates.Candidate | candidates.Rejection] = []
-        if candidates.Kind.REROUTE in kinds:
-            found.append(candidates._rerouted(failure, self.estimates, settings))
-        if kinds & REPLANNED:
-            for depths in candidates.configurations(
-                len(held),
-                len(running.pipelines),
-                running.num_layers,
-                running.num_micro_batches,
-                settings.dp_radius,
-            ):
-                try:
-                    found.extend(
-                        candidates._configured(depths, held, running, self.estimates, settings)
-                    )
-                except errors.InfeasibleError:
-                    return None  # the search raises it too: the batch cannot be shared
-        return [c for c in found if isinstance(c, candidates.Candidate) and c.kind in kinds]
+        try:
+            found = candidates.search(failure, self.estimates, self.settings.search, kinds=kinds)
+        except errors.InfeasibleError:
+            return None  # no worker survived, or the batch cannot be shared
+        return list(found.candidates)
 
     def rejoin(self, running: plan.Plan, live: Collection[plan.WorkerId]) -> Choice | None:
         """The move from `running` to the fresh plan over `live` (joined workers hold no
