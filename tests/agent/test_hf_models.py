@@ -170,3 +170,16 @@ def test_a_pipeline_beside_a_replica_trains_exactly_like_the_reference(
             if index in states:
                 found = comparison.compare({index: states[index]}, want)
                 assert found.equal, f"worker {worker}, layer {index}: {found.describe()}"
+
+
+@pytest.mark.parametrize("family", sorted(hf_models.FAMILIES))
+def test_an_hf_layer_built_without_init_keeps_its_buffers(family: str) -> None:
+    # Rotary tables are buffers, not state: a restored layer must compute them all the same.
+    shape = hf_models.shape(family)
+    for index in range(shape.num_planner_layers):
+        built = model.build_layer(shape, hf_models.SEED, index)
+        empty = model.build_layer(shape, hf_models.SEED, index, initialise=False)
+        buffers = dict(built.named_buffers())
+        assert buffers.keys() == dict(empty.named_buffers()).keys()
+        for name, value in empty.named_buffers():
+            assert torch.equal(value, buffers[name]), name

@@ -289,3 +289,16 @@ def test_state_with_uneven_tensor_groups_is_refused() -> None:
             exp_avg_sq=(torch.zeros(1),) * 2,
             steps=(torch.tensor(0.0),) * 2,
         )
+
+
+def test_a_layer_built_without_init_then_loaded_equals_the_initialised_one() -> None:
+    # What a restore does (`epoch_setup`): no random init for a layer whose state is loaded.
+    layers, optimizers = _trained(seed=0, steps=2)
+    for i, (layer, optimizer) in enumerate(zip(layers, optimizers, strict=True)):
+        state = model.extract_layer_state(i, layer, optimizer)
+        empty = model.build_layer(MICRO, 7, i, initialise=False)
+        blank = model.make_optimizer(empty, model.OptimizerConfig())
+        model.load_layer_state(i, empty, blank, state)
+        again = model.extract_layer_state(i, empty, blank)
+        assert _identical(list(again.tensors()), list(state.tensors()))
+        assert [p.device.type for p in empty.parameters()] == ["cpu"] * len(_params(empty))

@@ -260,9 +260,11 @@ def _assemble(
             assert holding.layers is not None
             modules[i], optimizers[i] = holding.layers.modules[i], holding.layers.optimizers[i]
             continue
-        module = model.build_layer(config.shape, config.seed, i, target)
-        optimizer = model.make_optimizer(module, config.optimizer)
         state = states[i]
+        # A layer restored from a tier needs no random init: its state overwrites every
+        # parameter and the optimizer's moments.
+        module = model.build_layer(config.shape, config.seed, i, target, initialise=state is None)
+        optimizer = model.make_optimizer(module, config.optimizer)
         if state is not None:
             model.load_layer_state(i, module, optimizer, state)
         modules[i], optimizers[i] = module, optimizer
