@@ -675,11 +675,20 @@ def test_load_snapshot_rolls_the_layers_back_to_a_snapshot(
 
 
 def test_a_restarted_replica_rebuilds_from_its_shard_and_its_recomputed_copy(
-    cluster: runtime_cluster.RuntimeCluster, corpus: Path
+    cluster: runtime_cluster.RuntimeCluster, corpus: Path, tmp_path: Path
 ) -> None:
     # RECOMPUTE (REFT AOR): each member keeps its peer's shard with optimizer moments replayed
     # from the gradients on the host, so a restarted member's own store holds the whole layer.
-    settings = _settings(corpus, redundancy=messages.RedundancyMode.RECOMPUTE)
+    # A checkpoint due at step 2 makes every worker wait for snapshot 2 (it is never skipped),
+    # so a snapshot is complete everywhere before the kill at step 4 however slow the writers
+    # are; without it, on a loaded machine every barrier could find a writer busy (all skipped
+    # but the first, none confirmed) and the survivor report none (seen twice under load).
+    settings = _settings(
+        corpus,
+        redundancy=messages.RedundancyMode.RECOMPUTE,
+        checkpoint_dir=str(tmp_path / "ckpt"),
+        checkpoint_interval_steps=2,
+    )
     p = _plan(([(0, 6, 0)], 2), ([(0, 6, 1)], 2))
     cluster.start([0, 1], kills={1: runtime_cluster.Kill(step=4)})
     _start_epoch(cluster, p, settings, epoch=1, resume=0, stop=6)
