@@ -257,19 +257,22 @@ def test_failures_at_several_positions_are_never_slower_than_eq_13(
 
 @pytest.mark.parametrize(("gpus_per_node", "link"), [(1, "inter"), (2, "intra")])
 def test_sends_use_the_link_between_the_workers_nodes(gpus_per_node: int, link: str) -> None:
-    """One micro-batch through two stages: Tf0 + send + Tf1 + Tb1 + send back + Tb0."""
+    """One micro-batch through two stages: Tf0 + send + Tf1 + Tb1 + send back + Tb0, then the
+    commit barrier over the same link."""
     slow = profile.LinkProfile(bandwidth_bytes_per_s=100.0, latency_s=0.5)
     fast = profile.LinkProfile(bandwidth_bytes_per_s=1000.0, latency_s=0.25)
     prof = uniform_profile(2, 1, 2, intra=fast, inter=slow, output_bytes=100)
     used = fast if link == "intra" else slow
     p = symmetric(1, 2, 1, gpus_per_node=gpus_per_node)
-    assert step_s(p, prof) == pytest.approx(2 * (1 + 2) + 2 * used.transfer_s(100))
+    barrier = used.allreduce_s(estimator.BARRIER_BYTES, 2)
+    assert step_s(p, prof) == pytest.approx(2 * (1 + 2) + 2 * used.transfer_s(100) + barrier)
 
 
-def test_all_reduce_and_optimizer_follow_each_stage_last_backward() -> None:
+def test_all_reduce_barrier_and_optimizer_follow_the_last_backward() -> None:
     """Two symmetric pipelines of two stages: stage s's last backward ends at
     (N + S - 1)(Tf + Tb) - s Tb, then its all-reduce (over the inter-node link: one GPU per
-    node), then the optimizer step."""
+    node); every worker then waits at the commit barrier for the last (stage 0), and all run
+    their optimizer steps after it."""
     link = profile.LinkProfile(bandwidth_bytes_per_s=10.0, latency_s=0.0)
     prof = uniform_profile(2, 1, 2, inter=link, gradient_bytes=40)
     prof = dataclasses.replace(
@@ -280,10 +283,16 @@ def test_all_reduce_and_optimizer_follow_each_stage_last_backward() -> None:
         schedule.compile_schedule(symmetric(2, 2, num_micro_batches)), prof
     )
     reduce_s = link.allreduce_s(40, 2)
-    ends = [(num_micro_batches + 1) * 3 - s * 2 + reduce_s + 0.5 for s in range(2)]
-    assert estimate.step_s == pytest.approx(max(ends))
-    assert sorted({w.finish_s for w in estimate.workers}) == pytest.approx(sorted(ends))
+    barrier_s = 2 * 3 * (16 / 4 / 10.0)  # a ring of 4: 2(p-1) steps of 16/p bytes at 10 B/s
+    arrivals = [(num_micro_batches + 1) * 3 - s * 2 + reduce_s for s in range(2)]
+    assert estimate.step_s == pytest.approx(max(arrivals) + barrier_s + 0.5)
+    assert {w.finish_s for w in estimate.workers} == {estimate.step_s}
     assert all(w.allreduce_s == pytest.approx(reduce_s) for w in estimate.workers)
+    assert all(w.optimizer_s == pytest.approx(0.5) for w in estimate.workers)
+    optimizer = instructions.Op.OPTIMIZER_STEP  # as the executor counts it: barrier included
+    for w in estimate.workers:
+        arrival = arrivals[w.worker % 2]
+        assert w.seconds[optimizer] == pytest.approx(max(arrivals) - arrival + barrier_s + 0.5)
 
 
 def test_a_two_gpu_stage_uses_the_two_gpu_timings() -> None:

@@ -41,7 +41,7 @@ import statistics
 import threading
 import time
 import typing
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.distributed as dist
@@ -121,19 +121,87 @@ def _measure_layers(
     arithmetic: messages.Precision,
     runs: tuple[int, int],
 ) -> list[profile.LayerProfile]:
-    """Every planner layer measured in turn on `runs` = (warmup, repeats)."""
-    warmup, repeats = runs
-    layers = []
+    """Every planner layer's bytes (`measure_layer`, one untimed run each) and its times from
+    `runs` = (warmup, repeats) passes of the whole model in sequence (`_time_in_sequence`)."""
+    modules = [
+        model.build_layer(shape, PROFILE_SEED, i, target) for i in range(shape.num_planner_layers)
+    ]
     hidden = _token_ids(shape, micro_batch_size, target)
-    for index in range(shape.num_planner_layers):
-        layer = model.build_layer(shape, PROFILE_SEED, index, target)
-        measured = measure_layer(
-            shape, layer, hidden, warmup=warmup, repeats=repeats, arithmetic=arithmetic
+    sizes = []
+    for layer in modules:
+        sizes.append(
+            measure_layer(shape, layer, hidden, warmup=0, repeats=1, arithmetic=arithmetic)
         )
-        layers.append(_layer_profile(model.layer_name(shape, index), layer, measured))
         with torch.no_grad(), precision.forward(arithmetic, target):
             hidden = layer(hidden)  # the next layer's input, as the stage before would send it
-    return layers
+    times = _time_in_sequence(shape, modules, micro_batch_size, arithmetic, runs)
+    return [
+        _layer_profile(model.layer_name(shape, i), layer, replace(measured, **times[i]))
+        for i, (layer, measured) in enumerate(zip(modules, sizes, strict=True))
+    ]
+
+
+def _time_in_sequence(
+    shape: shapes.ModelShape,
+    modules: list[nn.Module],
+    micro_batch_size: int,
+    arithmetic: messages.Precision,
+    runs: tuple[int, int],
+) -> list[dict[str, float]]:
+    """Per layer, the median forward, backward and AdamW seconds over `repeats` passes after
+    `warmup` untimed ones. A pass runs a micro-batch through every layer in order, keeping each
+    layer's activations until the backward (as a stage does), then the backward from the loss
+    layer by layer, each from the gradient the next one sent (a stage boundary may fall between
+    any two layers), then each layer's optimizer step. Gradients are not cleared between passes,
+    so a timed backward accumulates into existing gradients, as every micro-batch of a step but
+    its first does in the executor. Timing the layers in place rather than one at a time in a
+    loop matters on CPU: a layer timed alone reuses the memory it just freed, while in a stage
+    its outputs land in fresh pages (measured: blocks late in the model 40% slower)."""
+    warmup, repeats = runs
+    device = next(modules[0].parameters()).device
+    ids = _token_ids(shape, micro_batch_size, device)
+    targets = torch.randint(0, shape.vocab_size, ids.shape, device=device)
+    optimizers = [model.make_optimizer(layer, model.OptimizerConfig()) for layer in modules]
+    timed = [_pass(modules, optimizers, ids, targets, arithmetic) for _ in range(warmup + repeats)]
+    return [
+        {
+            phase: statistics.median(run[i][phase] for run in timed[warmup:])
+            for phase in ("forward_s", "backward_s", "optimizer_s")
+        }
+        for i in range(len(modules))
+    ]
+
+
+def _pass(
+    modules: list[nn.Module],
+    optimizers: list[torch.optim.Optimizer],
+    ids: torch.Tensor,
+    targets: torch.Tensor,
+    arithmetic: messages.Precision,
+) -> list[dict[str, float]]:
+    """One timed pass (`_time_in_sequence`): seconds per layer and phase."""
+    times: list[dict[str, float]] = [{} for _ in modules]
+    inputs, outputs = [], []
+    x = ids
+    with precision.forward(arithmetic, ids.device):
+        for i, layer in enumerate(modules):
+            leaf = x if i == 0 else x.detach().requires_grad_(True)
+            start = _now(ids.device)
+            x = _forward(layer, leaf, targets if i == len(modules) - 1 else None)
+            times[i]["forward_s"] = _now(ids.device) - start
+            inputs.append(leaf)
+            outputs.append(x)
+    gradient = None
+    for i in reversed(range(len(modules))):
+        start = _now(ids.device)
+        torch.autograd.backward(outputs.pop(), gradient)
+        times[i]["backward_s"] = _now(ids.device) - start
+        gradient = inputs.pop().grad
+    for i, optimizer in enumerate(optimizers):
+        start = _now(ids.device)
+        optimizer.step()
+        times[i]["optimizer_s"] = _now(ids.device) - start
+    return times
 
 
 def measure_layer(
@@ -254,20 +322,28 @@ def _layer_profile(name: str, layer: nn.Module, measured: LayerMeasurement) -> p
 
 
 def measure_loopback_link(repeats: int = LINK_REPEATS) -> profile.LinkProfile:
-    """Latency and bandwidth of gloo point-to-point sends over this machine's loopback.
+    """Latency and bandwidth of gloo point-to-point sends and all-reduces over this machine's
+    loopback.
 
-    Two gloo process groups (ranks 0 and 1) live in this process; rank 0 sends to rank 1 and
-    the median one-way time is taken for a 4-byte and a 16 MiB tensor. latency = the small
-    time; bandwidth = (large - small bytes) / (large - small time).
+    Two gloo process groups (ranks 0 and 1) live in this process. Point to point: rank 0 sends
+    to rank 1, the median one-way time is taken for a 4-byte and a 16 MiB tensor; latency = the
+    small time, bandwidth = (large - small bytes) / (large - small time). All-reduce: both ranks
+    reduce a 4-byte and a 16 MiB tensor; a ring of p = 2 takes 2 latency + b / bandwidth
+    (`LinkProfile.allreduce_s`), so the per-step latency is half the small time and the
+    bandwidth (large - small bytes) / (large - small time).
     """
     groups = _loopback_groups()
     small = _one_way_s(groups, SMALL_MESSAGE_BYTES, repeats)
     large = _one_way_s(groups, LARGE_MESSAGE_BYTES, repeats)
-    # Guard against a large send timed no slower than a small one (timer noise on tiny links).
-    extra_s = max(large - small, 1e-9)
+    small_reduce = _allreduce_s(groups, SMALL_MESSAGE_BYTES, repeats)
+    large_reduce = _allreduce_s(groups, LARGE_MESSAGE_BYTES, repeats)
+    extra_bytes = LARGE_MESSAGE_BYTES - SMALL_MESSAGE_BYTES
+    # Guard against a large message timed no slower than a small one (timer noise).
     return profile.LinkProfile(
-        bandwidth_bytes_per_s=(LARGE_MESSAGE_BYTES - SMALL_MESSAGE_BYTES) / extra_s,
+        bandwidth_bytes_per_s=extra_bytes / max(large - small, 1e-9),
         latency_s=small,
+        allreduce_bandwidth_bytes_per_s=extra_bytes / max(large_reduce - small_reduce, 1e-9),
+        allreduce_latency_s=small_reduce / 2,
     )
 
 
@@ -311,6 +387,22 @@ def _one_way_s(
         received = receiver.recv([sink], 0, 0)
         sender.send([source], 1, 0).wait()
         received.wait()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times[1:])
+
+
+def _allreduce_s(
+    groups: tuple[dist.ProcessGroupGloo, dist.ProcessGroupGloo], num_bytes: int, repeats: int
+) -> float:
+    """Median seconds of a SUM all-reduce of `num_bytes` over both ranks (each rank's work is
+    posted from this thread; gloo runs it on its own threads)."""
+    tensors = [torch.zeros(max(num_bytes // 4, 1), dtype=torch.float32) for _ in groups]
+    times = []
+    for _ in range(repeats + 1):  # the first also sets up the algorithm's buffers: not timed
+        start = time.perf_counter()
+        works = [group.allreduce([t]) for group, t in zip(groups, tensors, strict=True)]
+        for work in works:
+            work.wait()
         times.append(time.perf_counter() - start)
     return statistics.median(times[1:])
 
