@@ -9,6 +9,9 @@ Covers, with zero-cost links so that the equalities are exact:
   where our pipelined schedule is never slower than eq. 13's additive model on the cases shown;
 - communication: sends over the intra- or inter-node link by worker placement, all-reduce and
   optimizer after the last backward, tensor-parallel stages timed with k-GPU numbers;
+- the commit barrier: every optimizer step waits for the last worker to arrive, plus a tiny
+  all-reduce over every worker at the link's all-reduce figures (none for one worker); a
+  slower all-reduce never shortens a step (hypothesis);
 - the report: the critical path is a contiguous chain from 0 to the step time; each worker's
   busy plus waiting time is its finish time, busy plus idle the step; profile mismatches are
   one-line input errors.
@@ -28,6 +31,7 @@ from planaria.planner import estimator
 from tests import strategies
 
 W = plan.WorkerId
+OPTIMIZER = instructions.Op.OPTIMIZER_STEP
 FREE = profile.LinkProfile(bandwidth_bytes_per_s=1e30, latency_s=0.0)
 
 
@@ -306,6 +310,74 @@ def test_a_two_gpu_stage_uses_the_two_gpu_timings() -> None:
     assert step_s(p, uniform_profile(1, 4, 6)) == 2 * (2 + 3)
 
 
+def with_optimizer_s(prof: profile.Profile, *seconds: float) -> profile.Profile:
+    layers = tuple(
+        dataclasses.replace(x, optimizer_s=t) for x, t in zip(prof.layers, seconds, strict=True)
+    )
+    return dataclasses.replace(prof, layers=layers)
+
+
+def test_the_commit_barrier_makes_every_optimizer_step_wait_for_the_last_arrival() -> None:
+    """Two stages, 3 micro-batches, Tf = 1, Tb = 2: stage 1 reaches its optimizer step at
+    (3 + 1) 3 - 2 = 10, stage 0 at 12. Without the barrier stage 1 would end at 10 + 3 = 13
+    and the step at max(12 + 0.5, 13) = 13; with it both start at 12, so the step is 12 + 3."""
+    prof = with_optimizer_s(uniform_profile(2, 1, 2), 0.5, 3.0)
+    estimate = estimator.estimate_step(schedule.compile_schedule(symmetric(1, 2, 3)), prof)
+    assert estimate.step_s == 15
+    assert [w.finish_s for w in estimate.workers] == [12.5, 15]
+    # as the executor counts it, the optimizer step includes the wait: stage 1's 12 - 10
+    assert [w.seconds[OPTIMIZER] for w in estimate.workers] == [0.5, 2 + 3]
+    path = estimate.critical_path
+    assert (path[-1].worker, path[-1].op, path[-1].start_s) == (W(1), OPTIMIZER, 12)
+    assert path[-2].worker == W(0)  # through stage 0, the last to arrive
+
+
+def test_the_barrier_costs_a_tiny_all_reduce_over_every_worker() -> None:
+    """Two pipelines of two stages on nodes of two GPUs: the 4 workers span 2 nodes, so the
+    barrier is a ring of 4 over the inter-node link, at its all-reduce figures."""
+    inter = profile.LinkProfile(
+        bandwidth_bytes_per_s=1e30,
+        latency_s=0.0,
+        allreduce_bandwidth_bytes_per_s=1.0,
+        allreduce_latency_s=0.25,
+    )
+    prof = uniform_profile(2, 1, 2, inter=inter)
+    p = symmetric(2, 2, 3, gpus_per_node=2)  # pipeline p on node p: sends stay on the node
+    barrier = 2 * 3 * (0.25 + estimator.BARRIER_BYTES / 4 / 1.0)
+    all_reduce = 2 * (0.25 + 0 / 2)  # gradient_bytes = 0: latency only
+    assert step_s(p, prof) == pytest.approx(12 + all_reduce + barrier)
+
+
+def test_one_worker_has_no_barrier_to_wait_for() -> None:
+    slow = profile.LinkProfile(bandwidth_bytes_per_s=1.0, latency_s=1.0)
+    prof = with_optimizer_s(uniform_profile(1, 1, 2, intra=slow, inter=slow), 0.5)
+    assert step_s(symmetric(1, 1, 2), prof) == 2 * 3 + 0.5
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    p=strategies.plans(max_gpus_per_node=2),
+    base=strategies.link_profiles(),
+    extra_s=st.floats(min_value=0.0, max_value=1.0),
+)
+def test_a_slower_all_reduce_never_shortens_the_step(
+    p: plan.Plan, base: profile.LinkProfile, extra_s: float
+) -> None:
+    """Monotone in the collective's latency: the barrier and every all-reduce take longer, and
+    the replay's times are sums and maxima of costs."""
+    latency = base.allreduce_latency_s or base.latency_s
+    slower = dataclasses.replace(base, allreduce_latency_s=latency + extra_s)
+    prof = dataclasses.replace(
+        uniform_profile(p.num_layers, 1, 2), intra_node=base, inter_node=base
+    )
+    sched = schedule.compile_schedule(p)
+    before = estimator.estimate_step(sched, prof).step_s
+    after = estimator.estimate_step(
+        sched, dataclasses.replace(prof, intra_node=slower, inter_node=slower)
+    ).step_s
+    assert after >= before * (1 - 1e-12)
+
+
 # --- the report --------------------------------------------------------------------------------
 
 
@@ -331,6 +403,7 @@ def test_critical_path_and_worker_times_add_up(p: plan.Plan, prof_times: st.Data
             assert after.start_s == tolerance(before.end_s)
     for worker in estimate.workers:
         assert worker.busy_s + worker.wait_s == tolerance(worker.finish_s)
+        assert sum(worker.seconds.values()) == tolerance(worker.finish_s)
         assert worker.busy_s + worker.idle_s == tolerance(estimate.step_s)
         assert worker.finish_s <= estimate.step_s
 
