@@ -41,6 +41,7 @@ import statistics
 import threading
 import time
 import typing
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import torch
@@ -135,15 +136,21 @@ def _measure_layers(
         with torch.no_grad(), precision.forward(arithmetic, target):
             hidden = layer(hidden)  # the next layer's input, as the stage before would send it
     times = _time_in_sequence(shape, modules, micro_batch_size, arithmetic, runs)
+    timed = [
+        replace(
+            size, forward_s=t["forward_s"], backward_s=t["backward_s"], optimizer_s=t["optimizer_s"]
+        )
+        for size, t in zip(sizes, times, strict=True)
+    ]
     return [
-        _layer_profile(model.layer_name(shape, i), layer, replace(measured, **times[i]))
-        for i, (layer, measured) in enumerate(zip(modules, sizes, strict=True))
+        _layer_profile(model.layer_name(shape, i), layer, measured)
+        for i, (layer, measured) in enumerate(zip(modules, timed, strict=True))
     ]
 
 
 def _time_in_sequence(
     shape: shapes.ModelShape,
-    modules: list[nn.Module],
+    modules: Sequence[nn.Module],
     micro_batch_size: int,
     arithmetic: messages.Precision,
     runs: tuple[int, int],
@@ -173,8 +180,8 @@ def _time_in_sequence(
 
 
 def _pass(
-    modules: list[nn.Module],
-    optimizers: list[torch.optim.Optimizer],
+    modules: Sequence[nn.Module],
+    optimizers: Sequence[torch.optim.Optimizer],
     ids: torch.Tensor,
     targets: torch.Tensor,
     arithmetic: messages.Precision,
@@ -368,10 +375,12 @@ def _loopback_groups() -> tuple[dist.ProcessGroupGloo, dist.ProcessGroupGloo]:
 
 
 class _PointToPoint(typing.Protocol):
-    """The send / recv a gloo backend has at run time (torch's stubs leave them out)."""
+    """The send / recv / allreduce a gloo backend has at run time (torch's stubs leave them
+    out)."""
 
     def send(self, tensors: list[torch.Tensor], dstRank: int, tag: int) -> dist.Work: ...
     def recv(self, tensors: list[torch.Tensor], srcRank: int, tag: int) -> dist.Work: ...
+    def allreduce(self, tensors: list[torch.Tensor]) -> dist.Work: ...
 
 
 def _one_way_s(
@@ -400,7 +409,10 @@ def _allreduce_s(
     times = []
     for _ in range(repeats + 1):  # the first also sets up the algorithm's buffers: not timed
         start = time.perf_counter()
-        works = [group.allreduce([t]) for group, t in zip(groups, tensors, strict=True)]
+        works = [
+            typing.cast(_PointToPoint, group).allreduce([t])
+            for group, t in zip(groups, tensors, strict=True)
+        ]
         for work in works:
             work.wait()
         times.append(time.perf_counter() - start)
