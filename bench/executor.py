@@ -11,12 +11,17 @@
    process, stepped in alternation: what the executor itself costs against DDP.
 2. The estimator: per plan (pipeline, data-parallel, heterogeneous, rerouted), rounds of
    (measure profiles with `profiler.measure_profile`, one thread; predict the step with
-   `estimator.estimate_step`; run the plan); the table gives the medians of the measured and
+   `estimator.estimate_step`; run the plan, a process per worker running the executor
+   directly, one torch thread each); the table gives the medians of the measured and
    predicted seconds and of the rounds' errors (goal: <= 5%). Two predictions: from a profile
    measured alone in this process, and from per-layer medians of profiles measured by as
    many processes at once as the plan has workers. The estimator assumes a device per
-   worker; this machine has few cores shared with other work, so a worker runs as fast as the
-   concurrent profile says, not the lone one.
+   worker; on a machine with few cores shared with other work a worker runs as fast as the
+   concurrent profile says, not the lone one. A second table splits the step by kind of
+   instruction, summed over the workers: the executor's StepResult.seconds (a receive, an
+   all-reduce and the optimizer step, which holds the commit barrier, include their waits)
+   against the estimator's WorkerTime.seconds, counted alike, from the alone profile; and the
+   time outside instructions, which the estimator does not model.
 
 Step time of a run: per worker the median over the measured steps (after warm-up steps) of
 its step wall time; the run's step time is the slowest worker's (steps are back to back, so
