@@ -1,13 +1,17 @@
 """The measuring profiler: per-layer costs of the real model on this machine, for the planner.
 
 `measure_profile` builds the model's planner layers (`planaria.agent.training.model`) and, for one
-micro-batch of random tokens, times each layer on its own the way a pipeline stage runs it:
+micro-batch of random tokens, times each layer in place, the way a pipeline stage runs it:
 
-- forward: the layer's forward with autograd recording (the head includes the loss,
-  `model.micro_batch_loss`, as the last stage computes it); backward: from a random gradient of
-  the layer's output (the head: from its loss) back to its parameters and its input, the
-  gradient a stage sends upstream; optimizer: the layer's own AdamW step. Each is the median of
-  `repeats` runs after `warmup` untimed ones; on CUDA the device is synchronised around each.
+- passes through the whole model: the forward layer by layer with autograd recording and every
+  earlier layer's activations still held (the head includes the loss, `model.micro_batch_loss`,
+  as the last stage computes it); the backward layer by layer from the loss, each from the
+  gradient the next layer sent back (a stage boundary may fall between any two layers), into
+  gradients the previous pass left (as every micro-batch of a step but the first accumulates);
+  then each layer's own AdamW step. Each time is the median of `repeats` passes after `warmup`
+  untimed ones; on CUDA the device is synchronised around each. Timing a layer alone in a loop
+  instead comes out faster than in a stage (on CPU it reuses the memory it just freed: blocks
+  late in the model measured 40% faster alone), and the estimator came out short.
 - bytes, from tensor sizes: parameters and gradients (numel * element size), AdamW's two moments
   (2 x parameter bytes), activations (the distinct storages autograd saves for backward during
   the forward, found with `torch.autograd.graph.saved_tensors_hooks`, parameters excluded) and
@@ -22,7 +26,10 @@ they count as activations); its parameters, gradients and moments are float32 as
 One device is one "GPU": every layer has timings for one GPU per stage only. The links are
 measured, not assumed: two gloo process groups in this process, joined through an in-memory
 store, send tensors to each other over the loopback interface; the one-way time of a tiny
-message is the latency and the extra time of a 16 MiB message gives the bandwidth. The same
+message is the latency and the extra time of a 16 MiB message gives the bandwidth. The two
+also all-reduce a tiny and a 16 MiB tensor, which gives the ring all-reduce's own per-step
+latency and bandwidth (`measure_loopback_link`; gloo's all-reduce is about 3x slower than sends
+of the same bytes, so point-to-point figures would make all-reduces look cheap). The same
 link stands for intra- and inter-node traffic (all workers of a local run share this machine),
 and the accelerator is named accordingly, e.g. "cpu-gloo-loopback". `memory_bytes` is the
 machine's RAM on CPU, the device's memory on CUDA.
