@@ -348,6 +348,20 @@ def test_the_barrier_costs_a_tiny_all_reduce_over_every_worker() -> None:
     assert step_s(p, prof) == pytest.approx(12 + all_reduce + barrier)
 
 
+def test_all_reduces_use_the_links_all_reduce_figures() -> None:
+    """Data parallel 2 x 1, two micro-batches each of one layer (Tf 1, Tb 2, 40 gradient
+    bytes): 6 s of compute, then a ring of 2 at the all-reduce figures, 2 (1 + 20 / 10) = 6,
+    then the barrier, 2 (1 + 8 / 10) = 3.6; free point-to-point figures change nothing."""
+    link = profile.LinkProfile(
+        bandwidth_bytes_per_s=1e30,
+        latency_s=0.0,
+        allreduce_bandwidth_bytes_per_s=10.0,
+        allreduce_latency_s=1.0,
+    )
+    prof = uniform_profile(1, 1, 2, inter=link, gradient_bytes=40)
+    assert step_s(symmetric(2, 1, 2), prof) == pytest.approx(6 + 6 + 3.6)
+
+
 def test_one_worker_has_no_barrier_to_wait_for() -> None:
     slow = profile.LinkProfile(bandwidth_bytes_per_s=1.0, latency_s=1.0)
     prof = with_optimizer_s(uniform_profile(1, 1, 2, intra=slow, inter=slow), 0.5)
