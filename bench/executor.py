@@ -11,12 +11,17 @@
    process, stepped in alternation: what the executor itself costs against DDP.
 2. The estimator: per plan (pipeline, data-parallel, heterogeneous, rerouted), rounds of
    (measure profiles with `profiler.measure_profile`, one thread; predict the step with
-   `estimator.estimate_step`; run the plan); the table gives the medians of the measured and
+   `estimator.estimate_step`; run the plan, a process per worker running the executor
+   directly, one torch thread each); the table gives the medians of the measured and
    predicted seconds and of the rounds' errors (goal: <= 5%). Two predictions: from a profile
    measured alone in this process, and from per-layer medians of profiles measured by as
    many processes at once as the plan has workers. The estimator assumes a device per
-   worker; this machine has few cores shared with other work, so a worker runs as fast as the
-   concurrent profile says, not the lone one.
+   worker; on a machine with few cores shared with other work a worker runs as fast as the
+   concurrent profile says, not the lone one. A second table splits the step by kind of
+   instruction, summed over the workers: the executor's StepResult.seconds (a receive, an
+   all-reduce and the optimizer step, which holds the commit barrier, include their waits)
+   against the estimator's WorkerTime.seconds, counted alike, from the alone profile; and the
+   time outside instructions, which the estimator does not model.
 
 Step time of a run: per worker the median over the measured steps (after warm-up steps) of
 its step wall time; the run's step time is the slowest worker's (steps are back to back, so
@@ -36,6 +41,7 @@ import multiprocessing
 import os
 import statistics
 import time
+import typing
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from multiprocessing import connection
@@ -51,7 +57,7 @@ from torch.nn.parallel import DistributedDataParallel
 from planaria.agent.execution import executor, groups, held_layers, profiler
 from planaria.agent.harness import local_cluster, run_results
 from planaria.agent.training import data, model, semantics
-from planaria.contract import plan, profile, schedule, shapes
+from planaria.contract import instructions, plan, profile, schedule, shapes
 from planaria.planner import estimator
 from planaria.wire import messages
 
@@ -251,39 +257,144 @@ def compare_cpu_in_process(tokens: data.Tokens, settings: Settings) -> dict[str,
 
 # --- 2. ours vs the estimator ------------------------------------------------------------------
 
+Op = instructions.Op
+# Kinds of instruction compared one by one (sends only post: their time is in `outside`).
+OP_CLASSES: dict[str, tuple[instructions.Op, ...]] = {
+    "forward": (Op.FORWARD,),
+    "backward": (Op.BACKWARD,),
+    "receive": (Op.RECV_ACTIVATION, Op.RECV_GRAD),
+    "all-reduce": (Op.ALL_REDUCE,),
+    "optimizer+barrier": (Op.OPTIMIZER_STEP,),
+}
 
-def compare_with_estimator(
-    cluster: local_cluster.LocalCluster, settings: Settings
-) -> list[dict[str, object]]:
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Measured:
+    """A plan's run: the step period and, per worker, its median seconds per op class over the
+    measured steps (as StepResult.seconds counts them), plus the time outside instructions."""
+
+    step_s: float
+    seconds: dict[int, dict[str, float]]
+
+
+def compare_with_estimator(tokens: data.Tokens, settings: Settings) -> list[dict[str, object]]:
     """Per plan, rounds of (measure profiles, predict, run); each run is compared with the
     predictions from the profiles measured just before it, and the medians are reported."""
     torch.set_num_threads(1)
     rows: list[dict[str, object]] = []
     for name, p in ESTIMATED.items():
-        rounds = [estimate_and_run(cluster, p, settings) for _ in range(settings.rounds)]
+        rounds = [estimate_and_run(p, tokens, settings) for _ in range(settings.rounds)]
         row: dict[str, object] = {"plan": name, "workers": len(p.workers)}
-        for key in rounds[0]:
-            row[key] = statistics.median(r[key] for r in rounds)
+        for key in ("alone_s", "concurrent_s", "measured_s"):
+            row[key] = statistics.median(float(r[key]) for r in rounds)  # type: ignore[arg-type]
         for key in ("alone", "concurrent"):
-            errors = [100 * (r[f"{key}_s"] - r["measured_s"]) / r["measured_s"] for r in rounds]
+            errors = [_error_pct(r[f"{key}_s"], r["measured_s"]) for r in rounds]
             row[f"{key}_error_pct"] = statistics.median(errors)
+        row["per_op"] = {
+            kind: {
+                which: statistics.median(r["per_op"][kind][which] for r in rounds)  # type: ignore[index]
+                for which in ("measured_s", "estimated_s")
+            }
+            for kind in (*OP_CLASSES, "outside")
+        }
         rows.append(row)
     return rows
 
 
-def estimate_and_run(
-    cluster: local_cluster.LocalCluster, p: plan.Plan, settings: Settings
-) -> dict[str, float]:
+def _error_pct(estimated: object, measured: object) -> float:
+    return 100 * (float(estimated) - float(measured)) / float(measured)  # type: ignore[arg-type]
+
+
+def estimate_and_run(p: plan.Plan, tokens: data.Tokens, settings: Settings) -> dict[str, object]:
     """One round: the step predicted from a profile measured alone in this process and from
-    profiles measured by as many processes at once as the plan has workers, then measured."""
+    profiles measured by as many processes at once as the plan has workers, then measured;
+    the per-op classes summed over the workers, measured against the alone prediction."""
     sched = schedule.compile_schedule(p)
     alone = profiler.measure_profile(SHAPE, MICRO_BATCH, warmup=2, repeats=settings.profile_repeats)
     concurrent = profile_concurrently(len(p.workers), settings.profile_repeats)
-    return {
-        "alone_s": estimator.estimate_step(sched, alone).step_s,
-        "concurrent_s": estimator.estimate_step(sched, concurrent).step_s,
-        "measured_s": run_ours(cluster, p, settings.steps)[0],
+    predicted = estimator.estimate_step(sched, alone)
+    measured = run_executors(p, tokens, settings.steps)
+    per_op = {
+        kind: {
+            "measured_s": sum(w[kind] for w in measured.seconds.values()),
+            "estimated_s": sum(sum(w.seconds[op] for op in ops) for w in predicted.workers),
+        }
+        for kind, ops in OP_CLASSES.items()
     }
+    # the estimator has nothing outside instructions: the executor's Python and bookkeeping
+    per_op["outside"] = {
+        "measured_s": sum(w["outside"] for w in measured.seconds.values()),
+        "estimated_s": 0.0,
+    }
+    return {
+        "alone_s": predicted.step_s,
+        "concurrent_s": estimator.estimate_step(sched, concurrent).step_s,
+        "measured_s": measured.step_s,
+        "per_op": per_op,
+    }
+
+
+def executor_worker(
+    p: plan.Plan,
+    worker: plan.WorkerId,
+    port: int,
+    tokens: data.Tokens,
+    steps: int,
+    results: connection.Connection,
+) -> None:
+    """One worker of `p` in its own process: join the epoch, run `steps` steps with the
+    executor, send back each step's (step_s, seconds per op)."""
+    torch.set_num_threads(1)
+    sched = schedule.compile_schedule(p)
+    ranks = groups.worker_ranks(sched)
+    store = c10d.TCPStore("127.0.0.1", port, None, False, datetime.timedelta(seconds=60))
+    epoch = groups.form_epoch(
+        store,
+        1,
+        ranks[worker],
+        len(ranks),
+        messages.Backend.GLOO,
+        120.0,
+        subgroups=groups.subgroup_ranks(sched),
+    )
+    try:
+        config = config_for(p)
+        layers = held_layers.HeldLayers.build(config, sched.stream(worker).layers)
+        job = semantics.Job.from_tokens(config, tokens)
+        ours = executor.Executor(job=job, sched=sched, worker=worker, epoch=epoch, layers=layers)
+        done = [ours.run_step(step) for step in range(steps)]
+        results.send([(r.step_s, {str(op): s for op, s in r.seconds.items()}) for r in done])
+    finally:
+        groups.leave_epoch(epoch)
+
+
+def run_executors(p: plan.Plan, tokens: data.Tokens, steps: int) -> Measured:
+    """Run `p` for WARMUP_STEPS + `steps` steps, a process per worker."""
+    context = multiprocessing.get_context("forkserver")
+    store = c10d.TCPStore("127.0.0.1", 0, None, True, datetime.timedelta(seconds=60), False)
+    pipes = {w: context.Pipe(duplex=False) for w in p.workers}
+    processes = [
+        context.Process(
+            target=executor_worker,
+            args=(p, w, store.port, tokens, WARMUP_STEPS + steps, pipe[1]),
+        )
+        for w, pipe in pipes.items()
+    ]
+    for process in processes:
+        process.start()
+    reports = {w: pipe[0].recv() for w, pipe in pipes.items()}
+    for process in processes:
+        process.join()
+    seconds = {}
+    for w, report in reports.items():
+        kept = report[WARMUP_STEPS:]
+        per_kind = {
+            kind: statistics.median(sum(s[str(op)] for op in ops) for _, s in kept)
+            for kind, ops in OP_CLASSES.items()
+        }
+        per_kind["outside"] = statistics.median(t - sum(s.values()) for t, s in kept)
+        seconds[int(w)] = per_kind
+    return Measured(step_s=period_s([[t for t, _ in r] for r in reports.values()]), seconds=seconds)
 
 
 def profile_worker(repeats: int, results: connection.Connection) -> None:
@@ -339,6 +450,19 @@ def print_tables(
             f"{row['alone_s']:>7.3f} {row['alone_error_pct']:>7.1f} "
             f"{row['concurrent_s']:>10.3f} {row['concurrent_error_pct']:>7.1f}"
         )
+    print_per_op(rows)
+
+
+def print_per_op(rows: list[dict[str, object]]) -> None:
+    """Per plan and kind of instruction, seconds summed over the workers: measured by the
+    executor (StepResult.seconds, waits included) / estimated from the alone profile."""
+    kinds = (*OP_CLASSES, "outside")
+    print("\nper kind of instruction, seconds summed over workers: measured / estimated (alone)")
+    print(f"{'plan':<30}" + "".join(f" {kind:>17}" for kind in kinds))
+    for row in rows:
+        per_op = typing.cast(dict[str, dict[str, float]], row["per_op"])
+        cells = [f"{per_op[k]['measured_s']:.3f} / {per_op[k]['estimated_s']:.3f}" for k in kinds]
+        print(f"{row['plan']!s:<30}" + "".join(f" {cell:>17}" for cell in cells))
 
 
 def main() -> None:
@@ -348,9 +472,9 @@ def main() -> None:
     settings = Settings(rounds=1 if quick else 3, steps=4 if quick else 8, profile_repeats=5)
     tokens = data.load_default_corpus(max_bytes=2_000_000)
     load_before = os.getloadavg()[0]  # other work on this machine skews every figure
-    with local_cluster.LocalCluster(workers=range(5), tokens=tokens, timeout_s=120.0) as cluster:
+    with local_cluster.LocalCluster(workers=range(2), tokens=tokens, timeout_s=120.0) as cluster:
         ddp = compare_with_ddp(cluster, tokens, settings)
-        rows = compare_with_estimator(cluster, settings)
+    rows = compare_with_estimator(tokens, settings)
     cpu = compare_cpu_in_process(tokens, settings)
     machine = {"cores": CORES, "load_before": load_before, "load_after": os.getloadavg()[0]}
     print_tables(ddp, cpu, rows)

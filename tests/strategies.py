@@ -46,11 +46,16 @@ _NAMES = st.text(min_size=1, max_size=12)
 
 
 def link_profiles() -> st.SearchStrategy[profile.LinkProfile]:
-    """Links with positive bandwidth (1 B/s .. 1 TB/s) and latency up to a second."""
+    """Links with positive bandwidth (1 B/s .. 1 TB/s) and latency up to a second, with or
+    without all-reduce figures of their own."""
+    bandwidths = st.floats(min_value=1.0, max_value=1e12)
+    latencies = st.floats(min_value=0.0, max_value=1.0)
     return st.builds(
         profile.LinkProfile,
-        bandwidth_bytes_per_s=st.floats(min_value=1.0, max_value=1e12),
-        latency_s=st.floats(min_value=0.0, max_value=1.0),
+        bandwidth_bytes_per_s=bandwidths,
+        latency_s=latencies,
+        allreduce_bandwidth_bytes_per_s=st.none() | bandwidths,
+        allreduce_latency_s=st.none() | latencies,
     )
 
 

@@ -4,7 +4,8 @@ Covers: a measured profile of the tiny model has its num_layers + 2 layers named
 names them, one positive time per GPU count (one device = one GPU), parameter, gradient and
 AdamW bytes equal to what the shape predicts for fp32, output bytes of one fp32 hidden state
 (none from the head), the embedding's saved token ids, activations that scale with
-the micro-batch, a gloo loopback link with positive latency and bandwidth, the machine's RAM,
+the micro-batch, a gloo loopback link with positive latency and bandwidth for sends and for
+all-reduces, every phase of every layer timed in whole-model passes, the machine's RAM,
 synthetic=False; it survives the profile file format; bad requests are refused with one-line
 errors. Per precision: the synthetic model's activation bytes (planaria.planner.synthetic) equal
 the measured ones byte for byte for drawn shapes in fp32, tf32 and bf16; a bf16 profile is
@@ -87,6 +88,22 @@ def test_the_link_is_measured_over_gloo_loopback(measured: profile.Profile) -> N
     assert 0 < measured.intra_node.latency_s < 1.0
     # Loopback moves at least 10 MB/s even on a busy machine.
     assert measured.intra_node.bandwidth_bytes_per_s > 1e7
+
+
+def test_the_links_all_reduce_is_measured_too(measured: profile.Profile) -> None:
+    """The all-reduce figures are measured, not copied from the point-to-point ones (a ring
+    of 2 costs 2 latency + b / bandwidth, and the all-reduce of 16 MiB does real work)."""
+    link = measured.intra_node
+    assert link.allreduce_latency_s is not None and link.allreduce_latency_s > 0
+    assert link.allreduce_bandwidth_bytes_per_s is not None
+    assert link.allreduce_bandwidth_bytes_per_s > 1e6
+    assert link.allreduce_s(16 * 2**20, 2) > link.allreduce_s(4, 2) > 0
+
+
+def test_every_phase_is_timed_in_place(measured: profile.Profile) -> None:
+    """Whole-model passes time every layer, the head's loss and AdamW steps included."""
+    assert all(layer.optimizer_s > 0 for layer in measured.layers)
+    assert all(min(layer.forward_s + layer.backward_s) > 0 for layer in measured.layers)
 
 
 def test_memory_is_the_machines_ram(measured: profile.Profile) -> None:

@@ -9,6 +9,9 @@ Covers, with zero-cost links so that the equalities are exact:
   where our pipelined schedule is never slower than eq. 13's additive model on the cases shown;
 - communication: sends over the intra- or inter-node link by worker placement, all-reduce and
   optimizer after the last backward, tensor-parallel stages timed with k-GPU numbers;
+- the commit barrier: every optimizer step waits for the last worker to arrive, plus a tiny
+  all-reduce over every worker at the link's all-reduce figures (none for one worker); a
+  slower all-reduce never shortens a step (hypothesis);
 - the report: the critical path is a contiguous chain from 0 to the step time; each worker's
   busy plus waiting time is its finish time, busy plus idle the step; profile mismatches are
   one-line input errors.
@@ -28,6 +31,7 @@ from planaria.planner import estimator
 from tests import strategies
 
 W = plan.WorkerId
+OPTIMIZER = instructions.Op.OPTIMIZER_STEP
 FREE = profile.LinkProfile(bandwidth_bytes_per_s=1e30, latency_s=0.0)
 
 
@@ -257,19 +261,22 @@ def test_failures_at_several_positions_are_never_slower_than_eq_13(
 
 @pytest.mark.parametrize(("gpus_per_node", "link"), [(1, "inter"), (2, "intra")])
 def test_sends_use_the_link_between_the_workers_nodes(gpus_per_node: int, link: str) -> None:
-    """One micro-batch through two stages: Tf0 + send + Tf1 + Tb1 + send back + Tb0."""
+    """One micro-batch through two stages: Tf0 + send + Tf1 + Tb1 + send back + Tb0, then the
+    commit barrier over the same link."""
     slow = profile.LinkProfile(bandwidth_bytes_per_s=100.0, latency_s=0.5)
     fast = profile.LinkProfile(bandwidth_bytes_per_s=1000.0, latency_s=0.25)
     prof = uniform_profile(2, 1, 2, intra=fast, inter=slow, output_bytes=100)
     used = fast if link == "intra" else slow
     p = symmetric(1, 2, 1, gpus_per_node=gpus_per_node)
-    assert step_s(p, prof) == pytest.approx(2 * (1 + 2) + 2 * used.transfer_s(100))
+    barrier = used.allreduce_s(estimator.BARRIER_BYTES, 2)
+    assert step_s(p, prof) == pytest.approx(2 * (1 + 2) + 2 * used.transfer_s(100) + barrier)
 
 
-def test_all_reduce_and_optimizer_follow_each_stage_last_backward() -> None:
+def test_all_reduce_barrier_and_optimizer_follow_the_last_backward() -> None:
     """Two symmetric pipelines of two stages: stage s's last backward ends at
     (N + S - 1)(Tf + Tb) - s Tb, then its all-reduce (over the inter-node link: one GPU per
-    node), then the optimizer step."""
+    node); every worker then waits at the commit barrier for the last (stage 0), and all run
+    their optimizer steps after it."""
     link = profile.LinkProfile(bandwidth_bytes_per_s=10.0, latency_s=0.0)
     prof = uniform_profile(2, 1, 2, inter=link, gradient_bytes=40)
     prof = dataclasses.replace(
@@ -280,10 +287,16 @@ def test_all_reduce_and_optimizer_follow_each_stage_last_backward() -> None:
         schedule.compile_schedule(symmetric(2, 2, num_micro_batches)), prof
     )
     reduce_s = link.allreduce_s(40, 2)
-    ends = [(num_micro_batches + 1) * 3 - s * 2 + reduce_s + 0.5 for s in range(2)]
-    assert estimate.step_s == pytest.approx(max(ends))
-    assert sorted({w.finish_s for w in estimate.workers}) == pytest.approx(sorted(ends))
+    barrier_s = 2 * 3 * (16 / 4 / 10.0)  # a ring of 4: 2(p-1) steps of 16/p bytes at 10 B/s
+    arrivals = [(num_micro_batches + 1) * 3 - s * 2 + reduce_s for s in range(2)]
+    assert estimate.step_s == pytest.approx(max(arrivals) + barrier_s + 0.5)
+    assert {w.finish_s for w in estimate.workers} == {estimate.step_s}
     assert all(w.allreduce_s == pytest.approx(reduce_s) for w in estimate.workers)
+    assert all(w.optimizer_s == pytest.approx(0.5) for w in estimate.workers)
+    optimizer = instructions.Op.OPTIMIZER_STEP  # as the executor counts it: barrier included
+    for w in estimate.workers:
+        arrival = arrivals[w.worker % 2]
+        assert w.seconds[optimizer] == pytest.approx(max(arrivals) - arrival + barrier_s + 0.5)
 
 
 def test_a_two_gpu_stage_uses_the_two_gpu_timings() -> None:
@@ -295,6 +308,88 @@ def test_a_two_gpu_stage_uses_the_two_gpu_timings() -> None:
     )
     # layer(): forward_s = (4, 2) and backward_s = (6, 3) for 1 and 2 GPUs
     assert step_s(p, uniform_profile(1, 4, 6)) == 2 * (2 + 3)
+
+
+def with_optimizer_s(prof: profile.Profile, *seconds: float) -> profile.Profile:
+    layers = tuple(
+        dataclasses.replace(x, optimizer_s=t) for x, t in zip(prof.layers, seconds, strict=True)
+    )
+    return dataclasses.replace(prof, layers=layers)
+
+
+def test_the_commit_barrier_makes_every_optimizer_step_wait_for_the_last_arrival() -> None:
+    """Two stages, 3 micro-batches, Tf = 1, Tb = 2: stage 1 reaches its optimizer step at
+    (3 + 1) 3 - 2 = 10, stage 0 at 12. Without the barrier stage 1 would end at 10 + 3 = 13
+    and the step at max(12 + 0.5, 13) = 13; with it both start at 12, so the step is 12 + 3."""
+    prof = with_optimizer_s(uniform_profile(2, 1, 2), 0.5, 3.0)
+    estimate = estimator.estimate_step(schedule.compile_schedule(symmetric(1, 2, 3)), prof)
+    assert estimate.step_s == 15
+    assert [w.finish_s for w in estimate.workers] == [12.5, 15]
+    # as the executor counts it, the optimizer step includes the wait: stage 1's 12 - 10
+    assert [w.seconds[OPTIMIZER] for w in estimate.workers] == [0.5, 2 + 3]
+    path = estimate.critical_path
+    assert (path[-1].worker, path[-1].op, path[-1].start_s) == (W(1), OPTIMIZER, 12)
+    assert path[-2].worker == W(0)  # through stage 0, the last to arrive
+
+
+def test_the_barrier_costs_a_tiny_all_reduce_over_every_worker() -> None:
+    """Two pipelines of two stages on nodes of two GPUs: the 4 workers span 2 nodes, so the
+    barrier is a ring of 4 over the inter-node link, at its all-reduce figures."""
+    inter = profile.LinkProfile(
+        bandwidth_bytes_per_s=1e30,
+        latency_s=0.0,
+        allreduce_bandwidth_bytes_per_s=1.0,
+        allreduce_latency_s=0.25,
+    )
+    prof = uniform_profile(2, 1, 2, inter=inter)
+    p = symmetric(2, 2, 3, gpus_per_node=2)  # pipeline p on node p: sends stay on the node
+    barrier = 2 * 3 * (0.25 + estimator.BARRIER_BYTES / 4 / 1.0)
+    all_reduce = 2 * (0.25 + 0 / 2)  # gradient_bytes = 0: latency only
+    assert step_s(p, prof) == pytest.approx(12 + all_reduce + barrier)
+
+
+def test_all_reduces_use_the_links_all_reduce_figures() -> None:
+    """Data parallel 2 x 1, two micro-batches each of one layer (Tf 1, Tb 2, 40 gradient
+    bytes): 6 s of compute, then a ring of 2 at the all-reduce figures, 2 (1 + 20 / 10) = 6,
+    then the barrier, 2 (1 + 8 / 10) = 3.6; free point-to-point figures change nothing."""
+    link = profile.LinkProfile(
+        bandwidth_bytes_per_s=1e30,
+        latency_s=0.0,
+        allreduce_bandwidth_bytes_per_s=10.0,
+        allreduce_latency_s=1.0,
+    )
+    prof = uniform_profile(1, 1, 2, inter=link, gradient_bytes=40)
+    assert step_s(symmetric(2, 1, 2), prof) == pytest.approx(6 + 6 + 3.6)
+
+
+def test_one_worker_has_no_barrier_to_wait_for() -> None:
+    slow = profile.LinkProfile(bandwidth_bytes_per_s=1.0, latency_s=1.0)
+    prof = with_optimizer_s(uniform_profile(1, 1, 2, intra=slow, inter=slow), 0.5)
+    assert step_s(symmetric(1, 1, 2), prof) == 2 * 3 + 0.5
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    p=strategies.plans(max_gpus_per_node=2),
+    base=strategies.link_profiles(),
+    extra_s=st.floats(min_value=0.0, max_value=1.0),
+)
+def test_a_slower_all_reduce_never_shortens_the_step(
+    p: plan.Plan, base: profile.LinkProfile, extra_s: float
+) -> None:
+    """Monotone in the collective's latency: the barrier and every all-reduce take longer, and
+    the replay's times are sums and maxima of costs."""
+    latency = base.allreduce_latency_s or base.latency_s
+    slower = dataclasses.replace(base, allreduce_latency_s=latency + extra_s)
+    prof = dataclasses.replace(
+        uniform_profile(p.num_layers, 1, 2), intra_node=base, inter_node=base
+    )
+    sched = schedule.compile_schedule(p)
+    before = estimator.estimate_step(sched, prof).step_s
+    after = estimator.estimate_step(
+        sched, dataclasses.replace(prof, intra_node=slower, inter_node=slower)
+    ).step_s
+    assert after >= before * (1 - 1e-12)
 
 
 # --- the report --------------------------------------------------------------------------------
@@ -322,6 +417,7 @@ def test_critical_path_and_worker_times_add_up(p: plan.Plan, prof_times: st.Data
             assert after.start_s == tolerance(before.end_s)
     for worker in estimate.workers:
         assert worker.busy_s + worker.wait_s == tolerance(worker.finish_s)
+        assert sum(worker.seconds.values()) == tolerance(worker.finish_s)
         assert worker.busy_s + worker.idle_s == tolerance(estimate.step_s)
         assert worker.finish_s <= estimate.step_s
 

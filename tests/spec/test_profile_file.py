@@ -290,3 +290,34 @@ def test_the_documented_example_is_a_valid_profile() -> None:
     loaded = profile_file.parse_profile(example.group(1), source="docs example")
     assert (loaded.num_layers, loaded.max_gpus_per_stage) == (3, 2)
     assert all(layer.state_bytes == 8 * layer.parameter_bytes for layer in loaded.layers)
+
+
+def test_a_link_without_all_reduce_figures_is_written_and_read_as_before() -> None:
+    """Old files (and analytic profiles) give only the point-to-point pair: they are written
+    without the optional all-reduce fields and read back with None, so all-reduces are costed
+    with the point-to-point figures as before."""
+    document = _tiny_document()
+    assert set(document["intraNode"]) == {"bandwidthBytesPerS", "latencyS"}
+    loaded = profile_file.parse_profile(json.dumps(document), source="profile.json")
+    link = loaded.intra_node
+    assert (link.allreduce_latency_s, link.allreduce_bandwidth_bytes_per_s) == (None, None)
+    assert link.allreduce_s(400, 4) == 2 * 3 * (link.latency_s + 100 / link.bandwidth_bytes_per_s)
+
+
+def test_a_links_all_reduce_figures_are_read_and_costed() -> None:
+    document = _tiny_document()
+    document["interNode"] = {
+        "bandwidthBytesPerS": 100.0,
+        "latencyS": 0.5,
+        "allreduceBandwidthBytesPerS": 10.0,
+        "allreduceLatencyS": 2.0,
+    }
+    link = profile_file.parse_profile(json.dumps(document), source="profile.json").inter_node
+    assert link.transfer_s(100) == 0.5 + 1.0  # point to point: unchanged
+    assert link.allreduce_s(40, 2) == 2 * (2.0 + 20 / 10.0)  # 2(p-1)(latency + b/p/bandwidth)
+
+
+def test_a_zero_all_reduce_bandwidth_is_refused() -> None:
+    document = _tiny_document()
+    document["intraNode"]["allreduceBandwidthBytesPerS"] = 0
+    assert "allreduceBandwidthBytesPerS" in _error_for(document)

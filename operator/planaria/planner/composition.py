@@ -9,7 +9,7 @@ reaches its tail. `run_alone` keeps that arrival per stage from one replay of a 
 (those with a hole and the peers that run their micro-batches) as a plan of their own; `step_s`
 replays only the tail from those arrivals: each all-reduce starts when its last member arrives
 and all members end it together (the replay's rule), in the order every member runs them,
-(round, first layer).
+(round, first layer); then the commit barrier, then each stage's optimizer step.
 
 The numbers are those of replaying the whole schedule, bit for bit: every time is the same sum
 of the same costs along the same chain of events (`estimator`'s cost helpers), and a maximum is
@@ -125,8 +125,13 @@ def step_s(
         end = start + estimator.allreduce_s(link, prof, reduction, narrowest)
         for worker in reduction.group:
             clock[worker] = end
+    # the commit barrier (`execution`) among the streams (a stage's first worker runs one)
+    workers = list(clock)
+    nodes = {w // plan_.gpus_per_node for w in workers}
+    link = prof.intra_node if len(nodes) == 1 else prof.inter_node
+    passed = max(clock.values(), default=0.0) + estimator.barrier_s(link, len(workers))
     ends = [
-        clock[stage.workers[0]] + estimator.optimizer_s(prof, stage.layers, len(stage.workers))
+        passed + estimator.optimizer_s(prof, stage.layers, len(stage.workers))
         for pipeline in plan_.pipelines
         for stage in pipeline.stages
         if stage.workers

@@ -33,6 +33,7 @@ from planaria.planner import execution
 def check_schedule(sched: schedule.Schedule) -> None:
     """Raise DeadlockError or ScheduleError unless `sched` is a correct, finishing step."""
     _check_groups_exist(sched)
+    _check_nothing_after_the_optimizer(sched)
     execution.raise_if_stuck(sched, execution.replay(sched, execution.ZeroCosts()))
     _check_messages(sched)
     _check_work(sched)
@@ -273,6 +274,17 @@ def _check_rounds(sched: schedule.Schedule) -> None:
 
 
 # --- optimizer ---------------------------------------------------------------------------------
+
+
+def _check_nothing_after_the_optimizer(sched: schedule.Schedule) -> None:
+    """Before the replay: work after the optimizer step would wait at the commit barrier for
+    peers that wait for it, and naming the misplaced instruction is the clearer error."""
+    for stream in sched.streams:
+        ops = stream.instructions
+        steps = [i for i, op in enumerate(ops) if isinstance(op, instructions.OptimizerStep)]
+        for index in range(steps[0] + 1 if steps else len(ops), len(ops)):
+            if not isinstance(ops[index], instructions.Snapshot | instructions.OptimizerStep):
+                _fail(f"worker {stream.worker} #{index}: {ops[index]} after the optimizer step")
 
 
 def _check_optimizer(sched: schedule.Schedule) -> None:

@@ -14,19 +14,30 @@ Costs, from the profile (a stage of k workers uses the k-GPU timings; Odyssey's 
   gradient the output_bytes of the layer before the sender's first (the tensor it received);
   sends run in the background: the sender does not wait, the receiver waits for the arrival;
 - AllReduce: ring all-reduce (LinkProfile.allreduce_s) of the layers' gradient_bytes over the
-  group, inter-node link when the group spans nodes; with tensor-parallel members each of the k
-  shards is reduced concurrently, so the bytes per ring are those of the narrowest member's
+  group, inter-node link when the group spans nodes, at the collective's measured per-step
+  latency and bandwidth where the profile has them (a library's all-reduce is several times
+  slower than point-to-point sends of the same bytes); with tensor-parallel members each of the
+  k shards is reduced concurrently, so the bytes per ring are those of the narrowest member's
   shard (gradient bytes / smallest k). Collectives of one round run concurrently; network
   contention between them is not modelled;
+- the commit barrier (the executor's, before the first OptimizerStep: `execution`): a ring
+  all-reduce of BARRIER_BYTES over every worker, inter-node link when they span nodes. It ends
+  Odyssey's eq. 10 max over pipelines one step early: the step is max over workers of their
+  arrival, plus the barrier, plus the largest optimizer step, not max over workers of arrival
+  plus their own optimizer step;
 - OptimizerStep: sum of optimizer_s / k; Snapshot: 0 (REFT snapshots asynchronously to host
   memory; its overhead belongs to the snapshot model, not to the step).
+
+A measured profile (`planaria profile`) times each layer in place in a whole-model pass with
+gradients accumulating, as a stage computes a micro-batch, and measures the link's all-reduce
+beside its point-to-point sends; docs/planner.md (the estimator) has the measured errors.
 
 Not here: memory (`memory`), choosing plans (the policy).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from planaria.contract import errors, instructions, plan, profile, schedule
@@ -37,7 +48,10 @@ from planaria.planner import execution
 class WorkerTime:
     """Where one worker's step went, in seconds. `wait_s` is time blocked in receives and in
     collectives before their last member arrived; `finish_s` is when its stream ended; `idle_s`
-    is the step minus the busy time (waiting, plus waiting for the slowest worker at the end)."""
+    is the step minus the busy time (waiting, plus waiting for the slowest worker at the end).
+    `seconds` is the wall time per kind of instruction as the executor's StepResult.seconds
+    counts it: a receive, a collective and the optimizer step (the commit barrier is inside it)
+    include their waiting."""
 
     worker: plan.WorkerId
     forward_s: float
@@ -47,6 +61,7 @@ class WorkerTime:
     wait_s: float
     finish_s: float
     idle_s: float
+    seconds: Mapping[instructions.Op, float]
 
     @property
     def busy_s(self) -> float:
@@ -125,10 +140,21 @@ class ProfileCosts:
         narrowest = min(self.width[w] for w in instruction.group)
         return allreduce_s(self._link(*instruction.group), self.profile, instruction, narrowest)
 
+    def barrier_s(self, workers: tuple[plan.WorkerId, ...]) -> float:
+        return barrier_s(self._link(*workers), len(workers))
+
     def _link(self, *workers: plan.WorkerId) -> profile.LinkProfile:
         """The intra-node link when all `workers` share a node, else the inter-node link."""
         nodes = {self.schedule.node_of(w) for w in workers}
         return self.profile.intra_node if len(nodes) == 1 else self.profile.inter_node
+
+
+BARRIER_BYTES = 16  # the commit barrier reduces two float64: the loss share and a flag
+
+
+def barrier_s(link: profile.LinkProfile, num_workers: int) -> float:
+    """The commit barrier among `num_workers` over `link` (module docstring)."""
+    return link.allreduce_s(BARRIER_BYTES, num_workers)
 
 
 def optimizer_s(prof: profile.Profile, layers: Sequence[int], width: int) -> float:
@@ -187,9 +213,11 @@ def _worker_time(
     stream: schedule.WorkerStream, events: tuple[execution.Event, ...], step_s: float
 ) -> WorkerTime:
     spent = dict.fromkeys(instructions.Op, 0.0)
+    seconds = dict.fromkeys(instructions.Op, 0.0)
     wait = 0.0
     for op, event in zip(stream.instructions, events, strict=True):
         spent[op.op] += event.end_s - event.start_s
+        seconds[op.op] += event.end_s - event.ready_s
         wait += event.start_s - event.ready_s
     busy = sum(spent[op] for op in _BUSY)
     return WorkerTime(
@@ -201,6 +229,7 @@ def _worker_time(
         wait_s=wait,
         finish_s=events[-1].end_s if events else 0.0,
         idle_s=step_s - busy,
+        seconds=seconds,
     )
 
 
@@ -217,7 +246,11 @@ def _critical_path(sched: schedule.Schedule, result: execution.Replay) -> tuple[
         event = result.events[worker][index]
         op = sched.stream(worker).instructions[index].op
         start = event.start_s
-        if event.cause is not None and op != instructions.Op.ALL_REDUCE:
+        if op == instructions.Op.OPTIMIZER_STEP:
+            # from the last arrival at the commit barrier: the barrier, then the step
+            last = event if event.cause is None else result.events[event.cause[0]][event.cause[1]]
+            start = last.ready_s
+        elif event.cause is not None and op != instructions.Op.ALL_REDUCE:
             # a receive that waited: the path runs through the message's transfer
             start = result.events[event.cause[0]][event.cause[1]].end_s
         if event.end_s > start:

@@ -7,7 +7,11 @@ Semantics (the contract the executor implements; docs/schedule.md):
 - a receive blocks until the message with its (source, destination, tag) has arrived;
 - a collective blocks until every member of its group has reached its next collective on that
   group; then all members run it together for `Costs.collective_s`. Members must therefore meet
-  the collectives of a group in the same order, or the replay gets stuck.
+  the collectives of a group in the same order, or the replay gets stuck;
+- the commit barrier: a worker's first OptimizerStep of the step waits until every worker with
+  an OptimizerStep has reached its first one, then `Costs.barrier_s` more (the executor's
+  all-reduce of the loss shares over the epoch's world, docs/executor.md), then computes. Its
+  event is ready at the worker's arrival and starts when the barrier is passed.
 
 `replay` is the one implementation of these rules: the checker (`deadlock`) replays with zero
 costs to prove a schedule finishes, the time estimator (`estimator`) with profiled costs to time
@@ -41,6 +45,10 @@ class Costs(Protocol):
 
     def collective_s(self, instruction: instructions.AllReduce) -> float: ...
 
+    def barrier_s(self, workers: tuple[plan.WorkerId, ...]) -> float:
+        """The commit barrier among `workers`, from the last one's arrival until all pass."""
+        ...
+
 
 class ZeroCosts:
     """Every instruction takes no time: replaying answers only "does it finish?"."""
@@ -56,6 +64,9 @@ class ZeroCosts:
         return 0.0
 
     def collective_s(self, instruction: instructions.AllReduce) -> float:
+        return 0.0
+
+    def barrier_s(self, workers: tuple[plan.WorkerId, ...]) -> float:
         return 0.0
 
 
@@ -131,6 +142,15 @@ class _Run:
             lambda: defaultdict(int)
         )
         self.members: dict[_Collective, dict[plan.WorkerId, float]] = defaultdict(dict)
+        # the commit barrier: who takes part, who has arrived (when), who has passed it
+        self.committing = tuple(
+            s.worker
+            for s in sched.streams
+            if any(isinstance(op, instructions.OptimizerStep) for op in s.instructions)
+        )
+        self.at_barrier: dict[plan.WorkerId, float] = {}
+        self.passed: dict[plan.WorkerId, tuple[float, Cause | None]] = {}  # (arrival, cause)
+        self.committed: set[plan.WorkerId] = set()
 
     def advance(self, worker: plan.WorkerId) -> None:
         stream = self.streams[worker]
@@ -145,6 +165,14 @@ class _Run:
                     if not self._collective(worker, instruction):
                         return
                     continue
+                case instructions.OptimizerStep() if worker not in self.committed:
+                    if worker not in self.passed and not self._barrier(worker):
+                        return
+                    ready, cause = self.passed.pop(worker)
+                    self.committed.add(worker)
+                    now = self.clock[worker]
+                    duration = self.costs.compute_s(stream, instruction)
+                    event = Event(ready_s=ready, start_s=now, end_s=now + duration, cause=cause)
                 case _:
                     now = self.clock[worker]
                     duration = self.costs.compute_s(stream, instruction)
@@ -178,6 +206,24 @@ class _Run:
         return Event(
             ready_s=now, start_s=start, end_s=start, cause=sender if arrival > now else None
         )
+
+    def _barrier(self, worker: plan.WorkerId) -> bool:
+        """Register `worker`'s arrival at the commit barrier; when it is the last, everyone
+        passes: `passed` holds each member's arrival and what it waited for, its clock is the
+        moment all pass (True: `worker` may compute its optimizer step)."""
+        self.at_barrier[worker] = self.clock[worker]
+        if len(self.at_barrier) < len(self.committing):
+            return False
+        arrived, self.at_barrier = self.at_barrier, {}
+        last = max(arrived, key=lambda m: (arrived[m], m))
+        passed = arrived[last] + self.costs.barrier_s(self.committing)
+        for member, ready in arrived.items():
+            cause = None if member == last else (last, len(self.events[last]))
+            self.passed[member] = (ready, cause)
+            self.clock[member] = passed
+            if member != worker:
+                self.ready.append(member)
+        return True
 
     def _collective(self, worker: plan.WorkerId, instruction: instructions.AllReduce) -> bool:
         """Register `worker`'s arrival; when it is the last member, run the collective for all

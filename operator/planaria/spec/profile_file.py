@@ -58,11 +58,18 @@ class _Model(pydantic.BaseModel):
     )
 
 
-class LinkDocument(_Model):
-    """`intraNode` / `interNode`: moving b bytes takes latencyS + b / bandwidthBytesPerS."""
+Bandwidth = Annotated[float, pydantic.Field(gt=0, allow_inf_nan=False)]
 
-    bandwidth_bytes_per_s: Annotated[float, pydantic.Field(gt=0, allow_inf_nan=False)]
+
+class LinkDocument(_Model):
+    """`intraNode` / `interNode`: moving b bytes takes latencyS + b / bandwidthBytesPerS; a ring
+    all-reduce step the allreduce* figures, optional within version 1 (absent: the
+    point-to-point ones, as files written before them meant)."""
+
+    bandwidth_bytes_per_s: Bandwidth
     latency_s: Seconds
+    allreduce_bandwidth_bytes_per_s: Bandwidth | None = None
+    allreduce_latency_s: Seconds | None = None
 
 
 class LayerDocument(_Model):
@@ -167,7 +174,10 @@ def dump_profile(
 
 def render_profile(profile: planner_profile.Profile, *, assumptions: str = "") -> str:
     """The file text of `profile`: one field per line, one layer per line."""
-    document = _to_document(profile, assumptions).model_dump(mode="json", by_alias=True)
+    # exclude_none: a link without collective figures is written as files before them were
+    document = _to_document(profile, assumptions).model_dump(
+        mode="json", by_alias=True, exclude_none=True
+    )
     layers = document.pop("layers")
     lines = [f"  {json.dumps(key)}: {json.dumps(value)}" for key, value in document.items()]
     layer_lines = ",\n".join(f"    {json.dumps(layer)}" for layer in layers)
@@ -321,7 +331,10 @@ def _to_layer(layer: LayerDocument) -> planner_profile.LayerProfile:
 
 def _to_link(link: LinkDocument) -> planner_profile.LinkProfile:
     return planner_profile.LinkProfile(
-        bandwidth_bytes_per_s=link.bandwidth_bytes_per_s, latency_s=link.latency_s
+        bandwidth_bytes_per_s=link.bandwidth_bytes_per_s,
+        latency_s=link.latency_s,
+        allreduce_bandwidth_bytes_per_s=link.allreduce_bandwidth_bytes_per_s,
+        allreduce_latency_s=link.allreduce_latency_s,
     )
 
 
@@ -357,6 +370,12 @@ def _from_layer(layer: planner_profile.LayerProfile) -> LayerDocument:
 
 
 def _from_link(link: planner_profile.LinkProfile) -> LinkDocument:
+    def number(value: float | None) -> float | None:
+        return None if value is None else float(value)
+
     return LinkDocument(
-        bandwidth_bytes_per_s=float(link.bandwidth_bytes_per_s), latency_s=float(link.latency_s)
+        bandwidth_bytes_per_s=float(link.bandwidth_bytes_per_s),
+        latency_s=float(link.latency_s),
+        allreduce_bandwidth_bytes_per_s=number(link.allreduce_bandwidth_bytes_per_s),
+        allreduce_latency_s=number(link.allreduce_latency_s),
     )

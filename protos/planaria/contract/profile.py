@@ -81,27 +81,41 @@ class LayerProfile:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LinkProfile:
-    """A network link: time to move b bytes is latency_s + b / bandwidth_bytes_per_s."""
+    """A network link: time to move b bytes point to point is latency_s + b / bandwidth.
+
+    A ring all-reduce runs 2(p-1) steps of b/p bytes; its per-step latency and bandwidth are
+    `allreduce_latency_s` and `allreduce_bandwidth_bytes_per_s` when the profile measured a
+    collective (a library's all-reduce pays for synchronisation, the reduction's arithmetic and
+    its own chunking, so it is slower than point-to-point sends of the same bytes: gloo on
+    loopback about 3x), else the point-to-point figures (analytic profiles, older files).
+    """
 
     bandwidth_bytes_per_s: float
     latency_s: float
+    allreduce_bandwidth_bytes_per_s: float | None = None
+    allreduce_latency_s: float | None = None
 
     def __post_init__(self) -> None:
-        if not (math.isfinite(self.bandwidth_bytes_per_s) and self.bandwidth_bytes_per_s > 0):
-            raise errors.PlanInputError("link bandwidth_bytes_per_s must be finite and > 0")
-        if not (math.isfinite(self.latency_s) and self.latency_s >= 0):
-            raise errors.PlanInputError("link latency_s must be finite and >= 0")
+        for bandwidth in (self.bandwidth_bytes_per_s, self.allreduce_bandwidth_bytes_per_s):
+            if bandwidth is not None and not (math.isfinite(bandwidth) and bandwidth > 0):
+                raise errors.PlanInputError("link bandwidths must be finite and > 0")
+        for latency in (self.latency_s, self.allreduce_latency_s):
+            if latency is not None and not (math.isfinite(latency) and latency >= 0):
+                raise errors.PlanInputError("link latencies must be finite and >= 0")
 
     def transfer_s(self, num_bytes: float) -> float:
         """Seconds to send `num_bytes` point to point over this link."""
         return self.latency_s + num_bytes / self.bandwidth_bytes_per_s
 
     def allreduce_s(self, num_bytes: float, num_participants: int) -> float:
-        """Ring all-reduce of `num_bytes` over `num_participants`: 2(p-1) steps of b/p bytes."""
+        """Ring all-reduce of `num_bytes` over `num_participants`: 2(p-1) steps of b/p bytes,
+        each costing the collective's per-step latency plus b/p over its bandwidth."""
         if num_participants <= 1:
             return 0.0
         p = num_participants
-        return 2 * (p - 1) * (self.latency_s + num_bytes / p / self.bandwidth_bytes_per_s)
+        latency = self.latency_s if self.allreduce_latency_s is None else self.allreduce_latency_s
+        bandwidth = self.allreduce_bandwidth_bytes_per_s or self.bandwidth_bytes_per_s
+        return 2 * (p - 1) * (latency + num_bytes / p / bandwidth)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -1,13 +1,17 @@
 """The measuring profiler: per-layer costs of the real model on this machine, for the planner.
 
 `measure_profile` builds the model's planner layers (`planaria.agent.training.model`) and, for one
-micro-batch of random tokens, times each layer on its own the way a pipeline stage runs it:
+micro-batch of random tokens, times each layer in place, the way a pipeline stage runs it:
 
-- forward: the layer's forward with autograd recording (the head includes the loss,
-  `model.micro_batch_loss`, as the last stage computes it); backward: from a random gradient of
-  the layer's output (the head: from its loss) back to its parameters and its input, the
-  gradient a stage sends upstream; optimizer: the layer's own AdamW step. Each is the median of
-  `repeats` runs after `warmup` untimed ones; on CUDA the device is synchronised around each.
+- passes through the whole model: the forward layer by layer with autograd recording and every
+  earlier layer's activations still held (the head includes the loss, `model.micro_batch_loss`,
+  as the last stage computes it); the backward layer by layer from the loss, each from the
+  gradient the next layer sent back (a stage boundary may fall between any two layers), into
+  gradients the previous pass left (as every micro-batch of a step but the first accumulates);
+  then each layer's own AdamW step. Each time is the median of `repeats` passes after `warmup`
+  untimed ones; on CUDA the device is synchronised around each. Timing a layer alone in a loop
+  instead comes out faster than in a stage (on CPU it reuses the memory it just freed: blocks
+  late in the model measured 40% faster alone), and the estimator came out short.
 - bytes, from tensor sizes: parameters and gradients (numel * element size), AdamW's two moments
   (2 x parameter bytes), activations (the distinct storages autograd saves for backward during
   the forward, found with `torch.autograd.graph.saved_tensors_hooks`, parameters excluded) and
@@ -22,7 +26,10 @@ they count as activations); its parameters, gradients and moments are float32 as
 One device is one "GPU": every layer has timings for one GPU per stage only. The links are
 measured, not assumed: two gloo process groups in this process, joined through an in-memory
 store, send tensors to each other over the loopback interface; the one-way time of a tiny
-message is the latency and the extra time of a 16 MiB message gives the bandwidth. The same
+message is the latency and the extra time of a 16 MiB message gives the bandwidth. The two
+also all-reduce a tiny and a 16 MiB tensor, which gives the ring all-reduce's own per-step
+latency and bandwidth (`measure_loopback_link`; gloo's all-reduce is about 3x slower than sends
+of the same bytes, so point-to-point figures would make all-reduces look cheap). The same
 link stands for intra- and inter-node traffic (all workers of a local run share this machine),
 and the accelerator is named accordingly, e.g. "cpu-gloo-loopback". `memory_bytes` is the
 machine's RAM on CPU, the device's memory on CUDA.
@@ -41,7 +48,8 @@ import statistics
 import threading
 import time
 import typing
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 
 import torch
 import torch.distributed as dist
@@ -121,19 +129,93 @@ def _measure_layers(
     arithmetic: messages.Precision,
     runs: tuple[int, int],
 ) -> list[profile.LayerProfile]:
-    """Every planner layer measured in turn on `runs` = (warmup, repeats)."""
-    warmup, repeats = runs
-    layers = []
+    """Every planner layer's bytes (`measure_layer`, one untimed run each) and its times from
+    `runs` = (warmup, repeats) passes of the whole model in sequence (`_time_in_sequence`)."""
+    modules = [
+        model.build_layer(shape, PROFILE_SEED, i, target) for i in range(shape.num_planner_layers)
+    ]
     hidden = _token_ids(shape, micro_batch_size, target)
-    for index in range(shape.num_planner_layers):
-        layer = model.build_layer(shape, PROFILE_SEED, index, target)
-        measured = measure_layer(
-            shape, layer, hidden, warmup=warmup, repeats=repeats, arithmetic=arithmetic
+    sizes = []
+    for layer in modules:
+        sizes.append(
+            measure_layer(shape, layer, hidden, warmup=0, repeats=1, arithmetic=arithmetic)
         )
-        layers.append(_layer_profile(model.layer_name(shape, index), layer, measured))
         with torch.no_grad(), precision.forward(arithmetic, target):
             hidden = layer(hidden)  # the next layer's input, as the stage before would send it
-    return layers
+    times = _time_in_sequence(shape, modules, micro_batch_size, arithmetic, runs)
+    timed = [
+        replace(
+            size, forward_s=t["forward_s"], backward_s=t["backward_s"], optimizer_s=t["optimizer_s"]
+        )
+        for size, t in zip(sizes, times, strict=True)
+    ]
+    return [
+        _layer_profile(model.layer_name(shape, i), layer, measured)
+        for i, (layer, measured) in enumerate(zip(modules, timed, strict=True))
+    ]
+
+
+def _time_in_sequence(
+    shape: shapes.ModelShape,
+    modules: Sequence[nn.Module],
+    micro_batch_size: int,
+    arithmetic: messages.Precision,
+    runs: tuple[int, int],
+) -> list[dict[str, float]]:
+    """Per layer, the median forward, backward and AdamW seconds over `repeats` passes after
+    `warmup` untimed ones. A pass runs a micro-batch through every layer in order, keeping each
+    layer's activations until the backward (as a stage does), then the backward from the loss
+    layer by layer, each from the gradient the next one sent (a stage boundary may fall between
+    any two layers), then each layer's optimizer step. Gradients are not cleared between passes,
+    so a timed backward accumulates into existing gradients, as every micro-batch of a step but
+    its first does in the executor. Timing the layers in place rather than one at a time in a
+    loop matters on CPU: a layer timed alone reuses the memory it just freed, while in a stage
+    its outputs land in fresh pages (measured: blocks late in the model 40% slower)."""
+    warmup, repeats = runs
+    device = next(modules[0].parameters()).device
+    ids = _token_ids(shape, micro_batch_size, device)
+    targets = torch.randint(0, shape.vocab_size, ids.shape, device=device)
+    optimizers = [model.make_optimizer(layer, model.OptimizerConfig()) for layer in modules]
+    timed = [_pass(modules, optimizers, ids, targets, arithmetic) for _ in range(warmup + repeats)]
+    return [
+        {
+            phase: statistics.median(run[i][phase] for run in timed[warmup:])
+            for phase in ("forward_s", "backward_s", "optimizer_s")
+        }
+        for i in range(len(modules))
+    ]
+
+
+def _pass(
+    modules: Sequence[nn.Module],
+    optimizers: Sequence[torch.optim.Optimizer],
+    ids: torch.Tensor,
+    targets: torch.Tensor,
+    arithmetic: messages.Precision,
+) -> list[dict[str, float]]:
+    """One timed pass (`_time_in_sequence`): seconds per layer and phase."""
+    times: list[dict[str, float]] = [{} for _ in modules]
+    inputs, outputs = [], []
+    x = ids
+    with precision.forward(arithmetic, ids.device):
+        for i, layer in enumerate(modules):
+            leaf = x if i == 0 else x.detach().requires_grad_(True)
+            start = _now(ids.device)
+            x = _forward(layer, leaf, targets if i == len(modules) - 1 else None)
+            times[i]["forward_s"] = _now(ids.device) - start
+            inputs.append(leaf)
+            outputs.append(x)
+    gradient = None
+    for i in reversed(range(len(modules))):
+        start = _now(ids.device)
+        torch.autograd.backward(outputs.pop(), gradient)
+        times[i]["backward_s"] = _now(ids.device) - start
+        gradient = inputs.pop().grad
+    for i, optimizer in enumerate(optimizers):
+        start = _now(ids.device)
+        optimizer.step()
+        times[i]["optimizer_s"] = _now(ids.device) - start
+    return times
 
 
 def measure_layer(
@@ -254,20 +336,28 @@ def _layer_profile(name: str, layer: nn.Module, measured: LayerMeasurement) -> p
 
 
 def measure_loopback_link(repeats: int = LINK_REPEATS) -> profile.LinkProfile:
-    """Latency and bandwidth of gloo point-to-point sends over this machine's loopback.
+    """Latency and bandwidth of gloo point-to-point sends and all-reduces over this machine's
+    loopback.
 
-    Two gloo process groups (ranks 0 and 1) live in this process; rank 0 sends to rank 1 and
-    the median one-way time is taken for a 4-byte and a 16 MiB tensor. latency = the small
-    time; bandwidth = (large - small bytes) / (large - small time).
+    Two gloo process groups (ranks 0 and 1) live in this process. Point to point: rank 0 sends
+    to rank 1, the median one-way time is taken for a 4-byte and a 16 MiB tensor; latency = the
+    small time, bandwidth = (large - small bytes) / (large - small time). All-reduce: both ranks
+    reduce a 4-byte and a 16 MiB tensor; a ring of p = 2 takes 2 latency + b / bandwidth
+    (`LinkProfile.allreduce_s`), so the per-step latency is half the small time and the
+    bandwidth (large - small bytes) / (large - small time).
     """
     groups = _loopback_groups()
     small = _one_way_s(groups, SMALL_MESSAGE_BYTES, repeats)
     large = _one_way_s(groups, LARGE_MESSAGE_BYTES, repeats)
-    # Guard against a large send timed no slower than a small one (timer noise on tiny links).
-    extra_s = max(large - small, 1e-9)
+    small_reduce = _allreduce_s(groups, SMALL_MESSAGE_BYTES, repeats)
+    large_reduce = _allreduce_s(groups, LARGE_MESSAGE_BYTES, repeats)
+    extra_bytes = LARGE_MESSAGE_BYTES - SMALL_MESSAGE_BYTES
+    # Guard against a large message timed no slower than a small one (timer noise).
     return profile.LinkProfile(
-        bandwidth_bytes_per_s=(LARGE_MESSAGE_BYTES - SMALL_MESSAGE_BYTES) / extra_s,
+        bandwidth_bytes_per_s=extra_bytes / max(large - small, 1e-9),
         latency_s=small,
+        allreduce_bandwidth_bytes_per_s=extra_bytes / max(large_reduce - small_reduce, 1e-9),
+        allreduce_latency_s=small_reduce / 2,
     )
 
 
@@ -292,10 +382,12 @@ def _loopback_groups() -> tuple[dist.ProcessGroupGloo, dist.ProcessGroupGloo]:
 
 
 class _PointToPoint(typing.Protocol):
-    """The send / recv a gloo backend has at run time (torch's stubs leave them out)."""
+    """The send / recv / allreduce a gloo backend has at run time (torch's stubs leave them
+    out)."""
 
     def send(self, tensors: list[torch.Tensor], dstRank: int, tag: int) -> dist.Work: ...
     def recv(self, tensors: list[torch.Tensor], srcRank: int, tag: int) -> dist.Work: ...
+    def allreduce(self, tensors: list[torch.Tensor]) -> dist.Work: ...
 
 
 def _one_way_s(
@@ -311,6 +403,25 @@ def _one_way_s(
         received = receiver.recv([sink], 0, 0)
         sender.send([source], 1, 0).wait()
         received.wait()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times[1:])
+
+
+def _allreduce_s(
+    groups: tuple[dist.ProcessGroupGloo, dist.ProcessGroupGloo], num_bytes: int, repeats: int
+) -> float:
+    """Median seconds of a SUM all-reduce of `num_bytes` over both ranks (each rank's work is
+    posted from this thread; gloo runs it on its own threads)."""
+    tensors = [torch.zeros(max(num_bytes // 4, 1), dtype=torch.float32) for _ in groups]
+    times = []
+    for _ in range(repeats + 1):  # the first also sets up the algorithm's buffers: not timed
+        start = time.perf_counter()
+        works = [
+            typing.cast(_PointToPoint, group).allreduce([t])
+            for group, t in zip(groups, tensors, strict=True)
+        ]
+        for work in works:
+            work.wait()
         times.append(time.perf_counter() - start)
     return statistics.median(times[1:])
 
