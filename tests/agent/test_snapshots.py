@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from planaria.agent.state import manifests, snapshot_store, snapshot_writer, snapshots
@@ -410,6 +410,7 @@ def test_snapshots_follow_state_updated_in_place_and_state_replaced(tmp_path: Pa
     dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float64, torch.int8]),
     offset=st.integers(0, 7),
 )
+@example(shapes_=[[], []], dtype=torch.int8, offset=2)  # an aligned address at offset 6
 def test_unflatten_gives_views_of_its_buffer_where_aligned_and_equal_bytes_always(
     shapes_: list[list[int]], dtype: torch.dtype, offset: int
 ) -> None:
@@ -456,4 +457,5 @@ def test_unflatten_gives_views_of_its_buffer_where_aligned_and_equal_bytes_alway
         assert raw(got) == raw(want)
         if got.numel():
             at = data.ctypes.data + layout.offset  # where its bytes sit in the buffer
-            assert (got.data_ptr() == at) == (at % got.element_size() == 0)
+            size = got.element_size()  # torch's rule: address and offset both multiples
+            assert (got.data_ptr() == at) == (at % size == 0 and layout.offset % size == 0)

@@ -197,7 +197,8 @@ def _tensor_at(layout: manifests.TensorLayout, source: torch.Tensor) -> torch.Te
     dtype = DTYPES[layout.dtype]
     piece = source[layout.offset : layout.offset + layout.nbytes]
     itemsize = torch.empty((), dtype=dtype).element_size()
-    if layout.nbytes and piece.data_ptr() % itemsize == 0:
+    aligned = piece.data_ptr() % itemsize == 0 and piece.storage_offset() % itemsize == 0
+    if layout.nbytes and aligned:  # torch views a dtype only at a multiple of its size
         return piece.view(dtype).reshape(layout.shape)
     out = torch.empty(layout.shape, dtype=dtype)
     out.reshape(-1).view(torch.uint8).copy_(piece)
