@@ -1506,21 +1506,39 @@ class LinkProfile(_message.Message):
 
     BANDWIDTH_BYTES_PER_S_FIELD_NUMBER: _builtins.int
     LATENCY_S_FIELD_NUMBER: _builtins.int
+    ALLREDUCE_BANDWIDTH_BYTES_PER_S_FIELD_NUMBER: _builtins.int
+    ALLREDUCE_LATENCY_S_FIELD_NUMBER: _builtins.int
     bandwidth_bytes_per_s: _builtins.float
     """Bandwidth in bytes per second; > 0."""
     latency_s: _builtins.float
+    """Latency in seconds; >= 0."""
+    allreduce_bandwidth_bytes_per_s: _builtins.float
+    """All-reduce figures measured apart from point-to-point sends (a collective library's
+    all-reduce is not a ring of its sends); absent: derived from the two above.
+    Bandwidth in bytes per second; > 0.
+    """
+    allreduce_latency_s: _builtins.float
     """Latency in seconds; >= 0."""
     def __init__(
         self,
         *,
         bandwidth_bytes_per_s: _builtins.float = ...,
         latency_s: _builtins.float = ...,
+        allreduce_bandwidth_bytes_per_s: _builtins.float | None = ...,
+        allreduce_latency_s: _builtins.float | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_allreduce_bandwidth_bytes_per_s", b"_allreduce_bandwidth_bytes_per_s", "_allreduce_latency_s", b"_allreduce_latency_s", "allreduce_bandwidth_bytes_per_s", b"allreduce_bandwidth_bytes_per_s", "allreduce_latency_s", b"allreduce_latency_s"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["bandwidth_bytes_per_s", b"bandwidth_bytes_per_s", "latency_s", b"latency_s"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_allreduce_bandwidth_bytes_per_s", b"_allreduce_bandwidth_bytes_per_s", "_allreduce_latency_s", b"_allreduce_latency_s", "allreduce_bandwidth_bytes_per_s", b"allreduce_bandwidth_bytes_per_s", "allreduce_latency_s", b"allreduce_latency_s", "bandwidth_bytes_per_s", b"bandwidth_bytes_per_s", "latency_s", b"latency_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__allreduce_bandwidth_bytes_per_s: _TypeAlias = _typing.Literal["allreduce_bandwidth_bytes_per_s"]  # noqa: Y015
+    _WhichOneofArgType__allreduce_bandwidth_bytes_per_s: _TypeAlias = _typing.Literal["_allreduce_bandwidth_bytes_per_s", b"_allreduce_bandwidth_bytes_per_s"]  # noqa: Y015
+    _WhichOneofReturnType__allreduce_latency_s: _TypeAlias = _typing.Literal["allreduce_latency_s"]  # noqa: Y015
+    _WhichOneofArgType__allreduce_latency_s: _TypeAlias = _typing.Literal["_allreduce_latency_s", b"_allreduce_latency_s"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__allreduce_bandwidth_bytes_per_s) -> _WhichOneofReturnType__allreduce_bandwidth_bytes_per_s | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__allreduce_latency_s) -> _WhichOneofReturnType__allreduce_latency_s | None: ...
 
 Global___LinkProfile: _TypeAlias = LinkProfile  # noqa: Y015
 

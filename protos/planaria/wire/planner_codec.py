@@ -169,9 +169,12 @@ def _encode_layer_profile(layer: profiles.LayerProfile) -> pb.LayerProfile:
 
 
 def _encode_link(link: profiles.LinkProfile) -> pb.LinkProfile:
-    return pb.LinkProfile(
-        bandwidth_bytes_per_s=link.bandwidth_bytes_per_s, latency_s=link.latency_s
-    )
+    msg = pb.LinkProfile(bandwidth_bytes_per_s=link.bandwidth_bytes_per_s, latency_s=link.latency_s)
+    if link.allreduce_bandwidth_bytes_per_s is not None:
+        msg.allreduce_bandwidth_bytes_per_s = link.allreduce_bandwidth_bytes_per_s
+    if link.allreduce_latency_s is not None:
+        msg.allreduce_latency_s = link.allreduce_latency_s
+    return msg
 
 
 def decode_profile(msg: pb.Profile, path: str = "Profile") -> profiles.Profile:
@@ -214,5 +217,14 @@ def _decode_layer_profile(msg: pb.LayerProfile, path: str) -> profiles.LayerProf
 def _decode_link(msg: pb.LinkProfile, path: str) -> profiles.LinkProfile:
     with errors.at(path):
         return profiles.LinkProfile(
-            bandwidth_bytes_per_s=msg.bandwidth_bytes_per_s, latency_s=msg.latency_s
+            bandwidth_bytes_per_s=msg.bandwidth_bytes_per_s,
+            latency_s=msg.latency_s,
+            allreduce_bandwidth_bytes_per_s=(
+                msg.allreduce_bandwidth_bytes_per_s
+                if msg.HasField("allreduce_bandwidth_bytes_per_s")
+                else None
+            ),
+            allreduce_latency_s=(
+                msg.allreduce_latency_s if msg.HasField("allreduce_latency_s") else None
+            ),
         )
