@@ -39,7 +39,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections import Counter, defaultdict
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import cast
 
@@ -313,20 +313,8 @@ class Survivors:
         roles = np.flatnonzero(np.isin(which, needy))
         destinations = np.asarray(self.workers, dtype=np.int64)[bound.survivor[roles]]
         order = np.argsort(destinations, kind="stable")
-        transfers: list[plan.LayerTransfer] = []
-        restores: list[Restore] = []
-        for worker, k in zip(
-            destinations[order].tolist(), which[roles[order]].tolist(), strict=True
-        ):
-            for layer in lack[k]:
-                sources = self._holders.of(layer)
-                if sources:
-                    transfers.append(
-                        plan.LayerTransfer(layer=layer, destination=worker, sources=sources)
-                    )
-                else:
-                    restores.append(Restore(layer=layer, destination=worker))
-        return tuple(transfers), tuple(restores)
+        needs = zip(destinations[order].tolist(), which[roles[order]].tolist(), strict=True)
+        return _copies(((plan.WorkerId(w), lack[k]) for w, k in needs), self._holders)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -579,6 +567,14 @@ def _missing(
     # a worker has one stage and its layers come in order: a stable sort by destination gives
     # (destination, layer) order without listing every worker's role first
     needs.sort(key=lambda need: need[0])
+    return _copies(needs, holders)
+
+
+def _copies(
+    needs: Iterable[tuple[plan.WorkerId, Sequence[int]]], holders: _Holders
+) -> tuple[tuple[plan.LayerTransfer, ...], tuple[Restore, ...]]:
+    """Each destination's lacking layers, in the order given: a copy from the live holders, or
+    a restore from the snapshot tiers where no live worker holds the layer."""
     transfers: list[plan.LayerTransfer] = []
     restores: list[Restore] = []
     for worker, lack in needs:
