@@ -130,7 +130,7 @@ class SnapshotWriter:
             group = groups.get(state.index, ())
             if self.config.worker in group:
                 wanted = self._wanted(state.nbytes, group.index(self.config.worker), len(group))
-                sizes.append(sum(len(r) for r in staging.merge(wanted)))
+                sizes.append(staging.staged_bytes(wanted))
         self._reserving = self._pool.submit(self._reserve, sizes)
 
     def _reserve(self, sizes: Sequence[int]) -> None:

@@ -196,7 +196,7 @@ def unflatten(entry: manifests.LayerEntry, data: parity.Bytes) -> model.LayerSta
 def _tensor_at(layout: manifests.TensorLayout, source: torch.Tensor) -> torch.Tensor:
     dtype = DTYPES[layout.dtype]
     piece = source[layout.offset : layout.offset + layout.nbytes]
-    itemsize = torch.empty((), dtype=dtype).element_size()
+    itemsize = dtype.itemsize
     aligned = piece.data_ptr() % itemsize == 0 and piece.storage_offset() % itemsize == 0
     if layout.nbytes and aligned:  # torch views a dtype only at a multiple of its size
         return piece.view(dtype).reshape(layout.shape)

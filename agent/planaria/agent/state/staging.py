@@ -98,43 +98,34 @@ class _CpuTicket:
         """Nothing to order on a CPU: the writer signals the end of the copy itself."""
 
 
-class _Pool:
-    """Buffers given back, by size (thread-safe: the training thread takes them, the writer
-    thread and the training thread give them back)."""
+class _Pooled:
+    """The staging buffers both copiers allocate and take back, by size (thread-safe: the
+    training thread takes them, the writer thread and the training thread give them back)."""
+
+    pinned = False  # page-locked host memory (what a device's copy engine reads at full speed)
 
     def __init__(self) -> None:
         self._free: dict[int, list[torch.Tensor]] = {}
         self._lock = threading.Lock()
 
-    def take(self, nbytes: int) -> torch.Tensor | None:
+    def buffer(self, nbytes: int) -> torch.Tensor:
         with self._lock:
             free = self._free.get(nbytes)
-            return free.pop() if free else None
+            if free:
+                return free.pop()
+        return torch.empty(nbytes, dtype=torch.uint8, pin_memory=self.pinned)
 
-    def give(self, buffer: torch.Tensor) -> None:
+    def recycle(self, buffer: torch.Tensor) -> None:
         with self._lock:
             self._free.setdefault(buffer.numel(), []).append(buffer)
 
-    def clear(self) -> None:
+    def trim(self) -> None:
         with self._lock:
             self._free.clear()
 
 
-class CpuCopier:
+class CpuCopier(_Pooled):
     """Preallocated pageable buffers, copied into by the writer thread."""
-
-    def __init__(self) -> None:
-        self._pool = _Pool()
-
-    def buffer(self, nbytes: int) -> torch.Tensor:
-        pooled = self._pool.take(nbytes)
-        return pooled if pooled is not None else torch.empty(nbytes, dtype=torch.uint8)
-
-    def recycle(self, buffer: torch.Tensor) -> None:
-        self._pool.give(buffer)
-
-    def trim(self) -> None:
-        self._pool.clear()
 
     def launch(self, copies: Sequence[tuple[Sequence[torch.Tensor], torch.Tensor]]) -> Ticket:
         return _CpuTicket(copies)
@@ -153,25 +144,15 @@ class _CudaTicket:
         torch.cuda.current_stream().wait_event(self._done)
 
 
-class CudaCopier:
+class CudaCopier(_Pooled):
     """Pinned buffers and a side stream ordered by events (module docstring)."""
 
+    pinned = True
+
     def __init__(self, device: torch.device) -> None:
+        super().__init__()
         self.device = device
         self._stream = torch.cuda.Stream(device=device)  # type: ignore[no-untyped-call]
-        self._pool = _Pool()
-
-    def buffer(self, nbytes: int) -> torch.Tensor:
-        pooled = self._pool.take(nbytes)
-        if pooled is not None:
-            return pooled
-        return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
-
-    def recycle(self, buffer: torch.Tensor) -> None:
-        self._pool.give(buffer)
-
-    def trim(self) -> None:
-        self._pool.clear()
 
     def launch(self, copies: Sequence[tuple[Sequence[torch.Tensor], torch.Tensor]]) -> Ticket:
         stepped = torch.cuda.Event()  # type: ignore[no-untyped-call]
@@ -253,6 +234,11 @@ class Staging:
         self.keep_only(set())
 
 
+def staged_bytes(ranges: Sequence[range]) -> int:
+    """The size of the staging buffer of `ranges`: the bytes they cover."""
+    return sum(len(r) for r in merge(ranges))
+
+
 def merge(ranges: Sequence[range]) -> tuple[range, ...]:
     """Sorted, non-empty, non-overlapping ranges covering the same bytes."""
     merged: list[range] = []
@@ -300,7 +286,7 @@ def _prepare(
             low, high = max(r.start - base, 0), min(r.stop - base, flats[index].numel())
             if high > low:
                 sources.append(flats[index][low:high])
-    size = sum(len(r) for r in wanted)
+    size = staged_bytes(wanted)
     buffer = old if old is not None and old.numel() == size else owner.copier.buffer(size)
     return Prepared(
         key=key,
