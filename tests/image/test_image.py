@@ -167,13 +167,19 @@ def built_image() -> str | None:
     return found.stdout.strip() if found.returncode == 0 else None
 
 
-def test_the_entrypoints_start_in_the_image_as_uid_10001_on_a_read_only_root() -> None:
+def image_or_skip() -> str:
+    """The built image's name; the calling test is skipped, saying how to build it, without."""
     image = built_image()
     if image is None:
         pytest.skip(
             "the image is not built (or this is not root): run `scripts/build-image.sh build` "
             "(or `PLANARIA_IMAGE=build bash scripts/test.sh`) once; it is cached"
         )
+    return image
+
+
+def test_the_entrypoints_start_in_the_image_as_uid_10001_on_a_read_only_root() -> None:
+    image = image_or_skip()
     done = subprocess.run(["bash", str(SCRIPT), "check"], capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
     lines = done.stdout.splitlines()
@@ -216,12 +222,7 @@ def test_the_operator_from_the_image_runs_a_job_on_an_api_server(tmp_path: pathl
     """`planaria operator` started from the image (uid 10001, read-only root) against the API
     emulator: it becomes healthy and creates a new job's Secrets, Service and pods, then stops
     on SIGTERM. The pods stay unscheduled: no kubelet runs them here."""
-    image = built_image()
-    if image is None:
-        pytest.skip(
-            "the image is not built (or this is not root): run `scripts/build-image.sh build` "
-            "(or `PLANARIA_IMAGE=build bash scripts/test.sh`) once; it is cached"
-        )
+    image_or_skip()
     api_dir, data_dir = tmp_path / "api", tmp_path / "data"
     api_dir.mkdir()
     data_dir.mkdir()

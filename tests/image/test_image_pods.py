@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from planaria.agent.training import data
-from tests.image.test_image import SCRIPT, built_image
+from tests.image.test_image import SCRIPT, image_or_skip
 from tests.kube import operating
 from tests.kube.support import containers, serving
 from tests.kube.support import kubelet as harness
@@ -67,11 +67,7 @@ def agents_in_the_image(kubelet: harness.Kubelet) -> set[str]:
 async def test_a_job_whose_pods_run_from_the_image_succeeds(
     tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    if built_image() is None:
-        pytest.skip(
-            "the image is not built (or this is not root): run `scripts/build-image.sh build` "
-            "(or `PLANARIA_IMAGE=build bash scripts/test.sh`) once; it is cached"
-        )
+    image_or_skip()
     corpus_dir, workdir, api_dir = tmp_path / "corpus", tmp_path / "kubelet", tmp_path / "api"
     for folder in (corpus_dir, workdir, api_dir):
         folder.mkdir()
