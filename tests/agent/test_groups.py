@@ -20,6 +20,8 @@ import time
 from collections.abc import Iterator
 
 import pytest
+import torch
+import torch.distributed as dist
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch._C import _distributed_c10d as c10d
@@ -142,8 +144,14 @@ import datetime, sys
 from torch._C import _distributed_c10d as c10d
 from planaria.agent.execution import groups
 from planaria.wire import messages
+import torch
+import torch.distributed as dist
 store = c10d.TCPStore("127.0.0.1", int(sys.argv[1]), None, False, datetime.timedelta(seconds=30))
-groups.leave_epoch(groups.form_epoch(store, 2, 1, 2, messages.Backend.GLOO, 30.0))
+epoch = groups.form_epoch(store, 2, 1, 2, messages.Backend.GLOO, 30.0)
+met = torch.tensor([2.0])
+dist.all_reduce(met, group=epoch.world)
+groups.leave_epoch(epoch)
+sys.exit(0 if met.item() == 3.0 else 1)
 """
 
 
@@ -154,6 +162,13 @@ def test_after_a_failed_rendezvous_the_next_epoch_meets_a_peer_that_never_failed
         groups.form_epoch(store, 1, 0, 2, GLOO, 1.0)
     peer = subprocess.Popen([sys.executable, "-c", _FRESH_PEER, str(store.port)])
     try:
-        groups.leave_epoch(groups.form_epoch(store, 2, 0, 2, GLOO, 30.0))
+        # Both sides all-reduce before leaving: that is the meeting, and a rank leaving the
+        # moment its own init returns can close gloo's connection while the peer is still in
+        # its half of the handshake (CI saw that peer fail with "connection closed by peer").
+        epoch = groups.form_epoch(store, 2, 0, 2, GLOO, 30.0)
+        met = torch.tensor([1.0])
+        dist.all_reduce(met, group=epoch.world)
+        groups.leave_epoch(epoch)
+        assert met.item() == 3.0
     finally:
         assert peer.wait(60) == 0
