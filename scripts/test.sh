@@ -18,8 +18,12 @@ if [ "${PLANARIA_IMAGE:-}" = build ]; then
   echo "== image"; bash scripts/build-image.sh build
 fi
 echo "== pytest"
+# One pytest worker per core (PLANARIA_TEST_WORKERS overrides; 0 runs in this process), a test
+# file's tests on one worker so its module fixtures are built once. Most of the slow tests wait
+# on processes they start (agents, controllers, timeouts), so two workers on two cores still
+# take about a third off the wall time.
 set +e
-pytest "$@"
+pytest -n "${PLANARIA_TEST_WORKERS:-auto}" --dist loadfile "$@"
 rc=$?
 set -e
 if [ "$rc" -eq 5 ]; then

@@ -220,6 +220,7 @@ def _record() -> ports.EpochRecord:
 # before the end, short enough for CI (tiny model, one snapshot and a checkpoint at the end).
 STEADY_STEPS = 240
 KILL_AFTER_STEP = 25
+SIGTERM_STEPS = 40
 STEADY = JOB_TEXT.replace(
     "{rest}",
     "seed: 7\nsnapshots: {{intervalSteps: 1, redundancy: copy}}\n"
@@ -283,9 +284,11 @@ def test_a_controller_killed_while_training_is_adopted_without_losing_progress(
     )
 
 
-def _steady(tmp_path: Path, corpus: Path, shm: Path, name: str) -> tuple[Path, list[str]]:
+def _steady(
+    tmp_path: Path, corpus: Path, shm: Path, name: str, steps: int = STEADY_STEPS
+) -> tuple[Path, list[str]]:
     job_path = tmp_path / "job.yaml"
-    text = STEADY.format(steps=STEADY_STEPS, corpus=corpus, checkpoints=tmp_path / "checkpoints")
+    text = STEADY.format(steps=steps, corpus=corpus, checkpoints=tmp_path / "checkpoints")
     job_path.write_text(text)
     command = [
         *(sys.executable, "-m", "planaria", "run", str(job_path), "--out", str(tmp_path / "run")),
@@ -301,7 +304,9 @@ def test_a_run_stopped_by_sigterm_then_run_again_starts_over_and_says_what_it_lo
     """#19: SIGTERM stops the agents (nothing left to adopt); the same command again starts the
     job over, says so on the console and in its report, with the step the first run reached."""
     name, out = f"sigterm-{uuid.uuid4().hex[:8]}", tmp_path / "run"
-    _, command = _steady(tmp_path, corpus, shm, name)
+    # Long enough that the first run is still training when the signal comes (it is sent once
+    # step 5 shows), short enough that the second run, from step 0, is not most of the test.
+    _, command = _steady(tmp_path, corpus, shm, name, steps=SIGTERM_STEPS)
     recorder = processes.Recorder()
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     try:
