@@ -4,7 +4,8 @@
 scripts/kube-control-plane.sh once per test session, applies the chart's CRDs as shipped and the
 chart's ServiceAccount, Role and RoleBinding (rendered for namespace `default`), and stops them
 at the end. When the binaries are not built, every test here is skipped with the command that
-builds them (`scripts/kube-control-plane.sh build`, or `PLANARIA_KUBE=build bash scripts/test.sh`).
+builds them (`scripts/kube-control-plane.sh build`; `bash scripts/test.sh` builds them unless
+`PLANARIA_KUBE=skip`).
 
 `admin` is a client with the cluster admin's token; `operator_kubeconfig` is a kubeconfig
 holding a token of the chart's ServiceAccount, issued by the API server, so the operator runs
@@ -32,7 +33,7 @@ def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[cluster.
     if cluster.binaries() is None:
         pytest.skip(
             "the Kubernetes control plane is not built: run `scripts/kube-control-plane.sh "
-            "build` (or `PLANARIA_KUBE=build bash scripts/test.sh`) once; it is cached"
+            "build` once (`bash scripts/test.sh` does unless PLANARIA_KUBE=skip); it is cached"
         )
     plane = cluster.ControlPlane.start(tmp_path_factory.mktemp("control-plane"))
     try:
