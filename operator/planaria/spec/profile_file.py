@@ -148,6 +148,7 @@ def parse_profile_file(text: str, *, source: str = "profile") -> ProfileFile:
     except pydantic.ValidationError as exc:
         raise ProfileFileError(f"{source}: {_describe(exc)}") from None
     _check_layer_widths(document, source)
+    _check_some_time(document, source)
     _check_named_model(document, source)
     try:
         return ProfileFile(profile=_to_profile(document), assumptions=document.assumptions)
@@ -231,6 +232,16 @@ def _check_layer_widths(document: ProfileDocument, source: str) -> None:
                 f"{source}: layers.{i}.forwardS: has {_entries(layer.forward_s)} but "
                 f"layers.0 has {width}; every layer needs times for 1..M GPUs with the same M"
             )
+
+
+def _check_some_time(document: ProfileDocument, source: str) -> None:
+    # Every time 0 makes a step take no time: throughputs divide by it (the policy's eq. 8).
+    if any(t > 0 for layer in document.layers for t in (*layer.forward_s, *layer.backward_s)):
+        return
+    raise ProfileFileError(
+        f"{source}: layers: every forwardS and backwardS is 0; a profile needs the layers' "
+        "times (`planaria profile` measures them)"
+    )
 
 
 def _entries(values: list[float]) -> str:
