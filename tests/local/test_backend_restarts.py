@@ -125,6 +125,30 @@ async def test_an_agent_that_keeps_crashing_is_given_up_on_with_its_cause(
 
 
 @pytest.mark.asyncio
+async def test_a_process_that_ran_long_enough_has_its_earlier_restarts_forgiven(
+    tmp_path: Path,
+) -> None:
+    # Every process "ran long enough" (reset_after_s 0): each exit starts the count afresh, so
+    # a worker allowed one restart in a row is restarted after every one of its exits.
+    forgiving = restarts.RestartPolicy(
+        max_restarts=1, initial_backoff_s=0.05, max_backoff_s=0.1, reset_after_s=0.0
+    )
+    pool = _pool(tmp_path, restart=forgiving, placement=_crashing)
+    exits = 4  # more than max_restarts + 1, after which the policy alone would give up
+    try:
+        await pool.start([W(0)])
+        events = pool.events()
+        for _ in range(exits):
+            assert (await _next(events)).kind is ports.EventKind.DIED
+        assert pool.restarts == {W(0): 1}
+    finally:
+        await pool.shutdown()
+    log = log_of(pool, W(0))
+    assert log.count("its 1 earlier restart(s) are forgiven") >= exits - 1
+    assert "not restarted again" not in log
+
+
+@pytest.mark.asyncio
 async def test_a_worker_that_cannot_serve_is_given_up_on_at_once_without_restarts(
     tmp_path: Path,
 ) -> None:

@@ -60,6 +60,8 @@ def test_the_default_is_one_second_doubling_to_thirty_five_times() -> None:
         pytest.param(
             {"initial_backoff_s": 5.0, "max_backoff_s": 1.0}, "at least", id="a cap below it"
         ),
+        pytest.param({"reset_after_s": -1.0}, "seconds >= 0", id="a negative reset"),
+        pytest.param({"reset_after_s": float("nan")}, "seconds >= 0", id="a reset that is nan"),
     ],
 )
 def test_a_policy_that_makes_no_sense_is_refused(changes: dict[str, float], fix: str) -> None:
@@ -89,3 +91,22 @@ def test_the_cause_is_one_line_with_the_exit_the_restarts_and_the_log() -> None:
         "worker 2's agent process 41 exited with exit code 3 after 5 restart(s); not restarted "
         "again (see runs/tiny/workers/worker-2.log)"
     )
+
+
+@given(
+    st.integers(min_value=0, max_value=100),
+    st.floats(min_value=0.0, max_value=1e6),
+    st.floats(min_value=0.0, max_value=1e6),
+)
+def test_a_process_that_ran_the_reset_time_starts_the_count_afresh(
+    done: int, ran_s: float, reset_after_s: float
+) -> None:
+    policy = restarts.RestartPolicy(reset_after_s=reset_after_s)
+    assert policy.counted(done, ran_s) == (0 if ran_s >= reset_after_s else done)
+
+
+def test_kubelets_ten_minutes_are_the_default_and_infinity_never_forgives() -> None:
+    assert restarts.DEFAULT.reset_after_s == 600.0
+    assert restarts.DEFAULT.counted(5, 599.9) == 5 and restarts.DEFAULT.counted(5, 600.0) == 0
+    never = restarts.RestartPolicy(reset_after_s=float("inf"))
+    assert never.counted(3, 1e300) == 3

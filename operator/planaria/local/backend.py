@@ -133,6 +133,8 @@ class _Worker:
     watcher: asyncio.Task[None] | None = None
     ended: asyncio.Event = field(default_factory=asyncio.Event)
     on_purpose: bool = False  # killed by `LocalBackend.kill`: its exit is not restarted
+    # the event loop's clock when this backend launched (or adopted) the process
+    started_at: float = field(default_factory=lambda: asyncio.get_running_loop().time())
 
 
 class LocalBackend:
@@ -413,6 +415,11 @@ class LocalBackend:
             LOG.info("worker %d: %s", worker, detail)
             self._note(worker, f"{detail}{' (killed on purpose)' if record.on_purpose else ''}")
             return
+        ran_s = asyncio.get_running_loop().time() - record.started_at
+        done = self._restarts.get(worker, 0)
+        if done and not self._policy.counted(done, ran_s):
+            self._note(worker, f"it ran {ran_s:.0f} s: its {done} earlier restart(s) are forgiven")
+        self._restarts[worker] = self._policy.counted(done, ran_s)
         self._restart_later(worker, detail)
 
     def _restart_later(self, worker: plan.WorkerId, detail: str) -> None:

@@ -11,7 +11,11 @@ processes itself (docs/local-mode.md, "Agents that exit on their own"):
   same worker up to `max_backoff_s`, like kubelet's CrashLoopBackOff;
 - until: a worker restarted `max_restarts` times is not restarted again when it exits on its
   own once more; the backend gives up and says why in one line (`cause`), and `planaria run`
-  ends the job Failed with it, so a process that cannot run is never an endless loop or a hang.
+  ends the job Failed with it, so a process that cannot run is never an endless loop or a hang;
+- forgiven (`RestartPolicy.counted`): a process that ran `reset_after_s` or longer before it
+  exited proved that the worker can run, so its exit starts the count and the back-off afresh
+  (kubelet resets CrashLoopBackOff after 10 minutes of running): a job of days is not failed by
+  five crashes days apart, while a crash loop is still caught within minutes.
 
 Pure: no processes and no clock here; the backend sleeps and launches.
 """
@@ -28,13 +32,15 @@ _MAX_DOUBLINGS = 64  # 2.0 ** 64 times any sane initial back-off is past every c
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RestartPolicy:
-    """At most `max_restarts` restarts per worker over the run (0: none), the first
+    """At most `max_restarts` restarts per worker in a row (0: none), the first
     `initial_backoff_s` seconds after the exit, each next one twice as late, never later than
-    `max_backoff_s` (module docstring)."""
+    `max_backoff_s`; a process that ran `reset_after_s` or longer starts the row afresh
+    (module docstring)."""
 
     max_restarts: int = 5
     initial_backoff_s: float = 1.0
     max_backoff_s: float = 30.0
+    reset_after_s: float = 600.0
 
     def __post_init__(self) -> None:
         if self.max_restarts < 0:
@@ -46,6 +52,14 @@ class RestartPolicy:
                 f"max_backoff_s {self.max_backoff_s} is below initial_backoff_s "
                 f"{self.initial_backoff_s}; give a cap at least the first back-off"
             )
+        if not self.reset_after_s >= 0:  # inf: never forgiven
+            raise ValueError(f"reset_after_s is {self.reset_after_s}; give seconds >= 0")
+
+    def counted(self, restarts: int, ran_s: float) -> int:
+        """The restarts that count against a worker restarted `restarts` times in a row whose
+        process has just exited on its own after running `ran_s` seconds: 0 when it ran
+        `reset_after_s` or longer, `restarts` otherwise."""
+        return 0 if ran_s >= self.reset_after_s else restarts
 
     def backoff_s(self, restarts: int) -> float | None:
         """Seconds to wait before the next restart of a worker already restarted `restarts`
