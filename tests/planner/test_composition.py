@@ -8,7 +8,10 @@ all-reduces are those the schedule compiles; plans with reroutes and holes, comp
 pipelines the reroutes tie together, equal their whole replay too (hypothesis), replaying only
 those pipelines, or the whole plan when the longer pipelines beside them could reorder streams;
 and the policy's decision, with its whole reason, is the same with or without
-composition (hypothesis over running plans and failures).
+composition (hypothesis over running plans and failures). A pipeline of one-GPU stages timed
+without compiling its schedule (`run_chain`) has the replay's arrivals, step and peak, bit for
+bit (hypothesis: shared or separate nodes, up to 8 stages, more or fewer micro-batches than
+stages), and one with a tensor-parallel stage is still replayed.
 """
 
 from __future__ import annotations

@@ -3,7 +3,10 @@
 Covers: remainder placements (count C(S, L mod S), each an even split plus one); the layer split
 equals a brute-force search over every placement with the same estimator and memory filter, and is
 None when nothing fits, also over arbitrary float costs, where the bound that prunes it is never
-above the estimate (hypothesis); a heavy last layer gets the shorter stage; more placements than
+above the estimate (hypothesis), nor is the tighter bound that orders the search (transfers,
+the commit barrier, the slowest optimizer step) on any links and GPUs per node, the split still
+the brute force's (hypothesis); a second ask is a memo look-up; a heavy last layer gets the
+shorter stage; more placements than
 max_splits are pre-ranked by bottleneck compute; the fitted pipeline cost is E's estimate at S and
 2S micro-batches; the batch sums to the global batch, splits evenly between identical pipelines and
 feeds a deeper (faster) pipeline at least as much.

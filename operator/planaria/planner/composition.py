@@ -5,7 +5,10 @@ all-reduces, one optimizer step and a snapshot marker (step 4). Pipelines that t
 reroute exchange nothing with the others before that tail, so the replay (`execution`) times
 their part exactly as it times each of them alone; a step is decided by when each worker
 reaches its tail. `run_alone` keeps that arrival per stage from one replay of a pipeline alone
-(identical pipelines: one replay); `run_rerouted` replays the pipelines a reroute ties together
+(identical pipelines: one replay; a pipeline of one-GPU stages, the split search's and every
+fresh plan's, needs no schedule: `run_chain` walks its stages' 1F1B orders with the replay's
+arithmetic, Odyssey eq. 11's DP, several times faster than compiling and replaying);
+`run_rerouted` replays the pipelines a reroute ties together
 (those with a hole and the peers that run their micro-batches) as a plan of their own; `step_s`
 replays only the tail from those arrivals: each all-reduce starts when its last member arrives
 and all members end it together (the replay's rule), in the order every member runs them,

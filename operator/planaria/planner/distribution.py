@@ -5,7 +5,10 @@ the L mod S remainder layers (`remainder_placements`), filtered by E's memory es
 ranked by E's time estimator on one pipeline alone (Odyssey §IV-A "Layer Distribution"). As in
 Alg. 1 the split depends on the depth only; it is costed at S micro-batches, where every stage
 reaches its steady-state number of micro-batches in flight, so the memory filter holds for any
-larger count. More placements than `max_splits` are pre-ranked by their slowest stage's compute.
+larger count. More placements than `max_splits` are pre-ranked by their slowest stage's compute;
+those left are costed in order of a lower bound on their step (`alone_bound_s`: the chain of
+`step_bound_s` with its transfers, the commit barrier and the slowest optimizer step) until the
+bound exceeds the best step found. The answer per depth is memoised in the `screening.Estimates`.
 
 Batch (`distribute_batch`): the templates' exact min-makespan distribution (`batching`, Oobleck
 eq. 6 solved exactly) on affine pipeline costs T(N_b) = a + c N_b fitted to E's estimator at
