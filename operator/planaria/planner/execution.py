@@ -165,7 +165,7 @@ _KINDS: dict[type, _Kind] = {
 # Event's frozen-dataclass __init__ sets each field through object.__setattr__ (about twice
 # the cost of the rest of an instruction's replay): the hot loop sets the slots directly. The
 # object is the same as Event(ready_s=..., start_s=..., end_s=..., cause=...) builds (no
-# __post_init__; tests/planner/test_schedule.py compares replays with the dataclass's).
+# __post_init__; tests/planner/test_execution.py compares replays with the old loop's).
 _new_event = object.__new__
 _set_ready, _set_start, _set_end, _set_cause = (
     vars(Event)[name].__set__ for name in ("ready_s", "start_s", "end_s", "cause")
