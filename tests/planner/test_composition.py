@@ -8,7 +8,10 @@ all-reduces are those the schedule compiles; plans with reroutes and holes, comp
 pipelines the reroutes tie together, equal their whole replay too (hypothesis), replaying only
 those pipelines, or the whole plan when the longer pipelines beside them could reorder streams;
 and the policy's decision, with its whole reason, is the same with or without
-composition (hypothesis over running plans and failures).
+composition (hypothesis over running plans and failures). A pipeline of one-GPU stages timed
+without compiling its schedule (`run_chain`) has the replay's arrivals, step and peak, bit for
+bit (hypothesis: shared or separate nodes, up to 8 stages, more or fewer micro-batches than
+stages), and one with a tensor-parallel stage is still replayed.
 """
 
 from __future__ import annotations
@@ -233,3 +236,68 @@ def decided(
         return policy.decide(failure, estimates, time_to_failure, policy.PolicySettings())
     except errors.InfeasibleError as exc:
         return str(exc)
+
+
+@given(unrerouted())
+@settings(max_examples=200, deadline=None)
+def test_a_pipeline_of_one_gpu_stages_timed_by_the_chain_is_its_replay_bit_for_bit(
+    drawn: tuple[plan.Plan, profile.Profile],
+) -> None:
+    """`run_chain` (no schedule compiled) against `run_replayed` (the path it replaces for
+    pipelines of one-worker stages): the same arrivals, step and peak, compared as floats'
+    reprs, over pipelines on shared or separate nodes with arbitrary float costs."""
+    plan_, prof = drawn
+    for pipeline in plan_.pipelines:
+        one_gpu = plan.Pipeline(
+            stages=tuple(
+                plan.Stage(
+                    layer_start=s.layer_start, layer_stop=s.layer_stop, workers=s.workers[:1]
+                )
+                for s in pipeline.stages
+            ),
+            num_micro_batches=pipeline.num_micro_batches,
+        )
+        chained = composition.run_chain(one_gpu, plan_.gpus_per_node, prof)
+        want = composition.run_replayed(one_gpu, 1, plan_.gpus_per_node, prof)
+        assert repr(chained) == repr(want)
+        assert composition.run_alone(one_gpu, 1, plan_.gpus_per_node, prof) == want
+    for pipeline in plan_.pipelines:  # a tensor-parallel stage goes to the replay
+        want = composition.run_replayed(pipeline, 1, plan_.gpus_per_node, prof)
+        assert composition.run_alone(pipeline, 1, plan_.gpus_per_node, prof) == want
+
+
+@given(
+    st.lists(strategies.layer_profiles(1), min_size=1, max_size=8),
+    st.integers(min_value=1, max_value=8),
+    st.integers(min_value=1, max_value=12),
+    st.integers(min_value=1, max_value=3),
+    strategies.link_profiles(),
+    strategies.link_profiles(),
+)
+@settings(max_examples=150, deadline=None)
+def test_deep_pipelines_with_many_micro_batches_timed_by_the_chain_are_their_replay(
+    layers: list[profile.LayerProfile],
+    depth: int,
+    num_micro_batches: int,
+    gpus_per_node: int,
+    intra: profile.LinkProfile,
+    inter: profile.LinkProfile,
+) -> None:
+    """As above for the split search's pipelines (stages on consecutive workers, up to 8
+    deep, more or fewer micro-batches than stages)."""
+    if depth > len(layers):
+        return
+    prof = profile.Profile(
+        model="chained",
+        accelerator="test",
+        micro_batch_size=1,
+        memory_bytes=2**40,
+        layers=tuple(layers),
+        intra_node=intra,
+        inter_node=inter,
+    )
+    counts = next(distribution.remainder_placements(len(layers), depth))
+    workers = [plan.WorkerId(w) for w in range(depth)]
+    pipeline = distribution.pipeline_of(counts, workers, num_micro_batches)
+    chained = composition.run_chain(pipeline, gpus_per_node, prof)
+    assert repr(chained) == repr(composition.run_replayed(pipeline, 1, gpus_per_node, prof))

@@ -3,7 +3,10 @@
 Covers: remainder placements (count C(S, L mod S), each an even split plus one); the layer split
 equals a brute-force search over every placement with the same estimator and memory filter, and is
 None when nothing fits, also over arbitrary float costs, where the bound that prunes it is never
-above the estimate (hypothesis); a heavy last layer gets the shorter stage; more placements than
+above the estimate (hypothesis), nor is the tighter bound that orders the search (transfers,
+the commit barrier, the slowest optimizer step) on any links and GPUs per node, the split still
+the brute force's (hypothesis); a second ask is a memo look-up; a heavy last layer gets the
+shorter stage; more placements than
 max_splits are pre-ranked by bottleneck compute; the fitted pipeline cost is E's estimate at S and
 2S micro-batches; the batch sums to the global batch, splits evenly between identical pipelines and
 feeds a deeper (faster) pipeline at least as much.
@@ -119,3 +122,62 @@ def test_the_pruned_search_is_the_brute_force_and_its_bound_holds(
     running = strategies.grid_plan(1, (), len(layers), 1)
     chosen = distribution.split_layers(screening.Estimates(prof), depth, running, max_splits=32)
     assert chosen == (min(scored)[1] if scored else None)
+
+
+@given(
+    st.lists(strategies.layer_profiles(1), min_size=1, max_size=7),
+    st.integers(min_value=1, max_value=6),
+    st.integers(min_value=1, max_value=3),
+    st.integers(min_value=1, max_value=2**45),
+    strategies.link_profiles(),
+    strategies.link_profiles(),
+)
+@settings(max_examples=60, deadline=None)
+def test_the_alone_bound_holds_on_any_links_and_nodes_and_the_split_is_the_brute_force(
+    layers: list[profile.LayerProfile],
+    depth: int,
+    gpus_per_node: int,
+    memory_bytes: int,
+    intra: profile.LinkProfile,
+    inter: profile.LinkProfile,
+) -> None:
+    """The bound that orders and prunes the split search (transfers, the commit barrier and
+    the slowest optimizer step on the chain) is never above E's step of the pipeline alone,
+    with any links and any GPUs per node, so the pruned search returns the brute force's
+    fastest fitting placement (ties to the smaller layer counts)."""
+    if depth > len(layers):
+        return
+    base = strategies.uniform_profile(len(layers), memory_bytes=memory_bytes)
+    prof = dataclasses.replace(base, layers=tuple(layers), intra_node=intra, inter_node=inter)
+    estimates = screening.Estimates(prof)
+    scored = []
+    for counts in distribution.remainder_placements(len(layers), depth):
+        alone = distribution.pipeline_of(counts, [W(w) for w in range(depth)], depth)
+        estimate = estimates.pipeline(alone, 1, gpus_per_node)
+        bound = distribution.alone_bound_s(prof, counts, depth, gpus_per_node)
+        assert bound <= estimate.step_s * (1 + 1e-12)
+        assert distribution.step_bound_s(prof, counts, depth) <= bound * (1 + 1e-12)
+        if estimate.peak_bytes <= memory_bytes:
+            scored.append((estimate.step_s, counts))
+    running = dataclasses.replace(
+        strategies.grid_plan(1, (), len(layers), 1), gpus_per_node=gpus_per_node
+    )
+    chosen = distribution.split_layers(screening.Estimates(prof), depth, running, max_splits=32)
+    assert chosen == (min(scored)[1] if scored else None)
+
+
+def test_split_layers_answers_from_the_estimates_memo_the_second_time() -> None:
+    """The split of a depth is searched once per (micro-batch size, GPUs per node, cap): a
+    second ask costs no estimate and gives the same split."""
+    prof = strategies.timed_profile([0.001, 0.005, 0.002, 0.003, 0.001], memory_bytes=2**40)
+    estimates = screening.Estimates(prof)
+    running = strategies.grid_plan(1, (), 5, 1)
+    first = distribution.split_layers(estimates, 3, running, max_splits=32)
+    computed = estimates.computed
+    estimates._memo.clear()  # a second search would have to replay every placement
+    estimates._runs.clear()
+    assert distribution.split_layers(estimates, 3, running, max_splits=32) == first
+    assert estimates.computed == computed and first is not None
+    other = dataclasses.replace(running, gpus_per_node=2)
+    distribution.split_layers(estimates, 3, other, max_splits=32)
+    assert estimates.computed > computed  # another node pattern is another search

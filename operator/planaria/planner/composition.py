@@ -5,7 +5,10 @@ all-reduces, one optimizer step and a snapshot marker (step 4). Pipelines that t
 reroute exchange nothing with the others before that tail, so the replay (`execution`) times
 their part exactly as it times each of them alone; a step is decided by when each worker
 reaches its tail. `run_alone` keeps that arrival per stage from one replay of a pipeline alone
-(identical pipelines: one replay); `run_rerouted` replays the pipelines a reroute ties together
+(identical pipelines: one replay; a pipeline of one-GPU stages, the split search's and every
+fresh plan's, needs no schedule: `run_chain` walks its stages' 1F1B orders with the replay's
+arithmetic, Odyssey eq. 11's DP, several times faster than compiling and replaying);
+`run_rerouted` replays the pipelines a reroute ties together
 (those with a hole and the peers that run their micro-batches) as a plan of their own; `step_s`
 replays only the tail from those arrivals: each all-reduce starts when its last member arrives
 and all members end it together (the replay's rule), in the order every member runs them,
@@ -29,10 +32,12 @@ Not here: the memo (`screening`).
 
 from __future__ import annotations
 
+import itertools
+from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from planaria.contract import instructions, plan, profile, schedule
+from planaria.contract import instructions, plan, profile, schedule, timeline
 from planaria.planner import estimator, execution, memory
 
 
@@ -49,8 +54,131 @@ class PipelineRun:
 def run_alone(
     pipeline: plan.Pipeline, micro_batch_size: int, gpus_per_node: int, prof: profile.Profile
 ) -> PipelineRun:
-    """Compile and replay `pipeline` as a plan of its own. Raises PlanInputError when the
+    """`pipeline` replayed as a plan of its own: by `run_chain` when every stage has one
+    worker, else compiled and replayed (`run_replayed`). Raises PlanInputError when the
     profile does not fit it, DeadlockError when it cannot finish."""
+    if _chained(pipeline, prof):
+        return run_chain(pipeline, gpus_per_node, prof)
+    return run_replayed(pipeline, micro_batch_size, gpus_per_node, prof)
+
+
+def _chained(pipeline: plan.Pipeline, prof: profile.Profile) -> bool:
+    """Whether `run_chain` times `pipeline`: one worker per stage, some micro-batches, and
+    the profile's layers (anything else goes to the replay, which says what is wrong)."""
+    stages = pipeline.stages
+    return (
+        pipeline.num_micro_batches >= 1
+        and all(len(stage.workers) == 1 for stage in stages)
+        and stages[0].layer_start == 0
+        and stages[-1].layer_stop == prof.num_layers
+        and all(a.layer_stop == b.layer_start for a, b in itertools.pairwise(stages))
+    )
+
+
+def run_chain(pipeline: plan.Pipeline, gpus_per_node: int, prof: profile.Profile) -> PipelineRun:
+    """`run_replayed`'s numbers for a pipeline of one-worker stages, bit for bit, without
+    compiling its schedule: Odyssey eq. 11's DP over each stage's 1F1B order (`timeline`; with
+    no reroutes micro-batch j sits in slot j, which is the schedule's order). The replay's
+    arithmetic, step by step: a stage's clock waits for a message (max with the send's end
+    plus the link's transfer of the boundary layer's output, as `estimator` costs it), then
+    adds its compute (`estimator`'s sum of the stage's layer times); sends and receives take
+    no time; every stage reaches the commit barrier at its clock, all pass it at the last
+    arrival plus the barrier, then run their optimizer steps. Memory: `memory.stage_memory`
+    with the 1F1B order's most micro-batches in flight. tests/planner/test_composition.py
+    checks it against the replay."""
+    stages, num_micro_batches = pipeline.stages, pipeline.num_micro_batches
+    depth = len(stages)
+    workers = [stage.workers[0] for stage in stages]
+    layers = [prof.layers[stage.layer_start : stage.layer_stop] for stage in stages]
+    forward = [sum(layer.forward_s[0] for layer in mine) for mine in layers]
+    backward = [sum(layer.backward_s[0] for layer in mine) for mine in layers]
+    # hop s -> s + 1 carries stage s's last layer's output both ways (activation, gradient)
+    hop = [
+        _link(prof, gpus_per_node, workers[s], workers[s + 1]).transfer_s(
+            layers[s][-1].output_bytes
+        )
+        for s in range(depth - 1)
+    ]
+    orders = [timeline.one_f_one_b(depth, s, range(num_micro_batches)) for s in range(depth)]
+    clock = _chain_clocks(orders, forward, backward, hop)
+    passed = max(clock) + estimator.barrier_s(_link(prof, gpus_per_node, *workers), depth)
+    ends = [passed + estimator.optimizer_s(prof, stage.layers, 1) + 0.0 for stage in stages]
+    peak = max(
+        memory.stage_memory(
+            workers[s],
+            layers[s],
+            1,
+            max_in_flight=_most_in_flight(orders[s]),
+            sends_on=s + 1 < depth,
+            receives_grads=s + 1 < depth,
+        ).peak_bytes
+        for s in range(depth)
+    )
+    return PipelineRun(arrival_s=tuple(clock), step_s=max(ends), peak_bytes=peak)
+
+
+def _chain_clocks(
+    orders: list[tuple[tuple[bool, int], ...]],
+    forward: list[float],
+    backward: list[float],
+    hop: list[float],
+) -> list[float]:
+    """Each stage's clock after its last compute: the stages advanced in turn as far as their
+    messages have come (forward j of stage s needs stage s - 1's; backward j of stage s needs
+    stage s + 1's, the last stage's its own forward)."""
+    depth, count = len(orders), len(orders[0]) // 2
+    forward_end: list[list[float | None]] = [[None] * count for _ in range(depth)]
+    backward_end: list[list[float | None]] = [[None] * count for _ in range(depth)]
+    clock, position = [0.0] * depth, [0] * depth
+    pending = deque(range(depth))
+    while pending:
+        s = pending.popleft()
+        order, now = orders[s], clock[s]
+        while position[s] < len(order):
+            is_backward, j = order[position[s]]
+            if is_backward:
+                sent = backward_end[s + 1][j] if s + 1 < depth else now
+                if sent is None:
+                    break
+                if s + 1 < depth:
+                    now = max(now, sent + hop[s])
+                now = now + backward[s]
+                backward_end[s][j] = now
+            else:
+                sent = forward_end[s - 1][j] if s > 0 else now
+                if sent is None:
+                    break
+                if s > 0:
+                    now = max(now, sent + hop[s - 1])
+                now = now + forward[s]
+                forward_end[s][j] = now
+            position[s] += 1
+            neighbour = s - 1 if is_backward else s + 1
+            if 0 <= neighbour < depth:
+                pending.append(neighbour)
+        clock[s] = now
+    assert position == [len(order) for order in orders], "1F1B cannot block"
+    return clock
+
+
+def _most_in_flight(order: tuple[tuple[bool, int], ...]) -> int:
+    live, most = 0, 0
+    for is_backward, _ in order:
+        live += -1 if is_backward else 1
+        most = max(most, live)
+    return most
+
+
+def _link(prof: profile.Profile, gpus_per_node: int, *workers: int) -> profile.LinkProfile:
+    """`estimator`'s link among `workers`: intra-node when they share a node."""
+    nodes = {worker // gpus_per_node for worker in workers}
+    return prof.intra_node if len(nodes) == 1 else prof.inter_node
+
+
+def run_replayed(
+    pipeline: plan.Pipeline, micro_batch_size: int, gpus_per_node: int, prof: profile.Profile
+) -> PipelineRun:
+    """Compile and replay `pipeline` as a plan of its own."""
     alone = plan.Plan(
         pipelines=(pipeline,), micro_batch_size=micro_batch_size, gpus_per_node=gpus_per_node
     )

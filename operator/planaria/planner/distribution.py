@@ -5,7 +5,10 @@ the L mod S remainder layers (`remainder_placements`), filtered by E's memory es
 ranked by E's time estimator on one pipeline alone (Odyssey §IV-A "Layer Distribution"). As in
 Alg. 1 the split depends on the depth only; it is costed at S micro-batches, where every stage
 reaches its steady-state number of micro-batches in flight, so the memory filter holds for any
-larger count. More placements than `max_splits` are pre-ranked by their slowest stage's compute.
+larger count. More placements than `max_splits` are pre-ranked by their slowest stage's compute;
+those left are costed in order of a lower bound on their step (`alone_bound_s`: the chain of
+`step_bound_s` with its transfers, the commit barrier and the slowest optimizer step) until the
+bound exceeds the best step found. The answer per depth is memoised in the `screening.Estimates`.
 
 Batch (`distribute_batch`): the templates' exact min-makespan distribution (`batching`, Oobleck
 eq. 6 solved exactly) on affine pipeline costs T(N_b) = a + c N_b fitted to E's estimator at
@@ -22,7 +25,7 @@ import itertools
 from collections.abc import Iterator, Sequence
 
 from planaria.contract import plan, profile
-from planaria.planner import batching, screening
+from planaria.planner import batching, estimator, screening
 
 # Remainder placements enumerated at most (C(S, L mod S) can explode for deep pipelines): beyond
 # this the pre-ranking by bottleneck compute would cost more than the estimates it saves.
@@ -56,7 +59,17 @@ def split_layers(
     """The fastest fitting split of the profile's layers into `depth` stages (layer counts), or
     None when none fits in memory; costed on consecutive workers with the running plan's
     micro-batch size and GPUs per node. When there are more remainder placements than
-    `max_splits`, the ones with the smallest bottleneck compute are costed."""
+    `max_splits`, the ones with the smallest bottleneck compute are costed. Memoised in
+    `estimates` (every decision asks for the splits of its configurations' depths)."""
+    key = (depth, running.micro_batch_size, running.gpus_per_node, max_splits)
+    if key not in estimates.splits:
+        estimates.splits[key] = _best_split(estimates, depth, running, max_splits)
+    return estimates.splits[key]
+
+
+def _best_split(
+    estimates: screening.Estimates, depth: int, running: plan.Plan, max_splits: int
+) -> tuple[int, ...] | None:
     prof = estimates.profile
     if depth > prof.num_layers:
         return None
@@ -68,7 +81,8 @@ def split_layers(
     best: tuple[float, tuple[int, ...]] | None = None
     # cheapest bound first; a split whose bound exceeds the best step so far cannot win, and
     # neither can any after it (the answer is that of costing every split)
-    for bound, counts in sorted((step_bound_s(prof, c, depth), c) for c in splits):
+    gpus = running.gpus_per_node
+    for bound, counts in sorted((alone_bound_s(prof, c, depth, gpus), c) for c in splits):
         if best is not None and bound * (1 - _ROUNDING) > best[0]:
             break
         # S micro-batches: each stage reaches its steady-state count in flight (memory holds
@@ -99,6 +113,44 @@ def step_bound_s(prof: profile.Profile, counts: tuple[int, ...], num_micro_batch
         sum(forward[:s]) + num_micro_batches * (forward[s] + backward[s]) + sum(backward[:s])
         for s in range(len(counts))
     )
+
+
+def alone_bound_s(
+    prof: profile.Profile, counts: tuple[int, ...], num_micro_batches: int, gpus_per_node: int
+) -> float:
+    """A lower bound on E's step of the pipeline of one-GPU stages of `counts` layers alone on
+    workers 0..S-1 (`gpus_per_node` per node) running `num_micro_batches`: `step_bound_s`'s
+    chain with what else lies on it. For stage s: micro-batch 0's forward through the stages
+    before it, each hop's activation transfer on its link (the receive waits for the arrival),
+    all of s's forwards and backwards one after another, then the last micro-batch's backward
+    back to stage 0, each hop's gradient transfer on its link; stage 0 then reaches its
+    optimizer step, where every stage waits for the commit barrier among all S, and the step
+    ends when the slowest optimizer step after it does (`estimator`'s rules, each wait one
+    event after another, so the sum is at most E's step)."""
+    bounds = list(itertools.accumulate(counts, initial=0))
+    stages = [prof.layers[a:b] for a, b in itertools.pairwise(bounds)]
+    forward = [sum(layer.forward_s[0] for layer in layers) for layers in stages]
+    backward = [sum(layer.backward_s[0] for layer in layers) for layers in stages]
+    # both directions of hop r -> r + 1 carry the output of the last layer of stage r
+    hops = [
+        _link(prof, r, r + 1, gpus_per_node).transfer_s(prof.layers[bounds[r + 1] - 1].output_bytes)
+        for r in range(len(counts) - 1)
+    ]
+    optimizer = max(sum(layer.optimizer_s for layer in layers) for layers in stages)
+    barrier = estimator.barrier_s(_link(prof, 0, len(counts) - 1, gpus_per_node), len(counts))
+    chain = max(
+        sum(forward[:s])
+        + num_micro_batches * (forward[s] + backward[s])
+        + sum(backward[:s])
+        + 2 * sum(hops[:s])
+        for s in range(len(counts))
+    )
+    return chain + barrier + optimizer
+
+
+def _link(prof: profile.Profile, first: int, last: int, gpus_per_node: int) -> profile.LinkProfile:
+    """The link among workers first..last (`estimator`: intra-node when they share a node)."""
+    return prof.intra_node if first // gpus_per_node == last // gpus_per_node else prof.inter_node
 
 
 def pipeline_of(

@@ -112,29 +112,33 @@ class ProfileCosts:
         stream: schedule.WorkerStream,
         instruction: instructions.Compute | instructions.OptimizerStep | instructions.Snapshot,
     ) -> float:
-        if isinstance(instruction, instructions.OptimizerStep):
+        op = instruction.op  # one attribute read, not an isinstance chain: the replay's hot path
+        if op is instructions.Op.OPTIMIZER_STEP:
+            assert isinstance(instruction, instructions.OptimizerStep)
             return optimizer_s(self.profile, instruction.layers, stream.width)
-        if isinstance(instruction, instructions.Snapshot):
+        if op is instructions.Op.SNAPSHOT:
             return 0.0
-        key = (instruction.op, instruction.layer_start, instruction.layer_stop, stream.width)
-        if key not in self._memo:
+        assert isinstance(instruction, instructions.Forward | instructions.Backward)
+        key = (op, instruction.layer_start, instruction.layer_stop, stream.width)
+        found = self._memo.get(key)
+        if found is None:
             layers = self.profile.layers[instruction.layer_start : instruction.layer_stop]
-            backward = isinstance(instruction, instructions.Backward)
+            backward = op is instructions.Op.BACKWARD
             times = (layer.backward_s if backward else layer.forward_s for layer in layers)
-            self._memo[key] = sum(t[stream.width - 1] for t in times)
-        return self._memo[key]
+            found = self._memo[key] = sum(t[stream.width - 1] for t in times)
+        return found
 
     def transfer_s(self, stream: schedule.WorkerStream, instruction: instructions.Send) -> float:
         key = (instruction.op, stream.worker, instruction.destination)
-        if key not in self._memo:
+        found = self._memo.get(key)
+        if found is None:
             if isinstance(instruction, instructions.SendActivation):
                 num_bytes = self.profile.layers[stream.layer_stop - 1].output_bytes
             else:
                 num_bytes = self.profile.layers[stream.layer_start - 1].output_bytes
-            self._memo[key] = self._link(stream.worker, instruction.destination).transfer_s(
-                num_bytes
-            )
-        return self._memo[key]
+            link = self._link(stream.worker, instruction.destination)
+            found = self._memo[key] = link.transfer_s(num_bytes)
+        return found
 
     def collective_s(self, instruction: instructions.AllReduce) -> float:
         narrowest = min(self.width[w] for w in instruction.group)

@@ -41,6 +41,7 @@ Not here: time (`estimator`).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from planaria.contract import errors, instructions, plan, profile, schedule
@@ -92,17 +93,36 @@ def _per_member(num_bytes: int, width: int) -> int:
 
 
 def _worker_memory(stream: schedule.WorkerStream, prof: profile.Profile) -> WorkerMemory:
-    layers = prof.layers[stream.layer_start : stream.layer_stop]
+    return stage_memory(
+        stream.worker,
+        prof.layers[stream.layer_start : stream.layer_stop],
+        stream.width,
+        max_in_flight=max_in_flight(stream),
+        sends_on=any(isinstance(op, instructions.SendActivation) for op in stream.instructions),
+        receives_grads=any(isinstance(op, instructions.RecvGrad) for op in stream.instructions),
+    )
+
+
+def stage_memory(
+    worker: plan.WorkerId,
+    layers: Sequence[profile.LayerProfile],
+    width: int,
+    *,
+    max_in_flight: int,
+    sends_on: bool,
+    receives_grads: bool,
+) -> WorkerMemory:
+    """The peak of a worker of a `width`-worker stage of `layers` whose stream has at most
+    `max_in_flight` micro-batches in flight, sends activations on (`sends_on`) and receives
+    gradients (`receives_grads`): the module docstring's formula."""
     last = layers[-1]
-    sends_on = any(isinstance(op, instructions.SendActivation) for op in stream.instructions)
-    receives_grads = any(isinstance(op, instructions.RecvGrad) for op in stream.instructions)
     stash = sum(layer.activation_bytes for layer in layers) + (last.output_bytes if sends_on else 0)
     return WorkerMemory(
-        worker=stream.worker,
-        state_bytes=_per_member(sum(layer.state_bytes for layer in layers), stream.width),
-        stash_bytes=_per_member(stash, stream.width),
-        max_in_flight=max_in_flight(stream),
-        buffer_bytes=_per_member(last.output_bytes if receives_grads else 0, stream.width),
+        worker=worker,
+        state_bytes=_per_member(sum(layer.state_bytes for layer in layers), width),
+        stash_bytes=_per_member(stash, width),
+        max_in_flight=max_in_flight,
+        buffer_bytes=_per_member(last.output_bytes if receives_grads else 0, width),
     )
 
 

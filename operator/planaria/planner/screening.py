@@ -54,6 +54,9 @@ class Estimates:
         self.compose = compose
         self._memo: dict[object, Estimate] = {}
         self._runs: dict[object, composition.PipelineRun] = {}
+        # `distribution.split_layers`' answers by (depth, micro-batch size, GPUs per node,
+        # max_splits): what it depends on besides this profile and memory limit
+        self.splits: dict[tuple[int, int, int, int], tuple[int, ...] | None] = {}
         self.computed = 0  # estimator runs so far (schedules compiled and replayed)
 
     def whole(self, plan_: plan.Plan) -> Estimate:
