@@ -15,11 +15,11 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable
 
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from planaria.contract import errors, plan, profile
-from planaria.planner import candidates, distribution, screening
+from planaria.planner import candidates, distribution, estimator, screening
 from planaria.sim import fresh, planning
 from tests import strategies
 
@@ -236,6 +236,16 @@ def test_the_step_bound_holds_at_every_micro_batch_count_and_node_position(
 def test_every_bound_the_search_cuts_with_is_below_the_whole_step(
     job: planning.Job, num_workers: int
 ) -> None:
+    # The screens are lower bounds only where a commit barrier within a node costs no more than
+    # one between nodes (sim.fresh's docstring): with a slower intra-node link (no real machine
+    # has one) a pipeline alone on one node is estimated slower than the whole plan.
+    prof = job.profile
+    assume(
+        all(
+            estimator.barrier_s(prof.intra_node, n) <= estimator.barrier_s(prof.inter_node, n)
+            for n in range(1, num_workers + 1)
+        )
+    )
     planner = planning.Planner(job)
     search = planner._search(False, None)
     for shape, room in fresh.groups(

@@ -16,7 +16,11 @@ slowest pipeline alone; a stable sort, so ties keep the order above) and estimat
 order until no screen is below the best whole step, which keeps the least whole step, the first
 in that order on a tie; over counts, a later count replaces the best only when strictly faster.
 Since a screen is a lower bound of the whole step (a whole plan's stage waits for its
-all-reduces after its arrival alone, `composition`), that answer is the least layout in the
+all-reduces after its arrival alone, `composition`; this needs a commit barrier within a node
+to cost no more than one between nodes: the estimator prices a barrier that spans nodes at the
+inter-node link, so with a slower intra-node link, which no real machine has, a pipeline alone
+on one node can be estimated slower than the whole plan, and this search and the exhaustive
+one may then both miss the least step), that answer is the least layout in the
 order (whole step, count, screen, DP degree, symmetric first) among those that fit and pass
 the test: the tie rule. This module finds that least layout best-first:
 
