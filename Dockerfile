@@ -20,7 +20,7 @@
 #                    e.g. `buildah bud -v /opt/wheels:/opt/wheels:ro`)
 #   CA_BUNDLE        PEM text of CAs pip trusts besides the base image's (a mirror's or an
 #                    intercepting proxy's): --build-arg CA_BUNDLE="$(cat ca.pem)"
-# They configure pip in the build stage only; none of them reaches the runtime stage.
+# They configure pip in the deps and build stages only; none of them reaches the runtime stage.
 
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
