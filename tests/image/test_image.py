@@ -18,7 +18,9 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
+import tomllib
 import urllib.request
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -37,12 +39,20 @@ TORCH_STEP = 'pip install "$@" "$wheel"'
 CONFIG_STEP = 'conf="$PIP_CONFIG_FILE"'
 
 
-def build_stage() -> tuple[dict[str, str], list[str]]:
-    """The build stage's ARG defaults and its RUN commands (continuation lines joined)."""
+def stage(name: str) -> str:
+    """The Dockerfile's stage `name`, continuation lines joined."""
     text = DOCKERFILE.read_text().replace("\\\n", "")
-    stage = text.split(" AS build\n", 1)[1].split("\nFROM ", 1)[0]
-    args = dict((m.group(1), m.group(2)) for m in re.finditer(r"^ARG (\w+)=(.*)$", stage, re.M))
-    runs = [m.group(1) for m in re.finditer(r"^RUN (.*)$", stage, re.M)]
+    return text.split(f" AS {name}\n", 1)[1].split("\nFROM ", 1)[0]
+
+
+def build_stage() -> tuple[dict[str, str], list[str]]:
+    """The dependencies stage's ARG defaults and its RUN commands (where pip is configured and
+    torch installed)."""
+    stage_text = stage("deps")
+    args = dict(
+        (m.group(1), m.group(2)) for m in re.finditer(r"^ARG (\w+)=(.*)$", stage_text, re.M)
+    )
+    runs = [m.group(1) for m in re.finditer(r"^RUN (.*)$", stage_text, re.M)]
     return args, runs
 
 
@@ -156,6 +166,42 @@ def test_the_runtime_stage_gets_no_build_arguments_and_runs_as_uid_10001() -> No
     assert "ARG " not in runtime and "pip" not in runtime
     assert "\nUSER 10001:10001\n" in runtime
     assert 'ENTRYPOINT ["planaria"]' in runtime
+
+
+def test_the_requirements_step_lists_the_dependencies_and_the_hf_extra_only(
+    tmp_path: pathlib.Path,
+) -> None:
+    (step,) = re.findall(r"^RUN (.*)$", stage("requirements"), re.M)
+    script = step.replace("python3 ", f"{sys.executable} ", 1)
+    script = script.replace("/src/pyproject.toml", str(ROOT / "pyproject.toml"))
+    script = script.replace(">/requirements.txt", f">{tmp_path / 'requirements.txt'}")
+    done = subprocess.run(["/bin/sh", "-c", script], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    listed = (tmp_path / "requirements.txt").read_text().splitlines()
+    assert listed == project["dependencies"] + project["optional-dependencies"]["hf"]
+    assert any(line.startswith("torch") for line in listed)
+    assert not any(line.startswith("pytest") for line in listed)
+
+
+def test_a_change_to_the_code_cannot_reach_the_dependencies_layers() -> None:
+    """The code is copied only into the build stage, after the dependencies; the dependencies
+    stage sees only the dependency list, so its layers (and the runtime's copy of the venv) are
+    cache hits after a change to the code."""
+    copies = {
+        name: re.findall(r"^COPY (.*)$", stage(name), re.M) for name in ("requirements", "deps")
+    }
+    assert copies == {
+        "requirements": ["pyproject.toml /src/"],
+        "deps": ["--from=requirements /requirements.txt /src/requirements.txt"],
+    }
+    assert "\nFROM deps AS build\n" in DOCKERFILE.read_text()
+    assert "pip install --no-deps --no-compile --target /opt/planaria/app ." in stage("build")
+    runtime = re.findall(r"^COPY (.*)$", DOCKERFILE.read_text().split(" AS runtime\n", 1)[1], re.M)
+    assert runtime == [
+        "--from=deps /opt/planaria /opt/planaria",
+        "--from=build /opt/planaria/app /opt/planaria/app",
+    ]
 
 
 @functools.cache
