@@ -1,30 +1,55 @@
 #!/usr/bin/env bash
 # The whole test suite, as CI runs it: install, format and lint, types, import contracts, tests.
+#
+# Two things the tests need are built from Debian's packages the first time (minutes), then
+# reused from ~/.cache/planaria: the real Kubernetes control plane of tests/kube/real, and the
+# container image of tests/image (buildah; needs root). Both are built (or found) in the
+# background while ruff and mypy run. Where one cannot be built the command says why and goes on:
+# its tests are then skipped, saying so. PLANARIA_KUBE=skip / PLANARIA_IMAGE=skip do not build
+# them (their tests still run if they were built before).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+for choice in "PLANARIA_KUBE=${PLANARIA_KUBE:-build}" "PLANARIA_IMAGE=${PLANARIA_IMAGE:-build}"; do
+  case "${choice#*=}" in
+    build | skip) ;;
+    *) echo "test: ${choice%%=*} must be build or skip, got '${choice#*=}'" >&2; exit 2 ;;
+  esac
+done
 bash scripts/setup.sh
 export PATH="$PWD/.venv/bin:$PATH"
-case "${PLANARIA_KUBE:-build}" in
-  # The real Kubernetes control plane of tests/kube/real: built from Debian's packages the first
-  # time (minutes), then reused from ~/.cache/planaria. Where it cannot be built, those tests are
-  # skipped, saying why. PLANARIA_KUBE=skip does not build it (the tests run if it was built).
-  build)
-    echo "== kube control plane"
-    if ! bash scripts/kube-control-plane.sh build; then
-      echo "test: the Kubernetes control plane could not be built (above): tests/kube/real is skipped" >&2
-    fi
-    ;;
-  skip) ;;
-  *) echo "test: PLANARIA_KUBE must be build or skip, got '$PLANARIA_KUBE'" >&2; exit 2 ;;
-esac
+
+logs="$(mktemp -d)"
+trap 'rm -rf "$logs"' EXIT
+declare -A building=()
+if [ "${PLANARIA_KUBE:-build}" = build ]; then
+  bash scripts/kube-control-plane.sh build >"$logs/kube" 2>&1 &
+  building[kube]=$!
+fi
+if [ "${PLANARIA_IMAGE:-build}" = build ]; then
+  if [ "$(id -u)" = 0 ]; then
+    bash scripts/build-image.sh build >"$logs/image" 2>&1 &
+    building[image]=$!
+  else
+    echo "test: not root, so the image is not built (buildah needs root): tests/image skips"
+  fi
+fi
+
 echo "== ruff"; ruff format --check . && ruff check .
 echo "== mypy --strict"; mypy
 echo "== import contracts"; lint-imports
-if [ "${PLANARIA_IMAGE:-}" = build ]; then
-  # The container image of tests/image (built with buildah once, then cached; needs root);
-  # without it the image test is skipped.
-  echo "== image"; bash scripts/build-image.sh build
-fi
+
+for what in kube image; do
+  [ -n "${building[$what]:-}" ] || continue
+  if [ "$what" = kube ]; then title="the Kubernetes control plane"; skipped=tests/kube/real
+  else title="the image"; skipped=tests/image; fi
+  if wait "${building[$what]}"; then
+    echo "== $title: $(tail -n 1 "$logs/$what")"
+  else
+    tail -n 20 "$logs/$what" >&2
+    echo "test: $title could not be built (above): $skipped skips" >&2
+  fi
+done
+
 echo "== pytest"
 # One pytest worker per core (PLANARIA_TEST_WORKERS overrides; 0 runs in this process), a test
 # file's tests on one worker so its module fixtures are built once. Most of the slow tests wait
