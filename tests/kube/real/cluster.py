@@ -11,12 +11,14 @@ answer raises `ApiError` with the HTTP status and the server's message.
 `install_chart(client, namespace)` applies the chart's CRDs exactly as shipped (waiting until
 established) and the chart's ServiceAccount, Role and RoleBinding as rendered for `namespace`;
 `service_account_token` asks the server for a token of that ServiceAccount (TokenRequest).
+`refused_calls(records)` picks the log records that report a call refused with HTTP 403.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import pathlib
 import ssl
 import subprocess
@@ -285,3 +287,18 @@ async def record_pods(plane: ControlPlane, namespace: str, seen: set[tuple[str, 
                     meta = event["object"]["metadata"]
                     version = meta["resourceVersion"]
                     seen.add((meta["name"], meta["uid"]))
+
+
+def refused_calls(records: list[logging.LogRecord]) -> list[str]:
+    """The log lines (and logged exceptions) of `records` that report a call the API server
+    refused for want of RBAC (HTTP 403, "... is forbidden: User ... cannot ..."), as the
+    operator's client (`HTTP 403`), kopf's request retries (`APIForbiddenError`) and kopf's
+    event posting (`Code: 403`) log them."""
+    found = []
+    for record in records:
+        text = record.getMessage()
+        if record.exc_info and record.exc_info[1] is not None:
+            text = f"{text} {record.exc_info[1]!r}"
+        if "403" in text and "forbidden" in text.lower():
+            found.append(text)
+    return found
