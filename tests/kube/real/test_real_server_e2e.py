@@ -16,17 +16,16 @@ single-process reference bit for bit. A job that ended has its pods deleted.
 
 The server refuses any call outside the chart's Role (HTTP 403), and tests/chart checks that the
 Role grants exactly `constants.RBAC_RULES`; each test here also checks that the operator logged
-no refused call (`cluster.refused_calls`), since some refusals (an Event, say) are only logged.
+no refused call (the `refusals` fixture), since some refusals (an Event, say) are only logged.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import pathlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
@@ -47,16 +46,6 @@ RUN_S = 180.0
 STEPS = 60
 
 pytestmark = pytest.mark.usefixtures("as_operator")
-
-
-@pytest.fixture(autouse=True)
-def _warnings_kept(caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.WARNING)
-
-
-def _assert_nothing_refused(caplog: pytest.LogCaptureFixture) -> None:
-    refused = cluster.refused_calls(caplog.records)
-    assert not refused, f"calls outside the chart's Role: {refused}"
 
 
 def _reasons(admin: cluster.Client, job: str) -> list[str]:
@@ -108,7 +97,7 @@ async def test_a_killed_pod_is_survived_without_restarting_the_others(
     admin: cluster.Client,
     real_kubelet: kubelet.Kubelet,
     corpus: pathlib.Path,
-    caplog: pytest.LogCaptureFixture,
+    refusals: Callable[[], list[str]],
 ) -> None:
     async with (
         _recording(control_plane) as seen,
@@ -143,7 +132,7 @@ async def test_a_killed_pod_is_survived_without_restarting_the_others(
         assert {uid for name, uid in seen if name == "kill-1"} - {old}, "kill-1 never replaced"
         await operating.wait_for(lambda: not _pods(admin, "kill"), 60, "the pods deleted")
         assert {"Recovered", "PlanChanged", "Succeeded"} <= set(_reasons(admin, "kill"))
-    _assert_nothing_refused(caplog)
+    assert refusals() == []  # no call outside the chart's Role
 
 
 @pytest.mark.asyncio
@@ -151,7 +140,7 @@ async def test_an_operator_restarted_mid_job_adopts_the_running_agents(
     admin: cluster.Client,
     real_kubelet: kubelet.Kubelet,
     corpus: pathlib.Path,
-    caplog: pytest.LogCaptureFixture,
+    refusals: Callable[[], list[str]],
 ) -> None:
     pods = ("adopt-0", "adopt-1", "adopt-2")
     async with operating.running_operator(admin, load_crd=False):  # type: ignore[arg-type]
@@ -179,7 +168,7 @@ async def test_an_operator_restarted_mid_job_adopts_the_running_agents(
         assert final["phase"] == "Succeeded", final.get("message")
         assert final["step"] == 40
         await operating.wait_for(lambda: not _pods(admin, "adopt"), 60, "the pods deleted")
-    _assert_nothing_refused(caplog)
+    assert refusals() == []  # no call outside the chart's Role
 
 
 def _owned_by(admin: cluster.Client, uid: str) -> list[str]:
@@ -197,7 +186,7 @@ async def test_a_deleted_job_takes_its_pods_service_secrets_and_state_with_it(
     admin: cluster.Client,
     real_kubelet: kubelet.Kubelet,
     corpus: pathlib.Path,
-    caplog: pytest.LogCaptureFixture,
+    refusals: Callable[[], list[str]],
 ) -> None:
     async with operating.running_operator(admin, load_crd=False):  # type: ignore[arg-type]
         job = admin.apply(operating.job_body("gone", **operating.e2e_spec(corpus, steps=100_000)))
@@ -226,7 +215,7 @@ async def test_a_deleted_job_takes_its_pods_service_secrets_and_state_with_it(
             for p in real_kubelet.processes()
             if p.pod.startswith("gone-") and p.returncode is None
         ]
-    _assert_nothing_refused(caplog)
+    assert refusals() == []  # no call outside the chart's Role
 
 
 def _newest_snapshot(harness: kubelet.Kubelet, pod: str) -> manifests.Manifest | None:
@@ -326,7 +315,7 @@ async def test_a_stages_only_replica_lost_twice_comes_back_from_its_mirrors_then
     real_kubelet: kubelet.Kubelet,
     corpus: pathlib.Path,
     tmp_path: pathlib.Path,
-    caplog: pytest.LogCaptureFixture,
+    refusals: Callable[[], list[str]],
 ) -> None:
     """Issue #20 on the operator: one pipeline of three stages (the device too small for the
     model, no fault tolerance), exact reduction, every pod its own snapshot emptyDir.
@@ -388,4 +377,4 @@ async def test_a_stages_only_replica_lost_twice_comes_back_from_its_mirrors_then
         assert any("from tier checkpoint after losing workers [1]" in m for m in said), said
         await operating.wait_for(lambda: not _pods(admin, "mirror"), 60, "the pods deleted")
     _assert_checkpoint_like_reference(spec, ckpt)
-    _assert_nothing_refused(caplog)
+    assert refusals() == []  # no call outside the chart's Role
