@@ -16,6 +16,7 @@ established) and the chart's ServiceAccount, Role and RoleBinding as rendered fo
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import logging
@@ -280,13 +281,20 @@ async def record_pods(plane: ControlPlane, namespace: str, seen: set[tuple[str, 
         while True:
             params = {"watch": "true", "resourceVersion": version, "timeoutSeconds": "600"}
             async with session.get(path, params=params, ssl=tls) as stream:
-                async for line in stream.content:
-                    event = json.loads(line)
-                    if event["type"] == "ERROR":
-                        raise RuntimeError(f"the pod watch ended: {event['object']}")
-                    meta = event["object"]["metadata"]
-                    version = meta["resourceVersion"]
-                    seen.add((meta["name"], meta["uid"]))
+                try:
+                    async for line in stream.content:
+                        event = json.loads(line)
+                        if event["type"] == "ERROR":
+                            raise RuntimeError(f"the pod watch ended: {event['object']}")
+                        meta = event["object"]["metadata"]
+                        version = meta["resourceVersion"]
+                        seen.add((meta["name"], meta["uid"]))
+                except asyncio.CancelledError:
+                    # As the kubelet harness does: a politely closed TLS connection waits
+                    # for the server's close_notify and may outlive the test's event loop.
+                    if stream.connection is not None and stream.connection.transport is not None:
+                        stream.connection.transport.abort()
+                    raise
 
 
 def refused_calls(records: list[logging.LogRecord]) -> list[str]:
