@@ -1,10 +1,12 @@
-"""Test helper: `planaria operator` embedded in the test's event loop, against the API emulator.
+"""Test helper: `planaria operator` embedded in the test's event loop, against the real control
+plane (tests/kube/real: pass its admin client and `load_crd=False`, the session installed the
+chart's CRDs) or the API emulator (tests/image).
 
-`running_operator(kube_api, ...)` loads the CRD (`planaria.kube.crd.crd()`), starts the real
-command (`planaria.cli.operator.serve`, kopf with the real handlers) in a thread with its own
-event loop and stops it gracefully on exit (kopf's stop flag: running jobs are detached, as
-after a pod's SIGTERM).
-`job_body` builds a ResilientJob; `wait_for` polls a condition on the emulator's objects.
+`running_operator(kube_api, ...)` loads the CRD into the emulator (`emulated_crd()`) unless
+`load_crd=False`, starts the real command (`planaria.cli.operator.serve`, kopf with the real
+handlers) in a thread with its own event loop and stops it gracefully on exit (kopf's stop flag:
+running jobs are detached, as after a pod's SIGTERM).
+`job_body` builds a ResilientJob; `wait_for` polls a condition on the cluster's objects.
 """
 
 from __future__ import annotations

@@ -11,12 +11,15 @@ answer raises `ApiError` with the HTTP status and the server's message.
 `install_chart(client, namespace)` applies the chart's CRDs exactly as shipped (waiting until
 established) and the chart's ServiceAccount, Role and RoleBinding as rendered for `namespace`;
 `service_account_token` asks the server for a token of that ServiceAccount (TokenRequest).
+`refused_calls(records)` picks the log records that report a call refused with HTTP 403.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
+import logging
 import pathlib
 import ssl
 import subprocess
@@ -278,10 +281,32 @@ async def record_pods(plane: ControlPlane, namespace: str, seen: set[tuple[str, 
         while True:
             params = {"watch": "true", "resourceVersion": version, "timeoutSeconds": "600"}
             async with session.get(path, params=params, ssl=tls) as stream:
-                async for line in stream.content:
-                    event = json.loads(line)
-                    if event["type"] == "ERROR":
-                        raise RuntimeError(f"the pod watch ended: {event['object']}")
-                    meta = event["object"]["metadata"]
-                    version = meta["resourceVersion"]
-                    seen.add((meta["name"], meta["uid"]))
+                try:
+                    async for line in stream.content:
+                        event = json.loads(line)
+                        if event["type"] == "ERROR":
+                            raise RuntimeError(f"the pod watch ended: {event['object']}")
+                        meta = event["object"]["metadata"]
+                        version = meta["resourceVersion"]
+                        seen.add((meta["name"], meta["uid"]))
+                except asyncio.CancelledError:
+                    # As the kubelet harness does: a politely closed TLS connection waits
+                    # for the server's close_notify and may outlive the test's event loop.
+                    if stream.connection is not None and stream.connection.transport is not None:
+                        stream.connection.transport.abort()
+                    raise
+
+
+def refused_calls(records: list[logging.LogRecord]) -> list[str]:
+    """The log lines (and logged exceptions) of `records` that report a call the API server
+    refused for want of RBAC (HTTP 403, "... is forbidden: User ... cannot ..."), as the
+    operator's client (`HTTP 403`), kopf's request retries (`APIForbiddenError`) and kopf's
+    event posting (`Code: 403`) log them."""
+    found = []
+    for record in records:
+        text = record.getMessage()
+        if record.exc_info and record.exc_info[1] is not None:
+            text = f"{text} {record.exc_info[1]!r}"
+        if "403" in text and "forbidden" in text.lower():
+            found.append(text)
+    return found

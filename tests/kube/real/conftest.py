@@ -11,13 +11,16 @@ builds them (`scripts/kube-control-plane.sh build`; `bash scripts/test.sh` build
 holding a token of the chart's ServiceAccount, issued by the API server, so the operator runs
 with exactly the chart's RBAC; `as_operator` exports it as KUBECONFIG for the test (kopf's login
 and `planaria.kube.api` read it). `real_kubelet` is the kubelet harness on the real server (it
-binds pods through `pods/binding` and authenticates as the admin).
+binds pods through `pods/binding` and authenticates as the admin). `refusals` keeps the
+operator's warnings (and `planaria.kube`'s debug lines) and returns what lists the calls among
+them that the server refused (HTTP 403), for tests that run the operator under the chart's Role.
 """
 
 from __future__ import annotations
 
+import logging
 import pathlib
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 
 import pytest
 import pytest_asyncio
@@ -97,3 +100,13 @@ async def real_kubelet(
     ) as running:
         yield running
     assert not running.errors, f"the kubelet harness failed: {running.errors!r}"
+
+
+@pytest.fixture
+def refusals(caplog: pytest.LogCaptureFixture) -> Callable[[], list[str]]:
+    """The log lines so far that report a call refused by the server (`cluster.refused_calls`).
+    Where the operator only logs a refusal (an Event not posted; a pod read, at debug level),
+    this is what says that it stepped outside the chart's Role."""
+    caplog.set_level(logging.WARNING)
+    caplog.set_level(logging.DEBUG, logger="planaria.kube")
+    return lambda: cluster.refused_calls(caplog.records)

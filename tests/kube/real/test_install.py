@@ -167,6 +167,8 @@ async def test_a_verb_missing_from_the_role_stops_the_operator_at_that_call(
             return found[0] if found else None
 
         message = await operating.wait_for(refusal, 60, "the operator's pod create refused")
+        # What the e2e tests use to say that nothing was refused sees this refusal.
+        assert cluster.refused_calls(caplog.records), message
         assert (
             'cannot create resource \\"pods\\"' in message
             or 'cannot create resource "pods"' in message

@@ -106,26 +106,6 @@ class KubeApi:
 
         return self._call(find)
 
-    def created(
-        self, api_version: str, kind: str, namespace: str | None = None
-    ) -> list[dict[str, Any]]:
-        """Every object of a kind created so far (in one namespace, or None: all), as it was
-        when created, oldest first; objects deleted since are included. Bounded by the store's
-        history (`serve(history=...)`), so a check of a pod that lived for milliseconds cannot
-        miss it the way polling `list` can."""
-
-        def added() -> list[dict[str, Any]]:
-            storage = self._api.objects.kind_of(api_version, kind).storage
-            return [
-                event.obj
-                for event in self._api.objects.history()
-                if event.type == "ADDED"
-                and event.storage == storage
-                and (namespace is None or event.obj["metadata"].get("namespace") == namespace)
-            ]
-
-        return self._call(added)
-
     def delete(
         self, api_version: str, kind: str, name: str, namespace: str | None = None
     ) -> dict[str, Any]:

@@ -155,10 +155,6 @@ class Store:
         self._listeners.append(listener)
         return backlog
 
-    def history(self) -> list[Event]:
-        """The events still in the bounded history, oldest first (a copy of the list)."""
-        return list(self._history)
-
     def unsubscribe(self, listener: Listener) -> None:
         self._listeners.remove(listener)
 
