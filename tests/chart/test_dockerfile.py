@@ -1,13 +1,15 @@
 """The Dockerfile, checked statically (no Docker in CI): what the chart and the CLI rely on.
 
-Covers: two stages, build and runtime, the runtime copying the build's virtual environment; the
-TORCH build argument (cpu by default) with torch pinned to the version the install script puts
-in place (within pyproject's range) in both the cpu and the cuda branch, the cpu branch from the
-CPU wheel index; all three source folders of the namespace package copied; a numeric non-root
-USER equal to the chart's runAsUser (pod and container) and to the user the image creates;
-`ENTRYPOINT ["planaria"]` naming the console script pyproject declares; HOME, TMPDIR, the caches
-and matplotlib's config under /tmp (the chart's only writable mount) and no bytecode written at
-run time; .dockerignore keeps .venv, runs, tests and .git out of the build context.
+Covers: the stages (requirements: the dependency list from pyproject; deps: the virtual
+environment with torch and those dependencies; build: Planaria alone on top; runtime: the deps'
+environment and the build's app folder, nothing else); the TORCH build argument (cpu by default)
+with torch pinned to the version the install script puts in place (within pyproject's range) in
+both the cpu and the cuda branch, the cpu branch from the CPU wheel index; all three source
+folders of the namespace package copied; a numeric non-root USER equal to the chart's runAsUser
+(pod and container) and to the user the image creates; `ENTRYPOINT ["planaria"]` naming the
+console script pyproject declares; HOME, TMPDIR, the caches and matplotlib's config under /tmp
+(the chart's only writable mount) and no bytecode written at run time; .dockerignore keeps
+.venv, runs, tests and .git out of the build context.
 """
 
 from __future__ import annotations
@@ -64,14 +66,19 @@ def _torch_pin() -> str:
     return pin
 
 
-def test_a_build_stage_and_a_runtime_stage_that_copies_its_environment() -> None:
-    assert list(_stages()) == ["build", "runtime"]
-    assert "--from=build /opt/planaria /opt/planaria" in _args("runtime", "COPY")
+def test_the_runtime_copies_the_dependencies_environment_and_the_built_app_only() -> None:
+    assert list(_stages()) == ["requirements", "deps", "build", "runtime"]
+    assert _args("runtime", "COPY") == [
+        "--from=deps /opt/planaria /opt/planaria",
+        "--from=build /opt/planaria/app /opt/planaria/app",
+    ]
+    (base,) = _args("build", "FROM")
+    assert base == "deps AS build"  # Planaria is installed on top of the dependencies
 
 
 def test_torch_is_pinned_to_pyprojects_version_in_both_builds() -> None:
-    assert "TORCH=cpu" in _args("build", "ARG")
-    (install,) = [run for run in _args("build", "RUN") if "torch==" in run]
+    assert "TORCH=cpu" in _args("deps", "ARG")
+    (install,) = [run for run in _args("deps", "RUN") if "torch==" in run]
     cpu, cuda = install.split("elif")[0], install.split("elif")[1].split("else")[0]
     assert "download.pytorch.org/whl/cpu" in cpu and '"cpu"' in cpu
     assert '"cuda"' in cuda and "download.pytorch.org/whl/cpu" not in cuda
@@ -110,7 +117,8 @@ def test_everything_written_at_run_time_goes_under_tmp() -> None:
         assert env[name].startswith(constants.TMP_MOUNT), name
     assert env["PYTHONDONTWRITEBYTECODE"] == "1"
     assert _args("runtime", "WORKDIR") == [constants.TMP_MOUNT]
-    assert any("compileall" in run for run in _args("build", "RUN"))
+    assert any("compileall" in run for run in _args("deps", "RUN"))  # torch and the rest
+    assert any("compileall -q /opt/planaria/app" in run for run in _args("build", "RUN"))
 
 
 def test_the_build_context_leaves_out_environments_runs_tests_and_history() -> None:
@@ -119,8 +127,11 @@ def test_the_build_context_leaves_out_environments_runs_tests_and_history() -> N
 
 
 def test_the_image_installs_the_hf_extra_for_bring_your_own_models_and_data() -> None:
+    (listed,) = _args("requirements", "RUN")
+    assert 'p["dependencies"] + p["optional-dependencies"]["hf"]' in listed
+    assert any("pip install -r /src/requirements.txt" in run for run in _args("deps", "RUN"))
     (install,) = [run for run in _args("build", "RUN") if "import planaria.cli.main" in run]
-    assert 'pip install ".[hf]"' in install
+    assert "pip install --no-deps" in install and "pip check" in install
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
     extra = " ".join(pyproject["project"]["optional-dependencies"]["hf"])
     assert all(name in extra for name in ("tokenizers", "pyarrow", "transformers", "safetensors"))
