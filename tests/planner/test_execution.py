@@ -119,7 +119,7 @@ def test_the_replay_is_the_previous_loop_bit_for_bit(p: plan.Plan, drawn: st.Dat
 
 
 def test_the_class_look_up_is_the_match_for_every_instruction() -> None:
-    examples = [
+    examples: list[instructions.Instruction] = [
         instructions.RecvActivation(source=plan.WorkerId(0), micro_batch=0, tag=0),
         instructions.RecvGrad(source=plan.WorkerId(0), micro_batch=0, tag=0),
         instructions.SendActivation(destination=plan.WorkerId(0), micro_batch=0, tag=0),
