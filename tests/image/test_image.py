@@ -15,25 +15,15 @@ import os
 import pathlib
 import re
 import shutil
-import signal
-import socket
 import subprocess
 import sys
-import time
 import tomllib
-import urllib.request
-from collections.abc import Callable
-from typing import Any, TypeVar
 
 import pytest
-
-from tests.kube import operating
-from tests.kube.support import serving
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "Dockerfile"
 SCRIPT = ROOT / "scripts" / "build-image.sh"
-T = TypeVar("T")
 # Markers of the two build-stage steps under test: torch's install and pip's configuration.
 TORCH_STEP = 'pip install "$@" "$wheel"'
 CONFIG_STEP = 'conf="$PIP_CONFIG_FILE"'
@@ -234,82 +224,3 @@ def test_the_entrypoints_start_in_the_image_as_uid_10001_on_a_read_only_root() -
         assert any(line.startswith(f"== planaria {command}") for line in lines), done.stdout
     assert not [line for line in lines if line.startswith("== ") and ": ok" not in line]
     assert lines[-1] == f"build-image: every entrypoint starts in {image} as uid 10001"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-def healthy(port: int) -> bool:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as answer:
-            return bool(answer.status == 200)
-    except OSError:
-        return False
-
-
-def wait_until(check: Callable[[], T | None], process: subprocess.Popen[bytes], what: str) -> T:
-    """`check()`'s first truthy value; fails if the image's process ends first or after 180 s
-    (a generous bound: the first start reads torch from disk on a loaded machine)."""
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        assert process.poll() is None, f"the operator exited ({process.returncode}) before {what}"
-        time.sleep(0.2)
-    raise AssertionError(f"not within 180 s: {what}")
-
-
-def test_the_operator_from_the_image_runs_a_job_on_an_api_server(tmp_path: pathlib.Path) -> None:
-    """`planaria operator` started from the image (uid 10001, read-only root) against the API
-    emulator: it becomes healthy and creates a new job's Secrets, Service and pods, then stops
-    on SIGTERM. The pods stay unscheduled: no kubelet runs them here."""
-    image_or_skip()
-    api_dir, data_dir = tmp_path / "api", tmp_path / "data"
-    api_dir.mkdir()
-    data_dir.mkdir()
-    corpus = data_dir / "corpus.txt"
-    corpus.write_text("the quick brown fox jumps over the lazy dog. " * 200)
-    port = free_port()
-    log = tmp_path / "operator.log"
-    with serving.serve(api_dir) as api, log.open("wb") as output:
-        api.load_crd(operating.emulated_crd())
-        process = subprocess.Popen(
-            [
-                *("bash", str(SCRIPT), "run", "--bind", str(api_dir), "--bind", str(data_dir)),
-                *("--env", f"KUBECONFIG={api.kubeconfig}", "--"),
-                *("operator", "--namespace", operating.NAMESPACE, "--standalone"),
-                *("--agent-image", "planaria:test", "--store-port", "0"),
-                *("--health-port", str(port), "--metrics-port", "0"),
-            ],
-            stdout=output,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        try:
-            wait_until(lambda: healthy(port), process, "/healthz answered")
-            api.apply(operating.job_body("imaged", **operating.e2e_spec(corpus, steps=5)))
-
-            def three_pods() -> list[dict[str, Any]] | None:
-                found = operating.pods_of(api, "imaged")
-                return found if len(found) == 3 else None
-
-            pods = wait_until(three_pods, process, "the job's 3 pods created")
-            assert {p["spec"]["containers"][0]["image"] for p in pods} == {"planaria:test"}
-            assert api.list("v1", "Service", operating.NAMESPACE)
-        finally:
-            # A stop as a container runtime's: SIGTERM to the image's process (the script
-            # hands it on), SIGKILL to everything left after 60 s.
-            process.send_signal(signal.SIGTERM)
-            try:
-                returncode = process.wait(60)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                raise
-    text = log.read_text(errors="replace")
-    assert returncode == 0, text[-3000:]
-    assert "Read-only file system" not in text and "Traceback" not in text, text[-3000:]

@@ -1,11 +1,11 @@
 """Test helper: `planaria operator` embedded in the test's event loop, against the real control
-plane (tests/kube/real: pass its admin client and `load_crd=False`, the session installed the
-chart's CRDs) or the API emulator (tests/image).
+plane (tests/kube/real; its session fixture installed the chart's CRDs).
 
-`running_operator(kube_api, ...)` loads the CRD into the emulator (`emulated_crd()`) unless
-`load_crd=False`, starts the real command (`planaria.cli.operator.serve`, kopf with the real
-handlers) in a thread with its own event loop and stops it gracefully on exit (kopf's stop flag:
-running jobs are detached, as after a pod's SIGTERM).
+`running_operator(*extra_args)` starts the real command (`planaria.cli.operator.serve`, kopf
+with the real handlers; it logs in with $KUBECONFIG, set by the `as_operator` fixture) in a
+thread with its own event loop and stops it gracefully on exit (kopf's stop flag: running jobs
+are detached, as after a pod's SIGTERM). `get_job` and `pods_of` read through the admin client
+(`tests.kube.real.cluster.Client`).
 `job_body` builds a ResilientJob; `wait_for` polls a condition on the cluster's objects.
 """
 
@@ -24,8 +24,8 @@ from typing import Any, TypeVar
 
 from planaria.cli import main
 from planaria.cli import operator as operator_command
-from planaria.kube import constants, crd
-from tests.kube.support import serving
+from planaria.kube import constants
+from tests.kube.real import cluster
 
 NAMESPACE = "default"
 T = TypeVar("T")
@@ -58,12 +58,12 @@ def e2e_spec(corpus: pathlib.Path, steps: int) -> dict[str, Any]:
     }
 
 
-def get_job(kube_api: serving.KubeApi, name: str) -> dict[str, Any] | None:
-    return kube_api.get(constants.API_VERSION, constants.KIND, name, NAMESPACE)
+def get_job(admin: cluster.Client, name: str) -> dict[str, Any] | None:
+    return admin.get(constants.API_VERSION, constants.KIND, name, NAMESPACE)
 
 
-def pods_of(kube_api: serving.KubeApi, job: str) -> list[dict[str, Any]]:
-    return kube_api.list("v1", "Pod", NAMESPACE, f"{constants.LABEL_JOB}={job}")
+def pods_of(admin: cluster.Client, job: str) -> list[dict[str, Any]]:
+    return admin.list("v1", "Pod", NAMESPACE, f"{constants.LABEL_JOB}={job}")
 
 
 async def wait_for(check: Callable[[], T | None], timeout_s: float = 20.0, what: str = "") -> T:
@@ -78,26 +78,9 @@ async def wait_for(check: Callable[[], T | None], timeout_s: float = 20.0, what:
         await asyncio.sleep(0.05)
 
 
-def emulated_crd() -> dict[str, Any]:
-    """The CRD as the emulator can take it: without the root-level CEL rule on metadata.name,
-    which its CEL (cel-python) cannot evaluate, and without the `metadata` property, whose
-    contents its pruning would drop (an API server never prunes metadata). The operator checks
-    the name itself, so nothing it relies on is lost."""
-    loaded = crd.crd()
-    for version in loaded["spec"]["versions"]:
-        root = version["schema"]["openAPIV3Schema"]
-        root.pop("x-kubernetes-validations", None)
-        root["properties"].pop("metadata", None)
-    return loaded
-
-
 @contextlib.asynccontextmanager
-async def running_operator(
-    kube_api: serving.KubeApi, *extra: str, load_crd: bool = True
-) -> AsyncIterator[threading.Thread]:
+async def running_operator(*extra: str) -> AsyncIterator[threading.Thread]:
     """The operator, running until the block ends (then stopped gracefully)."""
-    if load_crd:
-        kube_api.load_crd(emulated_crd())
     args = main.build_parser().parse_args(
         [
             *("operator", "--namespace", NAMESPACE),

@@ -5,8 +5,8 @@ JSON client for it.
 kube-controller-manager on loopback and reads their connection from `<workdir>/env`; `stop()`
 ends them. `binaries()` is the folder of the built binaries, or None when they are not built.
 
-`Client(server, ca_file, token)` makes plain JSON calls (`request`, and the emulator's helpers
-`get`, `list`, `apply`, `delete`, so that tests.kube.operating works with it too); an error
+`Client(server, ca_file, token)` makes plain JSON calls (`request`, and the helpers `get`,
+`list`, `apply`, `delete` that the tests and tests.kube.operating use); an error
 answer raises `ApiError` with the HTTP status and the server's message.
 `install_chart(client, namespace)` applies the chart's CRDs exactly as shipped (waiting until
 established) and the chart's ServiceAccount, Role and RoleBinding as rendered for `namespace`;
@@ -104,7 +104,7 @@ class Client:
         decoded: Json = json.loads(text) if text else {}
         return decoded
 
-    # The emulator's helpers (tests.kube.support.serving.KubeApi), for tests.kube.operating.
+    # get / list / apply / delete, as tests.kube.operating and the tests use them.
 
     def get(self, api_version: str, kind: str, name: str, namespace: str | None) -> Json | None:
         try:

@@ -96,7 +96,6 @@ async def real_kubelet(
         namespace=NAMESPACE,
         token=control_plane.admin_token,
         ca_file=control_plane.ca_file,
-        bind=True,
     ) as running:
         yield running
     assert not running.errors, f"the kubelet harness failed: {running.errors!r}"

@@ -155,7 +155,7 @@ async def test_a_verb_missing_from_the_role_stops_the_operator_at_that_call(
     pods["verbs"] = [v for v in pods["verbs"] if v != "create"]
     admin.apply({**role_restored, "rules": rules})
     caplog.set_level(logging.WARNING)
-    async with operating.running_operator(admin, load_crd=False):  # type: ignore[arg-type]
+    async with operating.running_operator():
         admin.apply(operating.job_body("norbac", model="tiny", workers=2, steps=5))
 
         def refusal() -> str | None:
@@ -173,10 +173,10 @@ async def test_a_verb_missing_from_the_role_stops_the_operator_at_that_call(
             'cannot create resource \\"pods\\"' in message
             or 'cannot create resource "pods"' in message
         ), message
-        assert not operating.pods_of(admin, "norbac")  # type: ignore[arg-type]
+        assert not operating.pods_of(admin, "norbac")
         admin.delete(constants.API_VERSION, constants.KIND, "norbac", NAMESPACE)
         await operating.wait_for(
-            lambda: operating.get_job(admin, "norbac") is None,  # type: ignore[arg-type]
+            lambda: operating.get_job(admin, "norbac") is None,
             60,
             "the job deleted (the operator removes its finalizer)",
         )
@@ -189,20 +189,20 @@ async def test_what_only_a_cel_rule_refuses_is_refused_by_the_operator_on_1_20(
     """A 1.20 server dropped the CEL rules: it takes a globalBatchSize that is not a multiple of
     microBatchSize, and the operator marks the job Invalid saying what to fix."""
     spec = {"model": "tiny", "workers": 2, "microBatchSize": 3, "globalBatchSize": 4}
-    async with operating.running_operator(admin, load_crd=False):  # type: ignore[arg-type]
+    async with operating.running_operator():
         admin.apply(operating.job_body("celrule", **spec))  # accepted: no CEL on 1.20
 
         def invalid() -> dict[str, Any] | None:
-            job = operating.get_job(admin, "celrule") or {}  # type: ignore[arg-type]
+            job = operating.get_job(admin, "celrule") or {}
             status: dict[str, Any] = job.get("status") or {}
             return status if status.get("phase") == "Invalid" else None
 
         status = await operating.wait_for(invalid, 60, "the job marked Invalid")
         assert "globalBatchSize" in status["message"], status
-        assert not operating.pods_of(admin, "celrule")  # type: ignore[arg-type]
+        assert not operating.pods_of(admin, "celrule")
         admin.delete(constants.API_VERSION, constants.KIND, "celrule", NAMESPACE)
         await operating.wait_for(
-            lambda: operating.get_job(admin, "celrule") is None,  # type: ignore[arg-type]
+            lambda: operating.get_job(admin, "celrule") is None,
             30,
             "the job deleted",
         )

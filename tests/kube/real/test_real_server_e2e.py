@@ -54,13 +54,13 @@ def _reasons(admin: cluster.Client, job: str) -> list[str]:
 
 
 def _status(admin: cluster.Client, name: str) -> dict[str, Any]:
-    job = operating.get_job(admin, name) or {}  # type: ignore[arg-type]
+    job = operating.get_job(admin, name) or {}
     status: dict[str, Any] = job.get("status") or {}
     return status
 
 
 def _pods(admin: cluster.Client, job: str) -> list[dict[str, Any]]:
-    return operating.pods_of(admin, job)  # type: ignore[arg-type]
+    return operating.pods_of(admin, job)
 
 
 def _pids(harness: kubelet.Kubelet, pods: tuple[str, ...]) -> dict[str, int]:
@@ -101,10 +101,7 @@ async def test_a_killed_pod_is_survived_without_restarting_the_others(
 ) -> None:
     async with (
         _recording(control_plane) as seen,
-        operating.running_operator(
-            admin,  # type: ignore[arg-type]
-            load_crd=False,
-        ),
+        operating.running_operator(),
     ):
         admin.apply(operating.job_body("kill", **operating.e2e_spec(corpus, steps=STEPS)))
         await _until(admin, "kill", _running("kill"), "step 3")
@@ -143,7 +140,7 @@ async def test_an_operator_restarted_mid_job_adopts_the_running_agents(
     refusals: Callable[[], list[str]],
 ) -> None:
     pods = ("adopt-0", "adopt-1", "adopt-2")
-    async with operating.running_operator(admin, load_crd=False):  # type: ignore[arg-type]
+    async with operating.running_operator():
         admin.apply(operating.job_body("adopt", **operating.e2e_spec(corpus, steps=40)))
         await _until(admin, "adopt", _running("adopt"), "step 3")
         before = _pids(real_kubelet, pods)
@@ -151,7 +148,7 @@ async def test_an_operator_restarted_mid_job_adopts_the_running_agents(
     left = _status(admin, "adopt")
     assert left["phase"] not in ENDED, "the job ended before the operator restart"
     assert _pids(real_kubelet, pods) == before  # a stopping operator leaves the agents training
-    async with operating.running_operator(admin, load_crd=False):  # type: ignore[arg-type]
+    async with operating.running_operator():
         # On a quiet machine the agents may finish before the new operator adopts them; the
         # job then goes straight to Succeeded.
         await _until(
@@ -188,7 +185,7 @@ async def test_a_deleted_job_takes_its_pods_service_secrets_and_state_with_it(
     corpus: pathlib.Path,
     refusals: Callable[[], list[str]],
 ) -> None:
-    async with operating.running_operator(admin, load_crd=False):  # type: ignore[arg-type]
+    async with operating.running_operator():
         job = admin.apply(operating.job_body("gone", **operating.e2e_spec(corpus, steps=100_000)))
         await _until(admin, "gone", _running("gone"), "step 3")
         owned = _owned_by(admin, job["metadata"]["uid"])
@@ -200,7 +197,7 @@ async def test_a_deleted_job_takes_its_pods_service_secrets_and_state_with_it(
         # for handlers.DAEMON_CANCEL_S, 60 s, unless another change to it came first).
         started = time.monotonic()
         await operating.wait_for(
-            lambda: operating.get_job(admin, "gone") is None,  # type: ignore[arg-type]
+            lambda: operating.get_job(admin, "gone") is None,
             30,
             "the job deleted",
         )
@@ -337,7 +334,7 @@ async def test_a_stages_only_replica_lost_twice_comes_back_from_its_mirrors_then
         checkpoints={"dir": str(ckpt), "intervalSteps": MIRROR_INTERVAL},
     )
     others = ("mirror-0", "mirror-2")
-    async with operating.running_operator(admin, load_crd=False):  # type: ignore[arg-type]
+    async with operating.running_operator():
         admin.apply(operating.job_body("mirror", **spec))
         running = await _until(admin, "mirror", lambda s: s.get("phase") == "Running", "run")
         assert running["plan"].startswith("[3]"), running["plan"]  # one pipeline of 3 stages

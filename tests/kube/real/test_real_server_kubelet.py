@@ -347,7 +347,6 @@ async def test_close_leaves_no_process_behind(
         label_selector="app=x",
         token=control_plane.admin_token,
         ca_file=control_plane.ca_file,
-        bind=True,
     ) as k:
         admin.apply(python_pod("ignored", "import time; time.sleep(60)"))
         admin.apply(

@@ -38,7 +38,7 @@ def _owned_by(obj: dict[str, Any], uid: str) -> bool:
 
 
 def _pods(admin: cluster.Client, job: str) -> list[dict[str, Any]]:
-    return operating.pods_of(admin, job)  # type: ignore[arg-type]
+    return operating.pods_of(admin, job)
 
 
 async def _two_pods(admin: cluster.Client, job: str) -> None:
@@ -59,7 +59,7 @@ async def _replaced(admin: cluster.Client, pod: str) -> None:
 
 
 def _gone(admin: cluster.Client, job: str) -> bool:
-    return operating.get_job(admin, job) is None and not _pods(admin, job)  # type: ignore[arg-type]
+    return operating.get_job(admin, job) is None and not _pods(admin, job)
 
 
 async def _deleted(admin: cluster.Client, *jobs: str) -> None:
@@ -75,7 +75,7 @@ async def _deleted(admin: cluster.Client, *jobs: str) -> None:
 async def test_a_job_gets_its_service_secrets_and_pods_and_loses_them_when_deleted(
     admin: cluster.Client, refusals: Callable[[], list[str]]
 ) -> None:
-    async with operating.running_operator(admin, load_crd=False):  # type: ignore[arg-type]
+    async with operating.running_operator():
         job = admin.apply(operating.job_body("tiny", **SPEC))
         uid = job["metadata"]["uid"]
         await _two_pods(admin, "tiny")
@@ -114,11 +114,11 @@ async def test_an_invalid_spec_is_reported_and_a_valid_job_still_runs_after_it(
     # The name's length is checked by a root-level CEL rule, which a 1.20 server drops: the
     # operator's own check catches it, as on any cluster whose CRD lacks the rules.
     bad = "a-resilient-job-whose-name-is-far-too-long-for-pods"
-    async with operating.running_operator(admin, load_crd=False):  # type: ignore[arg-type]
+    async with operating.running_operator():
         admin.apply(operating.job_body(bad, **SPEC))
 
         def invalid() -> dict[str, Any] | None:
-            job = operating.get_job(admin, bad)  # type: ignore[arg-type]
+            job = operating.get_job(admin, bad)
             status = (job or {}).get("status") or {}
             return status if status.get("phase") == "Invalid" else None
 
@@ -147,7 +147,7 @@ async def test_an_invalid_spec_is_reported_and_a_valid_job_still_runs_after_it(
 async def test_a_deleted_worker_pod_is_created_again(
     admin: cluster.Client, refusals: Callable[[], list[str]]
 ) -> None:
-    async with operating.running_operator(admin, load_crd=False):  # type: ignore[arg-type]
+    async with operating.running_operator():
         admin.apply(operating.job_body("again", **SPEC))
         await _two_pods(admin, "again")
         await _replaced(admin, "again-1")
@@ -166,10 +166,8 @@ async def test_with_peering_a_second_replica_takes_over_when_the_first_stops(
     flags = ("--peering", "planaria")
     try:
         async with contextlib.AsyncExitStack() as second:
-            async with operating.running_operator(admin, *flags, load_crd=False):  # type: ignore[arg-type]
-                await second.enter_async_context(
-                    operating.running_operator(admin, *flags, load_crd=False)  # type: ignore[arg-type]
-                )
+            async with operating.running_operator(*flags):
+                await second.enter_async_context(operating.running_operator(*flags))
 
                 def replicas() -> list[int] | None:
                     found = admin.get("kopf.dev/v1", "KopfPeering", "planaria", NAMESPACE) or {}

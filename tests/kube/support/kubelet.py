@@ -1,11 +1,12 @@
-"""A kubelet for the API emulator: runs each new pod's containers as local processes.
+"""A kubelet for the real control plane's pods (tests/kube/real): runs each new pod's
+containers as local processes.
 
 `Kubelet(url, workdir)` is an async context manager. It watches pods (optionally one namespace
 and a label selector) over HTTP, like a kubelet, and for each new unscheduled pod:
-- binds it to node `node-<k>` and gives it pod IP `ip_base + k` (all of 127/8 is loopback on
-  Linux, so each pod listens on its own address; by default `ip_base` is a random 127.a.b.1,
-  so that test processes running at once on one machine do not share pod addresses and
-  ports), host IP 127.0.0.1;
+- binds it to node `node-<k>` through `pods/<name>/binding`, as the scheduler does, and gives
+  it pod IP `ip_base + k` (all of 127/8 is loopback on Linux, so each pod listens on its own
+  address; by default `ip_base` is a random 127.a.b.1, so that test processes running at once
+  on one machine do not share pod addresses and ports), host IP 127.0.0.1;
 - makes its volumes and starts every container as a process (see `containers` for argv, env,
   `$(VAR)`, volumes and the mountPath rewriting), in its own session (process group), output
   to `<workdir>/<namespace>_<pod>/<container>.log`;
@@ -18,11 +19,9 @@ and a label selector) over HTTP, like a kubelet, and for each new unscheduled po
   of signals are 128+signal, as in a container runtime).
 - on deletion (deletionTimestamp or DELETED): SIGTERM to each container's process group, SIGKILL
   after the grace period (capped at `max_grace_s`), then deletes the pod with grace 0, which
-  releases it in the emulator.
+  releases it in the API server.
 
-Against a real API server (tests/kube/real): `token` (a bearer token), `ca_file` (the server's
-CA) and `bind=True`, which binds each pod through `pods/<name>/binding`, as the scheduler does (a
-real server refuses a patch of `spec.nodeName`; the emulator takes that patch and has no binding).
+`token` (a bearer token) and `ca_file` (the server's CA) are how it reaches the API server.
 
 Test hooks: `volume`, `kill`, `evict` (DisruptionTarget condition, then delete), `set_ready`,
 `processes`. `close()` (the context exit) kills every process it started, its children too.
@@ -79,7 +78,7 @@ def _signal_group(process: asyncio.subprocess.Process | None, sig: int) -> None:
 
 
 class Kubelet:
-    """Plays kubelet for the emulator's pods (see the module doc)."""
+    """Plays kubelet for the API server's pods (see the module doc)."""
 
     def __init__(
         self,
@@ -93,10 +92,9 @@ class Kubelet:
         ip_base: str | None = None,
         token: str | None = None,
         ca_file: pathlib.Path | None = None,
-        bind: bool = False,
     ) -> None:
         self._url, self._workdir = url.rstrip("/"), workdir
-        self._token, self._ca_file, self._bind = token, ca_file, bind
+        self._token, self._ca_file = token, ca_file
         self._namespace, self._selector = namespace, label_selector
         self._entrypoints = dict(entrypoints or {})
         self._max_grace_s = max_grace_s
@@ -290,18 +288,15 @@ class Kubelet:
         self._spawn(pod, self._run(pod))
 
     async def _run(self, pod: podruns.PodRun) -> None:
-        if self._bind:
-            binding = {
-                "apiVersion": "v1",
-                "kind": "Binding",
-                "metadata": {"name": pod.name, "namespace": pod.namespace},
-                "target": {"apiVersion": "v1", "kind": "Node", "name": pod.node},
-            }
-            status, answer = await self._request("POST", f"{pod.path}/binding", binding)
-            if status != 201:
-                raise RuntimeError(f"the kubelet cannot bind {pod.name}: {status} {answer}")
-        else:
-            await self._request("PATCH", pod.path, {"spec": {"nodeName": pod.node}})
+        binding = {
+            "apiVersion": "v1",
+            "kind": "Binding",
+            "metadata": {"name": pod.name, "namespace": pod.namespace},
+            "target": {"apiVersion": "v1", "kind": "Node", "name": pod.node},
+        }
+        status, answer = await self._request("POST", f"{pod.path}/binding", binding)
+        if status != 201:
+            raise RuntimeError(f"the kubelet cannot bind {pod.name}: {status} {answer}")
         pod.obj["spec"]["nodeName"] = pod.node
         pod.obj["status"] = {"podIP": pod.ip, "hostIP": "127.0.0.1"}
         pod.condition("PodScheduled", True)
