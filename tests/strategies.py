@@ -18,8 +18,6 @@ Suspended jobs (planaria.control.suspension): `suspensions`, `suspension_facts`.
 Bad input (tests/fuzz): `job_spec_documents` (valid job files), `job_spec_mutants` (damaged),
 `job_file_texts` (damaged as text), `mutated_protos` (a message with fields set out of range),
 `mutated_documents` (any JSON-like mapping, mutated below its root).
-Kubernetes API emulator (tests/kube/support): `json_documents` (JSON objects, keys with `~`
-and `/`), `label_maps`, `label_requirements` (selector terms as (operator, key, values)).
 """
 
 from __future__ import annotations
@@ -1110,44 +1108,6 @@ def mutated_documents(draw: st.DrawFn, base: dict[str, object]) -> dict[str, obj
             parent = parent[key]
         _mutate_at(draw, parent, path[-1])
     return document
-
-
-# --- Kubernetes API emulator (tests/kube/support) -----------------------------------------------
-
-# Keys with `~` and `/`, which JSON pointers must escape.
-_JSON_KEYS = st.text(alphabet="ab~/", min_size=1, max_size=3)
-_JSON_SCALARS = st.none() | st.booleans() | st.integers(-3, 3) | st.text(alphabet="xy", max_size=2)
-
-
-def json_documents() -> st.SearchStrategy[dict[str, Any]]:
-    """Small JSON objects: nested maps and lists of scalars, null included."""
-    values = st.recursive(
-        _JSON_SCALARS,
-        lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_JSON_KEYS, inner, max_size=3),
-        max_leaves=12,
-    )
-    return st.dictionaries(_JSON_KEYS, values, max_size=4)
-
-
-_LABEL_KEYS = st.sampled_from(["app", "tier", "planaria.dev/job"])
-_LABEL_VALUES = st.sampled_from(["a", "b", "web-1"])
-
-
-def label_maps() -> st.SearchStrategy[dict[str, str]]:
-    return st.dictionaries(_LABEL_KEYS, _LABEL_VALUES, max_size=3)
-
-
-def label_requirements() -> st.SearchStrategy[tuple[str, str, tuple[str, ...]]]:
-    """One selector term: (operator, key, values) with operator one of =, ==, !=, exists, !,
-    in, notin (one value for the equality operators, none for exists and !)."""
-    one = st.tuples(st.sampled_from(["=", "==", "!="]), _LABEL_KEYS, st.tuples(_LABEL_VALUES))
-    bare = st.tuples(st.sampled_from(["exists", "!"]), _LABEL_KEYS, st.just(()))
-    sets = st.tuples(
-        st.sampled_from(["in", "notin"]),
-        _LABEL_KEYS,
-        st.lists(_LABEL_VALUES, min_size=1, max_size=3, unique=True).map(tuple),
-    )
-    return one | bare | sets
 
 
 _DURATION_UNITS_S = (("h", 3600), ("m", 60), ("s", 1), ("ms", 0.001))

@@ -1,5 +1,5 @@
-"""Test support for the Kubernetes operator: an API server emulator and a kubelet harness.
+"""Test support for the Kubernetes operator: the kubelet harness.
 
-Nothing here knows Planaria: `emulator` serves any kinds (built-in and CRDs), `kubelet` runs any
-pod's containers as local processes. See docs/testing-kubernetes.md.
+Nothing here knows Planaria: `kubelet` runs any pod's containers as local processes, against the
+real control plane of tests/kube/real. See docs/testing-kubernetes.md.
 """
