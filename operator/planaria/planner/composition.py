@@ -94,14 +94,16 @@ def run_chain(pipeline: plan.Pipeline, gpus_per_node: int, prof: profile.Profile
     backward = [sum(layer.backward_s[0] for layer in mine) for mine in layers]
     # hop s -> s + 1 carries stage s's last layer's output both ways (activation, gradient)
     hop = [
-        _link(prof, gpus_per_node, workers[s], workers[s + 1]).transfer_s(
+        estimator.link_among(prof, gpus_per_node, (workers[s], workers[s + 1])).transfer_s(
             layers[s][-1].output_bytes
         )
         for s in range(depth - 1)
     ]
     orders = [timeline.one_f_one_b(depth, s, range(num_micro_batches)) for s in range(depth)]
     clock = _chain_clocks(orders, forward, backward, hop)
-    passed = max(clock) + estimator.barrier_s(_link(prof, gpus_per_node, *workers), depth)
+    passed = max(clock) + estimator.barrier_s(
+        estimator.link_among(prof, gpus_per_node, workers), depth
+    )
     ends = [passed + estimator.optimizer_s(prof, stage.layers, 1) + 0.0 for stage in stages]
     peak = max(
         memory.stage_memory(
@@ -167,12 +169,6 @@ def _most_in_flight(order: tuple[tuple[bool, int], ...]) -> int:
         live += -1 if is_backward else 1
         most = max(most, live)
     return most
-
-
-def _link(prof: profile.Profile, gpus_per_node: int, *workers: int) -> profile.LinkProfile:
-    """`estimator`'s link among `workers`: intra-node when they share a node."""
-    nodes = {worker // gpus_per_node for worker in workers}
-    return prof.intra_node if len(nodes) == 1 else prof.inter_node
 
 
 def run_replayed(
@@ -247,16 +243,14 @@ def step_s(
     width = {s.workers[0]: len(s.workers) for p in plan_.pipelines for s in p.stages if s.workers}
     for reduction in sorted(schedule.all_reductions(plan_), key=lambda r: (r.round, r.layers[0])):
         start = max(clock[w] for w in reduction.group)
-        nodes = {w // plan_.gpus_per_node for w in reduction.group}
-        link = prof.intra_node if len(nodes) == 1 else prof.inter_node
+        link = estimator.link_among(prof, plan_.gpus_per_node, reduction.group)
         narrowest = min(width[w] for w in reduction.group)
         end = start + estimator.allreduce_s(link, prof, reduction, narrowest)
         for worker in reduction.group:
             clock[worker] = end
     # the commit barrier (`execution`) among the streams (a stage's first worker runs one)
     workers = list(clock)
-    nodes = {w // plan_.gpus_per_node for w in workers}
-    link = prof.intra_node if len(nodes) == 1 else prof.inter_node
+    link = estimator.link_among(prof, plan_.gpus_per_node, workers)
     passed = max(clock.values(), default=0.0) + estimator.barrier_s(link, len(workers))
     ends = [
         passed + estimator.optimizer_s(prof, stage.layers, len(stage.workers))

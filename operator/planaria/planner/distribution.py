@@ -133,11 +133,15 @@ def alone_bound_s(
     backward = [sum(layer.backward_s[0] for layer in layers) for layers in stages]
     # both directions of hop r -> r + 1 carry the output of the last layer of stage r
     hops = [
-        _link(prof, r, r + 1, gpus_per_node).transfer_s(prof.layers[bounds[r + 1] - 1].output_bytes)
+        estimator.link_among(prof, gpus_per_node, (r, r + 1)).transfer_s(
+            prof.layers[bounds[r + 1] - 1].output_bytes
+        )
         for r in range(len(counts) - 1)
     ]
     optimizer = max(sum(layer.optimizer_s for layer in layers) for layers in stages)
-    barrier = estimator.barrier_s(_link(prof, 0, len(counts) - 1, gpus_per_node), len(counts))
+    barrier = estimator.barrier_s(
+        estimator.link_among(prof, gpus_per_node, range(len(counts))), len(counts)
+    )
     chain = max(
         sum(forward[:s])
         + num_micro_batches * (forward[s] + backward[s])
@@ -146,11 +150,6 @@ def alone_bound_s(
         for s in range(len(counts))
     )
     return chain + barrier + optimizer
-
-
-def _link(prof: profile.Profile, first: int, last: int, gpus_per_node: int) -> profile.LinkProfile:
-    """The link among workers first..last (`estimator`: intra-node when they share a node)."""
-    return prof.intra_node if first // gpus_per_node == last // gpus_per_node else prof.inter_node
 
 
 def pipeline_of(

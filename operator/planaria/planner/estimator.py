@@ -37,7 +37,7 @@ Not here: memory (`memory`), choosing plans (the policy).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from planaria.contract import errors, instructions, plan, profile, schedule
@@ -148,9 +148,17 @@ class ProfileCosts:
         return barrier_s(self._link(*workers), len(workers))
 
     def _link(self, *workers: plan.WorkerId) -> profile.LinkProfile:
-        """The intra-node link when all `workers` share a node, else the inter-node link."""
-        nodes = {self.schedule.node_of(w) for w in workers}
-        return self.profile.intra_node if len(nodes) == 1 else self.profile.inter_node
+        return link_among(self.profile, self.schedule.gpus_per_node, workers)
+
+
+def link_among(
+    prof: profile.Profile, gpus_per_node: int, workers: Iterable[int]
+) -> profile.LinkProfile:
+    """The link a message or a collective among `workers` uses: the intra-node link when they
+    all share a node (`gpus_per_node` workers per node, in worker order), else the inter-node
+    link. Every cost of this package picks its link here."""
+    nodes = {worker // gpus_per_node for worker in workers}
+    return prof.intra_node if len(nodes) == 1 else prof.inter_node
 
 
 BARRIER_BYTES = 16  # the commit barrier reduces two float64: the loss share and a flag
