@@ -171,6 +171,7 @@ async def test_a_lost_stage_of_a_single_pipeline_is_rebuilt_from_its_mirrors(
     # No live replica and no checkpoint: the lost layers come from their mirrors. A survivor
     # the new plan gives them to that holds their mirror rebuilds them from its own store
     # (local), any other fetches the pieces (peer); which survivor gets which layers follows
-    # the re-split, and CI under load has seen both.
-    assert tiers and tiers[0] in (Tier.PEER_SNAPSHOT, Tier.LOCAL_SNAPSHOT), tiers
+    # the re-split, and CI under load has seen both; a loaded run has also seen a recovery
+    # before it that lost nothing (tier kept), so the tiers are not read by position.
+    assert {Tier.PEER_SNAPSHOT, Tier.LOCAL_SNAPSHOT} & set(tiers), tiers
     assert Tier.CHECKPOINT not in tiers
