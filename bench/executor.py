@@ -27,7 +27,7 @@ Step time of a run: per worker the median over the measured steps (after warm-up
 its step wall time; the run's step time is the slowest worker's (steps are back to back, so
 that is the period). Writes bench/results/executor.json, with the machine's load average.
 
-    .venv/bin/python bench/executor.py [--quick]
+    .venv/bin/python bench/executor.py [--quick] [--max-workers N]
 """
 
 from __future__ import annotations
@@ -277,12 +277,18 @@ class Measured:
     seconds: dict[int, dict[str, float]]
 
 
-def compare_with_estimator(tokens: data.Tokens, settings: Settings) -> list[dict[str, object]]:
-    """Per plan, rounds of (measure profiles, predict, run); each run is compared with the
-    predictions from the profiles measured just before it, and the medians are reported."""
+def compare_with_estimator(
+    tokens: data.Tokens, settings: Settings, max_workers: int
+) -> list[dict[str, object]]:
+    """Per plan of at most `max_workers` workers, rounds of (measure profiles, predict, run);
+    each run is compared with the predictions from the profiles measured just before it, and
+    the medians are reported."""
     torch.set_num_threads(1)
     rows: list[dict[str, object]] = []
     for name, p in ESTIMATED.items():
+        if len(p.workers) > max_workers:
+            print(f"skipped {name}: {len(p.workers)} workers, over --max-workers {max_workers}")
+            continue
         rounds = [estimate_and_run(p, tokens, settings) for _ in range(settings.rounds)]
         row: dict[str, object] = {"plan": name, "workers": len(p.workers)}
         for key in ("alone_s", "concurrent_s", "measured_s"):
@@ -468,13 +474,21 @@ def print_per_op(rows: list[dict[str, object]]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="one round of fewer steps")
-    quick = parser.parse_args().quick
+    parser.add_argument(
+        "--max-workers",
+        type=int,
+        default=max(len(p.workers) for p in ESTIMATED.values()),
+        help="estimate only the plans of at most this many workers (a fair check needs a core "
+        "per worker: on 2 cores, 2)",
+    )
+    arguments = parser.parse_args()
+    quick = arguments.quick
     settings = Settings(rounds=1 if quick else 3, steps=4 if quick else 8, profile_repeats=5)
     tokens = data.load_default_corpus(max_bytes=2_000_000)
     load_before = os.getloadavg()[0]  # other work on this machine skews every figure
     with local_cluster.LocalCluster(workers=range(2), tokens=tokens, timeout_s=120.0) as cluster:
         ddp = compare_with_ddp(cluster, tokens, settings)
-    rows = compare_with_estimator(tokens, settings)
+    rows = compare_with_estimator(tokens, settings, arguments.max_workers)
     cpu = compare_cpu_in_process(tokens, settings)
     machine = {"cores": CORES, "load_before": load_before, "load_after": os.getloadavg()[0]}
     print_tables(ddp, cpu, rows)
