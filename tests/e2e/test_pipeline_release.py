@@ -24,6 +24,10 @@ from tests.e2e import local_job
 
 Phase = statuses.Phase
 STEP_TIMEOUT_S = 60.0
+# Long enough that the failure lands mid-run: the status's step comes from heartbeats (every
+# 0.1 s) and a loaded machine may see step 2 only when a short job is already done (8 steps
+# were once all committed before the kill, so nothing was recovered).
+STEPS = 30
 
 
 def _pipelines_job(tmp_path: Path, shm: Path, corpus: Path, name: str) -> local_job.LocalJob:
@@ -31,7 +35,7 @@ def _pipelines_job(tmp_path: Path, shm: Path, corpus: Path, name: str) -> local_
         name,
         local_job.training(corpus),
         workers=5,
-        steps=8,
+        steps=STEPS,
         profile=local_job.pipelined_profile(1),
         step_timeout_s=STEP_TIMEOUT_S,
     )
@@ -64,6 +68,7 @@ def _assert_released(
     assert final.phase is Phase.SUCCEEDED, final.message
     local_job.assert_like_reference(job, shm)
     assert _timeouts(tmp_path) == []
+    assert job.controller.recoveries, f"no recovery: the failure came after the last step {STEPS}"
     first = job.controller.recoveries[0]
     assert first.stop_s < STEP_TIMEOUT_S and first.total_s < STEP_TIMEOUT_S, first
 
