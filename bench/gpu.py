@@ -20,7 +20,16 @@ Meant to finish in under 8 minutes on one H100 or H200 with the defaults. It mea
    `snapshot_s`), snapshots taken and skipped (a writer still busy at a due step skips it
    rather than block training), the achieved interval, and the overhead against the
    snapshot-free arm of the same precision.
-3. One snapshot's parts, each timed alone on the trained state: the staging copy (the writer's
+3. Where a snapshot's overhead on a launch-bound (bf16) step comes from: the bf16 job with
+   snapshots off while one part of the snapshot path runs beside it on its own, as the writer
+   would run it every step: `copy` (after every step, the live state copied by the writer's
+   copier into its staging buffers: pinned memory and a side stream on cuda; completed on
+   another thread), `hash` (a thread checksumming a staged copy of the state with xxh3 without
+   pause), `write` (a thread rewriting that copy into a file under --base without pause: the
+   store's write path, its own xxh3 included). Each arm's overhead is against the snapshot-free
+   arm of the same precision and round order; the sum of the three is not the whole (they
+   contend with each other too), but the largest names what to change. --no-interference skips.
+4. One snapshot's parts, each timed alone on the trained state: the staging copy (the writer's
    copier: on cuda pinned buffers and a side stream; first with the buffers allocated, then
    reused as every later snapshot does), the xxh3 checksum of the staged bytes (zlib.crc32 beside
    it, the old checksum), and the store's write of them into a file under --base, first touch
@@ -42,6 +51,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import zlib
 from dataclasses import asdict, dataclass
@@ -62,6 +72,10 @@ MICRO_BATCH, NUM_MICRO_BATCHES = 1, 4
 FP32, TF32, BF16 = messages.Precision.FP32, messages.Precision.TF32, messages.Precision.BF16
 # Snapshot intervals measured per precision (0 = off); tf32 only for its step time.
 ARMS = {FP32: (0, 5, 1), TF32: (0,), BF16: (0, 5, 1)}
+# Parts of the snapshot path run alone beside snapshot-free steps (item 3 of the docstring),
+# for the precision whose steps are launch-bound.
+INTERFERERS = ("copy", "hash", "write")
+INTERFERED = BF16
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -84,6 +98,16 @@ class ArmRow:
     snapshots_skipped: int
     achieved_interval: float  # 0.0: fewer than two snapshots begun in an epoch
     overhead: float  # median step time over the precision's snapshot-free arm's, minus 1
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class InterferenceRow:
+    precision: str
+    part: str  # one of INTERFERERS
+    steps: int
+    median_step_s: float
+    overhead: float  # median step time over the snapshot-free arm's, minus 1
+    part_rounds: int  # how many times the part ran to completion during the arm
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -187,11 +211,92 @@ def breakdown(
     )
 
 
+class Interferer:
+    """One part of the snapshot path (`INTERFERERS`) run beside training on the worker's live
+    state, without the rest of the writer: `between_steps` is called on the training thread
+    after every step (the copy is launched there, as `SnapshotWriter.begin` launches it); the
+    hash and write parts run on their own thread until `stop`."""
+
+    def __init__(self, part: str, worker: snapshot_executor.Worker, base: Path) -> None:
+        layers = worker.training.holding.layers
+        assert layers is not None
+        self.part, self.rounds = part, 0
+        self._stage = staging.Staging(staging.copier_for(torch.device(worker.device.value)))
+        states = epoch_writers.live_states(layers)
+        self._copies = [
+            self._stage.prepare(s, [range(0, sum(t.nbytes for t in s.tensors()))]) for s in states
+        ]
+        self._stage.copier.launch([c.copy for c in self._copies]).complete()
+        self._chunks = [v for c in self._copies for v in c.staged.views(0, c.staged.nbytes)]
+        self._file = base / f"interference-{part}"
+        self._ticket: staging.Ticket | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._completer = concurrent.futures.ThreadPoolExecutor(1)
+        self._completed: concurrent.futures.Future[None] | None = None
+        if part in ("hash", "write"):
+            if part == "write":  # first touch outside the measurement, as a store's first write
+                durable_files.write_private_file(self._file, self._chunks, "xxh3")
+            self._thread = threading.Thread(target=self._loop, name=f"interfere-{part}")
+            self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            if self.part == "hash":
+                durable_files.checksum_of("xxh3", self._chunks)
+            else:
+                durable_files.write_private_file(self._file, self._chunks, "xxh3", reuse=True)
+            self.rounds += 1
+
+    def between_steps(self) -> None:
+        if self.part != "copy":
+            return
+        if self._completed is not None:
+            self._completed.result()  # the last copy (one snapshot in flight, as the writer)
+        self._ticket = self._stage.copier.launch([c.copy for c in self._copies])
+        self._completed = self._completer.submit(self._complete, self._ticket)
+
+    def _complete(self, ticket: staging.Ticket) -> None:
+        ticket.complete()
+        self.rounds += 1
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        if self._completed is not None:
+            self._completed.result()
+        self._completer.shutdown()
+        self._stage.close()
+        self._file.unlink(missing_ok=True)
+
+
+def interference_arm(
+    worker: snapshot_executor.Worker, part: str, steps: int, base: Path, arm: list[float]
+) -> int:
+    """Snapshot-free steps of `worker` with the part `part` running beside them; appends the
+    step times to `arm` and returns how many times the part ran to completion."""
+    worker.arm(0)
+    worker.training.run_step()  # warm-up: the epoch's first step allocates
+    interferer = Interferer(part, worker, base)
+    try:
+        interferer.between_steps()
+        for _ in range(steps):
+            arm.append(worker.training.run_step().timings.step_s)
+            interferer.between_steps()
+    finally:
+        interferer.stop()
+        worker.training.end_epoch()
+    return interferer.rounds
+
+
 def train_arms(
     args: argparse.Namespace, corpus: Path, base: Path
-) -> tuple[list[ArmRow], list[Breakdown]]:
+) -> tuple[list[ArmRow], list[InterferenceRow], list[Breakdown]]:
     device = messages.Device(args.device)
-    rows, parts = [], []
+    rows: list[ArmRow] = []
+    interfered: list[InterferenceRow] = []
+    parts: list[Breakdown] = []
     for p, intervals in ARMS.items():
         stores = Path(tempfile.mkdtemp(prefix=f"planaria-gpu-bench-{p.value}-", dir=base))
         worker = snapshot_executor.Worker(
@@ -204,11 +309,21 @@ def train_arms(
             num_micro_batches=NUM_MICRO_BATCHES,
         )
         arms = {i: snapshot_executor.Arm(step_s=[], snapshot_s=[]) for i in intervals}
+        parts_of = INTERFERERS if p is INTERFERED and not args.no_interference else ()
+        beside: dict[str, list[float]] = {part: [] for part in parts_of}
+        completions = dict.fromkeys(parts_of, 0)
+        order: list[int | str] = [*intervals, *parts_of]
         try:
             for r in range(args.rounds):
-                for interval in intervals if r % 2 == 0 else tuple(reversed(intervals)):
-                    worker.run(interval, args.steps, arms[interval])
-                    print(f"  {p.value} every {interval or '-'}: done", flush=True)
+                for which in order if r % 2 == 0 else reversed(order):
+                    if isinstance(which, int):
+                        worker.run(which, args.steps, arms[which])
+                        print(f"  {p.value} every {which or '-'}: done", flush=True)
+                    else:
+                        completions[which] += interference_arm(
+                            worker, which, args.steps, stores, beside[which]
+                        )
+                        print(f"  {p.value} beside {which}: done", flush=True)
             if len(intervals) > 1:
                 parts.append(breakdown(worker, p, base, args.file_threads))
         finally:
@@ -219,6 +334,17 @@ def train_arms(
             if device is messages.Device.CUDA:
                 torch.cuda.empty_cache()
         off = statistics.median(arms[0].step_s)
+        for part, times in beside.items():
+            interfered.append(
+                InterferenceRow(
+                    precision=p.value,
+                    part=part,
+                    steps=len(times),
+                    median_step_s=statistics.median(times),
+                    overhead=statistics.median(times) / off - 1,
+                    part_rounds=completions[part],
+                )
+            )
         for interval, arm in arms.items():
             step = statistics.median(arm.step_s)
             achieved = [a for a in arm.achieved or [] if a]
@@ -235,7 +361,7 @@ def train_arms(
                     overhead=step / off - 1,
                 )
             )
-    return rows, parts
+    return rows, interfered, parts
 
 
 def _nccl_version() -> str:
@@ -258,6 +384,9 @@ def main() -> None:
     parser.add_argument("--base", type=Path, default=Path("/dev/shm"), help="tmpfs for stores")
     parser.add_argument("--no-profile", action="store_true", help="skip `planaria profile`")
     parser.add_argument(
+        "--no-interference", action="store_true", help="skip the snapshot parts run alone"
+    )
+    parser.add_argument(
         "--file-threads", type=int, default=4, help="threads of the parallel write (default 4)"
     )
     parser.add_argument("--out", type=Path, default=RESULTS, help=f"JSON (default {RESULTS})")
@@ -272,7 +401,7 @@ def main() -> None:
             print(f"  profile {p.value}: {profiles[-1].command_s:.1f} s", flush=True)
         corpus = Path(scratch) / "corpus.txt"
         corpus.write_bytes(data.decode(data.load_default_corpus(max_bytes=4_000_000)).encode())
-        arms, parts = train_arms(args, corpus, Path(scratch))
+        arms, interfered, parts = train_arms(args, corpus, Path(scratch))
     report = {
         "device": device_name(args.device),
         "torch": torch.__version__,
@@ -285,6 +414,7 @@ def main() -> None:
         "total_s": time.perf_counter() - started,
         "profiles": [asdict(row) for row in profiles],
         "arms": [asdict(row) for row in arms],
+        "interference": [asdict(row) for row in interfered],
         "snapshot_breakdown": [asdict(row) for row in parts],
     }
     _print(report)
@@ -314,6 +444,13 @@ def _print(report: dict[str, Any]) -> None:
             f"  {row['snapshots_skipped']:7}  {row['achieved_interval']:8.2f}"
             f"  {row['overhead']:+8.1%}"
         )
+    if report["interference"]:
+        print("\nsnapshots off, one part beside   step s   overhead   part ran")
+        for row in report["interference"]:
+            print(
+                f"  {row['precision']:<8} {row['part']:<22} {row['median_step_s']:7.4f}"
+                f"   {row['overhead']:+8.1%}   {row['part_rounds']:8}"
+            )
     print(
         "\none snapshot, timed alone  GiB  alloc s  copy 1st s  copy s  xxh3 s  crc32 s"
         "  write 1st s  write s  threads  write s"
