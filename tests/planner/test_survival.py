@@ -331,6 +331,9 @@ def test_the_fast_search_says_what_every_combination_says(p: plans.Plan, protect
     assert set(holders) <= lost
     beyond = snapshot_placement.beyond_redundancy(p, lost, protected=protected)
     assert found.layer_without_snapshot in beyond
+    placed = snapshot_placement.mirrors(p).values()
+    assert found.num_members == sum(len(m) for m in placed)
+    assert found.num_mirrored == (sum(m is not None for m in itertools.chain(*placed)) * protected)
 
 
 NODE = st.integers(min_value=0, max_value=5)

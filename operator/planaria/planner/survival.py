@@ -233,12 +233,16 @@ class NodeTolerance:
     """Every set of `failures` failed nodes is survived (`survives`); `smallest`, one node
     more, is a set that is not (the first in node order): it takes every live replica of
     `layer_without_replica` and more members of `layer_without_snapshot`'s snapshot (holder
-    and mirror) than its redundancy tolerates. `reason` says so in words."""
+    and mirror) than its redundancy tolerates. `reason` says so in words. Of the
+    `num_members` members of all the layers' sharding groups, `num_mirrored` have a mirror
+    (none without redundancy)."""
 
     failures: int
     smallest: tuple[plans.NodeId, ...]
     layer_without_replica: int
     layer_without_snapshot: int
+    num_members: int
+    num_mirrored: int
     reason: str
 
 
@@ -256,6 +260,7 @@ class _Layers:
     tolerated: dict[int, int]
     held: dict[_Nodes, int]
     kinds: tuple[_Kind, ...]
+    num_mirrored: int
 
 
 def tolerated_node_failures(plan: plans.Plan, *, protected: bool) -> NodeTolerance:
@@ -283,6 +288,8 @@ def tolerated_node_failures(plan: plans.Plan, *, protected: bool) -> NodeToleran
         smallest=tuple(plans.NodeId(node) for node in best),
         layer_without_replica=replicas_of,
         layer_without_snapshot=layer,
+        num_members=sum(len(nodes) for nodes in layers.members.values()),
+        num_mirrored=layers.num_mirrored,
         reason=reason,
     )
 
@@ -297,6 +304,7 @@ def _layers(plan: plans.Plan, *, protected: bool) -> _Layers:
     tolerated: dict[int, int] = {}
     held: dict[_Nodes, int] = {}
     kinds: dict[_Kind, None] = {}  # in first-seen order, each once
+    num_mirrored = 0
     for layer, group in groups.items():
         key = (group, placed[layer])
         if key not in built:
@@ -308,7 +316,15 @@ def _layers(plan: plans.Plan, *, protected: bool) -> _Layers:
         t = snapshot_placement.tolerated_losses(protected=protected, group_size=len(group))
         tolerated[layer] = t
         kinds.setdefault((t, counted), None)  # equal kinds offer the same unions
-    return _Layers(members=members, tolerated=tolerated, held=held, kinds=tuple(kinds))
+        if protected:
+            num_mirrored += len(group) - placed[layer].count(None)
+    return _Layers(
+        members=members,
+        tolerated=tolerated,
+        held=held,
+        kinds=tuple(kinds),
+        num_mirrored=num_mirrored,
+    )
 
 
 def _member_node_sets(
