@@ -15,10 +15,12 @@ survivors' stores keep, holders' and mirrors' pooled) and with the controller's
 `recovery.beyond_redundancy`; `tolerated_node_failures` is exactly the smallest fatal set's size
 minus one, names the first such set and says why; it equals, field for field and word for word,
 the search of every combination it replaced (`_every_combination`, the oracle, over larger
-drawn plans too), and on a 2 x 2 plan the number stated by hand; it is at least the nodes
-every layer is held on minus one, and at least 3 when every member of groups of two or more is
-mirrored with redundancy; `plan_survival` is a lower bound of the exact sum over failure
-patterns.
+drawn plans too; its two clever parts, the best pair union and the first witness, against
+every pair and combination of small set families), is the fewest nodes a layer is held on
+minus one without redundancy, and on a 2 x 2 plan the number stated by hand; it is at least
+the nodes every layer is held on minus one, and at least 3 when every member of groups of two
+or more is mirrored with redundancy; `plan_survival` is a lower bound of the exact sum over
+failure patterns.
 """
 
 from __future__ import annotations
@@ -334,6 +336,9 @@ def test_the_fast_search_says_what_every_combination_says(p: plans.Plan, protect
     placed = snapshot_placement.mirrors(p).values()
     assert found.num_members == sum(len(m) for m in placed)
     assert found.num_mirrored == (sum(m is not None for m in itertools.chain(*placed)) * protected)
+    if not protected:  # no tolerated losses: fatal exactly when a layer loses every replica
+        groups = snapshot_placement.sharding_groups(p).values()
+        assert found.failures == min(len({p.node_of(w) for w in g}) for g in groups) - 1
 
 
 NODE = st.integers(min_value=0, max_value=5)
