@@ -5,7 +5,8 @@ the runner-up, and with --failed the reinstantiated plan; --json prints the docu
 (every field of docs/planner.md present, numbers consistent with the planner's own result);
 --gpu-memory-gib changes n0; each plan's guarantee against node failures (one line, and
 `nodeFailures` in JSON) on a 2 x 2 plan where it is stated by hand (3 nodes with the job spec's
-default redundancy, copy; 1 with none) and, with --failed, for the plan after the failure, the
+default redundancy, copy; 1 with none), on one pipeline of two nodes (0 with none, 1 with
+its mirrors) and, with --failed, for the plan after the failure, the
 same as the planner's; --redundancy takes the job spec's values and default; every bad input
 (malformed options, a redundancy the job spec does not name, a micro-batch that is not the
 profile's, failed nodes outside the cluster or repeated, a missing profile file, an
@@ -179,6 +180,34 @@ def test_a_two_by_two_plan_survives_the_node_failures_stated_by_hand(
     assert failures["members"] == 20  # 10 layers, each held by 2 workers
     assert failures["mirroredMembers"] == (0 if redundancy else 20)
     assert failures["reason"].startswith(f"every {tolerated} node failures leave each layer")
+
+
+@pytest.mark.parametrize(
+    ("redundancy", "line"),
+    [
+        pytest.param(
+            "none",
+            "does not survive every single node failure without the checkpoint (live replicas, "
+            "then host-memory snapshots, redundancy none, no mirrors); node [0] would lose "
+            "layer 0's state",
+            id="none: one pipeline has one replica of each layer and no copy of its snapshot",
+        ),
+        pytest.param(
+            "xor",
+            "survives any 1 node failure without the checkpoint (live replicas, then host-memory "
+            "snapshots, redundancy xor, mirrored); nodes [0, 1] would lose layer 0's state",
+            id="xor: each node's snapshot is mirrored on the other node",
+        ),
+    ],
+)
+def test_one_pipeline_survives_a_node_failure_only_through_its_mirrors(
+    profile_path: Path, capsys: pytest.CaptureFixture[str], redundancy: str, line: str
+) -> None:
+    args = _two_by_two(profile_path, "--redundancy", redundancy)
+    args[args.index("--nodes") + 1], args[args.index("--fault-tolerance") + 1] = "2", "0"
+    assert main.main(args) == 0
+    out = capsys.readouterr().out
+    assert "plan (Oobleck §4.2): 1x2 nodes" in out and f"\n  {line}\n" in out + "\n"
 
 
 def test_the_plan_after_failures_has_its_own_guarantee(

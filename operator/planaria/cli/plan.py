@@ -267,7 +267,7 @@ def guarantee_line(tolerance: survival.NodeTolerance, redundancy: job.Redundancy
     head = (
         f"survives any {n} node failure{'s' if n > 1 else ''}"
         if n
-        else "a single node failure can need the persistent checkpoint"
+        else "does not survive every single node failure"
     )
     if tolerance.num_mirrored == tolerance.num_members:
         mirrors = "mirrored"
