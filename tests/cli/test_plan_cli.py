@@ -12,11 +12,13 @@ same as the planner's; --redundancy takes the job spec's values and default; eve
 profile's, failed nodes outside the cluster or repeated, a missing profile file, an
 undistributable global batch, too few nodes for the fault tolerance) is one line on stderr with
 exit status 2 and no traceback, also from a real subprocess; the required options are required in
-the usage, and all missing ones are named in one argparse error with exit status 2.
+the usage, and all missing ones are named in one argparse error with exit status 2; every
+option is documented in docs/planner.md (the --explain family in docs/policy.md).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
 import subprocess
@@ -30,6 +32,7 @@ from planaria.planner import instantiation, survival, templates
 from planaria.spec import job, profile_file
 
 PLANARIA = str(Path(sys.executable).parent / "planaria")
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _args(path: Path, *extra: str) -> list[str]:
@@ -323,3 +326,16 @@ def test_the_console_script_exits_2_without_a_traceback(profile_path: Path) -> N
     assert result.returncode == 2
     assert result.stderr == "planaria: error: --failed: node 9 is not in 0..4\n"
     assert "Traceback" not in result.stderr
+
+
+def test_every_plan_option_is_documented() -> None:
+    docs = "".join(
+        (ROOT / "docs" / name).read_text("utf-8") for name in ("planner.md", "policy.md")
+    )
+    parser = main.build_parser()
+    subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    options = [o for a in subparsers.choices["plan"]._actions for o in a.option_strings]
+    assert "--redundancy" in options
+    for option in options:
+        if option not in ("-h", "--help"):
+            assert f"`{option}" in docs, option
