@@ -13,9 +13,14 @@ plans (stages on nodes of their own, or packed several to a node) and every set 
 nodes: `survives` agrees with an oracle built from scratch (live holders; the members the
 survivors' stores keep, holders' and mirrors' pooled) and with the controller's
 `recovery.beyond_redundancy`; `tolerated_node_failures` is exactly the smallest fatal set's size
-minus one, names the first such set and says why; it is at least the nodes every layer is held
-on minus one, and at least 3 when every member of groups of two or more is mirrored with
-redundancy; `plan_survival` is a lower bound of the exact sum over failure patterns.
+minus one, names the first such set and says why; it equals, field for field and word for word,
+the search of every combination it replaced (`_every_combination`, the oracle, over larger
+drawn plans too; its two clever parts, the best pair union and the first witness, against
+every pair and combination of small set families), is the fewest nodes a layer is held on
+minus one without redundancy, and on a 2 x 2 plan the number stated by hand; it is at least
+the nodes every layer is held on minus one, and at least 3 when every member of groups of two
+or more is mirrored with redundancy; `plan_survival` is a lower bound of the exact sum over
+failure patterns.
 """
 
 from __future__ import annotations
@@ -277,6 +282,135 @@ def test_the_guarantee_is_one_less_than_the_smallest_fatal_set(
     assert found.smallest == first  # the first fatal set of that size, in node order
     assert f"every {found.failures} node failures" in found.reason
     assert f"losing nodes {list(first)}" in found.reason
+
+
+def _every_combination(p: plans.Plan, protected: bool) -> tuple[int, tuple[int, ...], str]:
+    """The oracle: the search `tolerated_node_failures` did before it was made fast, every
+    holder-node set against every t + 1 members of every layer, O(layers x C(m, t + 1) x
+    holder-node sets); (failures, smallest set, reason)."""
+    groups, placed = snapshot_placement.sharding_groups(p), snapshot_placement.mirrors(p)
+    held: dict[frozenset[plans.NodeId], int] = {}  # a holder-node set -> its first layer
+    for layer, group in groups.items():
+        held.setdefault(frozenset(p.node_of(w) for w in group), layer)
+    best: tuple[int, tuple[plans.NodeId, ...]] | None = None
+    why = ""
+    for layer, group in groups.items():
+        t = snapshot_placement.tolerated_losses(protected=protected, group_size=len(group))
+        for members in itertools.combinations(range(len(group)), t + 1):
+            gone = {p.node_of(group[k]) for k in members}
+            if protected:
+                gone |= {p.node_of(m) for k in members if (m := placed[layer][k]) is not None}
+            for nodes, replicas_of in held.items():
+                cut = tuple(sorted(gone | nodes))
+                if best is None or (len(cut), cut) < best:
+                    best = (len(cut), cut)
+                    why = (
+                        f"losing nodes {list(cut)} loses every live replica of layer "
+                        f"{replicas_of} and members {list(members)} of layer {layer}'s snapshot "
+                        f"with their mirrors, more than the {t} its redundancy tolerates"
+                    )
+    assert best is not None
+    size, cut = best
+    reason = f"every {size - 1} node failures leave each layer a live replica or a rebuildable "
+    return size - 1, cut, reason + f"snapshot; {why}"
+
+
+LARGER_PLANS = st.one_of(
+    strategies.packed_plans(max_layers=6, max_pipelines=4),
+    strategies.plans(max_layers=6, max_pipelines=4, max_gpus_per_node=4),
+)
+
+
+@settings(max_examples=150)
+@given(p=st.one_of(SMALL_PLANS, LARGER_PLANS), protected=st.booleans())
+def test_the_fast_search_says_what_every_combination_says(p: plans.Plan, protected: bool) -> None:
+    found = survival.tolerated_node_failures(p, protected=protected)
+    assert (found.failures, found.smallest, found.reason) == _every_combination(p, protected)
+    assert f"every live replica of layer {found.layer_without_replica} and" in found.reason
+    assert f"of layer {found.layer_without_snapshot}'s snapshot" in found.reason
+    lost = {w for w in p.workers if p.node_of(w) in found.smallest}
+    holders = snapshot_placement.sharding_groups(p)[found.layer_without_replica]
+    assert set(holders) <= lost
+    beyond = snapshot_placement.beyond_redundancy(p, lost, protected=protected)
+    assert found.layer_without_snapshot in beyond
+    placed = snapshot_placement.mirrors(p).values()
+    assert found.num_members == sum(len(m) for m in placed)
+    assert found.num_mirrored == (sum(m is not None for m in itertools.chain(*placed)) * protected)
+    if not protected:  # no tolerated losses: fatal exactly when a layer loses every replica
+        groups = snapshot_placement.sharding_groups(p).values()
+        assert found.failures == min(len({p.node_of(w) for w in g}) for g in groups) - 1
+
+
+NODE = st.integers(min_value=0, max_value=5)
+MEMBER_SETS = st.lists(st.frozensets(NODE, max_size=2), max_size=10)
+
+
+@settings(max_examples=1000)  # microseconds each
+@given(sets=MEMBER_SETS)
+def test_the_smallest_pair_union_is_the_least_over_every_pair(sets: list[frozenset[int]]) -> None:
+    """The fast search's core on its own: member node sets (two nodes at most, repeats and
+    empty sets included) against every pair of members."""
+    counted = {nodes: min(2, sets.count(nodes)) for nodes in sets}
+    every = [a | b for a, b in itertools.combinations(sets, 2)]
+    expected = min(every, key=lambda union: (len(union), sorted(union)), default=None)
+    assert survival._smallest_pair_union(counted) == expected
+
+
+@settings(max_examples=1000)
+@given(
+    sets=MEMBER_SETS,
+    size=st.integers(min_value=1, max_value=2),
+    needs=st.lists(st.frozensets(NODE, max_size=3), max_size=3),
+    cut=st.frozensets(NODE, min_size=2),
+)
+def test_the_first_members_are_the_first_combination_that_covers_a_need(
+    sets: list[frozenset[int]], size: int, needs: list[frozenset[int]], cut: frozenset[int]
+) -> None:
+    def fits(members: tuple[int, ...]) -> bool:
+        union = frozenset().union(*(sets[k] for k in members))
+        return union <= cut and any(need <= union for need in needs)
+
+    combinations = itertools.combinations(range(len(sets)), size)
+    expected = next((c for c in combinations if fits(c)), None)
+    assert survival._first_members(tuple(sets), size, needs, cut) == expected
+
+
+def _two_by_two(num_layers: int) -> plans.Plan:
+    """Two pipelines of two stages, one GPU per node: pipeline 0 on nodes 0, 1, pipeline 1 on
+    nodes 2, 3, each stage half the layers."""
+    cuts = ((0, num_layers // 2), (num_layers // 2, num_layers))
+    return plans.Plan(
+        pipelines=tuple(
+            plans.Pipeline(
+                stages=tuple(
+                    plans.Stage(layer_start=a, layer_stop=b, workers=(plans.WorkerId(2 * i + s),))
+                    for s, (a, b) in enumerate(cuts)
+                ),
+                num_micro_batches=1,
+            )
+            for i in range(2)
+        ),
+        micro_batch_size=1,
+        gpus_per_node=1,
+    )
+
+
+def test_a_two_by_two_plan_by_hand() -> None:
+    """Layer 0 is held on nodes 0 and 2 (members 0, 1), mirrored on the nodes of no holder, 1
+    and 3. Without redundancy a member is lost with its holder and tolerated 0 times: nodes
+    {0, 2} lose layer 0 (replicas and snapshot), any one node is survived. With XOR, the
+    snapshot survives one lost member, and losing two takes their holders and mirrors: all four
+    nodes, so any three are survived."""
+    p = _two_by_two(12)
+    plain = survival.tolerated_node_failures(p, protected=False)
+    assert (plain.failures, plain.smallest) == (1, (0, 2))
+    assert (plain.layer_without_replica, plain.layer_without_snapshot) == (0, 0)
+    mirrored = survival.tolerated_node_failures(p, protected=True)
+    assert (mirrored.failures, mirrored.smallest) == (3, (0, 1, 2, 3))
+    assert mirrored.reason.endswith(
+        "losing nodes [0, 1, 2, 3] loses every live replica of layer 0 and members [0, 1] of "
+        "layer 0's snapshot with their mirrors, more than the 1 its redundancy tolerates"
+    )
 
 
 @given(p=strategies.plans(max_layers=4, max_pipelines=3), protected=st.booleans())

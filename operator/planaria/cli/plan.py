@@ -3,7 +3,7 @@ optionally the plan after some nodes fail.
 
     planaria plan --profile FILE --nodes N --gpus-per-node M --fault-tolerance F
                   --global-batch B --micro-batch b [--gpu-memory-gib G] [--failed 3,7] [--json]
-                  [--explain --mtbf DURATION]
+                  [--redundancy MODE] [--explain --mtbf DURATION]
 
 Text output is for people; `--json` prints one JSON document whose fields are documented in
 docs/planner.md (format `planaria.plan-output`, version 1). The planning itself is
@@ -11,9 +11,11 @@ docs/planner.md (format `planaria.plan-output`, version 1). The planning itself 
 options, loads the profile file and renders results. With --failed, `--explain` adds the recovery
 policy's decision (Odyssey eq. 8, `planaria.planner.policy`, docs/policy.md): rerouting, the
 DP/PP candidates and the reinstantiations above, ranked for a time to the next failure of
---mtbf seconds. Every user error is a ValueError
-(PlanCommandError here, or the planner's and the profile file's), which `planaria.cli.main`
-prints as one line with exit status 2.
+--mtbf seconds. Each plan is reported with its guarantee against node failures
+(`planaria.planner.survival.tolerated_node_failures`) under the job's snapshot redundancy
+(--redundancy, the job spec's `snapshots.redundancy`, with its default). Every user error
+is a ValueError (PlanCommandError here, or the planner's and the profile file's), which
+`planaria.cli.main` prints as one line with exit status 2.
 """
 
 from __future__ import annotations
@@ -22,20 +24,32 @@ import argparse
 import json
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from planaria.cli import plan_explain, tables
 from planaria.contract import plan
-from planaria.planner import instantiation, reinstantiation, templates
-from planaria.spec import profile_file
+from planaria.planner import instantiation, reinstantiation, survival, templates
+from planaria.spec import job, profile_file
 
 OUTPUT_FORMAT = "planaria.plan-output"
-OUTPUT_VERSION = 1
+OUTPUT_VERSION = 2  # 2: `nodeFailures` and `redundancy` (issue #20)
 GIB = 2**30
+REDUNDANCY_DEFAULT = job.SnapshotSpec.model_fields["redundancy"].default  # the job spec's
 
 
 class PlanCommandError(ValueError):
     """An option is malformed or inconsistent; the message names it and the fix."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Guarantees:
+    """The node failures the chosen plan, and the plan after --failed, survive without the
+    persistent checkpoint under `redundancy` (`survival.tolerated_node_failures`)."""
+
+    redundancy: job.Redundancy
+    plan: survival.NodeTolerance
+    after: survival.NodeTolerance | None
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -74,6 +88,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument(
         "--failed", metavar="IDS", help="comma-separated node ids that fail, e.g. 3,7"
     )
+    parser.add_argument(
+        "--redundancy",
+        metavar="MODE",
+        default=REDUNDANCY_DEFAULT.value,
+        help="the job's snapshot redundancy (snapshots.redundancy): "
+        f"{', '.join(r.value for r in job.Redundancy)}; none keeps no mirrors; sets the node "
+        f"failures each plan survives (default: {REDUNDANCY_DEFAULT.value})",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON document")
     plan_explain.add_options(parser)
     parser.set_defaults(handler=run)
@@ -88,6 +110,7 @@ def run(args: argparse.Namespace) -> int:
     micro_batch = _whole(args.micro_batch, "--micro-batch", minimum=1)
     memory = _memory(args.gpu_memory_gib)
     failed = _failed(args.failed, num_nodes)
+    redundancy = _redundancy(args.redundancy)
     mtbf_s = plan_explain.mtbf(args.explain, args.mtbf, failed)
     left = plan_explain.steps_left(args.explain, args.steps_left)
     source = profile_file.load_profile(profile_path)
@@ -104,16 +127,17 @@ def run(args: argparse.Namespace) -> int:
     template_set = instantiation.fit_templates(template_set, source, global_batch, memory)
     choice = instantiation.choose_plan(template_set, list(range(num_nodes)), global_batch)
     after = reinstantiation.reinstantiate(choice.plan, template_set, failed) if failed else None
+    guarantees = _guarantees(redundancy, choice.plan, None if after is None else after.plan)
     decided = None
     if after is not None and mtbf_s is not None:
         decided = plan_explain.decide(source, memory, choice.plan, after, failed, mtbf_s, left)
     if args.json:
-        document = to_json(template_set, choice, after, failed)
+        document = to_json(template_set, choice, after, failed, guarantees)
         if decided is not None:
             document["recoveryPolicy"] = plan_explain.to_json(*decided)
         print(json.dumps(document, indent=2, ensure_ascii=False))
     else:
-        print(render(template_set, choice, after, failed))
+        print(render(template_set, choice, after, failed, guarantees))
         if decided is not None:
             print(plan_explain.render(decided[1]))
     return 0
@@ -144,6 +168,29 @@ def _memory(value: str | None) -> int | None:
     return max(1, int(gib * GIB))
 
 
+def _redundancy(value: str) -> job.Redundancy:
+    try:
+        return job.Redundancy(value)
+    except ValueError:
+        names = ", ".join(r.value for r in job.Redundancy)
+        raise PlanCommandError(f"--redundancy must be one of {names} (got {value!r})") from None
+
+
+def _guarantees(
+    redundancy: job.Redundancy, chosen: plan.Plan, after: plan.Plan | None
+) -> Guarantees:
+    protected = redundancy is not job.Redundancy.NONE  # only then mirrors and tolerated losses
+
+    def tolerance(result: plan.Plan) -> survival.NodeTolerance:
+        return survival.tolerated_node_failures(result, protected=protected)
+
+    return Guarantees(
+        redundancy=redundancy,
+        plan=tolerance(chosen),
+        after=None if after is None else tolerance(after),
+    )
+
+
 def _failed(value: str | None, num_nodes: int) -> list[int]:
     if value is None:
         return []
@@ -171,8 +218,10 @@ def render(
     choice: instantiation.PlanChoice,
     after: reinstantiation.Reinstantiation | None,
     failed: Sequence[int],
+    guarantees: Guarantees,
 ) -> str:
-    """The human-readable report: templates, the chosen plan, and the plan after failures."""
+    """The human-readable report: templates, the chosen plan, and the plan after failures,
+    each with the node failures it survives."""
     sizes = template_set.sizes
     lines = [f"templates (Oobleck §4.1): n0 = {template_set.min_nodes}, sizes {_span(sizes)}"]
     lines.append(f"  {template_set.node_spec.reason}")
@@ -201,11 +250,55 @@ def render(
         )
     lines.append(f"  {choice.reason}")
     lines += _pipelines(choice.plan, choice.chosen.distribution.pipeline_times_s)
+    lines.append(f"  {guarantee_line(guarantees.plan, guarantees.redundancy)}")
     if after is not None:
         lines.append(f"after nodes {','.join(map(str, failed))} fail (Oobleck §5.1): {after.path}")
         lines.append(f"  {after.reason}")
         lines += _pipelines(after.plan, after.chosen.distribution.pipeline_times_s)
+        if guarantees.after is not None:
+            lines.append(f"  {guarantee_line(guarantees.after, guarantees.redundancy)}")
     return "\n".join(lines)
+
+
+def guarantee_line(tolerance: survival.NodeTolerance, redundancy: job.Redundancy) -> str:
+    """One line: how many node failures the plan survives without the persistent checkpoint,
+    with what, and a smallest set of nodes that it does not survive (docs/planner.md)."""
+    n = tolerance.failures
+    head = (
+        f"survives any {n} node failure{'s' if n > 1 else ''}"
+        if n
+        else "does not survive every single node failure"
+    )
+    if tolerance.num_mirrored == tolerance.num_members:
+        mirrors = "mirrored"
+    elif tolerance.num_mirrored:
+        mirrors = f"{tolerance.num_mirrored} of {tolerance.num_members} members mirrored"
+    else:
+        mirrors = "no mirrors"
+    nodes = [int(n) for n in tolerance.smallest]
+    replica, snapshot = tolerance.layer_without_replica, tolerance.layer_without_snapshot
+    lost = (
+        f"layer {replica}'s state"
+        if replica == snapshot
+        else f"every replica of layer {replica} and layer {snapshot}'s snapshot"
+    )
+    return (
+        f"{head} without the checkpoint (live replicas, then host-memory snapshots, redundancy "
+        f"{redundancy.value}, {mirrors}); node{'s' if len(nodes) > 1 else ''} "
+        f"[{_runs(nodes)}] would lose {lost}"
+    )
+
+
+def _runs(ids: Sequence[int]) -> str:
+    """Sorted ids with runs of three or more as first-last: 0-3, 6, 9 (1,024 ids fit a line)."""
+    parts: list[str] = []
+    start = 0
+    for end in range(1, len(ids) + 1):
+        if end == len(ids) or ids[end] != ids[end - 1] + 1:
+            run = ids[start:end]
+            parts += [f"{run[0]}-{run[-1]}"] if len(run) >= 3 else [str(i) for i in run]
+            start = end
+    return ", ".join(parts)
 
 
 def _pipelines(result: plan.Plan, times: Sequence[float]) -> list[str]:
@@ -258,11 +351,13 @@ def to_json(
     choice: instantiation.PlanChoice,
     after: reinstantiation.Reinstantiation | None,
     failed: Sequence[int],
+    guarantees: Guarantees,
 ) -> dict[str, Any]:
     """The `--json` document (field by field in docs/planner.md)."""
     return {
         "format": OUTPUT_FORMAT,
         "version": OUTPUT_VERSION,
+        "redundancy": guarantees.redundancy.value,
         "templates": {
             "minNodes": template_set.min_nodes,
             "sizes": list(template_set.sizes),
@@ -281,8 +376,11 @@ def to_json(
                 "throughputSamplesPerS": choice.runner_up.throughput,
             },
             **_plan_json(choice.plan, choice.chosen.distribution.pipeline_times_s),
+            "nodeFailures": _tolerance_json(guarantees.plan),
         },
-        "reinstantiation": None if after is None else _after_json(after, failed),
+        "reinstantiation": None
+        if after is None or guarantees.after is None
+        else _after_json(after, failed, guarantees.after),
     }
 
 
@@ -330,7 +428,23 @@ def _plan_json(result: plan.Plan, times: Sequence[float]) -> dict[str, Any]:
     }
 
 
-def _after_json(after: reinstantiation.Reinstantiation, failed: Sequence[int]) -> dict[str, Any]:
+def _tolerance_json(tolerance: survival.NodeTolerance) -> dict[str, Any]:
+    return {
+        "tolerated": tolerance.failures,
+        "smallestFatalNodes": [int(n) for n in tolerance.smallest],
+        "layerWithoutReplica": tolerance.layer_without_replica,
+        "layerWithoutSnapshot": tolerance.layer_without_snapshot,
+        "members": tolerance.num_members,
+        "mirroredMembers": tolerance.num_mirrored,
+        "reason": tolerance.reason,
+    }
+
+
+def _after_json(
+    after: reinstantiation.Reinstantiation,
+    failed: Sequence[int],
+    tolerance: survival.NodeTolerance,
+) -> dict[str, Any]:
     chosen = after.chosen
     return {
         "failedNodes": list(failed),
@@ -347,5 +461,8 @@ def _after_json(after: reinstantiation.Reinstantiation, failed: Sequence[int]) -
             }
             for o in after.alternatives
         ],
-        "plan": _plan_json(chosen.plan, chosen.distribution.pipeline_times_s),
+        "plan": {
+            **_plan_json(chosen.plan, chosen.distribution.pipeline_times_s),
+            "nodeFailures": _tolerance_json(tolerance),
+        },
     }
