@@ -36,8 +36,9 @@ import itertools
 from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
-from planaria.contract import instructions, plan, profile, schedule, timeline
+from planaria.contract import errors, instructions, plan, profile, schedule, timeline
 from planaria.planner import estimator, execution, memory
 
 
@@ -198,7 +199,9 @@ def run_rerouted(
     could order its streams differently, so the whole plan must be replayed. Pipelines outside
     the reroutes run their micro-batch j in slot j (`timeline.pack_slots`) and share no worker
     with the others, so the slots of the involved ones, and hence their streams, are the same
-    in both plans when the involved ones use at least as many slots."""
+    in both plans when the involved ones use at least as many slots. Timed by `run_routed`
+    when the profile fits the plan, else compiled and replayed (`run_sub_replayed`, which
+    raises what the schedule and the replay raise)."""
     index = {p: i for i, p in enumerate(involved)}
     others = [p.num_micro_batches for q, p in enumerate(plan_.pipelines) if q not in index]
     if max(others, default=0) > max(plan_.pipelines[p].num_micro_batches for p in involved):
@@ -212,7 +215,17 @@ def run_rerouted(
             for r in plan_.reroutes
         ),
     )
-    sched = schedule.compile_schedule(sub)
+    widest = max(len(stage.workers) for p in sub.pipelines for stage in p.stages)
+    if prof.num_layers == sub.num_layers and widest <= prof.max_gpus_per_stage:
+        return run_routed(sub, prof)
+    return run_sub_replayed(sub, prof)
+
+
+def run_sub_replayed(
+    plan_: plan.Plan, prof: profile.Profile
+) -> tuple[dict[plan.WorkerId, float], int]:
+    """Compile and replay `plan_`: each stream's arrival at its tail and the largest peak."""
+    sched = schedule.compile_schedule(plan_)
     result = execution.replay(sched, estimator.ProfileCosts(sched, prof))
     execution.raise_if_stuck(sched, result)
     arrival = {}
@@ -223,6 +236,175 @@ def run_rerouted(
 
 
 _TAIL = (instructions.AllReduce, instructions.OptimizerStep)
+
+
+# A message of the routed timing, named by the compute that receives it: (pipeline p, its
+# micro-batch j, the receiving stage s, gradient?): activations come from stage s - 1,
+# gradients from s + 1.
+_Message = tuple[int, int, int, bool]
+
+
+class _Op(NamedTuple):  # a tuple: ~23,000 of them per 1,024-worker plan
+    """One compute of a worker's stream (`schedule._Task` without its instruction): the
+    message it receives from `source` and the one it sends to `destination` (None at the ends
+    of its pipeline)."""
+
+    backward: bool
+    source: plan.WorkerId | None
+    inbound: _Message
+    destination: plan.WorkerId | None
+    outbound: _Message
+
+
+# One compute as the replay meets it: the message it waits for (None: none), its duration,
+# then the messages posted right after it, each with its transfer time.
+_Step = tuple[_Message | None, float, tuple[tuple[_Message, float], ...]]
+
+
+def run_routed(plan_: plan.Plan, prof: profile.Profile) -> tuple[dict[plan.WorkerId, float], int]:
+    """`run_sub_replayed`'s numbers, bit for bit, without compiling the schedule or replaying
+    its instructions: the schedule's compute order (`schedule` step 2: `timeline.pack_slots`'
+    slots, computes sorted by unit 1F1B time, pipeline, slot, forward first) and its message
+    placement (step 3: a receive right before its compute; the sends to one destination in
+    the receiver's order, each right after the compute that makes it and every earlier one to
+    that destination available), timed with the replay's arithmetic (`execution`: a receive
+    waits for its send's post plus the link's transfer, as `estimator` costs it; a compute
+    adds the sum of its layers' times at the stream's width; sends take no time). No tail: a
+    stream arrives at it at its clock after its last compute. Memory: `memory.stage_memory`
+    of each stream's own order. The profile must fit the plan (`run_rerouted` checks);
+    tests/planner/test_rerouted_timing.py compares it with compile + replay."""
+    routes = schedule.micro_batch_routes(plan_)
+    owners = [frozenset(s.workers[0] for s in p.stages if s.workers) for p in plan_.pipelines]
+    orders = _compute_orders(plan_, routes, timeline.pack_slots(routes, owners))
+    tags: dict[tuple[plan.WorkerId, plan.WorkerId], list[_Message]] = {}
+    for worker, order in orders.items():  # per pair, the receiver's order is the tag order
+        for op in order:
+            if op.source is not None:
+                tags.setdefault((op.source, worker), []).append(op.inbound)
+    stages = {s.workers[0]: s for p in plan_.pipelines for s in p.stages if s.workers}
+    programs = {
+        w: _program(w, stages[w], orders.get(w, []), tags, plan_.gpus_per_node, prof)
+        for w in sorted(stages)
+    }
+    peak = max(_routed_peak(w, stages[w], orders.get(w, []), prof) for w in stages)
+    return _routed_clocks(programs), peak
+
+
+def _compute_orders(
+    plan_: plan.Plan, routes: list[list[timeline.Route]], slots: tuple[tuple[int, ...], ...]
+) -> dict[plan.WorkerId, list[_Op]]:
+    """Each worker's computes in the schedule's order: by virtual time on one slot count for
+    all pipelines, then pipeline, slot, forward before backward (`schedule._tasks`)."""
+    num_slots = 1 + max((s for pipeline in slots for s in pipeline), default=-1)
+    times: dict[int, tuple[list[list[int]], list[list[int]]]] = {}
+    keyed: dict[plan.WorkerId, list[tuple[int, int, int, bool, _Op]]] = {}
+    for p, pipeline in enumerate(plan_.pipelines):
+        depth = len(pipeline.stages)
+        if depth not in times:
+            times[depth] = timeline.unit_times(depth, num_slots)
+        forward_end, backward_end = times[depth]
+        for j, route in enumerate(routes[p]):
+            slot = slots[p][j]
+            for s, worker in enumerate(route):
+                before = route[s - 1] if s > 0 else None
+                after = route[s + 1] if s + 1 < depth else None
+                forward = _Op(False, before, (p, j, s, False), after, (p, j, s + 1, False))
+                backward = _Op(True, after, (p, j, s, True), before, (p, j, s - 1, True))
+                mine = keyed.setdefault(worker, [])
+                mine.append((forward_end[s][slot], p, slot, False, forward))
+                mine.append((backward_end[s][slot], p, slot, True, backward))
+    # the key before the op is unique per worker (a worker runs one stage of a pipeline, a
+    # slot holds one micro-batch of a pipeline), so the ops are never compared
+    return {w: [key[-1] for key in sorted(mine)] for w, mine in keyed.items()}
+
+
+def _program(
+    worker: plan.WorkerId,
+    stage: plan.Stage,
+    order: list[_Op],
+    tags: dict[tuple[plan.WorkerId, plan.WorkerId], list[_Message]],
+    gpus_per_node: int,
+    prof: profile.Profile,
+) -> list[_Step]:
+    """`worker`'s computes as the replay meets them (`schedule._stream_body`'s placement)."""
+    layers = prof.layers[stage.layer_start : stage.layer_stop]
+    k = len(stage.workers) - 1  # a rerouted compute runs a peer stage's layers: the same
+    cost = (sum(x.forward_s[k] for x in layers), sum(x.backward_s[k] for x in layers))
+    # what a send carries (`estimator.ProfileCosts.transfer_s`): the output of the stage's
+    # last layer forward, of the layer before its first backward
+    carried = (layers[-1].output_bytes, prof.layers[stage.layer_start - 1].output_bytes)
+    transfer: dict[tuple[plan.WorkerId, bool], float] = {}
+    produced: set[_Message] = set()
+    next_tag: dict[plan.WorkerId, int] = {}
+    program: list[_Step] = []
+    for op in order:
+        posts: list[tuple[_Message, float]] = []
+        destination = op.destination
+        if destination is not None:
+            produced.add(op.outbound)
+            key = (destination, op.backward)
+            if key not in transfer:
+                link = estimator.link_among(prof, gpus_per_node, (worker, destination))
+                transfer[key] = link.transfer_s(carried[op.backward])
+            pair, tag = tags[(worker, destination)], next_tag.get(destination, 0)
+            while tag < len(pair) and pair[tag] in produced:
+                posts.append((pair[tag], transfer[(destination, pair[tag][3])]))
+                tag += 1
+            next_tag[destination] = tag
+        inbound = op.inbound if op.source is not None else None
+        program.append((inbound, cost[op.backward], tuple(posts)))
+    return program
+
+
+def _routed_clocks(programs: dict[plan.WorkerId, list[_Step]]) -> dict[plan.WorkerId, float]:
+    """Each worker's clock after its last compute: the workers advanced in turn as far as
+    their messages have come. Raises DeadlockError when some cannot finish (the timeline
+    guarantees they can)."""
+    clock = dict.fromkeys(programs, 0.0)
+    position = dict.fromkeys(programs, 0)
+    arrived: dict[_Message, float] = {}
+    waiting: dict[_Message, plan.WorkerId] = {}
+    ready = deque(programs)
+    while ready:
+        worker = ready.popleft()
+        program, k, now = programs[worker], position[worker], clock[worker]
+        while k < len(program):
+            inbound, cost, posts = program[k]
+            if inbound is not None:
+                arrival = arrived.get(inbound)
+                if arrival is None:
+                    waiting[inbound] = worker
+                    break
+                now = max(now, arrival)  # the replay's receive
+            now = now + cost
+            for message, transfer_s in posts:
+                arrived[message] = now + transfer_s
+                if message in waiting:
+                    ready.append(waiting.pop(message))
+            k += 1
+        position[worker], clock[worker] = k, now
+    stuck = sorted(w for w, program in programs.items() if position[w] < len(program))
+    if stuck:
+        raise errors.DeadlockError(f"the rerouted computes deadlock: workers {stuck} wait")
+    return clock
+
+
+def _routed_peak(
+    worker: plan.WorkerId, stage: plan.Stage, order: list[_Op], prof: profile.Profile
+) -> int:
+    """`memory`'s peak of the stream of `worker` running `order`."""
+    live, most = 0, 0
+    for op in order:
+        live += -1 if op.backward else 1
+        most = max(most, live)
+    return memory.stage_memory(
+        worker,
+        prof.layers[stage.layer_start : stage.layer_stop],
+        len(stage.workers),
+        max_in_flight=most,
+        sends_on=any(not op.backward and op.destination is not None for op in order),
+        receives_grads=any(op.backward and op.source is not None for op in order),
+    ).peak_bytes
 
 
 def involved(plan_: plan.Plan) -> tuple[int, ...]:
