@@ -155,3 +155,54 @@ def test_a_profile_that_does_not_fit_gets_the_compile_paths_error() -> None:
     short = strategies.timed_profile([0.001, 0.002, 0.003])  # three layers, the plan has four
     with pytest.raises(errors.PlanInputError, match="the profile has 3 layers but the plan 4"):
         composition.run_rerouted(rerouted, involved, short)
+
+
+def late_sends_plan() -> plan.Plan:
+    """Worker 8 runs its own micro-batch (2) of stage [3, 4) and pipeline 0's (0), forward in
+    that order, but worker 9 receives them the other way round (the tag order), so the send of
+    2's activation waits until 0's is made: a send posted after a later compute than the one
+    that made it (found by hypothesis; the drawn plans above rarely hold one)."""
+    W = plan.WorkerId
+
+    def stages(*bounds: tuple[int, int, tuple[int, ...]]) -> tuple[plan.Stage, ...]:
+        return tuple(
+            plan.Stage(layer_start=a, layer_stop=b, workers=tuple(W(w) for w in ws))
+            for a, b, ws in bounds
+        )
+
+    return plan.Plan(
+        pipelines=(
+            plan.Pipeline(
+                stages=stages((0, 1, ()), (1, 2, (1,)), (2, 3, (2,)), (3, 4, ()), (4, 5, ())),
+                num_micro_batches=1,
+            ),
+            plan.Pipeline(stages=stages((0, 1, (5,)), (1, 5, (6,))), num_micro_batches=1),
+            plan.Pipeline(
+                stages=stages((0, 3, (7,)), (3, 4, (8,)), (4, 5, (9,))), num_micro_batches=1
+            ),
+        ),
+        micro_batch_size=1,
+        reroutes=(
+            plan.Reroute(pipeline=0, stage=0, peer_pipeline=1, micro_batches=(0,)),
+            plan.Reroute(pipeline=0, stage=3, peer_pipeline=2, micro_batches=(0,)),
+            plan.Reroute(pipeline=0, stage=4, peer_pipeline=2, micro_batches=(0,)),
+        ),
+    )
+
+
+@given(drawn_profile(5, 1))
+@settings(max_examples=50, deadline=None)
+def test_sends_held_back_for_the_receivers_order_are_timed_as_replayed(
+    prof: profile.Profile,
+) -> None:
+    plan_ = late_sends_plan()
+    body = schedule.compile_schedule(plan_).stream(plan.WorkerId(8)).instructions
+    computes = [i for i, op in enumerate(body) if isinstance(op, instructions.Compute)]
+    # micro-batch 2's activation waits for micro-batch 0's, which worker 9 receives first
+    assert not isinstance(body[computes[0] + 1], instructions.Send)
+    held = body[computes[1] + 1 : computes[1] + 3]
+    assert held == (
+        instructions.SendActivation(destination=plan.WorkerId(9), micro_batch=0, tag=0),
+        instructions.SendActivation(destination=plan.WorkerId(9), micro_batch=2, tag=1),
+    )
+    assert_same(plan_, prof)

@@ -36,7 +36,6 @@ import itertools
 from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import NamedTuple
 
 from planaria.contract import errors, instructions, plan, profile, schedule, timeline
 from planaria.planner import estimator, execution, memory
@@ -238,27 +237,15 @@ def run_sub_replayed(
 _TAIL = (instructions.AllReduce, instructions.OptimizerStep)
 
 
-# A message of the routed timing, named by the compute that receives it: (pipeline p, its
-# micro-batch j, the receiving stage s, gradient?): activations come from stage s - 1,
-# gradients from s + 1.
-_Message = tuple[int, int, int, bool]
-
-
-class _Op(NamedTuple):  # a tuple: ~23,000 of them per 1,024-worker plan
-    """One compute of a worker's stream (`schedule._Task` without its instruction): the
-    message it receives from `source` and the one it sends to `destination` (None at the ends
-    of its pipeline)."""
-
-    backward: bool
-    source: plan.WorkerId | None
-    inbound: _Message
-    destination: plan.WorkerId | None
-    outbound: _Message
-
-
-# One compute as the replay meets it: the message it waits for (None: none), its duration,
-# then the messages posted right after it, each with its transfer time.
-_Step = tuple[_Message | None, float, tuple[tuple[_Message, float], ...]]
+# One compute of the routed timing, in a worker's order (`schedule._Task` without its
+# instruction): its order key (unit 1F1B time, pipeline, slot, backward?), then the worker it
+# receives from and the message, the worker it sends to and the message (None and -1 at the
+# ends of its pipeline). A message is numbered by the compute that receives it: micro-batch g
+# (global), stage s, gradient or not: (g * _STAGES + s) * 2 + backward.
+_Compute = tuple[int, int, int, bool, plan.WorkerId | None, int, plan.WorkerId | None, int]
+# One compute as the replay meets it: the message it waits for (-1: none), its duration, then
+# the messages posted right after it and their transfer time (all to one destination).
+_Step = tuple[int, float, tuple[int, ...], float]
 
 
 def run_routed(plan_: plan.Plan, prof: profile.Profile) -> tuple[dict[plan.WorkerId, float], int]:
@@ -276,11 +263,14 @@ def run_routed(plan_: plan.Plan, prof: profile.Profile) -> tuple[dict[plan.Worke
     routes = schedule.micro_batch_routes(plan_)
     owners = [frozenset(s.workers[0] for s in p.stages if s.workers) for p in plan_.pipelines]
     orders = _compute_orders(plan_, routes, timeline.pack_slots(routes, owners))
-    tags: dict[tuple[plan.WorkerId, plan.WorkerId], list[_Message]] = {}
+    tags: dict[tuple[plan.WorkerId | None, plan.WorkerId], list[int]] = {}
     for worker, order in orders.items():  # per pair, the receiver's order is the tag order
-        for op in order:
-            if op.source is not None:
-                tags.setdefault((op.source, worker), []).append(op.inbound)
+        for _, _, _, _, source, inbound, _, _ in order:
+            if source is not None:
+                pair = tags.get((source, worker))
+                if pair is None:
+                    pair = tags[(source, worker)] = []
+                pair.append(inbound)
     stages = {s.workers[0]: s for p in plan_.pipelines for s in p.stages if s.workers}
     programs = {
         w: _program(w, stages[w], orders.get(w, []), tags, plan_.gpus_per_node, prof)
@@ -290,39 +280,52 @@ def run_routed(plan_: plan.Plan, prof: profile.Profile) -> tuple[dict[plan.Worke
     return _routed_clocks(programs), peak
 
 
+_STAGES = 1 << 16  # more than any pipeline's stages: a message number's stage digit
+
+
 def _compute_orders(
     plan_: plan.Plan, routes: list[list[timeline.Route]], slots: tuple[tuple[int, ...], ...]
-) -> dict[plan.WorkerId, list[_Op]]:
+) -> dict[plan.WorkerId, list[_Compute]]:
     """Each worker's computes in the schedule's order: by virtual time on one slot count for
     all pipelines, then pipeline, slot, forward before backward (`schedule._tasks`)."""
     num_slots = 1 + max((s for pipeline in slots for s in pipeline), default=-1)
     times: dict[int, tuple[list[list[int]], list[list[int]]]] = {}
-    keyed: dict[plan.WorkerId, list[tuple[int, int, int, bool, _Op]]] = {}
+    orders: dict[plan.WorkerId, list[_Compute]] = {}
+    g = 0  # the global micro-batch number: contiguous per pipeline, in pipeline order
     for p, pipeline in enumerate(plan_.pipelines):
         depth = len(pipeline.stages)
+        assert depth < _STAGES, "a message number holds the stage"
         if depth not in times:
             times[depth] = timeline.unit_times(depth, num_slots)
         forward_end, backward_end = times[depth]
         for j, route in enumerate(routes[p]):
-            slot = slots[p][j]
+            slot, first = slots[p][j], g * 2 * _STAGES
             for s, worker in enumerate(route):
                 before = route[s - 1] if s > 0 else None
                 after = route[s + 1] if s + 1 < depth else None
-                forward = _Op(False, before, (p, j, s, False), after, (p, j, s + 1, False))
-                backward = _Op(True, after, (p, j, s, True), before, (p, j, s - 1, True))
-                mine = keyed.setdefault(worker, [])
-                mine.append((forward_end[s][slot], p, slot, False, forward))
-                mine.append((backward_end[s][slot], p, slot, True, backward))
-    # the key before the op is unique per worker (a worker runs one stage of a pipeline, a
-    # slot holds one micro-batch of a pipeline), so the ops are never compared
-    return {w: [key[-1] for key in sorted(mine)] for w, mine in keyed.items()}
+                here = first + 2 * s
+                mine = orders.get(worker)
+                if mine is None:
+                    mine = orders[worker] = []
+                # activations from and to neighbours (here, here + 2), gradients (here + 3,
+                # here - 1); the numbers of the ends are never read
+                mine.append((forward_end[s][slot], p, slot, False, before, here, after, here + 2))
+                mine.append(
+                    (backward_end[s][slot], p, slot, True, after, here + 1, before, here - 1)
+                )
+            g += 1
+    # the order key is unique per worker (a worker runs one stage of a pipeline, a slot holds
+    # one micro-batch of a pipeline), so what follows it is never compared
+    for mine in orders.values():
+        mine.sort()
+    return orders
 
 
 def _program(
     worker: plan.WorkerId,
     stage: plan.Stage,
-    order: list[_Op],
-    tags: dict[tuple[plan.WorkerId, plan.WorkerId], list[_Message]],
+    order: list[_Compute],
+    tags: dict[tuple[plan.WorkerId | None, plan.WorkerId], list[int]],
     gpus_per_node: int,
     prof: profile.Profile,
 ) -> list[_Step]:
@@ -331,28 +334,31 @@ def _program(
     k = len(stage.workers) - 1  # a rerouted compute runs a peer stage's layers: the same
     cost = (sum(x.forward_s[k] for x in layers), sum(x.backward_s[k] for x in layers))
     # what a send carries (`estimator.ProfileCosts.transfer_s`): the output of the stage's
-    # last layer forward, of the layer before its first backward
+    # last layer forward, of the layer before its first backward; a worker sends only
+    # activations or only gradients to one destination (its layers follow or precede its)
     carried = (layers[-1].output_bytes, prof.layers[stage.layer_start - 1].output_bytes)
-    transfer: dict[tuple[plan.WorkerId, bool], float] = {}
-    produced: set[_Message] = set()
+    transfer: dict[plan.WorkerId, float] = {}
+    produced: set[int] = set()
     next_tag: dict[plan.WorkerId, int] = {}
     program: list[_Step] = []
-    for op in order:
-        posts: list[tuple[_Message, float]] = []
-        destination = op.destination
-        if destination is not None:
-            produced.add(op.outbound)
-            key = (destination, op.backward)
-            if key not in transfer:
-                link = estimator.link_among(prof, gpus_per_node, (worker, destination))
-                transfer[key] = link.transfer_s(carried[op.backward])
-            pair, tag = tags[(worker, destination)], next_tag.get(destination, 0)
-            while tag < len(pair) and pair[tag] in produced:
-                posts.append((pair[tag], transfer[(destination, pair[tag][3])]))
-                tag += 1
-            next_tag[destination] = tag
-        inbound = op.inbound if op.source is not None else None
-        program.append((inbound, cost[op.backward], tuple(posts)))
+    for _, _, _, backward, source, inbound, destination, outbound in order:
+        waits = inbound if source is not None else -1
+        if destination is None:
+            program.append((waits, cost[backward], (), 0.0))
+            continue
+        if destination not in transfer:
+            link = estimator.link_among(prof, gpus_per_node, (worker, destination))
+            transfer[destination] = link.transfer_s(carried[backward])
+        pair, tag = tags[(worker, destination)], next_tag.get(destination, 0)
+        if pair[tag] != outbound:  # made before its turn (pair[tag] is never made yet)
+            produced.add(outbound)
+            program.append((waits, cost[backward], (), 0.0))
+            continue
+        first, tag = tag, tag + 1
+        while tag < len(pair) and pair[tag] in produced:
+            tag += 1
+        next_tag[destination] = tag
+        program.append((waits, cost[backward], tuple(pair[first:tag]), transfer[destination]))
     return program
 
 
@@ -362,22 +368,22 @@ def _routed_clocks(programs: dict[plan.WorkerId, list[_Step]]) -> dict[plan.Work
     guarantees they can)."""
     clock = dict.fromkeys(programs, 0.0)
     position = dict.fromkeys(programs, 0)
-    arrived: dict[_Message, float] = {}
-    waiting: dict[_Message, plan.WorkerId] = {}
+    arrived: dict[int, float] = {}
+    waiting: dict[int, plan.WorkerId] = {}
     ready = deque(programs)
     while ready:
         worker = ready.popleft()
         program, k, now = programs[worker], position[worker], clock[worker]
         while k < len(program):
-            inbound, cost, posts = program[k]
-            if inbound is not None:
+            inbound, cost, posts, transfer_s = program[k]
+            if inbound >= 0:
                 arrival = arrived.get(inbound)
                 if arrival is None:
                     waiting[inbound] = worker
                     break
                 now = max(now, arrival)  # the replay's receive
             now = now + cost
-            for message, transfer_s in posts:
+            for message in posts:
                 arrived[message] = now + transfer_s
                 if message in waiting:
                     ready.append(waiting.pop(message))
@@ -390,20 +396,20 @@ def _routed_clocks(programs: dict[plan.WorkerId, list[_Step]]) -> dict[plan.Work
 
 
 def _routed_peak(
-    worker: plan.WorkerId, stage: plan.Stage, order: list[_Op], prof: profile.Profile
+    worker: plan.WorkerId, stage: plan.Stage, order: list[_Compute], prof: profile.Profile
 ) -> int:
     """`memory`'s peak of the stream of `worker` running `order`."""
     live, most = 0, 0
-    for op in order:
-        live += -1 if op.backward else 1
+    for compute in order:
+        live += -1 if compute[3] else 1
         most = max(most, live)
     return memory.stage_memory(
         worker,
         prof.layers[stage.layer_start : stage.layer_stop],
         len(stage.workers),
         max_in_flight=most,
-        sends_on=any(not op.backward and op.destination is not None for op in order),
-        receives_grads=any(op.backward and op.source is not None for op in order),
+        sends_on=any(not c[3] and c[6] is not None for c in order),
+        receives_grads=any(c[3] and c[4] is not None for c in order),
     ).peak_bytes
 
 
