@@ -1,4 +1,4 @@
-"""A rerouted plan timed without compiling its schedule (planaria.planner.composition.run_routed).
+"""A rerouted plan timed without compiling its schedule (planaria.planner.rerouted_timing).
 
 Covers, against the path it replaces (compile the schedule, replay it, read each stream's
 arrival at its first all-reduce or optimizer step and the memory estimate's peak; kept here as
@@ -23,7 +23,14 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from planaria.contract import errors, instructions, plan, profile, schedule
-from planaria.planner import composition, estimator, execution, memory, rerouting
+from planaria.planner import (
+    composition,
+    estimator,
+    execution,
+    memory,
+    rerouted_timing,
+    rerouting,
+)
 from tests import strategies
 
 
@@ -43,7 +50,7 @@ def compiled_and_replayed(
 
 
 def assert_same(plan_: plan.Plan, prof: profile.Profile) -> None:
-    timed = composition.run_routed(plan_, prof)
+    timed = rerouted_timing.run_routed(plan_, prof)
     want = compiled_and_replayed(plan_, prof)
     assert repr(timed) == repr(want)  # bit for bit, and the arrivals in stream order
 
