@@ -167,7 +167,8 @@ def _routed_clocks(programs: dict[plan.WorkerId, list[_Step]]) -> dict[plan.Work
                 if arrival is None:
                     waiting[inbound] = worker
                     break
-                now = max(now, arrival)  # the replay's receive
+                if arrival > now:  # the replay's receive: max(now, arrival), without a call
+                    now = arrival
             now = now + cost
             for message in posts:
                 arrived[message] = now + transfer_s
@@ -188,7 +189,8 @@ def _routed_peak(
     live, most = 0, 0
     for compute in order:
         live += -1 if compute[3] else 1
-        most = max(most, live)
+        if live > most:
+            most = live
     return memory.stage_memory(
         worker,
         prof.layers[stage.layer_start : stage.layer_stop],
