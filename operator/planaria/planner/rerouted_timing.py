@@ -93,8 +93,8 @@ def _compute_orders(
                 mine = orders.get(worker)
                 if mine is None:
                     mine = orders[worker] = []
-                # activations from and to neighbours (here, here + 2), gradients (here + 3,
-                # here - 1); the numbers of the ends are never read
+                # activations from and to the neighbours (here, here + 2), gradients
+                # (here + 1, here - 1); the numbers at the pipeline's ends are never read
                 mine.append((forward_end[s][slot], p, slot, False, before, here, after, here + 2))
                 mine.append(
                     (backward_end[s][slot], p, slot, True, after, here + 1, before, here - 1)
@@ -136,7 +136,7 @@ def _program(
             link = estimator.link_among(prof, gpus_per_node, (worker, destination))
             transfer[destination] = link.transfer_s(carried[backward])
         pair, tag = tags[(worker, destination)], next_tag.get(destination, 0)
-        if pair[tag] != outbound:  # made before its turn (pair[tag] is never made yet)
+        if pair[tag] != outbound:  # made before its turn: pair[tag], earlier, is not made yet
             produced.add(outbound)
             program.append((waits, cost[backward], (), 0.0))
             continue
