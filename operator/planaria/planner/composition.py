@@ -8,17 +8,21 @@ reaches its tail. `run_alone` keeps that arrival per stage from one replay of a 
 (identical pipelines: one replay; a pipeline of one-GPU stages, the split search's and every
 fresh plan's, needs no schedule: `run_chain` walks its stages' 1F1B orders with the replay's
 arithmetic, Odyssey eq. 11's DP, several times faster than compiling and replaying);
-`run_rerouted` replays the pipelines a reroute ties together
-(those with a hole and the peers that run their micro-batches) as a plan of their own; `step_s`
+`run_rerouted` times the pipelines a reroute ties together
+(those with a hole and the peers that run their micro-batches) as a plan of their own, again
+without a schedule: `rerouted_timing` orders each worker's computes and places its messages as the
+schedule compiler does and times them with the replay's arithmetic (~6x cheaper than
+compiling and replaying the ~650 workers of a rerouted 1,024-node plan); `step_s`
 replays only the tail from those arrivals: each all-reduce starts when its last member arrives
 and all members end it together (the replay's rule), in the order every member runs them,
 (round, first layer); then the commit barrier, then each stage's optimizer step.
 
 The numbers are those of replaying the whole schedule, bit for bit: every time is the same sum
 of the same costs along the same chain of events (`estimator`'s cost helpers), and a maximum is
-exact whatever the order (checked against the replay in tests/planner/test_composition.py). So a
+exact whatever the order (checked against the replay in tests/planner/test_composition.py and
+test_rerouted_timing.py). So a
 candidate whose pipelines were screened costs no second replay of them, only the tail, and a
-rerouted 1,024-worker plan replays the handful of pipelines its reroutes touch.
+rerouted 1,024-worker plan times only the pipelines its reroutes touch.
 
 One case is left to the whole replay: streams are ordered on a virtual timeline with one slot
 count for all pipelines (`timeline`), so the rerouted pipelines replayed on their own must use
@@ -38,7 +42,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from planaria.contract import instructions, plan, profile, schedule, timeline
-from planaria.planner import estimator, execution, memory
+from planaria.planner import estimator, execution, memory, rerouted_timing
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -198,7 +202,10 @@ def run_rerouted(
     could order its streams differently, so the whole plan must be replayed. Pipelines outside
     the reroutes run their micro-batch j in slot j (`timeline.pack_slots`) and share no worker
     with the others, so the slots of the involved ones, and hence their streams, are the same
-    in both plans when the involved ones use at least as many slots."""
+    in both plans when the involved ones use at least as many slots. Timed by
+    `rerouted_timing.run_routed`
+    when the profile fits the plan, else compiled and replayed (`run_sub_replayed`, which
+    raises what the schedule and the replay raise)."""
     index = {p: i for i, p in enumerate(involved)}
     others = [p.num_micro_batches for q, p in enumerate(plan_.pipelines) if q not in index]
     if max(others, default=0) > max(plan_.pipelines[p].num_micro_batches for p in involved):
@@ -212,7 +219,17 @@ def run_rerouted(
             for r in plan_.reroutes
         ),
     )
-    sched = schedule.compile_schedule(sub)
+    widest = max(len(stage.workers) for p in sub.pipelines for stage in p.stages)
+    if prof.num_layers == sub.num_layers and widest <= prof.max_gpus_per_stage:
+        return rerouted_timing.run_routed(sub, prof)
+    return run_sub_replayed(sub, prof)
+
+
+def run_sub_replayed(
+    plan_: plan.Plan, prof: profile.Profile
+) -> tuple[dict[plan.WorkerId, float], int]:
+    """Compile and replay `plan_`: each stream's arrival at its tail and the largest peak."""
+    sched = schedule.compile_schedule(plan_)
     result = execution.replay(sched, estimator.ProfileCosts(sched, prof))
     execution.raise_if_stuck(sched, result)
     arrival = {}

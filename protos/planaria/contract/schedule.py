@@ -125,7 +125,7 @@ def compile_schedule(plan_: plan.Plan) -> Schedule:
     Raises PlanInputError when a stage without workers has micro-batches that are not rerouted,
     or a micro-batch of a stage is rerouted twice.
     """
-    routes = _routes(plan_, _rerouted(plan_))
+    routes = micro_batch_routes(plan_)
     owners = [frozenset(w for w in _leads(p) if w is not None) for p in plan_.pipelines]
     slots = timeline.pack_slots(routes, owners)
     tasks = _tasks(plan_, routes, slots)
@@ -174,6 +174,13 @@ def require_one_worker_per_stage(schedule: Schedule) -> None:
 
 
 # --- 1. routes ---------------------------------------------------------------------------------
+
+
+def micro_batch_routes(plan_: plan.Plan) -> list[list[timeline.Route]]:
+    """routes[p][j]: the (first) worker running each stage of pipeline p's local micro-batch j
+    (step 1); PlanInputError as `compile_schedule` says. The planner's compile-free timing of
+    rerouted plans (`composition`) starts from the same routes."""
+    return _routes(plan_, _rerouted(plan_))
 
 
 def _leads(pipeline: plan.Pipeline) -> list[plan.WorkerId | None]:
