@@ -4,7 +4,7 @@ A worker that dies inside step c + 1's commit barrier can leave some survivors a
 the others at c (docs/executor.md); the ones ahead must roll back to a snapshot. Their own
 snapshot of c need not exist: it fails when its mirror swap meets the dead worker (or it was
 skipped because a writer was busy at barrier c, or c is not a snapshot step), and the store
-then holds c - 1 only (tests/agent/test_snapshot_rollback.py shows the agent's side).
+then holds c - 1 only (tests/agent/test_snapshot_pipeline.py shows the agent's side).
 
 Covers: the resume step of such a roll-back is a snapshot every survivor reports holding
 complete (`SnapshotState.held`), never merely the survivors' oldest step (the e2e flake of
@@ -102,6 +102,7 @@ async def test_a_roll_back_resumes_at_a_snapshot_every_survivor_holds() -> None:
     assert _resumes(run)[1:] == [SPLIT_AT - 1], _resumes(run)
     [recovered] = run.controller.recoveries
     assert recovered.failed == (DEAD,) and recovered.lost_steps == 2
+    assert f"a survivor ahead of step {SPLIT_AT} holds no snapshot of it" in recovered.reason
     assert recovered.tier in {
         messages.RecoveryTier.LOCAL_SNAPSHOT,
         messages.RecoveryTier.PEER_SNAPSHOT,
@@ -131,6 +132,7 @@ async def test_a_restore_that_fails_falls_back_to_an_older_snapshot_every_surviv
     final = await run.finish()
     assert final.phase is status.Phase.SUCCEEDED and final.step == 40, final.message
     assert _resumes(run)[1:] == [SPLIT_AT, SPLIT_AT - 1], _resumes(run)
+    assert f"the restore of step {SPLIT_AT} failed" in run.controller.recoveries[-1].reason
     assert all(p is not status.Phase.SUSPENDED for p in _phases(run))
 
 

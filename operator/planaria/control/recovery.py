@@ -10,8 +10,13 @@ error) or a peer-lost failure breaks the running epoch. `Handler.recover` then
   takes those as the survivors, OWN_ERROR_RETRIES times from one step, then fails the job;
 - asks the planner per the job's policy (`decide`, pure), with Oobleck's fresh instantiation
   over the survivors as the last resort, and finds the resume step (`resume_step`, pure): the
-  survivors' oldest committed step, or, when a layer has no live replica, the newest snapshot
-  every survivor reports holding complete (its heartbeat's `held` list).
+  survivors' oldest committed step, or, when a layer has no live replica or some survivor is a
+  step ahead (a death inside the commit barrier), the newest snapshot every survivor reports
+  holding complete (its heartbeat's `held` list); without one, the persistent checkpoint, else
+  step 0 (the job's seed rebuilds it exactly);
+- when a survivor latched SNAPSHOT_UNAVAILABLE (the restore of the epoch's resume step failed),
+  takes the next option the same way, below that step, instead of suspending (a resume from
+  Suspended that fails is the suspension's to redo: its checkpoint, else step 0).
 It answers with an `outcomes.Outcome` that the controller carries out: open the next epoch,
 suspend, fail, or succeed (the survivors already committed the job's last step). It never opens an
 epoch itself. A missed planned switch recovers from the plan the workers still hold.
@@ -136,6 +141,41 @@ class Handler:
         )
         if isinstance(move, outcomes.Suspend):
             return move
+        restored = self._restore(running, found, move, below)
+        if isinstance(restored, outcomes.Suspend):
+            return restored
+        resume, why = restored
+        if why:
+            move = dataclasses.replace(move, reason=f"{move.reason}; {why}")
+        if resume < found.resume_step:  # rolled back to a snapshot: live copies are too new
+            move = dataclasses.replace(move, transfers=())
+        self._failures += 1 if found.failed else 0
+        record = statuses.Recovery(
+            started_s=found.death_at,
+            failed=tuple(sorted(found.failed)),
+            epoch=self._epochs.next_epoch,
+            tier=messages.RecoveryTier.KEPT,
+            kind=move.kind,
+            reason=move.reason,
+            detect_s=max(0.0, noticed - found.death_at),
+            stop_s=stopped,
+            plan_s=self._clock.monotonic() - now,
+            lost_steps=found.newest_step - resume,
+        )
+        return outcomes.Open(move=move, resume_step=resume, record=record)
+
+    def _restore(
+        self,
+        running: plans.Plan,
+        found: failures.Assessment,
+        move: planning.Move,
+        below: int | None,
+    ) -> tuple[int, str] | outcomes.Suspend:
+        """The resume step for `move` and why, when it is not the survivors' step ("" when it
+        is, or when it is the snapshot a lost layer needs), or the Suspend that says why the
+        snapshot tier cannot serve: its newest snapshot every survivor holds when the resume
+        rolls back (`rolls_back`), else the persistent checkpoint (a Suspend that resumes from
+        it at once), else step 0 (`earlier_tier`)."""
         snapshot = None
         if rolls_back(found, move, below):
             if move.needs_snapshot:
@@ -153,33 +193,14 @@ class Handler:
                 what = conflict_message(snapshot, conflicts)
                 return outcomes.Suspend(running=running, what=what, retry=True)
         resume = resume_step(found, move, snapshot, below=below)
-        if resume is None:  # no snapshot every survivor holds: the checkpoint, else step 0
-            ceiling = restore_ceiling(found, below)
-            earlier = earlier_tier(ceiling, self._roster.checkpoint_step(running.workers))
-            if isinstance(earlier, str):  # the suspension resumes from the checkpoint at once
-                return outcomes.Suspend(running=running, what=earlier, retry=True)
-            resume, why = earlier
-            LOG.warning("recovery after epoch %d: %s", self._epochs.epoch, why)
-            move = dataclasses.replace(move, reason=f"{move.reason}; {why}")
-        elif below is not None:
-            why = f"the restore of step {below} failed: resumed from the older snapshot of step"
-            move = dataclasses.replace(move, reason=f"{move.reason}; {why} {resume}")
-        if resume < found.resume_step:  # rolled back to a snapshot: live copies are too new
-            move = dataclasses.replace(move, transfers=())
-        self._failures += 1 if found.failed else 0
-        record = statuses.Recovery(
-            started_s=found.death_at,
-            failed=tuple(sorted(found.failed)),
-            epoch=self._epochs.next_epoch,
-            tier=messages.RecoveryTier.KEPT,
-            kind=move.kind,
-            reason=move.reason,
-            detect_s=max(0.0, noticed - found.death_at),
-            stop_s=stopped,
-            plan_s=self._clock.monotonic() - now,
-            lost_steps=found.newest_step - resume,
-        )
-        return outcomes.Open(move=move, resume_step=resume, record=record)
+        if resume is not None:
+            return resume, rolled_back(found, move, resume, below)
+        ceiling = restore_ceiling(found, below)
+        earlier = earlier_tier(ceiling, self._roster.checkpoint_step(running.workers))
+        if isinstance(earlier, str):  # the suspension resumes from the checkpoint at once
+            return outcomes.Suspend(running=running, what=earlier, retry=True)
+        LOG.warning("recovery after epoch %d: %s", self._epochs.epoch, earlier[1])
+        return earlier
 
     async def _settle(self, running: plans.Plan, epoch: int) -> set[plans.WorkerId]:
         """Wait until the epoch's live workers all stopped, at most a step timeout and a
@@ -346,6 +367,21 @@ def resume_step(
     if snapshot is None or snapshot > restore_ceiling(found, below):
         return None
     return snapshot
+
+
+def rolled_back(
+    found: failures.Assessment, move: planning.Move, resume: int, below: int | None
+) -> str:
+    """Why the resume goes back to the snapshot of `resume` although every layer has a live
+    replica ("" when it does not, or when a lost layer needs a snapshot anyway)."""
+    if below is not None:
+        return f"the restore of step {below} failed: resumed from the older snapshot of {resume}"
+    if resume < found.resume_step and not move.needs_snapshot:
+        return (
+            f"a survivor ahead of step {found.resume_step} holds no snapshot of it: resumed from "
+            f"the snapshot of step {resume}, the newest every survivor holds"
+        )
+    return ""
 
 
 def earlier_tier(ceiling: int, checkpoint: int | None) -> str | tuple[int, str]:
