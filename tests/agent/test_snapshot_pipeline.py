@@ -14,11 +14,15 @@ everywhere (what the heartbeat reports) only after a barrier with no writer busy
 whose step a persistent checkpoint is due at waits instead of skipping; store files are
 rewritten in place (the same inode, pre-faulted pages) unless a reader holds the slot open;
 snapshots checksummed with crc32 (older stores) stay readable next to xxh3 ones; periodic
-snapshots are swapped with the mirrors, a TakeSnapshot is not. Layer files written by several
-threads make the same snapshot, byte for byte and checksum for checksum, as one thread's (every
-redundancy mode, several layers and members); a closed writer's staging buffers serve the next
-writer on the same copier (the next epoch), and a writer reserves them in the background before
-its first snapshot. No test here reads a clock: the writer is held back by events.
+snapshots are swapped with the mirrors, a TakeSnapshot is not; a mirror swap that meets a stopped
+peer fails its snapshot, which closing the writers does not complete: the store keeps the
+newest complete snapshot before it (a worker one step ahead after a death inside the commit
+barrier may hold no snapshot of the step before its own, and its heartbeat's `held` says so).
+Layer files written by several threads make the same snapshot, byte for byte and checksum for
+checksum, as one thread's (every redundancy mode, several layers and members); a closed
+writer's staging buffers serve the next writer on the same copier (the next epoch), and a writer
+reserves them in the background before its first snapshot. No test here reads a clock: the
+writer is held back by events.
 """
 
 from __future__ import annotations
@@ -338,6 +342,69 @@ def test_periodic_snapshots_are_mirrored_and_a_take_snapshot_is_not(tmp_path: Pa
     writers.close()
     assert swaps.steps == [1, 3]
     assert store.state().latest_step == 3
+
+
+class _StoppedPeer:
+    """A `mirroring.Mirroring` whose peer stops at the swap of `stops_at` (SIGSTOP): that swap
+    waits until the epoch is released (`release`), then fails as the transport does."""
+
+    def __init__(self, stops_at: int) -> None:
+        self.stops_at = stops_at
+        self.released = threading.Event()
+
+    def swap(
+        self, *, step: int, epoch: int, mine: Sequence[mirroring.MemberFiles]
+    ) -> list[mirroring.MemberFiles]:
+        if step >= self.stops_at:
+            self.released.wait()
+            raise mirroring.MirrorError(f"mirror transfer with worker 2 in epoch {epoch} failed")
+        return []
+
+
+def _held(store: snapshot_store.SnapshotStore) -> list[int]:
+    """The steps the heartbeat lists as held complete (`SnapshotState.held`)."""
+    return [h.step for h in store.state().held]
+
+
+def test_a_worker_ahead_after_a_death_in_the_barrier_may_hold_no_snapshot_of_the_step_before(
+    tmp_path: Path,
+) -> None:
+    """The e2e flake's agent side (tests/control/test_recovery_rollback.py the controller's):
+    a peer stops during snapshot 2's mirror swap, this worker passes barrier 3 (its writer
+    busy: snapshot 3 is skipped by every worker), then the epoch is given up. Closing the
+    writers completes nothing: snapshot 2 failed, and its slot, the one that held the older
+    snapshot 0 (none here), has no manifest. This worker committed 3 and holds only 1, and its
+    heartbeat says so: the roll-back must not resume at 2."""
+    peer = _StoppedPeer(stops_at=2)
+    store = snapshot_store.SnapshotStore(tmp_path / "s")
+    writers, layers = _writers(store, 1, tmp_path, mirrors=peer)
+    assert _after_step(writers, 1, layers)
+    writers.finish_snapshot()
+    assert _after_step(writers, 2, layers)  # its swap waits on the stopped peer
+    assert not _after_step(writers, 3, layers)  # busy at barrier 3: skipped everywhere
+    peer.released.set()  # the epoch is given up: its release ends the swap
+    writers.close()  # logs "snapshot failed", completes nothing
+    assert _held(store) == [1] and store.state().latest_step == 1
+    with pytest.raises(snapshot_store.SnapshotMissing):
+        store.manifest(2)
+
+
+def test_a_failed_snapshot_leaves_the_newest_complete_one_and_drops_the_older(
+    tmp_path: Path,
+) -> None:
+    """Two slots: snapshot 3 is written over the slot of 1 (the older), so its failure (a mirror
+    swap that met a stopped peer) leaves 2, the newest complete, and nothing else."""
+    peer = _StoppedPeer(stops_at=3)
+    store = snapshot_store.SnapshotStore(tmp_path / "s")
+    writers, layers = _writers(store, 1, tmp_path, mirrors=peer)
+    for t in (1, 2):
+        assert _after_step(writers, t, layers)
+        writers.finish_snapshot()
+    assert _held(store) == [2, 1]
+    assert _after_step(writers, 3, layers)
+    peer.released.set()
+    writers.close()
+    assert _held(store) == [2]
 
 
 def test_a_snapshot_feeding_a_due_checkpoint_waits_for_the_writer(

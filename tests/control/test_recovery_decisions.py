@@ -4,8 +4,10 @@ end to end are in test_controller.py and test_membership_changes.py).
 Covers: the move after a broken epoch (Suspend when no worker survived, the same plan when all
 are alive, the policy's plan, the templates anew when the policy has none, Suspend when nothing
 fits the survivors); the resume step (the survivors' oldest step; with a layer in no live
-replica, their newest snapshot complete on every worker, never newer than their step); the
-expected time to the next failure before any is seen.
+replica, or with survivors one step ahead after a death inside the commit barrier, or after a
+failed restore, their newest snapshot complete on every worker, never newer than their step nor
+than the failed one; without one, the checkpoint, else step 0); the expected time to the next
+failure before any is seen.
 """
 
 from __future__ import annotations
@@ -165,6 +167,77 @@ def test_a_resume_step_is_never_past_the_survivors_oldest_step(
     step = recovery.resume_step(found, _move(needs_snapshot=True), snapshot)
     assert step is None or 0 <= step <= min(resume, snapshot or 0)
     assert (step is None) == (snapshot is None or snapshot > resume)
+
+
+def test_survivors_ahead_roll_back_to_a_snapshot_every_survivor_holds() -> None:
+    # A death inside the commit barrier: survivors at 10 and 11, every layer still live. The
+    # ones at 11 rebuild theirs from snapshots, so the resume needs a snapshot they all hold.
+    split = _found({3}, resume=10, newest=11)
+    live = _move(needs_snapshot=False)
+    assert recovery.rolls_back(split, live, None)
+    assert recovery.resume_step(split, live, None) is None  # not simply 10
+    assert recovery.resume_step(split, live, 10) == 10
+    assert recovery.resume_step(split, live, 9) == 9
+    assert "holds no snapshot of it" in recovery.rolled_back(split, live, 9, None)
+    assert recovery.rolled_back(split, live, 10, None) == ""
+    level = _found({3}, resume=10, newest=10)
+    assert not recovery.rolls_back(level, live, None)
+    assert recovery.resume_step(level, live, None) == 10  # KEPT everywhere: no snapshot read
+
+
+def test_after_a_failed_restore_only_an_older_step_is_resumed() -> None:
+    found = _found(set(), resume=10, newest=11)
+    live = _move(needs_snapshot=False)
+    assert recovery.rolls_back(_found(set()), live, 10)
+    assert recovery.restore_ceiling(found, 10) == 9
+    assert recovery.restore_ceiling(found, 12) == 10
+    assert recovery.resume_step(found, live, 10, below=10) is None
+    assert recovery.resume_step(found, live, 8, below=10) == 8
+    assert "the restore of step 10 failed" in recovery.rolled_back(found, live, 8, 10)
+
+
+@pytest.mark.parametrize(
+    ("checkpoint", "answer"),
+    [
+        (6, "the persistent checkpoint of step 6 is the next tier"),
+        (None, "there is no persistent checkpoint: training restarts from step 0"),
+        (12, "there is no older persistent checkpoint: training restarts from step 0"),
+    ],
+    ids=["an older checkpoint is next", "none: step 0", "only a newer one: step 0"],
+)
+def test_without_a_snapshot_every_survivor_holds_the_checkpoint_else_step_0_is_next(
+    checkpoint: int | None, answer: str
+) -> None:
+    earlier = recovery.earlier_tier(9, checkpoint)
+    if isinstance(earlier, str):
+        assert answer in earlier and "at or before step 9" in earlier
+    else:
+        assert earlier[0] == 0 and answer in earlier[1]
+
+
+@given(
+    resume=st.integers(0, 100),
+    ahead=st.integers(0, 1),
+    needs=st.booleans(),
+    snapshot=st.none() | st.integers(1, 120),
+    below=st.none() | st.integers(1, 120),
+)
+def test_a_roll_back_resumes_only_at_a_step_every_survivor_holds_below_a_failed_restore(
+    resume: int, ahead: int, needs: bool, snapshot: int | None, below: int | None
+) -> None:
+    """`snapshot` stands for the newest step every survivor holds at or before the ceiling
+    (`Roster.snapshot_step`); the resume is that step or the survivors' own, never one a
+    survivor ahead might not hold, never a failed one or newer."""
+    found = _found({3}, resume=resume, newest=resume + ahead)
+    move = _move(needs_snapshot=needs)
+    step = recovery.resume_step(found, move, snapshot, below=below)
+    if not recovery.rolls_back(found, move, below):
+        assert step == resume and not ahead and not needs and below is None
+        return
+    ceiling = recovery.restore_ceiling(found, below)
+    assert ceiling <= resume and (below is None or ceiling < below)
+    fits = snapshot is not None and snapshot <= ceiling
+    assert step == (snapshot if fits else None)
 
 
 def _brute_beyond(

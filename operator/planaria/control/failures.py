@@ -5,7 +5,9 @@ the plan's workers into the failed (dead, silent, faulty, broken by an error of 
 still not settled past the bound) and the survivors (stopped on a lost or hung peer: the
 lockstep commit barrier leaves them all at the same last committed step c, or some at c + 1
 when the death hit the barrier itself), and takes the resume step as the survivors' oldest
-committed step: rolling the others back one step is covered by their own snapshots.
+committed step. The ones ahead then roll back from the snapshot tiers, which need not hold that
+step (their snapshot of it may have failed, been skipped or not be due): `recovery` resumes
+only at a step every survivor reports holding (`recovery.rolls_back`).
 
 An error an agent latched of its own is read here too: `job_error` words one that ends the job
 (a permanent kind, or one that came back after the bounded retry) for the status (`ended` one

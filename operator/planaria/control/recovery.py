@@ -10,8 +10,13 @@ error) or a peer-lost failure breaks the running epoch. `Handler.recover` then
   takes those as the survivors, OWN_ERROR_RETRIES times from one step, then fails the job;
 - asks the planner per the job's policy (`decide`, pure), with Oobleck's fresh instantiation
   over the survivors as the last resort, and finds the resume step (`resume_step`, pure): the
-  survivors' oldest committed step, or, when a layer has no live replica, the newest snapshot
-  every survivor reports holding complete (its heartbeat's `held` list).
+  survivors' oldest committed step, or, when a layer has no live replica or some survivor is a
+  step ahead (a death inside the commit barrier), the newest snapshot every survivor reports
+  holding complete (its heartbeat's `held` list); without one, the persistent checkpoint, else
+  step 0 (the job's seed rebuilds it exactly);
+- when a survivor latched SNAPSHOT_UNAVAILABLE (the restore of the epoch's resume step failed),
+  takes the next option the same way, below that step, instead of suspending (a resume from
+  Suspended that fails is the suspension's to redo: its checkpoint, else step 0).
 It answers with an `outcomes.Outcome` that the controller carries out: open the next epoch,
 suspend, fail, or succeed (the survivors already committed the job's last step). It never opens an
 epoch itself. A missed planned switch recovers from the plan the workers still hold.
@@ -95,12 +100,18 @@ class Handler:
             if not isinstance(retry, failures.Assessment):
                 return retry
             found = retry
+        failed_restore = None
         if found.state_lost and not missed:  # (a missed switch's setups latch it, short of it)
-            lost = "a layer's state is in no recovery tier (replica, snapshot or checkpoint)"
-            return outcomes.Suspend(running=running, what=lost, retry=True)
-        if found.survivors and found.resume_step >= self._job.steps:
+            if self._epochs.kind is statuses.MoveKind.RESUME:  # the suspension's own fallback
+                lost = "a layer's state is in no recovery tier (replica, snapshot or checkpoint)"
+                return outcomes.Suspend(running=running, what=lost, retry=True)
+            # The restore of the epoch's resume step failed: the next option is older.
+            failed_restore = self._epochs.resume_step
+        elif found.survivors and found.resume_step >= self._job.steps:
             return outcomes.Succeed()
-        return self._next_epoch(planner, running, found, noticed, now, stopped=now - noticed)
+        return self._next_epoch(
+            planner, running, found, noticed, now, stopped=now - noticed, below=failed_restore
+        )
 
     def _next_epoch(
         self,
@@ -111,8 +122,11 @@ class Handler:
         now: float,
         *,
         stopped: float,
+        below: int | None = None,
     ) -> outcomes.Outcome:
-        """The planner's move and its resume step for `found`, as an `Open` (or a Suspend)."""
+        """The planner's move and its resume step for `found`, as an `Open` (or a Suspend);
+        `below`: a resume step whose restore failed (SNAPSHOT_UNAVAILABLE), so the resume is
+        an older one."""
         live = self._roster.live(now)
         move = decide(
             planner,
@@ -127,24 +141,12 @@ class Handler:
         )
         if isinstance(move, outcomes.Suspend):
             return move
-        snapshot = None
-        if move.needs_snapshot:
-            redundancy = self._job.training.redundancy
-            beyond = beyond_redundancy(running, found.failed, redundancy)
-            if beyond:  # the snapshot tier cannot serve: say so, the checkpoint is next
-                what = beyond_message(beyond, redundancy)
-                return outcomes.Suspend(running=running, what=what, retry=True)
-            snapshot = self._roster.snapshot_step(found.survivors, at_most=found.resume_step)
-            conflicts = {}
-            if snapshot is not None:
-                conflicts = self._roster.digest_conflicts(found.survivors, snapshot)
-            if conflicts:  # two copies of a member differ: the snapshot is not trusted
-                what = conflict_message(snapshot, conflicts)
-                return outcomes.Suspend(running=running, what=what, retry=True)
-        resume = resume_step(found, move, snapshot)
-        if resume is None:
-            lost = "a lost layer has no live replica and no host-memory snapshot to restore"
-            return outcomes.Suspend(running=running, what=lost, retry=True)
+        restored = self._restore(running, found, move, below)
+        if isinstance(restored, outcomes.Suspend):
+            return restored
+        resume, why = restored
+        if why:
+            move = dataclasses.replace(move, reason=f"{move.reason}; {why}")
         if resume < found.resume_step:  # rolled back to a snapshot: live copies are too new
             move = dataclasses.replace(move, transfers=())
         self._failures += 1 if found.failed else 0
@@ -161,6 +163,44 @@ class Handler:
             lost_steps=found.newest_step - resume,
         )
         return outcomes.Open(move=move, resume_step=resume, record=record)
+
+    def _restore(
+        self,
+        running: plans.Plan,
+        found: failures.Assessment,
+        move: planning.Move,
+        below: int | None,
+    ) -> tuple[int, str] | outcomes.Suspend:
+        """The resume step for `move` and why, when it is not the survivors' step ("" when it
+        is, or when it is the snapshot a lost layer needs), or the Suspend that says why the
+        snapshot tier cannot serve: its newest snapshot every survivor holds when the resume
+        rolls back (`rolls_back`), else the persistent checkpoint (a Suspend that resumes from
+        it at once), else step 0 (`earlier_tier`)."""
+        snapshot = None
+        if rolls_back(found, move, below):
+            if move.needs_snapshot:
+                redundancy = self._job.training.redundancy
+                beyond = beyond_redundancy(running, found.failed, redundancy)
+                if beyond:  # the snapshot tier cannot serve: say so, the checkpoint is next
+                    what = beyond_message(beyond, redundancy)
+                    return outcomes.Suspend(running=running, what=what, retry=True)
+            ceiling = restore_ceiling(found, below)
+            snapshot = self._roster.snapshot_step(found.survivors, at_most=ceiling)
+            conflicts = {}
+            if snapshot is not None:
+                conflicts = self._roster.digest_conflicts(found.survivors, snapshot)
+            if conflicts:  # two copies of a member differ: the snapshot is not trusted
+                what = conflict_message(snapshot, conflicts)
+                return outcomes.Suspend(running=running, what=what, retry=True)
+        resume = resume_step(found, move, snapshot, below=below)
+        if resume is not None:
+            return resume, rolled_back(found, move, resume, below)
+        ceiling = restore_ceiling(found, below)
+        earlier = earlier_tier(ceiling, self._roster.checkpoint_step(running.workers))
+        if isinstance(earlier, str):  # the suspension resumes from the checkpoint at once
+            return outcomes.Suspend(running=running, what=earlier, retry=True)
+        LOG.warning("recovery after epoch %d: %s", self._epochs.epoch, earlier[1])
+        return earlier
 
     async def _settle(self, running: plans.Plan, epoch: int) -> set[plans.WorkerId]:
         """Wait until the epoch's live workers all stopped, at most a step timeout and a
@@ -290,20 +330,67 @@ def conflict_message(
     )
 
 
+def rolls_back(found: failures.Assessment, move: planning.Move, below: int | None) -> bool:
+    """Whether the resume needs host-memory snapshots: a layer of `move` has no live replica;
+    some survivor is ahead of the others (a death inside the commit barrier: it holds no layer
+    at their step and rebuilds its layers from the snapshot tiers, which need not hold that
+    step: its snapshot of it may have failed, been skipped or not be due); or the restore of
+    step `below` failed already."""
+    return move.needs_snapshot or found.newest_step > found.resume_step or below is not None
+
+
+def restore_ceiling(found: failures.Assessment, below: int | None) -> int:
+    """The newest step a roll-back may resume at: the survivors' oldest committed step, and
+    older than `below`, a resume step whose restore failed."""
+    return found.resume_step if below is None else min(found.resume_step, below - 1)
+
+
 def resume_step(
-    found: failures.Assessment, move: planning.Move, snapshot: int | None
+    found: failures.Assessment,
+    move: planning.Move,
+    snapshot: int | None,
+    *,
+    below: int | None = None,
 ) -> int | None:
-    """The step the next epoch resumes after: the survivors' oldest committed step, or, when
-    some layer of `move` has no live replica, `snapshot`: the newest step every survivor
-    reports holding complete (`membership.Roster.snapshot_step`, from the heartbeats' `held`
-    lists; None when there is none at or before their step).
+    """The step the next epoch resumes after: the survivors' oldest committed step when every
+    layer is held there (`rolls_back` is false), else `snapshot`: the newest step every
+    survivor reports holding complete (`membership.Roster.snapshot_step`, from the
+    heartbeats' `held` lists), at or before `restore_ceiling`; None when there is none.
 
     Nothing is inferred about the dead: their stores are never read (a peer's pieces travel
     only from live workers, `planaria.agent.recovery.snapshot_exchange`), so a member whose
     snapshot is gone or half written with it counts as lost, which the group's redundancy
-    covers or the agents' next tier (the checkpoint) does."""
-    if not move.needs_snapshot:
+    covers or the agents' next tier (the checkpoint) does. Nor is a survivor ahead assumed to
+    hold the step before its own: only what it reports held counts."""
+    if not rolls_back(found, move, below):
         return found.resume_step
-    if snapshot is None or snapshot > found.resume_step:
+    if snapshot is None or snapshot > restore_ceiling(found, below):
         return None
     return snapshot
+
+
+def rolled_back(
+    found: failures.Assessment, move: planning.Move, resume: int, below: int | None
+) -> str:
+    """Why the resume goes back to the snapshot of `resume` although every layer has a live
+    replica ("" when it does not, or when a lost layer needs a snapshot anyway)."""
+    if below is not None:
+        return f"the restore of step {below} failed: resumed from the older snapshot of {resume}"
+    if resume < found.resume_step and not move.needs_snapshot:
+        return (
+            f"a survivor ahead of step {found.resume_step} holds no snapshot of it: resumed from "
+            f"the snapshot of step {resume}, the newest every survivor holds"
+        )
+    return ""
+
+
+def earlier_tier(ceiling: int, checkpoint: int | None) -> str | tuple[int, str]:
+    """Where a roll-back to at most step `ceiling` goes when no host-memory snapshot every
+    survivor holds serves it: to the persistent `checkpoint` when there is one at or before
+    `ceiling` (the status message of the suspension that resumes from it at once), else to
+    step 0, which the job's seed rebuilds exactly (the step and why)."""
+    nothing = f"no host-memory snapshot at or before step {ceiling} is held by every survivor"
+    if checkpoint is not None and checkpoint <= ceiling:
+        return f"{nothing}; the persistent checkpoint of step {checkpoint} is the next tier"
+    none = "no persistent checkpoint" if checkpoint is None else "no older persistent checkpoint"
+    return 0, f"{nothing} and there is {none}: training restarts from step 0 (the job's seed)"

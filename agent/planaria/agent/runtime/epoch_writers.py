@@ -23,10 +23,11 @@ always snapshot the same steps, which the copy and parity redundancy need.
 What is complete everywhere (`confirmed`): a barrier with no writer busy proves that every
 snapshot begun before it is complete on every worker of the epoch, the ones that die later
 included. The heartbeat reports the newest snapshot at or before `confirmed` while training,
-so the controller's roll-back (`control.recovery.complete_everywhere`: a snapshot older than
-the survivors' step is complete everywhere) stays true although writes now run past the next
-barrier. It starts at this worker's newest complete snapshot when the epoch is set up (every
-worker closed its writers, completing them, before).
+so what it reports stays complete everywhere although writes now run past the next barrier.
+`confirmed` starts at this worker's newest complete snapshot when the epoch is set up (every
+worker closed its writers before). The controller's roll-back reads `SnapshotState.held`
+instead, every snapshot complete in this store: `control.recovery.resume_step` resumes only at
+a step every survivor holds.
 
 Three kinds of snapshot still wait for this worker's writer: one whose step a persistent
 checkpoint is due at (skipping it would skip the checkpoint), one of the epoch's stop step
@@ -35,7 +36,8 @@ step for these, so what they waited for is complete everywhere at the next barri
 asked for by TakeSnapshot.
 
 Writers are rebuilt for every epoch (the sharding groups come from the plan); closing the old
-ones first makes their pending snapshot complete, which the roll-back tiers rely on.
+ones first waits for their pending snapshot: complete, or failed (a mirror swap that met a
+dead or stopped peer) and then not held, which `held` shows (docs/resilience.md, "Roll-back").
 
 Not here: when the training thread calls these, and how long it waits (`training_thread`).
 
