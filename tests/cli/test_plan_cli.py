@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 
 from planaria.cli import main
-from planaria.planner import instantiation, survival, templates
+from planaria.planner import instantiation, node_failures, templates
 from planaria.spec import job, profile_file
 
 PLANARIA = str(Path(sys.executable).parent / "planaria")
@@ -123,7 +123,7 @@ def test_json_has_every_documented_field_and_matches_the_planner(
     assert [p["microBatches"] for p in chosen["pipelines"]] == [
         p.num_micro_batches for p in expected.plan.pipelines
     ]
-    guarantee = survival.tolerated_node_failures(expected.plan, protected=True)
+    guarantee = node_failures.tolerated_node_failures(expected.plan, protected=True)
     assert chosen["nodeFailures"]["tolerated"] == guarantee.failures
     assert chosen["nodeFailures"]["smallestFatalNodes"] == list(guarantee.smallest)
     assert chosen["nodeFailures"]["reason"] == guarantee.reason

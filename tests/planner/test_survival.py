@@ -35,7 +35,7 @@ from hypothesis import strategies as st
 from planaria.contract import errors, snapshot_placement
 from planaria.contract import plan as plans
 from planaria.control import recovery
-from planaria.planner import survival
+from planaria.planner import node_failures, survival
 from planaria.wire import messages
 from tests import strategies
 
@@ -264,7 +264,7 @@ def test_a_plan_survives_exactly_the_failures_the_controller_goes_on_from(
     mode = messages.RedundancyMode.XOR if protected else messages.RedundancyMode.NONE
     layers = snapshot_placement.sharding_groups(p)
     for failed in _failure_sets(p):
-        survived = survival.survives(p, failed, protected=protected)
+        survived = node_failures.survives(p, failed, protected=protected)
         assert survived is not _fatal(p, failed, protected), failed
         lost = {w for w in p.workers if p.node_of(w) in failed}
         all_live = all(set(group) - lost for group in layers.values())
@@ -277,7 +277,7 @@ def test_the_guarantee_is_one_less_than_the_smallest_fatal_set(
     p: plans.Plan, protected: bool
 ) -> None:
     first = next(f for f in _failure_sets(p) if _fatal(p, f, protected))
-    found = survival.tolerated_node_failures(p, protected=protected)
+    found = node_failures.tolerated_node_failures(p, protected=protected)
     assert found.failures == len(first) - 1
     assert found.smallest == first  # the first fatal set of that size, in node order
     assert f"every {found.failures} node failures" in found.reason
@@ -324,7 +324,7 @@ LARGER_PLANS = st.one_of(
 @settings(max_examples=150)
 @given(p=st.one_of(SMALL_PLANS, LARGER_PLANS), protected=st.booleans())
 def test_the_fast_search_says_what_every_combination_says(p: plans.Plan, protected: bool) -> None:
-    found = survival.tolerated_node_failures(p, protected=protected)
+    found = node_failures.tolerated_node_failures(p, protected=protected)
     assert (found.failures, found.smallest, found.reason) == _every_combination(p, protected)
     assert f"every live replica of layer {found.layer_without_replica} and" in found.reason
     assert f"of layer {found.layer_without_snapshot}'s snapshot" in found.reason
@@ -353,7 +353,7 @@ def test_the_smallest_pair_union_is_the_least_over_every_pair(sets: list[frozens
     counted = {nodes: min(2, sets.count(nodes)) for nodes in sets}
     every = [a | b for a, b in itertools.combinations(sets, 2)]
     expected = min(every, key=lambda union: (len(union), sorted(union)), default=None)
-    assert survival._smallest_pair_union(counted) == expected
+    assert node_failures._smallest_pair_union(counted) == expected
 
 
 @settings(max_examples=1000)
@@ -372,7 +372,7 @@ def test_the_first_members_are_the_first_combination_that_covers_a_need(
 
     combinations = itertools.combinations(range(len(sets)), size)
     expected = next((c for c in combinations if fits(c)), None)
-    assert survival._first_members(tuple(sets), size, needs, cut) == expected
+    assert node_failures._first_members(tuple(sets), size, needs, cut) == expected
 
 
 def _two_by_two(num_layers: int) -> plans.Plan:
@@ -402,10 +402,10 @@ def test_a_two_by_two_plan_by_hand() -> None:
     snapshot survives one lost member, and losing two takes their holders and mirrors: all four
     nodes, so any three are survived."""
     p = _two_by_two(12)
-    plain = survival.tolerated_node_failures(p, protected=False)
+    plain = node_failures.tolerated_node_failures(p, protected=False)
     assert (plain.failures, plain.smallest) == (1, (0, 2))
     assert (plain.layer_without_replica, plain.layer_without_snapshot) == (0, 0)
-    mirrored = survival.tolerated_node_failures(p, protected=True)
+    mirrored = node_failures.tolerated_node_failures(p, protected=True)
     assert (mirrored.failures, mirrored.smallest) == (3, (0, 1, 2, 3))
     assert mirrored.reason.endswith(
         "losing nodes [0, 1, 2, 3] loses every live replica of layer 0 and members [0, 1] of "
@@ -421,7 +421,7 @@ def test_replicas_on_distinct_nodes_and_mirrored_members_bound_the_guarantee(
     with redundancy, groups of two or more and every member mirrored, losing a snapshot takes
     two members' holder and mirror nodes, four distinct nodes: any three failures are survived."""
     groups = snapshot_placement.sharding_groups(p)
-    found = survival.tolerated_node_failures(p, protected=protected).failures
+    found = node_failures.tolerated_node_failures(p, protected=protected).failures
     spread = min(len({p.node_of(w) for w in group}) for group in groups.values())
     assert found >= spread - 1
     mirrored = all(None not in m for m in snapshot_placement.mirrors(p).values())

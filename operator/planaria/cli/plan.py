@@ -12,7 +12,7 @@ options, loads the profile file and renders results. With --failed, `--explain` 
 policy's decision (Odyssey eq. 8, `planaria.planner.policy`, docs/policy.md): rerouting, the
 DP/PP candidates and the reinstantiations above, ranked for a time to the next failure of
 --mtbf seconds. Each plan is reported with its guarantee against node failures
-(`planaria.planner.survival.tolerated_node_failures`) under the job's snapshot redundancy
+(`planaria.planner.node_failures.tolerated_node_failures`) under the job's snapshot redundancy
 (--redundancy, the job spec's `snapshots.redundancy`, with its default). Every user error
 is a ValueError (PlanCommandError here, or the planner's and the profile file's), which
 `planaria.cli.main` prints as one line with exit status 2.
@@ -29,7 +29,7 @@ from typing import Any
 
 from planaria.cli import plan_explain, tables
 from planaria.contract import plan
-from planaria.planner import instantiation, reinstantiation, survival, templates
+from planaria.planner import instantiation, node_failures, reinstantiation, templates
 from planaria.spec import job, profile_file
 
 OUTPUT_FORMAT = "planaria.plan-output"
@@ -45,11 +45,11 @@ class PlanCommandError(ValueError):
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Guarantees:
     """The node failures the chosen plan, and the plan after --failed, survive without the
-    persistent checkpoint under `redundancy` (`survival.tolerated_node_failures`)."""
+    persistent checkpoint under `redundancy` (`node_failures.tolerated_node_failures`)."""
 
     redundancy: job.Redundancy
-    plan: survival.NodeTolerance
-    after: survival.NodeTolerance | None
+    plan: node_failures.NodeTolerance
+    after: node_failures.NodeTolerance | None
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -181,8 +181,8 @@ def _guarantees(
 ) -> Guarantees:
     protected = redundancy is not job.Redundancy.NONE  # only then mirrors and tolerated losses
 
-    def tolerance(result: plan.Plan) -> survival.NodeTolerance:
-        return survival.tolerated_node_failures(result, protected=protected)
+    def tolerance(result: plan.Plan) -> node_failures.NodeTolerance:
+        return node_failures.tolerated_node_failures(result, protected=protected)
 
     return Guarantees(
         redundancy=redundancy,
@@ -260,7 +260,7 @@ def render(
     return "\n".join(lines)
 
 
-def guarantee_line(tolerance: survival.NodeTolerance, redundancy: job.Redundancy) -> str:
+def guarantee_line(tolerance: node_failures.NodeTolerance, redundancy: job.Redundancy) -> str:
     """One line: how many node failures the plan survives without the persistent checkpoint,
     with what, and a smallest set of nodes that it does not survive (docs/planner.md)."""
     n = tolerance.failures
@@ -428,7 +428,7 @@ def _plan_json(result: plan.Plan, times: Sequence[float]) -> dict[str, Any]:
     }
 
 
-def _tolerance_json(tolerance: survival.NodeTolerance) -> dict[str, Any]:
+def _tolerance_json(tolerance: node_failures.NodeTolerance) -> dict[str, Any]:
     return {
         "tolerated": tolerance.failures,
         "smallestFatalNodes": [int(n) for n in tolerance.smallest],
@@ -443,7 +443,7 @@ def _tolerance_json(tolerance: survival.NodeTolerance) -> dict[str, Any]:
 def _after_json(
     after: reinstantiation.Reinstantiation,
     failed: Sequence[int],
-    tolerance: survival.NodeTolerance,
+    tolerance: node_failures.NodeTolerance,
 ) -> dict[str, Any]:
     chosen = after.chosen
     return {
