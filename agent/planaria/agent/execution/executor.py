@@ -121,10 +121,6 @@ class _StepState:
     outputs: dict[int, torch.Tensor] = field(default_factory=dict)  # activations or losses
     grads: dict[int, torch.Tensor] = field(default_factory=dict)  # gradients of the outputs
     sends: list[tuple[plan.WorkerId, dist.Work, torch.Tensor]] = field(default_factory=list)
-    # receives posted ahead (gloo), by (source, tag): the work and the buffer it fills
-    posted: dict[tuple[plan.WorkerId, int], tuple[dist.Work, torch.Tensor]] = field(
-        default_factory=dict
-    )
     losses: list[torch.Tensor] = field(default_factory=list)  # in the order computed
     send_wait_s: float = 0.0
     snapshot: tuple[int, ...] = ()
@@ -168,12 +164,6 @@ class Executor:
         if self.tie is not None:
             self.sums.defer(self.tie.copies.values())  # summed with the other use first
         layers.clear_grads()  # an aborted step of an earlier epoch may have left some
-        import os; self.prepost = epoch.backend is messages.Backend.GLOO and not os.environ.get("NO_PREPOST")  # EXPERIMENT
-        self.receives = [
-            (i, op)
-            for i, op in enumerate(self.stream.instructions)
-            if isinstance(op, instructions.RecvActivation | instructions.RecvGrad)
-        ]
 
     def run_step(self, step: int, before: Hook | None = None) -> StepResult:
         """Run every instruction of the stream for step `step`; raises the latched StepError
@@ -191,11 +181,6 @@ class Executor:
         state = _StepState(batch=self.job.sampler.global_batch(step))
         seconds = dict.fromkeys(Op, 0.0)
         started = time.perf_counter()
-        if self.prepost:
-            for at, receive in self.receives:
-                with self._latching(step, at, receive):
-                    key = (receive.source, receive.tag)
-                    state.posted[key] = self._post_receive(*key)
         for index, op in enumerate(self.stream.instructions):
             if isinstance(op, instructions.OptimizerStep):  # the hook sees the step's gradients
                 seconds[Op.ALL_REDUCE] += self._tie(step, index, op)
@@ -246,10 +231,10 @@ class Executor:
             case instructions.SendGrad():
                 self._send(state, op.destination, op.tag, _input_grad(state, op.micro_batch))
             case instructions.RecvActivation():
-                received = self._receive(state, op.source, op.tag)
+                received = self._receive(op.source, op.tag)
                 state.inputs[op.micro_batch] = received.requires_grad_(True)
             case instructions.RecvGrad():
-                state.grads[op.micro_batch] = self._receive(state, op.source, op.tag)
+                state.grads[op.micro_batch] = self._receive(op.source, op.tag)
             case instructions.AllReduce():
                 self._all_reduce(op)
             case instructions.OptimizerStep():
@@ -303,14 +288,9 @@ class Executor:
         )
         state.sends.append((destination, work, payload))  # the payload must live until sent
 
-    def _post_receive(self, source: plan.WorkerId, tag: int) -> tuple[dist.Work, torch.Tensor]:
+    def _receive(self, source: plan.WorkerId, tag: int) -> torch.Tensor:
         buffer = torch.empty(self.message_shape, dtype=self.layers.dtype, device=self.layers.device)
         work = self.waits.post(source, lambda: dist.irecv(buffer, self.ranks[source], tag=tag))
-        return work, buffer
-
-    def _receive(self, state: _StepState, source: plan.WorkerId, tag: int) -> torch.Tensor:
-        posted = state.posted.pop((source, tag), None)
-        work, buffer = posted if posted is not None else self._post_receive(source, tag)
         self.waits.wait(work, source)
         return buffer
 
