@@ -8,8 +8,8 @@ counts only what it shut, is idempotent, and leaves a descriptor whose number no
 socket alone; an NCCL epoch's release shuts its sockets (its gloo side group's) and aborts
 its communicators. The watcher releases once when the epoch's failure keys are set (by another
 worker or the controller: `rendezvous.flag_failed`), never after `stop`, and ends without
-releasing when the store goes away. The pipeline jobs that rely on both are in
-tests/e2e/test_pipeline_release.py.
+releasing when the store goes away; `stop` returns once its thread has ended. The pipeline
+jobs that rely on both are in tests/e2e/test_pipeline_release.py.
 """
 
 from __future__ import annotations
@@ -143,7 +143,8 @@ def test_a_stopped_watcher_never_releases(server: c10d.TCPStore) -> None:
     epoch = _Epoch()
     watcher = _watch(server, epoch)
     watcher.stop()
-    watcher._thread.join(JOIN_S)
+    # stop returns once the thread has ended: a daemon thread still inside the store's wait
+    # when the agent exits aborts the process (epoch_watch's docstring)
     assert not watcher._thread.is_alive()
     rendezvous.flag_failed(c10d.PrefixStore(rendezvous.key_prefix(3), _client(server)), 2, "x")
     assert not watcher.failed.is_set() and epoch.releases == 0

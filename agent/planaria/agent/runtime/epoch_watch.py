@@ -29,6 +29,9 @@ LOG = logging.getLogger(__name__)
 # A watcher waits for its wake key at most this long; an epoch that lasts longer is watched
 # again (a new wait), so no timeout is ever logged in practice.
 WAIT_S = 24 * 3600.0
+# `stop` waits this long for the woken thread to end (a store round trip; bounded so that a
+# store that neither answers nor closes cannot hold the worker up).
+STOP_JOIN_S = 5.0
 
 
 class Watcher:
@@ -54,13 +57,22 @@ class Watcher:
         self._thread.start()
 
     def stop(self) -> None:
-        """Stop watching (the worker leaves the epoch); wakes the thread through its key."""
+        """Stop watching (the worker leaves the epoch): wake the thread through its key and
+        wait (at most STOP_JOIN_S) until it has ended (module docstring)."""
         with self._lock:
             if self._stopped:
                 return
             self._stopped = True
         with contextlib.suppress(RuntimeError):  # the store is gone; so is the thread's wait
             self._own.set(rendezvous.wake_key(self._epoch.rank), "left")
+        if threading.current_thread() is not self._thread:
+            self._thread.join(STOP_JOIN_S)
+            if self._thread.is_alive():
+                LOG.warning(
+                    "epoch %d: the failure watcher did not end within %g s of its stop",
+                    self._epoch.number,
+                    STOP_JOIN_S,
+                )
 
     def _run(self) -> None:
         try:
