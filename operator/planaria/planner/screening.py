@@ -62,7 +62,7 @@ class Estimates:
     def whole(self, plan_: plan.Plan) -> Estimate:
         """Step time and peak memory of the whole plan (all-reduces, reroutes included)."""
         # E's estimates are invariant under relabelling nodes and GPUs (test_screening)
-        shape = canonical(plan_.pipelines, plan_.gpus_per_node)
+        shape = _shape(plan_.pipelines, plan_.gpus_per_node, distinct=True)
         key = (shape, plan_.micro_batch_size, plan_.gpus_per_node, plan_.reroutes)
         if key not in self._memo:
             composed = self._composed(plan_) if self.compose else None
@@ -79,7 +79,7 @@ class Estimates:
 
     def pipeline(self, pipeline: plan.Pipeline, micro_batch_size: int, gpus: int) -> Estimate:
         """One pipeline run alone (no all-reduce: nobody shares its layers)."""
-        key = (canonical((pipeline,), gpus), micro_batch_size, gpus, ())
+        key = (_shape((pipeline,), gpus), micro_batch_size, gpus, ())
         if key not in self._memo:
             alone = plan.Plan(
                 pipelines=(pipeline,), micro_batch_size=micro_batch_size, gpus_per_node=gpus
@@ -119,7 +119,7 @@ class Estimates:
     ) -> composition.PipelineRun:
         """`pipeline` replayed alone (memoised): when each stage reaches its tail, its step
         and peak; what whole estimates are composed from."""
-        key = (canonical((pipeline,), gpus), micro_batch_size, gpus)
+        key = (_shape((pipeline,), gpus), micro_batch_size, gpus)
         if key not in self._runs:
             self.computed += 1
             self._runs[key] = composition.run_alone(pipeline, micro_batch_size, gpus, self.profile)
@@ -127,6 +127,40 @@ class Estimates:
 
 
 _Shape = tuple[tuple[tuple[tuple[int, int, tuple[int, ...]], ...], int], ...]
+_OneGpuShape = tuple[tuple[tuple[tuple[int, int, int], ...], int], ...]
+
+
+def _shape(
+    pipelines: Sequence[plan.Pipeline], gpus_per_node: int, *, distinct: bool = False
+) -> _Shape | _OneGpuShape:
+    """The memo key of `pipelines`: `canonical`, or with one GPU per node (every fresh plan at
+    1,024 nodes) per stage its layer range and worker count when `canonical` numbers the
+    workers 0, 1, 2, ... in order of use (always when no worker appears twice: `distinct`, as
+    a `plan.Plan` checks it, skips the look), a fraction of its cost. The counts form and
+    `canonical`'s never compare equal (a count is no tuple), and `canonical`'s numbers follow
+    from the counts, so plans share a key exactly when they share `canonical`'s
+    (tests/planner/test_screening.py)."""
+    if gpus_per_node != 1:
+        return canonical(pipelines, gpus_per_node)
+    if not distinct:
+        workers = [w for p in pipelines for stage in p.stages for w in stage.workers]
+        if len(set(workers)) != len(workers):
+            shape = canonical(pipelines, gpus_per_node)
+            numbers = [w for stages, _ in shape for _, _, mine in stages for w in mine]
+            if numbers != list(range(len(numbers))):
+                return shape
+    return _one_gpu_shape(pipelines)
+
+
+def _one_gpu_shape(pipelines: Sequence[plan.Pipeline]) -> _OneGpuShape:
+    """Per pipeline its stages' (layer_start, layer_stop, worker count) and micro-batches."""
+    return tuple(
+        (
+            tuple([(s.layer_start, s.layer_stop, len(s.workers)) for s in p.stages]),
+            p.num_micro_batches,
+        )
+        for p in pipelines
+    )
 
 
 def canonical(pipelines: Sequence[plan.Pipeline], gpus_per_node: int) -> _Shape:
