@@ -11,7 +11,9 @@ and the policy's decision, with its whole reason, is the same with or without
 composition (hypothesis over running plans and failures). A pipeline of one-GPU stages timed
 without compiling its schedule (`run_chain`) has the replay's arrivals, step and peak, bit for
 bit (hypothesis: shared or separate nodes, up to 8 stages, more or fewer micro-batches than
-stages), and one with a tensor-parallel stage is still replayed.
+stages), and one with a tensor-parallel stage is still replayed. Many copies of a few
+pipelines (the tail's costs computed once per distinct stage and all-reduce) compose to
+the whole replay too.
 """
 
 from __future__ import annotations

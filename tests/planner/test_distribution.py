@@ -7,7 +7,8 @@ above the estimate (hypothesis), nor is the tighter bound that orders the search
 the commit barrier, the slowest optimizer step) on any links and GPUs per node, the split still
 the brute force's (hypothesis); a second ask is a memo look-up; a heavy last layer gets the
 shorter stage; more placements than
-max_splits are pre-ranked by bottleneck compute; the fitted pipeline cost is E's estimate at S and
+max_splits are pre-ranked by bottleneck compute, in the order heapq.nsmallest keyed by
+`_stage_work_s` gives (hypothesis, arbitrary float times); the fitted pipeline cost is E's estimate at S and
 2S micro-batches; the batch sums to the global batch, splits evenly between identical pipelines and
 feeds a deeper (faster) pipeline at least as much.
 """
@@ -15,6 +16,8 @@ feeds a deeper (faster) pipeline at least as much.
 from __future__ import annotations
 
 import dataclasses
+import heapq
+import itertools
 import math
 
 from hypothesis import given, settings
@@ -61,6 +64,42 @@ def test_the_split_is_the_fastest_fitting_placement(
         if estimate.peak_bytes <= memory_bytes:
             scored.append((estimate.step_s, counts))
     assert chosen == (min(scored)[1] if scored else None)
+
+
+def _even_split_plus_one(num_layers: int, depth: int) -> list[tuple[int, ...]]:
+    """`remainder_placements` as it was written first: the oracle of the faster one."""
+    base, extra = divmod(num_layers, depth)
+    return [
+        tuple(base + (1 if s in chosen else 0) for s in range(depth))
+        for chosen in itertools.combinations(range(depth), extra)
+    ]
+
+
+@given(
+    st.lists(
+        st.one_of(st.floats(0.0, 1.0), st.sampled_from([0.001, 0.002, 1e-17, 3.0])),
+        min_size=1,
+        max_size=14,
+    ),
+    st.integers(1, 14),
+    st.integers(1, 40),
+)
+@settings(max_examples=150, deadline=None)
+def test_the_prerank_is_nsmallest_by_bottleneck_compute(
+    times: list[float], depth: int, max_splits: int
+) -> None:
+    # arbitrary float times (ties and rounding included): the same placements in the same
+    # order as heapq.nsmallest keyed by `_stage_work_s`, the ranking it replaced
+    if depth > len(times):
+        return
+    prof = strategies.timed_profile(times)
+    splits = list(distribution.remainder_placements(len(times), depth))
+    assert splits == _even_split_plus_one(len(times), depth)
+    memo: dict[tuple[int, int], float] = {}
+    want = heapq.nsmallest(
+        max_splits, splits, key=lambda c: distribution._stage_work_s(prof, c, memo)
+    )
+    assert distribution._preranked(prof, splits, max_splits) == want
 
 
 def test_a_heavy_head_gets_the_shorter_stage() -> None:
