@@ -7,7 +7,8 @@ Fig. 3 finds rerouting and DP=2 x PP=4 [2,2,2,3] moving 3 layers; the running sp
 too; rejections say why (memory, rerouting impossible, a whole plan over the limit); given
 layouts are candidates and must keep the global batch; hypothesis: every candidate is a valid
 plan over survivors with the same layers and batch whose schedule compiles; memoised estimates
-(`prepare`) never change results and leave a later decision only its rerouting to estimate; a
+(`prepare`) never change results and leave a later decision only its rerouting to estimate;
+bindings remembered across decisions give the searches a new memo gives (hypothesis); a
 wholly failed pipeline's reroute label; input errors.
 """
 
@@ -190,6 +191,28 @@ def test_prepared_estimates_give_the_same_search() -> None:
     candidates.prepare(running, warm, candidates.SearchSettings())
     cold = candidates.search(failure, screening.Estimates(prof), candidates.SearchSettings())
     assert candidates.search(failure, warm, candidates.SearchSettings()) == cold
+
+
+@given(st.data())
+@settings(max_examples=40, deadline=None)
+def test_remembered_bindings_give_the_search_a_new_memo_gives(data: st.DataObject) -> None:
+    # the re-plans' bindings are remembered across decisions (`Estimates.transitions`): a
+    # search after others on one memo, or the same search again, equals it on a new memo,
+    # and a repeated search binds nothing anew
+    running = data.draw(strategies.running_plans(max_workers=7))
+    prof = strategies.uniform_profile(running.num_layers)
+    shared = screening.Estimates(prof)
+    for _ in range(data.draw(st.integers(1, 3))):
+        failure = candidates.Failure(
+            running=running, failed=data.draw(strategies.failed_workers(running))
+        )
+        fresh = candidates.search(failure, screening.Estimates(prof), candidates.SearchSettings())
+        assert candidates.search(failure, shared, candidates.SearchSettings()) == fresh
+        bound = dict(shared.transitions)
+        again = candidates.search(failure, shared, candidates.SearchSettings())
+        assert again == fresh and shared.transitions == bound
+        for old, new in zip(fresh.candidates, again.candidates, strict=True):
+            assert old.transition.target == new.transition.target
 
 
 def test_inputs_that_do_not_fit_are_refused() -> None:

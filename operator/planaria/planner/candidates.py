@@ -375,7 +375,11 @@ def _screened(
     )
     if not estimates.fits(screen):
         return Rejection(kind=kind, label=label, why=_over(screen, estimates))
-    transition = survivors.replan(layout, settings.overheads)
+    # the same binding whenever these survivors meet this layout again (`Estimates.transitions`)
+    key = (survivors.key, layout, settings.overheads)
+    transition = estimates.transitions.get(key)
+    if transition is None:
+        transition = estimates.transitions[key] = survivors.replan(layout, settings.overheads)
     return Candidate(kind=kind, label=label, transition=transition, estimate=screen, exact=False)
 
 
