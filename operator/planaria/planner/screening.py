@@ -111,7 +111,7 @@ class Estimates:
             arrival, peak = rerouted
         gpus = plan_.gpus_per_node
         alone = [p for q, p in enumerate(plan_.pipelines) if q not in moved]
-        runs = [self.run(p, plan_.micro_batch_size, gpus) for p in alone]
+        runs = [self.run(p, plan_.micro_batch_size, gpus, planned=True) for p in alone]
         if len(runs) == len(plan_.pipelines) == 1:  # alone, the replay timed the tail already
             return Estimate(step_s=runs[0].step_s, peak_bytes=runs[0].peak_bytes)
         for pipeline, run in zip(alone, runs, strict=True):
@@ -122,11 +122,12 @@ class Estimates:
         )
 
     def run(
-        self, pipeline: plan.Pipeline, micro_batch_size: int, gpus: int
+        self, pipeline: plan.Pipeline, micro_batch_size: int, gpus: int, *, planned: bool = False
     ) -> composition.PipelineRun:
         """`pipeline` replayed alone (memoised): when each stage reaches its tail, its step
-        and peak; what whole estimates are composed from."""
-        key = (_shape((pipeline,), gpus), micro_batch_size, gpus)
+        and peak; what whole estimates are composed from. `planned`: the pipeline belongs to
+        a `plan.Plan`, so no worker appears twice in it (the memo key need not look)."""
+        key = (_shape((pipeline,), gpus, distinct=planned), micro_batch_size, gpus)
         if key not in self._runs:
             self.computed += 1
             self._runs[key] = composition.run_alone(pipeline, micro_batch_size, gpus, self.profile)
