@@ -8,7 +8,8 @@ too; rejections say why (memory, rerouting impossible, a whole plan over the lim
 layouts are candidates and must keep the global batch; hypothesis: every candidate is a valid
 plan over survivors with the same layers and batch whose schedule compiles; memoised estimates
 (`prepare`) never change results and leave a later decision only its rerouting to estimate;
-bindings remembered across decisions give the searches a new memo gives (hypothesis); a
+layouts and bindings remembered across decisions give the searches a new memo gives
+(hypothesis); a
 wholly failed pipeline's reroute label; input errors.
 """
 
@@ -196,9 +197,9 @@ def test_prepared_estimates_give_the_same_search() -> None:
 @given(st.data())
 @settings(max_examples=40, deadline=None)
 def test_remembered_bindings_give_the_search_a_new_memo_gives(data: st.DataObject) -> None:
-    # the re-plans' bindings are remembered across decisions (`Estimates.transitions`): a
-    # search after others on one memo, or the same search again, equals it on a new memo,
-    # and a repeated search binds nothing anew
+    # the re-plans' layouts and bindings are remembered across decisions (`Estimates.layouts`,
+    # `.transitions`): a search after others on one memo, or the same search again, equals
+    # it on a new memo, and a repeated search lays out and binds nothing anew
     running = data.draw(strategies.running_plans(max_workers=7))
     prof = strategies.uniform_profile(running.num_layers)
     shared = screening.Estimates(prof)
@@ -208,9 +209,9 @@ def test_remembered_bindings_give_the_search_a_new_memo_gives(data: st.DataObjec
         )
         fresh = candidates.search(failure, screening.Estimates(prof), candidates.SearchSettings())
         assert candidates.search(failure, shared, candidates.SearchSettings()) == fresh
-        bound = dict(shared.transitions)
+        bound, laid_out = dict(shared.transitions), dict(shared.layouts)
         again = candidates.search(failure, shared, candidates.SearchSettings())
-        assert again == fresh and shared.transitions == bound
+        assert again == fresh and shared.transitions == bound and shared.layouts == laid_out
         for old, new in zip(fresh.candidates, again.candidates, strict=True):
             assert old.transition.target == new.transition.target
 

@@ -278,7 +278,20 @@ def _laid_out(
             f"{estimates.memory_bytes / 2**30:.2f} GiB per worker"
         )
         return Rejection(kind=kind, label=label, why=why)
-    layout = _layout(depths, splits, survivors.workers, running, estimates)
+    # what `_layout` reads of its arguments; the same layout whenever they recur
+    key = (
+        survivors.key,
+        depths,
+        tuple(sorted(splits.items())),
+        running.micro_batch_size,
+        running.gpus_per_node,
+        running.global_batch_size,
+    )
+    layout = estimates.layouts.get(key)
+    if layout is None:
+        layout = estimates.layouts[key] = _layout(
+            depths, splits, survivors.workers, running, estimates
+        )
     return _screened(kind, label, layout, survivors, estimates, settings)
 
 
