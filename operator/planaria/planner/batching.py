@@ -14,7 +14,10 @@ micro-batches one at a time to the pipeline whose time after taking it is least:
 successive "slots" a_i + c_i n grow with n, so the greedy takes the B / b cheapest slots, and no
 distribution can have a smaller largest slot. To avoid B / b heap steps, the greedy starts from
 "every slot up to a threshold" (found by bisection), a state it would pass through; the start is
-checked and dropped if float rounding broke that property.
+checked and dropped if float rounding broke that property. Pipelines of one template share a
+cost: listed as runs of one cost object (~1,000 pipelines in two runs at 1,024 nodes), the
+greedy runs once per group of equal costs and the answer is built run by run (`_Runs`), the
+same micro-batches and times as pipeline by pipeline.
 
 A global batch that is not a multiple of the micro-batch size, or smaller than one micro-batch
 per pipeline, cannot be distributed: UndistributableBatchError names the nearest global batch

@@ -3,12 +3,15 @@
 `Estimates.whole` is E's time and memory estimate of a whole plan (`schedule`, `estimator`,
 `memory`); `Estimates.pipeline` the same for one pipeline run alone. Both are keyed by what an
 estimate depends on (layer ranges, micro-batches, node pattern: `canonical`), so identical
-pipelines and relabelled plans are estimated once. The candidate search screens a layout by
+pipelines and relabelled plans are estimated once (with one GPU per node, by each stage's layer
+range and worker count, which say the same). The candidate search screens a layout by
 its slowest pipeline alone (Odyssey eq. 10, t_step = max over pipelines) and estimates whole
 plans only for the shortlist; the memo can be filled ahead of a failure (Odyssey §IV-C: the
 search overlaps with training). A plan without reroutes is not replayed whole: its pipelines'
 replays alone (memoised, usually already made by the screen) and a replay of its all-reduce
-tail give the same numbers (`composition`).
+tail give the same numbers (`composition`). The same object keeps the planner's other memos
+across decisions: each depth's best split, and the candidate search's re-planned layouts and
+their min-cost bindings.
 
 This module adds no cost model of its own: every number comes from `estimator` and `memory`.
 """
