@@ -216,6 +216,24 @@ def test_remembered_bindings_give_the_search_a_new_memo_gives(data: st.DataObjec
             assert old.transition.target == new.transition.target
 
 
+def test_remembered_re_plans_are_forgotten_past_their_bound(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # a controller decides for as long as its job runs: past the bound the memos are emptied,
+    # and the searches stay those of a new memo
+    monkeypatch.setattr(screening, "MAX_REMEMBERED_WORKERS", 12)
+    prof = strategies.timed_profile([0.001, 0.002, 0.001, 0.003, 0.001, 0.002])
+    running = strategies.grid_plan(3, (2, 4), 6, 6)
+    shared = screening.Estimates(prof)
+    for failed in (W(1), W(4), W(7), W(1)):
+        failure = candidates.Failure(running=running, failed=frozenset({failed}))
+        fresh = candidates.search(failure, screening.Estimates(prof), candidates.SearchSettings())
+        assert candidates.search(failure, shared, candidates.SearchSettings()) == fresh
+        held = sum(len(t.binding or ()) for t in shared.transitions.values())
+        held += sum(len(layout.workers) for layout in shared.layouts.values())
+        assert held <= 12  # counted as they are remembered, emptied past the bound
+
+
 def test_inputs_that_do_not_fit_are_refused() -> None:
     with pytest.raises(errors.PlanInputError, match="at least one failed worker"):
         candidates.Failure(running=strategies.grid_plan(1, (), 2, 1), failed=frozenset())

@@ -292,6 +292,7 @@ def _laid_out(
         layout = estimates.layouts[key] = _layout(
             depths, splits, survivors.workers, running, estimates
         )
+        estimates.remembered(sum(depths))  # one worker per stage
     return _screened(kind, label, layout, survivors, estimates, settings)
 
 
@@ -393,6 +394,7 @@ def _screened(
     transition = estimates.transitions.get(key)
     if transition is None:
         transition = estimates.transitions[key] = survivors.replan(layout, settings.overheads)
+        estimates.remembered(len(transition.binding or ()))
     return Candidate(kind=kind, label=label, transition=transition, estimate=screen, exact=False)
 
 

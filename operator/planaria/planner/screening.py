@@ -34,6 +34,12 @@ class Estimate:
     peak_bytes: int
 
 
+# Workers of the remembered re-plans (`Estimates.layouts`, `.transitions`, each counted) at
+# most: a 1,024-worker layout takes ~0.5 MB, so ~80 MB here; a 2-hour 1,024-node simulation
+# keeps ~240,000 (a policy's decisions until the next policy meets the same failures)
+MAX_REMEMBERED_WORKERS = 1 << 18
+
+
 class Estimates:
     """E's estimators behind a memo. A step estimate depends on the workers only through which
     share a node, so plans are keyed with nodes renumbered in order of first use (`canonical`):
@@ -71,6 +77,7 @@ class Estimates:
             transfers.Transition,
         ] = {}
         self.computed = 0  # estimator runs so far (schedules compiled and replayed)
+        self._remembered = 0  # workers of the entries of `layouts` and `transitions`
 
     def whole(self, plan_: plan.Plan) -> Estimate:
         """Step time and peak memory of the whole plan (all-reduces, reroutes included)."""
@@ -99,6 +106,16 @@ class Estimates:
             )
             self.whole(alone)
         return self._memo[key]
+
+    def remembered(self, num_workers: int) -> None:
+        """Count a new entry of `layouts` or `transitions` of `num_workers` workers; past
+        `MAX_REMEMBERED_WORKERS` in all, empty both (a controller decides for as long as its
+        job runs): no answer changes, only what is computed again."""
+        self._remembered += num_workers
+        if self._remembered > MAX_REMEMBERED_WORKERS:
+            self.layouts.clear()
+            self.transitions.clear()
+            self._remembered = 0
 
     def fits(self, estimate: Estimate) -> bool:
         return estimate.peak_bytes <= self.memory_bytes
