@@ -7,7 +7,9 @@ Fig. 3 finds rerouting and DP=2 x PP=4 [2,2,2,3] moving 3 layers; the running sp
 too; rejections say why (memory, rerouting impossible, a whole plan over the limit); given
 layouts are candidates and must keep the global batch; hypothesis: every candidate is a valid
 plan over survivors with the same layers and batch whose schedule compiles; memoised estimates
-(`prepare`) never change results and leave a later decision only its rerouting to estimate; a
+(`prepare`) never change results and leave a later decision only its rerouting to estimate;
+layouts and bindings remembered across decisions give the searches a new memo gives
+(hypothesis); a
 wholly failed pipeline's reroute label; input errors.
 """
 
@@ -190,6 +192,46 @@ def test_prepared_estimates_give_the_same_search() -> None:
     candidates.prepare(running, warm, candidates.SearchSettings())
     cold = candidates.search(failure, screening.Estimates(prof), candidates.SearchSettings())
     assert candidates.search(failure, warm, candidates.SearchSettings()) == cold
+
+
+@given(st.data())
+@settings(max_examples=40, deadline=None)
+def test_remembered_bindings_give_the_search_a_new_memo_gives(data: st.DataObject) -> None:
+    # the re-plans' layouts and bindings are remembered across decisions (`Estimates.layouts`,
+    # `.transitions`): a search after others on one memo, or the same search again, equals
+    # it on a new memo, and a repeated search lays out and binds nothing anew
+    running = data.draw(strategies.running_plans(max_workers=7))
+    prof = strategies.uniform_profile(running.num_layers)
+    shared = screening.Estimates(prof)
+    for _ in range(data.draw(st.integers(1, 3))):
+        failure = candidates.Failure(
+            running=running, failed=data.draw(strategies.failed_workers(running))
+        )
+        fresh = candidates.search(failure, screening.Estimates(prof), candidates.SearchSettings())
+        assert candidates.search(failure, shared, candidates.SearchSettings()) == fresh
+        bound, laid_out = dict(shared.transitions), dict(shared.layouts)
+        again = candidates.search(failure, shared, candidates.SearchSettings())
+        assert again == fresh and shared.transitions == bound and shared.layouts == laid_out
+        for old, new in zip(fresh.candidates, again.candidates, strict=True):
+            assert old.transition.target == new.transition.target
+
+
+def test_remembered_re_plans_are_forgotten_past_their_bound(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # a controller decides for as long as its job runs: past the bound the memos are emptied,
+    # and the searches stay those of a new memo
+    monkeypatch.setattr(screening, "MAX_REMEMBERED_WORKERS", 12)
+    prof = strategies.timed_profile([0.001, 0.002, 0.001, 0.003, 0.001, 0.002])
+    running = strategies.grid_plan(3, (2, 4), 6, 6)
+    shared = screening.Estimates(prof)
+    for failed in (W(1), W(4), W(7), W(1)):
+        failure = candidates.Failure(running=running, failed=frozenset({failed}))
+        fresh = candidates.search(failure, screening.Estimates(prof), candidates.SearchSettings())
+        assert candidates.search(failure, shared, candidates.SearchSettings()) == fresh
+        held = sum(len(t.binding or ()) for t in shared.transitions.values())
+        held += sum(len(layout.workers) for layout in shared.layouts.values())
+        assert held <= 12  # counted as they are remembered, emptied past the bound
 
 
 def test_inputs_that_do_not_fit_are_refused() -> None:

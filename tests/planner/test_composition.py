@@ -11,7 +11,9 @@ and the policy's decision, with its whole reason, is the same with or without
 composition (hypothesis over running plans and failures). A pipeline of one-GPU stages timed
 without compiling its schedule (`run_chain`) has the replay's arrivals, step and peak, bit for
 bit (hypothesis: shared or separate nodes, up to 8 stages, more or fewer micro-batches than
-stages), and one with a tensor-parallel stage is still replayed.
+stages), and one with a tensor-parallel stage is still replayed. Many copies of a few
+pipelines (the tail's costs computed once per distinct stage and all-reduce) compose to
+the whole replay too.
 """
 
 from __future__ import annotations
@@ -301,3 +303,32 @@ def test_deep_pipelines_with_many_micro_batches_timed_by_the_chain_are_their_rep
     pipeline = distribution.pipeline_of(counts, workers, num_micro_batches)
     chained = composition.run_chain(pipeline, gpus_per_node, prof)
     assert repr(chained) == repr(composition.run_replayed(pipeline, 1, gpus_per_node, prof))
+
+
+@given(unrerouted(), st.integers(2, 5))
+@settings(max_examples=60, deadline=None)
+def test_many_copies_of_a_few_pipelines_compose_to_the_whole_replay(
+    drawn: tuple[plan.Plan, profile.Profile], copies: int
+) -> None:
+    # the fresh plans' case: each distinct stage's optimizer step and each distinct
+    # all-reduce's cost computed once in the tail, the same floats as the replay's
+    base, prof = drawn
+    gpus = base.gpus_per_node
+    nodes = 1 + max(w for p in base.pipelines for s in p.stages for w in s.workers) // gpus
+    pipelines = tuple(
+        plan.Pipeline(
+            stages=tuple(
+                plan.Stage(
+                    layer_start=s.layer_start,
+                    layer_stop=s.layer_stop,
+                    workers=tuple(plan.WorkerId(w + k * nodes * gpus) for w in s.workers),
+                )
+                for s in p.stages
+            ),
+            num_micro_batches=p.num_micro_batches,
+        )
+        for k in range(copies)
+        for p in base.pipelines
+    )
+    plan_ = plan.Plan(pipelines=pipelines, micro_batch_size=1, gpus_per_node=gpus)
+    assert screening.Estimates(prof).whole(plan_) == replayed(plan_, prof)

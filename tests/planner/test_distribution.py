@@ -1,22 +1,28 @@
 """Layer and batch distribution (planaria.planner.distribution), Odyssey Alg. 1 lines 13-14.
 
-Covers: remainder placements (count C(S, L mod S), each an even split plus one); the layer split
-equals a brute-force search over every placement with the same estimator and memory filter, and is
-None when nothing fits, also over arbitrary float costs, where the bound that prunes it is never
-above the estimate (hypothesis), nor is the tighter bound that orders the search (transfers,
-the commit barrier, the slowest optimizer step) on any links and GPUs per node, the split still
-the brute force's (hypothesis); a second ask is a memo look-up; a heavy last layer gets the
-shorter stage; more placements than
-max_splits are pre-ranked by bottleneck compute; the fitted pipeline cost is E's estimate at S and
-2S micro-batches; the batch sums to the global batch, splits evenly between identical pipelines and
-feeds a deeper (faster) pipeline at least as much.
+Covers: remainder placements (count C(S, L mod S), each an even split plus one, in the order of
+the first version); the layer split equals a brute-force search over every placement with the
+same estimator and memory filter, and is None when nothing fits, also over arbitrary float
+costs, where the bound that prunes it is never above the estimate (hypothesis), nor is the
+tighter bound that orders the search (transfers, the commit barrier, the slowest optimizer
+step) on any links and GPUs per node, the split still the brute force's (hypothesis); a second
+ask is a memo look-up; a heavy last layer gets the shorter stage; more placements than
+max_splits are pre-ranked by bottleneck compute, in the order heapq.nsmallest keyed by
+`_stage_work_s` gives (hypothesis, arbitrary float times); a pipeline of layer counts is the
+one its stages build, errors included (hypothesis); the fitted pipeline cost is E's estimate at
+S and 2S micro-batches; the batch sums to the global batch, splits evenly between identical
+pipelines and feeds a deeper (faster) pipeline at least as much.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import heapq
+import itertools
 import math
+import re
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -61,6 +67,42 @@ def test_the_split_is_the_fastest_fitting_placement(
         if estimate.peak_bytes <= memory_bytes:
             scored.append((estimate.step_s, counts))
     assert chosen == (min(scored)[1] if scored else None)
+
+
+def _even_split_plus_one(num_layers: int, depth: int) -> list[tuple[int, ...]]:
+    """`remainder_placements` as it was written first: the oracle of the faster one."""
+    base, extra = divmod(num_layers, depth)
+    return [
+        tuple(base + (1 if s in chosen else 0) for s in range(depth))
+        for chosen in itertools.combinations(range(depth), extra)
+    ]
+
+
+@given(
+    st.lists(
+        st.one_of(st.floats(0.0, 1.0), st.sampled_from([0.001, 0.002, 1e-17, 3.0])),
+        min_size=1,
+        max_size=14,
+    ),
+    st.integers(1, 14),
+    st.integers(1, 40),
+)
+@settings(max_examples=150, deadline=None)
+def test_the_prerank_is_nsmallest_by_bottleneck_compute(
+    times: list[float], depth: int, max_splits: int
+) -> None:
+    # arbitrary float times (ties and rounding included): the same placements in the same
+    # order as heapq.nsmallest keyed by `_stage_work_s`, the ranking it replaced
+    if depth > len(times):
+        return
+    prof = strategies.timed_profile(times)
+    splits = list(distribution.remainder_placements(len(times), depth))
+    assert splits == _even_split_plus_one(len(times), depth)
+    memo: dict[tuple[int, int], float] = {}
+    want = heapq.nsmallest(
+        max_splits, splits, key=lambda c: distribution._stage_work_s(prof, c, memo)
+    )
+    assert distribution._preranked(prof, splits, max_splits) == want
 
 
 def test_a_heavy_head_gets_the_shorter_stage() -> None:
@@ -181,3 +223,36 @@ def test_split_layers_answers_from_the_estimates_memo_the_second_time() -> None:
     other = dataclasses.replace(running, gpus_per_node=2)
     distribution.split_layers(estimates, 3, other, max_splits=32)
     assert estimates.computed > computed  # another node pattern is another search
+
+
+@given(
+    st.lists(st.integers(-1, 4), min_size=0, max_size=8),
+    st.integers(0, 2),
+    st.integers(0, 5),
+)
+def test_a_pipeline_of_counts_is_the_one_its_stages_build(
+    counts: list[int], fewer_workers: int, num_micro_batches: int
+) -> None:
+    # `pipeline_of` sets a valid stage's slots itself: the same objects as Stage(...) builds
+    # (equal, hashing alike, the same fields), and the same errors for counts that are not
+    workers = [W(10 + w) for w in range(max(0, len(counts) - fewer_workers))]
+
+    def built() -> plans.Pipeline:
+        bounds = list(itertools.accumulate(counts, initial=0))
+        stages = tuple(
+            plans.Stage(layer_start=a, layer_stop=b, workers=(w,))
+            for (a, b), w in zip(itertools.pairwise(bounds), workers, strict=True)
+        )
+        return plans.Pipeline(stages=stages, num_micro_batches=num_micro_batches)
+
+    try:
+        want = built()
+    except ValueError as error:
+        with pytest.raises(type(error), match=re.escape(str(error))):
+            distribution.pipeline_of(counts, workers, num_micro_batches)
+        return
+    got = distribution.pipeline_of(counts, workers, num_micro_batches)
+    assert got == want and hash(got) == hash(want)
+    assert [dataclasses.astuple(s) for s in got.stages] == [
+        dataclasses.astuple(s) for s in want.stages
+    ]

@@ -136,3 +136,47 @@ def test_a_whole_plan_is_never_faster_than_its_slowest_pipeline_alone(plan_: pla
     estimates = screening.Estimates(profile_for(plan_.num_layers, 1))
     alone = [estimates.pipeline(p, 1, plan_.gpus_per_node).step_s for p in plan_.pipelines]
     assert estimates.whole(plan_).step_s >= max(alone)
+
+
+@st.composite
+def _one_gpu_pipelines(draw: st.DrawFn) -> tuple[plans.Pipeline, ...]:
+    """1-3 pipelines of 1-3 stages over workers 0-5 (repeats across stages and pipelines,
+    empty and wide stages included), for the one-GPU-per-node memo key."""
+    pipelines = []
+    for _ in range(draw(st.integers(1, 3))):
+        stages, start = [], 0
+        for _ in range(draw(st.integers(1, 3))):
+            workers = draw(st.lists(st.integers(0, 5), max_size=3, unique=True))
+            stop = start + draw(st.integers(1, 2))
+            stages.append(
+                plans.Stage(layer_start=start, layer_stop=stop, workers=tuple(map(W, workers)))
+            )
+            start = stop
+        pipelines.append(
+            plans.Pipeline(stages=tuple(stages), num_micro_batches=draw(st.integers(0, 3)))
+        )
+    return tuple(pipelines)
+
+
+@given(_one_gpu_pipelines(), _one_gpu_pipelines())
+@settings(max_examples=400, deadline=None)
+def test_the_one_gpu_key_groups_pipelines_as_canonical_does(
+    a: tuple[plans.Pipeline, ...], b: tuple[plans.Pipeline, ...]
+) -> None:
+    # the memo's key with one GPU per node: equal exactly when `canonical` is, so the memo
+    # hands out the same estimates; a plan (no worker twice) may skip the check
+    key = screening._shape
+    assert (key(a, 1) == key(b, 1)) == (screening.canonical(a, 1) == screening.canonical(b, 1))
+    for pipelines in (a, b):
+        workers = [w for p in pipelines for s in p.stages for w in s.workers]
+        if len(set(workers)) == len(workers):
+            assert key(pipelines, 1, distinct=True) == key(pipelines, 1)
+            # canonical's numbers follow from the counts: 0, 1, 2, ... in order of use
+            numbers = iter(range(len(workers)))
+            counted = screening._one_gpu_shape(pipelines)
+            rebuilt = tuple(
+                (tuple((s, e, tuple(next(numbers) for _ in range(n))) for s, e, n in stages), m)
+                for stages, m in counted
+            )
+            assert rebuilt == screening.canonical(pipelines, 1)
+    assert key(a, 2) == screening.canonical(a, 2)

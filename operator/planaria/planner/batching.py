@@ -14,7 +14,10 @@ micro-batches one at a time to the pipeline whose time after taking it is least:
 successive "slots" a_i + c_i n grow with n, so the greedy takes the B / b cheapest slots, and no
 distribution can have a smaller largest slot. To avoid B / b heap steps, the greedy starts from
 "every slot up to a threshold" (found by bisection), a state it would pass through; the start is
-checked and dropped if float rounding broke that property.
+checked and dropped if float rounding broke that property. Pipelines of one template share a
+cost: listed as runs of one cost object (~1,000 pipelines in two runs at 1,024 nodes), the
+greedy runs once per group of equal costs and the answer is built run by run (`_Runs`), the
+same micro-batches and times as pipeline by pipeline.
 
 A global batch that is not a multiple of the micro-batch size, or smaller than one micro-batch
 per pipeline, cannot be distributed: UndistributableBatchError names the nearest global batch
@@ -116,12 +119,158 @@ def distribute(
     """
     check_distributable(len(costs), global_batch, micro_batch_size)
     total = global_batch // micro_batch_size
+    runs = _Runs.of(costs)
+    if runs is not None:
+        return runs.distribute(total)
     counts = _jump_start(costs, total)
     _hand_out(costs, counts, total - sum(counts))
     return Distribution(
         micro_batches=tuple(counts),
         pipeline_times_s=tuple(cost.time_s(n) for cost, n in zip(costs, counts, strict=True)),
     )
+
+
+# Runs of one cost object looked for at most (beyond this pipeline by pipeline is cheaper).
+_MAX_RUNS = 32
+
+
+class _Runs:
+    """The pipelines as runs of one cost object (callers list pipelines of one template
+    together: ~1,000 pipelines in two or three runs), their costs grouped by value: the
+    greedy with one bisection term, heap entry and slot count per group, and the answer
+    built run by run. The same micro-batches and times as pipeline by pipeline (`_jump_start`,
+    `_hand_out`, the oracle in tests/planner/test_batching_runs.py). Only for finite costs
+    that grow with every micro-batch: then equal costs give equal times (a zero's sign cannot
+    show) and each pipeline's slots grow, so the heap's pops are a sorted merge."""
+
+    __slots__ = ("costs", "first", "runs", "sizes")
+
+    def __init__(self, runs: list[tuple[int, int, PipelineCost]]) -> None:
+        group: dict[PipelineCost, int] = {}
+        # (start, length, group) of each run, in order; groups in order of first use
+        self.runs = [(start, length, group.setdefault(c, len(group))) for start, length, c in runs]
+        self.costs = list(group)  # distinct by value, in order of first use (Counter's keys)
+        self.sizes = [0] * len(group)
+        self.first = [-1] * len(group)  # each group's lowest pipeline
+        for start, length, g in self.runs:
+            self.sizes[g] += length
+            self.first[g] = start if self.first[g] < 0 else self.first[g]
+
+    @classmethod
+    def of(cls, costs: Sequence[PipelineCost]) -> _Runs | None:
+        """The runs of `costs`, or None when there are many or a cost does not qualify."""
+        runs: list[tuple[int, int, PipelineCost]] = []
+        start = 0
+        while start < len(costs):
+            if len(runs) == _MAX_RUNS:
+                return None
+            cost = costs[start]
+            if not (math.isfinite(cost.fixed_s) and 0 < cost.per_micro_batch_s < math.inf):
+                return None
+            stop = _run_end(costs, start)
+            runs.append((start, stop - start, cost))
+            start = stop
+        return cls(runs)
+
+    def distribute(self, total: int) -> Distribution:
+        """`distribute`'s answer: `_jump_start` then `_hand_out`, by group."""
+        base = self._jump_start(total)
+        remaining = total - sum(size * n for size, n in zip(self.sizes, base, strict=True))
+        level, tied = self._hand_out(base, remaining) if remaining > 0 else (base, {})
+        taken = sum(size * n for size, n in zip(self.sizes, level, strict=True))
+        return self._answer(level, tied, total - taken)
+
+    def _jump_start(self, total: int) -> list[int]:
+        """`_jump_start` per group: each group's count at the threshold."""
+        ones = [1] * len(self.costs)
+        if total <= 2 * sum(self.sizes):
+            return ones
+        lo = max(cost.time_s(1) for cost in self.costs)
+        hi = max(cost.time_s(total) for cost in self.costs)
+        terms = [
+            (c.fixed_s, c.per_micro_batch_s, n) for c, n in zip(self.costs, self.sizes, strict=True)
+        ]
+        for _ in range(100):
+            mid = (lo + hi) / 2
+            if not lo < mid < hi:
+                break
+            taken = 0
+            for fixed, per, size in terms:  # `_slots_upto`, summed at once
+                room = (mid - fixed) / per
+                taken += size * (total if room >= total else math.floor(room) if room >= 1 else 1)
+            lo, hi = (mid, hi) if taken <= total else (lo, mid)
+        slots = _slots_upto(self.costs, lo, total)
+        counts = [slots[cost] for cost in self.costs]
+        fits = sum(size * n for size, n in zip(self.sizes, counts, strict=True)) <= total
+        return counts if fits and _is_cheapest_set(self.costs, counts) else ones
+
+    def _hand_out(self, base: list[int], remaining: int) -> tuple[list[int], dict[int, int]]:
+        """`_hand_out`'s heap takes the `remaining` cheapest slots in (time, pipeline) order:
+        whole levels of slots of one time, every pipeline of a group at once, in time order,
+        up to the level that is more than is left. Returns each group's slots below that
+        level and the level's slots per pipeline of each group in it (a pipeline's next slot
+        may cost the same after rounding)."""
+        level = list(base)
+        heap = [(c.time_s(n + 1), g) for g, (c, n) in enumerate(zip(self.costs, base, strict=True))]
+        heapq.heapify(heap)
+        while remaining:
+            time_s, tied = heap[0][0], {}
+            while heap and heap[0][0] == time_s:
+                g = heapq.heappop(heap)[1]
+                n = level[g] + 1
+                # (past `remaining` slots the level is more than is left whatever its size)
+                while n - level[g] < remaining and self.costs[g].time_s(n + 1) == time_s:
+                    n += 1
+                tied[g] = n - level[g]
+            wanted = sum(self.sizes[g] * m for g, m in tied.items())
+            if wanted > remaining:
+                return level, tied
+            remaining -= wanted
+            for g, m in tied.items():
+                level[g] += m
+                heapq.heappush(heap, (self.costs[g].time_s(level[g] + 1), g))
+        return level, {}
+
+    def _answer(self, level: list[int], tied: dict[int, int], left: int) -> Distribution:
+        """Every pipeline at its group's level, plus the tied level's slots to the pipelines
+        of the tied groups in index order (each all its slots of that time) until `left` are
+        given; built run by run."""
+        counts: list[int] = []
+        times: list[float] = []
+        for _, length, g in self.runs:
+            parts = [(level[g], length)]
+            if left and g in tied:
+                m = tied[g]
+                full = min(length, left // m)
+                part = min(left - full * m, m) if full < length else 0
+                left -= full * m + part
+                rest = length - full - (1 if part else 0)
+                parts = [
+                    (level[g] + m, full),
+                    (level[g] + part, 1 if part else 0),
+                    (level[g], rest),
+                ]
+            for n, k in parts:
+                counts += [n] * k
+                times += [self.costs[g].time_s(n)] * k
+        return Distribution(micro_batches=tuple(counts), pipeline_times_s=tuple(times))
+
+
+def _run_end(costs: Sequence[PipelineCost], start: int) -> int:
+    """The end of the run of `costs[start]` (the first later index holding another object):
+    galloping, then checked whole (a C-speed count; identity decides it)."""
+    cost, lo, step = costs[start], start, 1  # costs[lo] is cost
+    while lo + step < len(costs) and costs[lo + step] is cost:
+        lo, step = lo + step, step * 2
+    hi = min(lo + step, len(costs))  # costs[hi] is not cost (or the end)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if costs[mid] is cost else (lo, mid)
+    # the run [start, hi) holds only `cost` unless an equal object sits inside: still one
+    # group (equal costs with positive slopes time alike); anything else cuts the run short
+    if list(costs[start:hi]).count(cost) == hi - start:
+        return hi
+    return next(i for i in range(start + 1, hi) if costs[i] is not cost and costs[i] != cost)
 
 
 def _hand_out(costs: Sequence[PipelineCost], counts: list[int], remaining: int) -> None:

@@ -278,7 +278,21 @@ def _laid_out(
             f"{estimates.memory_bytes / 2**30:.2f} GiB per worker"
         )
         return Rejection(kind=kind, label=label, why=why)
-    layout = _layout(depths, splits, survivors.workers, running, estimates)
+    # what `_layout` reads of its arguments; the same layout whenever they recur
+    key = (
+        survivors.key,
+        depths,
+        tuple(sorted(splits.items())),
+        running.micro_batch_size,
+        running.gpus_per_node,
+        running.global_batch_size,
+    )
+    layout = estimates.layouts.get(key)
+    if layout is None:
+        layout = estimates.layouts[key] = _layout(
+            depths, splits, survivors.workers, running, estimates
+        )
+        estimates.remembered(sum(depths))  # one worker per stage
     return _screened(kind, label, layout, survivors, estimates, settings)
 
 
@@ -375,7 +389,12 @@ def _screened(
     )
     if not estimates.fits(screen):
         return Rejection(kind=kind, label=label, why=_over(screen, estimates))
-    transition = survivors.replan(layout, settings.overheads)
+    # the same binding whenever these survivors meet this layout again (`Estimates.transitions`)
+    key = (survivors.key, layout, settings.overheads)
+    transition = estimates.transitions.get(key)
+    if transition is None:
+        transition = estimates.transitions[key] = survivors.replan(layout, settings.overheads)
+        estimates.remembered(len(transition.binding or ()))
     return Candidate(kind=kind, label=label, transition=transition, estimate=screen, exact=False)
 
 

@@ -255,26 +255,35 @@ def step_s(
     plan_: plan.Plan, arrival: Mapping[plan.WorkerId, float], prof: profile.Profile
 ) -> float:
     """The step of `plan_` given when each (first) worker of a stage reaches its tail: the
-    all-reduces, optimizer steps and snapshots replayed from there."""
+    all-reduces, optimizer steps and snapshots replayed from there. Each distinct stage's
+    optimizer step and each distinct all-reduce's cost is computed once (the same float for
+    the same layers and width: ~1,000 pipelines come in a handful of shapes)."""
     clock = dict(arrival)
-    width = {s.workers[0]: len(s.workers) for p in plan_.pipelines for s in p.stages if s.workers}
+    width: dict[plan.WorkerId, int] = {}
+    stages: list[tuple[int, int, int]] = []  # (layer_start, layer_stop, width) of each stage
+    for pipeline in plan_.pipelines:
+        for s in pipeline.stages:
+            if s.workers:
+                width[s.workers[0]] = len(s.workers)
+                stages.append((s.layer_start, s.layer_stop, len(s.workers)))
+    costs: dict[tuple[bool, tuple[int, ...], int, int], float] = {}
     for reduction in sorted(schedule.all_reductions(plan_), key=lambda r: (r.round, r.layers[0])):
-        start = max(clock[w] for w in reduction.group)
-        link = estimator.link_among(prof, plan_.gpus_per_node, reduction.group)
-        narrowest = min(width[w] for w in reduction.group)
-        end = start + estimator.allreduce_s(link, prof, reduction, narrowest)
-        for worker in reduction.group:
-            clock[worker] = end
+        group = reduction.group
+        start = max(map(clock.__getitem__, group))
+        link = estimator.link_among(prof, plan_.gpus_per_node, group)
+        narrowest = min(map(width.__getitem__, group))
+        cost = (link is prof.intra_node, reduction.layers, narrowest, len(group))
+        if cost not in costs:
+            costs[cost] = estimator.allreduce_s(link, prof, reduction, narrowest)
+        clock.update(dict.fromkeys(group, start + costs[cost]))
     # the commit barrier (`execution`) among the streams (a stage's first worker runs one)
-    workers = list(clock)
-    link = estimator.link_among(prof, plan_.gpus_per_node, workers)
-    passed = max(clock.values(), default=0.0) + estimator.barrier_s(link, len(workers))
-    ends = [
-        passed + estimator.optimizer_s(prof, stage.layers, len(stage.workers))
-        for pipeline in plan_.pipelines
-        for stage in pipeline.stages
-        if stage.workers
-    ]
+    link = estimator.link_among(prof, plan_.gpus_per_node, clock)
+    passed = max(clock.values(), default=0.0) + estimator.barrier_s(link, len(clock))
+    optimizers: dict[tuple[int, int, int], float] = {}
+    for key in stages:
+        if key not in optimizers:
+            optimizers[key] = estimator.optimizer_s(prof, range(key[0], key[1]), key[2])
+    ends = [passed + optimizers[key] for key in stages]
     return max(ends, default=0.0)  # the snapshot marker takes no time
 
 

@@ -36,8 +36,12 @@ def remainder_placements(num_layers: int, depth: int) -> Iterator[tuple[int, ...
     """Every split of num_layers into depth stages of floor(L/depth) layers plus one extra
     layer on each of L mod depth stages: the even split with the remainder enumerated."""
     base, extra = divmod(num_layers, depth)
+    even = [base] * depth
     for chosen in itertools.combinations(range(depth), extra):
-        yield tuple(base + (1 if s in chosen else 0) for s in range(depth))
+        counts = even.copy()
+        for s in chosen:
+            counts[s] += 1
+        yield tuple(counts)
 
 
 def _stage_work_s(
@@ -46,11 +50,36 @@ def _stage_work_s(
     """The largest forward + backward compute of one stage (1 GPU): a pre-ranking only.
     `memo` keeps each layer range's sum (the same sum in the same order, so the same float):
     placements share most of their stages."""
-    bounds = list(itertools.accumulate(counts, initial=0))
-    for a, b in itertools.pairwise(bounds):
+    ranges = list(itertools.pairwise(itertools.accumulate(counts, initial=0)))
+    for a, b in ranges:
         if (a, b) not in memo:
-            memo[a, b] = sum(layer.forward_s[0] + layer.backward_s[0] for layer in prof.layers[a:b])
-    return max(memo[a, b] for a, b in itertools.pairwise(bounds))
+            memo[a, b] = _work_s(prof, a, b)
+    return max(map(memo.__getitem__, ranges))
+
+
+def _work_s(prof: profile.Profile, a: int, b: int) -> float:
+    return sum(layer.forward_s[0] + layer.backward_s[0] for layer in prof.layers[a:b])
+
+
+def _preranked(
+    prof: profile.Profile, splits: list[tuple[int, ...]], max_splits: int
+) -> list[tuple[int, ...]]:
+    """The `max_splits` placements of least bottleneck compute (`_stage_work_s`; ties in
+    placement order, as `heapq.nsmallest` keeps them). Every stage of a remainder placement
+    holds floor(L/S) or one more layers, so the sums of all such ranges are made first and
+    each placement's key is one C-level max over look-ups (tests/planner/test_distribution.py
+    keeps `_stage_work_s` as the oracle)."""
+    base = len(prof.layers) // len(splits[0])
+    memo = {
+        (a, a + n): _work_s(prof, a, a + n)
+        for n in (base, base + 1)
+        for a in range(len(prof.layers) - n + 1)
+    }
+    get, pairwise, accumulate = memo.__getitem__, itertools.pairwise, itertools.accumulate
+    keys = [max(map(get, pairwise(accumulate(c, initial=0)))) for c in splits]
+    return [
+        splits[i] for i in heapq.nsmallest(max_splits, range(len(splits)), key=keys.__getitem__)
+    ]
 
 
 def split_layers(
@@ -76,8 +105,7 @@ def _best_split(
     placements = itertools.islice(remainder_placements(prof.num_layers, depth), _MAX_ENUMERATED)
     splits = list(placements)
     if len(splits) > max_splits:
-        memo: dict[tuple[int, int], float] = {}
-        splits = heapq.nsmallest(max_splits, splits, key=lambda c: _stage_work_s(prof, c, memo))
+        splits = _preranked(prof, splits, max_splits)
     best: tuple[float, tuple[int, ...]] | None = None
     # cheapest bound first; a split whose bound exceeds the best step so far cannot win, and
     # neither can any after it (the answer is that of costing every split)
@@ -155,13 +183,33 @@ def alone_bound_s(
 def pipeline_of(
     counts: Sequence[int], workers: Sequence[plan.WorkerId], num_micro_batches: int
 ) -> plan.Pipeline:
-    """Stages of `counts` layers each, in order, one worker each."""
+    """Stages of `counts` layers each, in order, one worker each. Raises what `plan.Stage`
+    raises for a count below one, ValueError when the lengths differ."""
     bounds = list(itertools.accumulate(counts, initial=0))
-    stages = tuple(
-        plan.Stage(layer_start=a, layer_stop=b, workers=(w,))
-        for (a, b), w in zip(itertools.pairwise(bounds), workers, strict=True)
-    )
+    if len(workers) != len(counts) or not all(n >= 1 for n in counts):
+        stages = tuple(
+            plan.Stage(layer_start=a, layer_stop=b, workers=(w,))
+            for (a, b), w in zip(itertools.pairwise(bounds), workers, strict=True)
+        )
+    else:  # valid by construction: `plan.Stage`'s checks hold (~60k layouts a 2-hour run)
+        stages = tuple(map(_one_worker_stage, bounds, bounds[1:], workers))
     return plan.Pipeline(stages=stages, num_micro_batches=num_micro_batches)
+
+
+# A Stage's frozen-dataclass __init__ and __post_init__ cost more than the rest of laying out
+# a pipeline: `pipeline_of` sets the slots directly on stages whose checks hold (a non-empty
+# layer range, one worker). The object is the one Stage(...) builds (test_distribution.py).
+_set_start, _set_stop, _set_workers = (
+    vars(plan.Stage)[name].__set__ for name in ("layer_start", "layer_stop", "workers")
+)
+
+
+def _one_worker_stage(start: int, stop: int, worker: plan.WorkerId) -> plan.Stage:
+    stage: plan.Stage = object.__new__(plan.Stage)
+    _set_start(stage, start)
+    _set_stop(stage, stop)
+    _set_workers(stage, (worker,))
+    return stage
 
 
 def pipeline_cost(

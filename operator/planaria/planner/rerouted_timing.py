@@ -123,19 +123,22 @@ def _program(
     # last layer forward, of the layer before its first backward; a worker sends only
     # activations or only gradients to one destination (its layers follow or precede its)
     carried = (layers[-1].output_bytes, prof.layers[stage.layer_start - 1].output_bytes)
-    transfer: dict[plan.WorkerId, float] = {}
+    # per destination: the messages to it in tag order, the next tag to send, the transfer
+    sending: dict[plan.WorkerId, tuple[list[int], list[int], float]] = {}
     produced: set[int] = set()
-    next_tag: dict[plan.WorkerId, int] = {}
     program: list[_Step] = []
     for _, _, _, backward, source, inbound, destination, outbound in order:
         waits = inbound if source is not None else -1
         if destination is None:
             program.append((waits, cost[backward], (), 0.0))
             continue
-        if destination not in transfer:
+        to = sending.get(destination)
+        if to is None:
             link = estimator.link_among(prof, gpus_per_node, (worker, destination))
-            transfer[destination] = link.transfer_s(carried[backward])
-        pair, tag = tags[(worker, destination)], next_tag.get(destination, 0)
+            transfer_s = link.transfer_s(carried[backward])
+            to = sending[destination] = (tags[(worker, destination)], [0], transfer_s)
+        pair, next_tag, transfer_s = to
+        tag = next_tag[0]
         if pair[tag] != outbound:  # made before its turn: pair[tag], earlier, is not made yet
             produced.add(outbound)
             program.append((waits, cost[backward], (), 0.0))
@@ -143,8 +146,8 @@ def _program(
         first, tag = tag, tag + 1
         while tag < len(pair) and pair[tag] in produced:
             tag += 1
-        next_tag[destination] = tag
-        program.append((waits, cost[backward], tuple(pair[first:tag]), transfer[destination]))
+        next_tag[0] = tag
+        program.append((waits, cost[backward], tuple(pair[first:tag]), transfer_s))
     return program
 
 
@@ -160,7 +163,8 @@ def _routed_clocks(programs: dict[plan.WorkerId, list[_Step]]) -> dict[plan.Work
     while ready:
         worker = ready.popleft()
         program, k, now = programs[worker], position[worker], clock[worker]
-        while k < len(program):
+        end = len(program)
+        while k < end:
             inbound, cost, posts, transfer_s = program[k]
             if inbound >= 0:
                 arrival = arrived.get(inbound)

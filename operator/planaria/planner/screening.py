@@ -3,12 +3,15 @@
 `Estimates.whole` is E's time and memory estimate of a whole plan (`schedule`, `estimator`,
 `memory`); `Estimates.pipeline` the same for one pipeline run alone. Both are keyed by what an
 estimate depends on (layer ranges, micro-batches, node pattern: `canonical`), so identical
-pipelines and relabelled plans are estimated once. The candidate search screens a layout by
+pipelines and relabelled plans are estimated once (with one GPU per node, by each stage's layer
+range and worker count, which say the same). The candidate search screens a layout by
 its slowest pipeline alone (Odyssey eq. 10, t_step = max over pipelines) and estimates whole
 plans only for the shortlist; the memo can be filled ahead of a failure (Odyssey §IV-C: the
 search overlaps with training). A plan without reroutes is not replayed whole: its pipelines'
 replays alone (memoised, usually already made by the screen) and a replay of its all-reduce
-tail give the same numbers (`composition`).
+tail give the same numbers (`composition`). The same object keeps the planner's other memos
+across decisions: each depth's best split, and the candidate search's re-planned layouts and
+their min-cost bindings.
 
 This module adds no cost model of its own: every number comes from `estimator` and `memory`.
 """
@@ -20,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from planaria.contract import errors, plan, profile, schedule
-from planaria.planner import composition, estimator, memory
+from planaria.planner import composition, estimator, memory, transfers
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -29,6 +32,12 @@ class Estimate:
 
     step_s: float
     peak_bytes: int
+
+
+# Workers of the remembered re-plans (`Estimates.layouts`, `.transitions`, each counted) at
+# most: a 1,024-worker layout takes ~0.5 MB, so ~80 MB here; a 2-hour 1,024-node simulation
+# keeps ~240,000 (a policy's decisions until the next policy meets the same failures)
+MAX_REMEMBERED_WORKERS = 1 << 18
 
 
 class Estimates:
@@ -57,12 +66,23 @@ class Estimates:
         # `distribution.split_layers`' answers by (depth, micro-batch size, GPUs per node,
         # max_splits): what it depends on besides this profile and memory limit
         self.splits: dict[tuple[int, int, int, int], tuple[int, ...] | None] = {}
+        # `candidates`' re-planned layouts bound to the survivors, by (the survivors'
+        # holdings, layout, overheads): policies that decide alike meet the same failure with
+        # the same running plan (in the simulator half the matchings of a 1,024-node run)
+        # `candidates`' re-planned layouts, by (the survivors' holdings, depths, splits, the
+        # running plan's micro-batch size, GPUs per node and global batch): for the same reason
+        self.layouts: dict[tuple[object, ...], plan.Plan] = {}
+        self.transitions: dict[
+            tuple[tuple[tuple[plan.WorkerId, frozenset[int]], ...], plan.Plan, transfers.Overheads],
+            transfers.Transition,
+        ] = {}
         self.computed = 0  # estimator runs so far (schedules compiled and replayed)
+        self._remembered = 0  # workers of the entries of `layouts` and `transitions`
 
     def whole(self, plan_: plan.Plan) -> Estimate:
         """Step time and peak memory of the whole plan (all-reduces, reroutes included)."""
         # E's estimates are invariant under relabelling nodes and GPUs (test_screening)
-        shape = canonical(plan_.pipelines, plan_.gpus_per_node)
+        shape = _shape(plan_.pipelines, plan_.gpus_per_node, distinct=True)
         key = (shape, plan_.micro_batch_size, plan_.gpus_per_node, plan_.reroutes)
         if key not in self._memo:
             composed = self._composed(plan_) if self.compose else None
@@ -79,13 +99,23 @@ class Estimates:
 
     def pipeline(self, pipeline: plan.Pipeline, micro_batch_size: int, gpus: int) -> Estimate:
         """One pipeline run alone (no all-reduce: nobody shares its layers)."""
-        key = (canonical((pipeline,), gpus), micro_batch_size, gpus, ())
+        key = (_shape((pipeline,), gpus), micro_batch_size, gpus, ())
         if key not in self._memo:
             alone = plan.Plan(
                 pipelines=(pipeline,), micro_batch_size=micro_batch_size, gpus_per_node=gpus
             )
             self.whole(alone)
         return self._memo[key]
+
+    def remembered(self, num_workers: int) -> None:
+        """Count a new entry of `layouts` or `transitions` of `num_workers` workers; past
+        `MAX_REMEMBERED_WORKERS` in all, empty both (a controller decides for as long as its
+        job runs): no answer changes, only what is computed again."""
+        self._remembered += num_workers
+        if self._remembered > MAX_REMEMBERED_WORKERS:
+            self.layouts.clear()
+            self.transitions.clear()
+            self._remembered = 0
 
     def fits(self, estimate: Estimate) -> bool:
         return estimate.peak_bytes <= self.memory_bytes
@@ -104,7 +134,7 @@ class Estimates:
             arrival, peak = rerouted
         gpus = plan_.gpus_per_node
         alone = [p for q, p in enumerate(plan_.pipelines) if q not in moved]
-        runs = [self.run(p, plan_.micro_batch_size, gpus) for p in alone]
+        runs = [self.run(p, plan_.micro_batch_size, gpus, planned=True) for p in alone]
         if len(runs) == len(plan_.pipelines) == 1:  # alone, the replay timed the tail already
             return Estimate(step_s=runs[0].step_s, peak_bytes=runs[0].peak_bytes)
         for pipeline, run in zip(alone, runs, strict=True):
@@ -115,11 +145,12 @@ class Estimates:
         )
 
     def run(
-        self, pipeline: plan.Pipeline, micro_batch_size: int, gpus: int
+        self, pipeline: plan.Pipeline, micro_batch_size: int, gpus: int, *, planned: bool = False
     ) -> composition.PipelineRun:
         """`pipeline` replayed alone (memoised): when each stage reaches its tail, its step
-        and peak; what whole estimates are composed from."""
-        key = (canonical((pipeline,), gpus), micro_batch_size, gpus)
+        and peak; what whole estimates are composed from. `planned`: the pipeline belongs to
+        a `plan.Plan`, so no worker appears twice in it (the memo key need not look)."""
+        key = (_shape((pipeline,), gpus, distinct=planned), micro_batch_size, gpus)
         if key not in self._runs:
             self.computed += 1
             self._runs[key] = composition.run_alone(pipeline, micro_batch_size, gpus, self.profile)
@@ -127,6 +158,40 @@ class Estimates:
 
 
 _Shape = tuple[tuple[tuple[tuple[int, int, tuple[int, ...]], ...], int], ...]
+_OneGpuShape = tuple[tuple[tuple[tuple[int, int, int], ...], int], ...]
+
+
+def _shape(
+    pipelines: Sequence[plan.Pipeline], gpus_per_node: int, *, distinct: bool = False
+) -> _Shape | _OneGpuShape:
+    """The memo key of `pipelines`: `canonical`, or with one GPU per node (every fresh plan at
+    1,024 nodes) per stage its layer range and worker count when `canonical` numbers the
+    workers 0, 1, 2, ... in order of use (always when no worker appears twice: `distinct`, as
+    a `plan.Plan` checks it, skips the look), a fraction of its cost. The counts form and
+    `canonical`'s never compare equal (a count is no tuple), and `canonical`'s numbers follow
+    from the counts, so plans share a key exactly when they share `canonical`'s
+    (tests/planner/test_screening.py)."""
+    if gpus_per_node != 1:
+        return canonical(pipelines, gpus_per_node)
+    if not distinct:
+        workers = [w for p in pipelines for stage in p.stages for w in stage.workers]
+        if len(set(workers)) != len(workers):
+            shape = canonical(pipelines, gpus_per_node)
+            numbers = [w for stages, _ in shape for _, _, mine in stages for w in mine]
+            if numbers != list(range(len(numbers))):
+                return shape
+    return _one_gpu_shape(pipelines)
+
+
+def _one_gpu_shape(pipelines: Sequence[plan.Pipeline]) -> _OneGpuShape:
+    """Per pipeline its stages' (layer_start, layer_stop, worker count) and micro-batches."""
+    return tuple(
+        (
+            tuple([(s.layer_start, s.layer_stop, len(s.workers)) for s in p.stages]),
+            p.num_micro_batches,
+        )
+        for p in pipelines
+    )
 
 
 def canonical(pipelines: Sequence[plan.Pipeline], gpus_per_node: int) -> _Shape:

@@ -203,6 +203,8 @@ class Survivors:
     def __init__(self, held: Holdings, prof: profile.Profile) -> None:
         self.held = held
         self.profile = prof
+        # what every binding depends on besides the profile: a memo key across decisions
+        self.key: tuple[tuple[plan.WorkerId, frozenset[int]], ...] = tuple(held.items())
         self._live = set(held)
         self.workers = list(held)
         self._sizes = [moved_bytes(layer) for layer in prof.layers]
