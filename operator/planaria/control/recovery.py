@@ -176,7 +176,7 @@ class Handler:
         snapshot tier cannot serve: its newest snapshot every survivor holds when the resume
         rolls back (`rolls_back`), else the persistent checkpoint (a Suspend that resumes from
         it at once), else step 0 (`earlier_tier`)."""
-        snapshot = None
+        snapshot, ceiling = None, restore_ceiling(found, below)
         if rolls_back(found, move, below):
             if move.needs_snapshot:
                 redundancy = self._job.training.redundancy
@@ -184,7 +184,6 @@ class Handler:
                 if beyond:  # the snapshot tier cannot serve: say so, the checkpoint is next
                     what = beyond_message(beyond, redundancy)
                     return outcomes.Suspend(running=running, what=what, retry=True)
-            ceiling = restore_ceiling(found, below)
             snapshot = self._roster.snapshot_step(found.survivors, at_most=ceiling)
             conflicts = {}
             if snapshot is not None:
@@ -195,7 +194,6 @@ class Handler:
         resume = resume_step(found, move, snapshot, below=below)
         if resume is not None:
             return resume, rolled_back(found, move, resume, below)
-        ceiling = restore_ceiling(found, below)
         earlier = earlier_tier(ceiling, self._roster.checkpoint_step(running.workers))
         if isinstance(earlier, str):  # the suspension resumes from the checkpoint at once
             return outcomes.Suspend(running=running, what=earlier, retry=True)
