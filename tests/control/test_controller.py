@@ -53,26 +53,6 @@ async def test_a_job_without_failures_succeeds_in_one_epoch() -> None:
     assert config.rendezvous.key_prefix == "epoch-1" and config.rendezvous.timeout_s == 2.0
 
 
-async def test_the_phase_is_running_before_the_planner_searches_ahead(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """Odyssey's search ahead of the next failure (`Planner.prepare`) takes seconds at scale
-    and holds the controller's loop: the epoch it prepares for is committed and the status
-    says so (published) before it runs, not only after."""
-    seen: list[tuple[status.Phase, status.Phase]] = []
-    run = scenarios.Run(scenarios.job(steps=30, profile=None), profile=scenarios.small_profile())
-    prepare = planning.Planner.prepare
-
-    def recorded(self: planning.Planner, running: plans.Plan) -> None:
-        seen.append((run.controller.status.phase, run.sink.published[-1].phase))
-        prepare(self, running)
-
-    monkeypatch.setattr(planning.Planner, "prepare", recorded)
-    final = await run.finish()
-    assert final.phase is status.Phase.SUCCEEDED
-    assert seen == [(status.Phase.RUNNING, status.Phase.RUNNING)]
-
-
 async def test_without_a_profile_the_controller_asks_an_agent() -> None:
     run = scenarios.Run(scenarios.job(steps=10, profile=None), profile=scenarios.small_profile())
     final = await run.finish()

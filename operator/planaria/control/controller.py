@@ -267,14 +267,9 @@ class Controller:
             if gave_up:
                 self._set_running()
             return not gave_up
+        planner.prepare(move.plan)  # Odyssey §IV-C: search ahead of the next failure
         if await self._epochs.commit():
             self._set_running()
-            await self._publish()
-        # Odyssey §IV-C: search ahead of the next failure. After the commit, and with the
-        # status published: the search holds this loop for seconds at scale (2.3 s for the
-        # demo's 8 workers here), and before the commit it kept a training job's phase at
-        # Profiling (the first epoch) or Recovering that long, or past the next failure.
-        planner.prepare(move.plan)
         return True
 
     # -- status -----------------------------------------------------------------------------
