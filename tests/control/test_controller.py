@@ -53,11 +53,16 @@ async def test_a_job_without_failures_succeeds_in_one_epoch() -> None:
     assert config.rendezvous.key_prefix == "epoch-1" and config.rendezvous.timeout_s == 2.0
 
 
-async def test_without_a_profile_the_controller_asks_an_agent() -> None:
+async def test_without_a_profile_the_controller_asks_an_agent_then_opens_the_first_epoch() -> None:
     run = scenarios.Run(scenarios.job(steps=10, profile=None), profile=scenarios.small_profile())
     final = await run.finish()
     assert final.phase is status.Phase.SUCCEEDED
-    assert status.Phase.PROFILING in [s.phase for s in run.sink.published]
+    published = [(s.phase, s.message) for s in run.sink.published]
+    assert published[:3] == [
+        (status.Phase.PENDING, "starting workers"),
+        (status.Phase.PROFILING, "profiling small"),
+        (status.Phase.PENDING, "opening epoch 1: [2,2,2,2] initial"),
+    ]  # "Profiling" ends with the profile, not when the first epoch runs
 
 
 async def test_the_jobs_device_memory_caps_the_profile_the_planner_uses() -> None:

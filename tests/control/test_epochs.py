@@ -8,14 +8,24 @@ of a set and the combined setup report (slowest regroup and transfer, bytes summ
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from planaria.contract import plan as plans
-from planaria.control import epochs, history, ports
+from planaria.control import (
+    clock,
+    connections,
+    epochs,
+    history,
+    membership,
+    planning,
+    ports,
+    status,
+)
 from planaria.wire import messages
 from tests import strategies
-from tests.control import scenarios
+from tests.control import fakes, scenarios
 
 STORE = ports.StoreAddress(host="10.0.0.1", port=29400)
 
@@ -87,3 +97,36 @@ def test_combined_setups_take_the_slowest_parts_and_sum_the_bytes() -> None:
     assert combined == history.Setups(
         tier=messages.RecoveryTier.LOCAL_SNAPSHOT, regroup_s=0.5, transfer_s=1.5, received_bytes=130
     )
+
+
+@pytest.mark.asyncio
+async def test_commit_takes_in_queued_heartbeats_before_judging_silence() -> None:
+    """The controller's own work can hold its loop past the heartbeat timeout (the search
+    ahead, Odyssey §IV-C, right after the Configures went out; a slow Configure round): the
+    heartbeats that queued meanwhile are news, not silence. The commit takes them in before it
+    asks who is gone, so the epoch commits instead of giving its workers up."""
+    job = scenarios.job()
+    assert job.profile is not None
+    time = clock.RealClock()
+    roster = membership.Roster(heartbeat_timeout_s=job.heartbeat_timeout_s)
+    cluster = fakes.FakeCluster(time)
+    lines = connections.Connections(cluster, time, roster, interval_s=0.1, timeout_s=1.0)
+    driver = epochs.Driver(
+        job,
+        store=cluster.store,
+        fail_epoch=cluster.fail_epoch,
+        clock=time,
+        roster=roster,
+        lines=lines,
+        record=history.History(global_batch=job.training.global_batch_size),
+    )
+    workers = [plans.WorkerId(w) for w in range(job.workers)]
+    await lines.start(workers)
+    move = planning.Planner(job.profile, job).best(frozenset(workers), status.MoveKind.INITIAL)
+    assert await driver.configure(move, 0, planned=False, profile=job.profile)
+    # nothing taken in for twice the timeout, while the agents beat on into the queue
+    await scenarios.advance(2 * job.heartbeat_timeout_s)
+    assert roster.gone(workers, time.monotonic()) == set(workers)  # as the roster last heard
+    assert await driver.commit()
+    assert not roster.gone(workers, time.monotonic())
+    await lines.release()

@@ -259,8 +259,11 @@ class Controller:
             record = dataclasses.replace(record, epoch=self._epochs.next_epoch)
             self._history.begin(record, self._clock.monotonic(), step)
         phase = Phase.RECOVERING if record or opening.why else self._phase
+        if phase is Phase.PROFILING:  # the profile is in: the first epoch is starting
+            phase = Phase.PENDING
         summary = statuses.plan_summary(move.plan, move.kind)
         self._set(phase, f"opening epoch {self._epochs.next_epoch}: {summary}")
+        await self._publish()
         planner, planned = self._planner_(), opening.planned
         if not await self._epochs.configure(move, step, planned=planned, profile=planner.source):
             gave_up = planned and await self._switches.give_up_late()

@@ -250,8 +250,11 @@ class Driver:
     async def commit(self) -> bool:
         """Wait until every worker of the epoch runs in it, bounded by the time to reach the
         resume step plus the Configure and step timeouts; True when they all do. Workers not
-        running by the bound are faulty; a death or failure on the way ends the wait."""
+        running by the bound are faulty; a death or failure on the way ends the wait. What
+        queued while the controller was busy (the Configure round, the search ahead) is taken
+        in first: a heartbeat not yet read is not silence."""
         assert self.plan is not None, "committing needs a plan"
+        await self.next(0)
         workers, epoch = self.plan.workers, self.epoch
         current = max(self._roster.committed(workers, epoch), default=self.resume_step)
         ahead_s = max(0, self.resume_step - current) * self.step_s()
