@@ -108,6 +108,12 @@ def job(**changes: object) -> settings.JobSettings:
     return dataclasses.replace(base, **changes)  # type: ignore[arg-type]
 
 
+def condition(value: status.JobStatus, kind: status.ConditionType) -> tuple[str, str]:
+    """`kind`'s condition in `value`: its status ("True" / "False") and reason."""
+    [found] = [c for c in value.conditions if c.type == kind]
+    return found.status, found.reason
+
+
 class Sink:
     """A StatusSink keeping every status published."""
 

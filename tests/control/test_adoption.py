@@ -159,6 +159,8 @@ async def test_agents_ahead_of_the_journal_suspend_the_job_saying_why() -> None:
     successor = _successor(run, journal.records[-1])
     await successor.until(lambda: successor.controller.status.phase is status.Phase.SUSPENDED)
     assert "newer than the journalled epoch 1" in successor.controller.status.message
+    suspended = scenarios.condition(successor.controller.status, status.ConditionType.SUSPENDED)
+    assert suspended == ("True", "PlanUnknown")
     assert successor.controller._epochs.next_epoch == 3  # never stale for the agents
 
 

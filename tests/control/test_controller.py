@@ -262,6 +262,8 @@ async def test_every_worker_silent_for_a_while_then_back_goes_on_in_the_same_epo
     for agent in run.cluster.agents.values():
         agent.hung = True
     await run.until(lambda: run.controller.status.phase is status.Phase.SUSPENDED, limit_s=10)
+    suspended = scenarios.condition(run.controller.status, status.ConditionType.SUSPENDED)
+    assert suspended == ("True", "WorkersLost")  # every worker silent: none survived
     await scenarios.advance(0.5)
     for agent in run.cluster.agents.values():
         agent.hung = False

@@ -94,7 +94,10 @@ def _move(*, needs_snapshot: bool) -> planning.Move:
 def test_no_survivor_suspends_saying_why() -> None:
     decided = _decide(_found(set(range(8))))
     assert decided == outcomes.Suspend(
-        running=_planner()[1], what="every worker of the plan is lost", retry=False
+        running=_planner()[1],
+        what="every worker of the plan is lost",
+        reason=status.SuspendReason.WORKERS_LOST,
+        retry=False,
     )
 
 
@@ -141,6 +144,7 @@ def test_too_few_survivors_for_any_plan_suspend() -> None:
     decided = _decide(_found({0, 1, 2, 3, 4, 5}), policy_name="dynamic")
     assert isinstance(decided, outcomes.Suspend) and not decided.retry
     assert "no plan for the 2 surviving workers" in decided.what
+    assert decided.reason is status.SuspendReason.NO_FEASIBLE_PLAN
 
 
 def test_a_resume_step_is_the_survivors_step_unless_a_layer_needs_a_snapshot() -> None:

@@ -115,6 +115,8 @@ async def test_losing_more_than_the_tolerance_suspends_then_resumes_exactly(
     _assert_succeeded(job, final, shm)
     suspended = seen[0]
     assert suspended.checkpoint_step is not None and suspended.checkpoint_step >= 2
+    [why] = [c for c in suspended.conditions if c.type == statuses.ConditionType.SUSPENDED]
+    assert (why.status, why.reason) == ("True", "NoFeasiblePlan"), suspended.message
     assert any((tmp_path / "checkpoints").iterdir())
 
 

@@ -80,7 +80,8 @@ def take_over(
     trained = any(step > record.resume_step for step in committed)
     how, why = decide(record, newest=newest, unsettled=unsettled, trained=trained)
     if how is Takeover.UNKNOWN_PLAN:
-        return outcomes.Suspend(running=record.plan, what=why, retry=False)
+        unknown = statuses.SuspendReason.PLAN_UNKNOWN
+        return outcomes.Suspend(running=record.plan, what=why, reason=unknown, retry=False)
     if how is Takeover.REOPEN:
         LOG.warning("%s (workers %s not training in it): opening it again", why, sorted(unsettled))
         return outcomes.Open(move=reopening(record, why), resume_step=record.resume_step, why=why)

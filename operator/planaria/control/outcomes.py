@@ -38,11 +38,13 @@ class Open:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Suspend:
-    """No way forward: suspend `running`, saying `what` is lost; `retry`: the checkpoint (older
-    than the failed resume step) may be tried at once."""
+    """No way forward: suspend `running`, saying `what` is lost (`reason`: the Suspended
+    condition's); `retry`: the checkpoint (older than the failed resume step) may be tried at
+    once."""
 
     running: plans.Plan
     what: str
+    reason: statuses.SuspendReason
     retry: bool
 
 

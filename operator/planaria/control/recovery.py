@@ -43,6 +43,7 @@ DEFAULT_TIME_TO_FAILURE_S = 3600.0  # eq. 8's T_next before any failure is seen,
 # transient fault (a device reset, memory another process held) passes, a deterministic one
 # comes back.
 OWN_ERROR_RETRIES = 1
+_STATE_LOST = statuses.SuspendReason.STATE_LOST  # no host-memory tier serves: a checkpoint next
 
 
 class Handler:
@@ -104,7 +105,7 @@ class Handler:
         if found.state_lost and not missed:  # (a missed switch's setups latch it, short of it)
             if self._epochs.kind is statuses.MoveKind.RESUME:  # the suspension's own fallback
                 lost = "a layer's state is in no recovery tier (replica, snapshot or checkpoint)"
-                return outcomes.Suspend(running=running, what=lost, retry=True)
+                return outcomes.Suspend(running=running, what=lost, reason=_STATE_LOST, retry=True)
             # The restore of the epoch's resume step failed: the next option is older.
             failed_restore = self._epochs.resume_step
         elif found.survivors and found.resume_step >= self._job.steps:
@@ -183,20 +184,23 @@ class Handler:
                 beyond = beyond_redundancy(running, found.failed, redundancy)
                 if beyond:  # the snapshot tier cannot serve: say so, the checkpoint is next
                     what = beyond_message(beyond, redundancy)
-                    return outcomes.Suspend(running=running, what=what, retry=True)
+                    return outcomes.Suspend(
+                        running=running, what=what, reason=_STATE_LOST, retry=True
+                    )
             snapshot = self._roster.snapshot_step(found.survivors, at_most=ceiling)
             conflicts = {}
             if snapshot is not None:
                 conflicts = self._roster.digest_conflicts(found.survivors, snapshot)
             if conflicts:  # two copies of a member differ: the snapshot is not trusted
                 what = conflict_message(snapshot, conflicts)
-                return outcomes.Suspend(running=running, what=what, retry=True)
+                conflict = statuses.SuspendReason.SNAPSHOT_CONFLICT
+                return outcomes.Suspend(running=running, what=what, reason=conflict, retry=True)
         resume = resume_step(found, move, snapshot, below=below)
         if resume is not None:
             return resume, rolled_back(found, move, resume, below)
         earlier = earlier_tier(ceiling, self._roster.checkpoint_step(running.workers))
         if isinstance(earlier, str):  # the suspension resumes from the checkpoint at once
-            return outcomes.Suspend(running=running, what=earlier, retry=True)
+            return outcomes.Suspend(running=running, what=earlier, reason=_STATE_LOST, retry=True)
         LOG.warning("recovery after epoch %d: %s", self._epochs.epoch, earlier[1])
         return earlier
 
@@ -263,7 +267,8 @@ def decide(
     (`own_faults`: some latched an error of its own), the job's policy's plan, else the
     templates anew over the survivors; Suspend, saying `lost` or why, when there is none."""
     if not found.survivors:
-        return outcomes.Suspend(running=running, what=lost, retry=False)
+        none = statuses.SuspendReason.WORKERS_LOST
+        return outcomes.Suspend(running=running, what=lost, reason=none, retry=False)
     if not found.failed:  # all alive, yet the group broke: the same plan regroups
         reason = "every worker is alive but the epoch's group broke; the same plan regroups"
         if own_faults:
@@ -280,7 +285,8 @@ def decide(
         move = planner.grow(running, live & (found.survivors | spare))
     except errors.PlannerError as exc:
         what = f"no plan for the {len(found.survivors)} surviving workers: {exc}"
-        return outcomes.Suspend(running=running, what=what, retry=False)
+        infeasible = statuses.SuspendReason.NO_FEASIBLE_PLAN
+        return outcomes.Suspend(running=running, what=what, reason=infeasible, retry=False)
     restart = statuses.MoveKind.RESTART
     return dataclasses.replace(move, kind=restart, reason=f"{refused}; {move.reason}")
 

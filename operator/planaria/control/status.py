@@ -29,6 +29,16 @@ class Phase(StrEnum):
     SUSPENDED = "Suspended"
 
 
+class SuspendReason(StrEnum):
+    """Why a job is Suspended: its Suspended condition's reason."""
+
+    STATE_LOST = "StateLost"  # a layer's state is in no host-memory tier: a checkpoint is next
+    SNAPSHOT_CONFLICT = "SnapshotConflict"  # two copies of a snapshot member differ
+    WORKERS_LOST = "WorkersLost"  # no worker of the plan survived
+    NO_FEASIBLE_PLAN = "NoFeasiblePlan"  # no plan fits the surviving workers
+    PLAN_UNKNOWN = "PlanUnknown"  # an adopted epoch's plan is not the one its workers run
+
+
 class MoveKind(StrEnum):
     """How an epoch's plan was made: the kind of move that opened it."""
 
@@ -48,7 +58,7 @@ class ConditionType(StrEnum):
     READY = "Ready"  # training at full strength
     DEGRADED = "Degraded"  # training with fewer workers than the job asked for
     RECOVERING = "Recovering"  # a failure or a join is being handled
-    SUSPENDED = "Suspended"  # no feasible plan: waiting for workers
+    SUSPENDED = "Suspended"  # no way forward with the live workers (`SuspendReason` says why)
     FAILED = "Failed"  # ended on a permanent error, the reason saying which kind
 
 
@@ -146,6 +156,7 @@ class View:
     message: str
     checkpoint_step: int | None = None
     failure_reason: str = ""  # CamelCase, why the job Failed ("" until it did)
+    suspend_reason: SuspendReason = SuspendReason.NO_FEASIBLE_PLAN  # read while Suspended
     snapshot_interval_steps: float | None = None
 
 
@@ -193,7 +204,7 @@ def conditions(view: View) -> tuple[Condition, ...]:
         _condition(
             ConditionType.SUSPENDED,
             view.phase is Phase.SUSPENDED,
-            "NoFeasiblePlan" if view.phase is Phase.SUSPENDED else "Feasible",
+            view.suspend_reason.value if view.phase is Phase.SUSPENDED else "Feasible",
             view,
         ),
         _condition(
