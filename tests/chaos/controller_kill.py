@@ -53,7 +53,7 @@ from pathlib import Path
 from planaria.agent.state import checkpoints
 from planaria.contract import plan
 from planaria.local import adoption, journal
-from planaria.spec import job, job_file
+from planaria.spec import conversion, job_file
 from tests.chaos import invariant, processes, trials
 from tests.e2e import local_job
 
@@ -274,7 +274,7 @@ class _Trial:
             problems.append(f"the checkpoint of the last step does not load: {exc}")
             return None
         spec = job_file.load_job(self.job_path).spec
-        settings = job.to_settings(spec, self.name, str(self.corpus))
+        settings = conversion.to_settings(spec, self.name, str(self.corpus))
         return invariant.compare(states, settings, self.shape.steps, problems)
 
 

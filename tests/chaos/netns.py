@@ -46,7 +46,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from planaria.contract import plan
-from planaria.local import backend as local_backend
+from planaria.local import launching
 
 PREFIX = "pln"
 NETWORK = ipaddress.IPv4Network("10.213.0.0/16")
@@ -88,19 +88,15 @@ class Net:
     def inner_ip(self) -> str:
         return str(NETWORK.network_address + 4 * self.slot + 2)
 
-    def placement(
-        self, victim: plan.WorkerId
-    ) -> Callable[[plan.WorkerId], local_backend.Placement]:
+    def placement(self, victim: plan.WorkerId) -> Callable[[plan.WorkerId], launching.Placement]:
         """A LocalBackend placement: `victim` inside the namespace, the others on the host's
         address (`victim` -> `Placement`)."""
-        inside = local_backend.Placement(
+        inside = launching.Placement(
             host=self.inner_ip,
             prefix=("ip", "netns", "exec", self.namespace),
             env={"GLOO_SOCKET_IFNAME": self.inner_if},
         )
-        outside = local_backend.Placement(
-            host=self.host_ip, env={"GLOO_SOCKET_IFNAME": self.bridge}
-        )
+        outside = launching.Placement(host=self.host_ip, env={"GLOO_SOCKET_IFNAME": self.bridge})
         return lambda worker: inside if worker == victim else outside
 
     def cut(self) -> None:

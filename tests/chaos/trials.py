@@ -52,6 +52,7 @@ from planaria.contract import plan, profile, shapes
 from planaria.control import clock, controller
 from planaria.control import status as statuses
 from planaria.local import backend as local_backend
+from planaria.local import launching
 from planaria.wire import messages
 from tests.chaos import invariant, netns, processes
 from tests.e2e import local_job
@@ -338,7 +339,7 @@ class _Trial:
             snapshot_base=shm_base,
             stop_grace_s=shape.stop_grace_s,
             # A partition's victim in its namespace, the others on the host's address there.
-            store_host=net.host_ip if net else local_backend.LOOPBACK,
+            store_host=net.host_ip if net else launching.LOOPBACK,
             placement=net.placement(schedule.victims[0]) if net else None,
         )
         self.sink = _FinalStates(self.settings, shm_base)

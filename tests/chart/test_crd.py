@@ -6,10 +6,10 @@ JobSpec and StatusModel appears with its description; the schema's defaults, app
 spec, give exactly the model's defaults; every CEL rule compiles with cel-python and writes
 regular expressions only in raw strings (cel-go refuses `\\d` in a plain string); the example
 jobs (examples/, manifests/examples/) pass the schema and every rule; every integer bound is
-within 2**53 - 1 (a real API server refuses 2**63 - 1); each cross-field rule of `job.check` and
-each failure rule rejects a crafted spec with its message, and `check` or pydantic refuses the
-same spec; every field but pod and failures is immutable on update, and pod and failures may
-change; a failure's `time` passes the schema exactly when the model reads it
+within 2**53 - 1 (a real API server refuses 2**63 - 1); each cross-field rule of
+`consistency.check` and each failure rule rejects a crafted spec with its message, and `check`
+or pydantic refuses the same spec; every field but pod and failures is immutable on update, and
+pod and failures may change; a failure's `time` passes the schema exactly when the model reads it
 (tests/spec/duration_cases.py); the job name rule; a full status validates against the status
 schema, conditions are a map keyed by type, and every printer column names a status field.
 """
@@ -29,7 +29,7 @@ import yaml
 from planaria.contract import shapes
 from planaria.control import status as statuses
 from planaria.kube import constants, crd
-from planaria.spec import job
+from planaria.spec import consistency, job
 from tests.chart import crd_validation
 from tests.spec import duration_cases
 
@@ -163,7 +163,7 @@ def _example_documents() -> list[Path]:
 def test_an_example_job_passes_the_schema_and_every_rule(path: Path) -> None:
     document = yaml.safe_load(path.read_text())
     assert crd_validation.document_problems(CRD, document) == []
-    assert job.check(job.ResilientJob.model_validate(document).spec) == []
+    assert consistency.check(job.ResilientJob.model_validate(document).spec) == []
 
 
 # (spec, the one problem the CRD reports (CEL rules: the whole line; schema keywords: its start,
@@ -267,7 +267,9 @@ def test_a_cel_rule_refuses_a_spec_that_check_refuses(
         with pytest.raises(pydantic.ValidationError):
             job.JobSpec.model_validate(spec)
     else:
-        assert check_path in [path for path, _ in job.check(job.JobSpec.model_validate(spec))]
+        assert check_path in [
+            path for path, _ in consistency.check(job.JobSpec.model_validate(spec))
+        ]
 
 
 # Texts Python's re (the oracle's `pattern`) and RE2 read alike; tests/spec checks RE2 on all.

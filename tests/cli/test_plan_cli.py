@@ -1,4 +1,5 @@
-"""`planaria plan` (planaria.cli.plan), through `planaria.cli.main.main` and the console script.
+"""`planaria plan` (planaria.cli.plan, .plan_report), through `planaria.cli.main.main` and the
+console script.
 
 Covers: the text report lists the templates, the chosen instantiation with its batch split and
 the runner-up, and with --failed the reinstantiated plan; --json prints the documented document

@@ -16,7 +16,7 @@ from pathlib import Path
 from planaria.agent.runtime import runtime_states
 from planaria.agent.state import checkpoints
 from planaria.agent.training import comparison
-from planaria.spec import job, job_file
+from planaria.spec import conversion, job_file
 from tests import hf_data
 from tests.e2e import local_job
 
@@ -60,7 +60,7 @@ def test_a_jsonl_dataset_with_a_trained_tokenizer_trains_exactly_through_a_failu
     assert f"Succeeded at step {STEPS}" in ran.stdout.splitlines()[-1]
     assert [r["failed"] for r in recoveries] == [[1]]
 
-    settings = job.to_settings(job_file.load_job(str(tmp_path / "job.yaml")).spec, name, "-")
+    settings = conversion.to_settings(job_file.load_job(str(tmp_path / "job.yaml")).spec, name, "-")
     got = checkpoints.load_checkpoint(tmp_path / "ckpt", STEPS)
     want, _ = runtime_states.reference_states(settings.training, 1, STEPS)
     found = comparison.compare(got, want)

@@ -42,7 +42,7 @@ from planaria.agent.state import checkpoints
 from planaria.cli import run
 from planaria.control import ports, status
 from planaria.local import adoption, journal
-from planaria.spec import job, job_file
+from planaria.spec import conversion, job_file
 from tests.chaos import invariant, processes
 
 STEPS = 12
@@ -162,7 +162,7 @@ def test_a_controller_killed_mid_recovery_is_adopted_by_the_next_and_the_job_end
     assert adopting is not None and int(adopting[1]) >= 2 and int(adopting[2]) >= 1, said
     assert "1 failure(s) at or before step" in said, said
     assert f"Succeeded at step {STEPS}" in said, said
-    settings = job.to_settings(job_file.load_job(job_path).spec, name, str(corpus))
+    settings = conversion.to_settings(job_file.load_job(job_path).spec, name, str(corpus))
     problems: list[str] = []
     states = checkpoints.load_checkpoint(tmp_path / "checkpoints", STEPS)
     differing = invariant.compare(states, settings, STEPS, problems)
@@ -273,7 +273,7 @@ def test_a_controller_killed_while_training_is_adopted_without_losing_progress(
     trained = [int(row.split(",")[1]) for row in (out / "metrics.csv").read_text().split()[1:]]
     # The whole run's steps, the first controller's included, never go back: none trained again.
     assert trained and trained[0] <= shown and trained == sorted(trained), (shown, trained, said)
-    settings = job.to_settings(job_file.load_job(job_path).spec, name, str(corpus))
+    settings = conversion.to_settings(job_file.load_job(job_path).spec, name, str(corpus))
     problems: list[str] = []
     states = checkpoints.load_checkpoint(tmp_path / "checkpoints", STEADY_STEPS)
     assert invariant.compare(states, settings, STEADY_STEPS, problems) == 0 and not problems

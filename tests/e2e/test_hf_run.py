@@ -25,7 +25,7 @@ from planaria.agent.state import checkpoints
 from planaria.agent.training import comparison, model
 from planaria.cli import main
 from planaria.contract import shapes
-from planaria.spec import job, job_file
+from planaria.spec import conversion, job_file
 from tests import hf_data
 from tests.e2e import local_job
 
@@ -99,7 +99,7 @@ def test_a_model_trains_exactly_through_a_failure_and_exports_to_transformers(
     assert [r["failed"] for r in recoveries] == [[1]]
 
     spec = job_file.load_job(str(tmp_path / "job.yaml")).spec
-    settings = job.to_settings(spec, name, "-")
+    settings = conversion.to_settings(spec, name, "-")
     got = checkpoints.load_checkpoint(tmp_path / "ckpt", STEPS)
     want, _ = runtime_states.reference_states(settings.training, 1, STEPS)
     found = comparison.compare(got, want)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from planaria.agent.training import corpora
 from planaria.contract import shapes
-from planaria.spec import job, job_file
+from planaria.spec import conversion, job_file
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -51,7 +51,7 @@ def test_the_byo_data_example_makes_its_data_and_its_job_tokenises_it(tmp_path: 
             "cache_dir": str(tmp_path / "cache"),
         }
     )
-    corpus = corpora.load(job.data_settings(data_spec, corpus_default="-"))
+    corpus = corpora.load(conversion.data_settings(data_spec, corpus_default="-"))
     assert corpus.vocab_size == 1024 and len(corpus.tokens) > 1000
 
 

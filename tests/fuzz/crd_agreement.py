@@ -3,7 +3,7 @@
 `judge` validates one spec mapping twice: as the API server would (`tests/chart/
 crd_validation.problems` over `planaria.kube.crd.crd()`: defaults, the structural schema with
 jsonschema, every CEL rule with cel-python) and as `planaria run` and the operator do
-(`JobSpec.model_validate` + `job.check`). ACCEPTED: both admit it; REJECTED: both refuse it;
+(`JobSpec.model_validate` + `consistency.check`). ACCEPTED: both admit it; REJECTED: both refuse it;
 a disagreement is a crash, named with both sides' reasons.
 
 Where the two legitimately differ, the difference is listed here and handled explicitly:
@@ -30,7 +30,7 @@ import pydantic
 from pydantic import alias_generators
 
 from planaria.kube import crd
-from planaria.spec import job
+from planaria.spec import consistency, job
 from tests.chart import crd_validation
 from tests.fuzz import verdicts
 
@@ -73,12 +73,12 @@ def camel_spelled(value: object) -> object:
 
 
 def model_problem(spec: object) -> str | None:
-    """Why pydantic and `job.check` refuse `spec`, or None when they admit it."""
+    """Why pydantic and `consistency.check` refuse `spec`, or None when they admit it."""
     try:
         validated = job.JobSpec.model_validate(spec)
     except pydantic.ValidationError as exc:
         return str(exc.errors()[0]["loc"]) + ": " + exc.errors()[0]["msg"]
-    problems = job.check(validated)
+    problems = consistency.check(validated)
     return f"{problems[0][0]}: {problems[0][1]}" if problems else None
 
 

@@ -1,15 +1,16 @@
 """Campaign 1: job specs near the valid space through the real entry points.
 
 `judge_text` runs a job file's text through `planaria.spec.job_file.parse_job` (what
-`load_job` and `planaria run` use) and, when it parses, through `planaria.spec.job.to_settings`.
+`load_job` and `planaria run` use) and, when it parses, through
+`planaria.spec.conversion.to_settings`.
 `judge_object` does the same for a decoded document, and also validates a bare spec with the
-pydantic model directly (`JobSpec.model_validate` + `job.check`, the Kubernetes adapter's
+pydantic model directly (`JobSpec.model_validate` + `consistency.check`, the Kubernetes adapter's
 path), which must agree with the file loader about acceptance.
 
 Clean rejection: a `ValueError` whose `planaria.cli.main.format_error` line is one line that
 names a field path (`spec.workers: ...`, `failures.0.time: ...`) or, for a file that is not a
-mapping or not YAML at all, says so. A spec that parses must convert (`job.check` is meant to
-catch everything `JobSettings` would refuse). Anything else is a crash.
+mapping or not YAML at all, says so. A spec that parses must convert (`consistency.check` is
+meant to catch everything `JobSettings` would refuse). Anything else is a crash.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import pydantic
 import yaml
 
 from planaria.cli import main as cli
-from planaria.spec import job, job_file
+from planaria.spec import conversion, job, job_file
 from tests.fuzz import verdicts
 
 SOURCE = "job.yaml"
@@ -60,7 +61,7 @@ def judge_text(text: str) -> verdicts.Verdict:
     except Exception as exc:  # the property under test: nothing else escapes
         return verdicts.crashed("parse_job", exc)
     try:
-        job.to_settings(parsed.spec, parsed.name, "/corpus")
+        conversion.to_settings(parsed.spec, parsed.name, "/corpus")
     except Exception as exc:
         return verdicts.crashed("to_settings of a spec that parsed", exc)
     return verdicts.ACCEPTED
@@ -90,7 +91,7 @@ _MODEL_LINE = re.compile(rf"^({_PATH}|\(top level\)): \S")
 def _judge_model(spec: dict[object, object]) -> verdicts.Verdict:
     try:
         validated = job.JobSpec.model_validate(spec)
-        job.to_settings(validated, "fuzz-job", "/corpus")
+        conversion.to_settings(validated, "fuzz-job", "/corpus")
     except (pydantic.ValidationError, job.JobSpecError) as exc:
         line = cli.format_error(exc)
         pattern = _FIELD_LINE if not isinstance(exc, pydantic.ValidationError) else _MODEL_LINE

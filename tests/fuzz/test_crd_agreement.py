@@ -4,7 +4,7 @@ campaign 2; tests/fuzz/crd_agreement.py).
 Covers: mutants of valid bare specs (wrong types and widths, strict numbers, bad enums,
 cross-field breaks, durations, failures, pod sections) are admitted by the CRD (structural
 schema with defaults + every CEL rule, as the API server evaluates them) exactly when
-`JobSpec.model_validate` + `job.check` admit them, snake_case names compared in camelCase;
+`JobSpec.model_validate` + `consistency.check` admit them, snake_case names compared in camelCase;
 hand-picked edge strings (duration spellings, worker ids, label keys, quantities, tolerations)
 and numbers (int64 edges, denormals) agree too, label keys included (a CEL rule on
 nodeSelector, since a structural schema cannot pattern map keys).

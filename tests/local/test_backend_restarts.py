@@ -21,7 +21,7 @@ import pytest
 from planaria.contract import plan
 from planaria.control import ports
 from planaria.local import backend as local_backend
-from planaria.local import restarts
+from planaria.local import launching, restarts
 
 W = plan.WorkerId
 QUICK = restarts.RestartPolicy(max_restarts=2, initial_backoff_s=0.05, max_backoff_s=0.1)
@@ -41,9 +41,9 @@ async def _next(events: AsyncIterator[ports.WorkerEvent]) -> ports.WorkerEvent:
     return await asyncio.wait_for(events.__anext__(), HANG_GUARD_S)
 
 
-def _crashing(worker: plan.WorkerId) -> local_backend.Placement:
+def _crashing(worker: plan.WorkerId) -> launching.Placement:
     """Every launch exits 3 before it serves, saying so on stderr (a broken install)."""
-    return local_backend.Placement(prefix=("sh", "-c", "echo crashing at start >&2; exit 3", "sh"))
+    return launching.Placement(prefix=("sh", "-c", "echo crashing at start >&2; exit 3", "sh"))
 
 
 @pytest.mark.asyncio

@@ -126,8 +126,9 @@ async def test_the_runs_backend_starts_each_worker_on_its_gpu(tmp_path: Path) ->
     )
     try:
         assert adopted is None
-        where = backend._placement(W(0))
-        command = backend._command(W(0), where, tmp_path / "ready")
+        launch = backend._processes._launch_as
+        where = launch.placement(W(0))
+        command = launch.command(W(0), where, tmp_path / "ready")
         assert command[command.index("--device") + 1] == "cuda"
         assert where.env == {"CUDA_VISIBLE_DEVICES": "5"}
     finally:

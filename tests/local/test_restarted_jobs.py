@@ -24,7 +24,7 @@ from planaria.contract import plan
 from planaria.control import clock
 from planaria.control import status as statuses
 from planaria.local import backend as local_backend
-from planaria.local import restarts
+from planaria.local import launching, restarts
 from planaria.wire import messages
 from tests.control import scenarios
 from tests.e2e import local_job
@@ -68,13 +68,13 @@ async def test_a_worker_that_keeps_crashing_fails_the_job_with_the_cause(
 ) -> None:
     launches: list[plan.WorkerId] = []
 
-    def placement(worker: plan.WorkerId) -> local_backend.Placement:
+    def placement(worker: plan.WorkerId) -> launching.Placement:
         """The first launch is the real agent; every restart exits 3 at start."""
         launches.append(worker)
         if len(launches) == 1:
-            return local_backend.Placement()
+            return launching.Placement()
         crash = "echo planaria-test: crashing at start >&2; exit 3"
-        return local_backend.Placement(prefix=("sh", "-c", crash, "sh"))
+        return launching.Placement(prefix=("sh", "-c", crash, "sh"))
 
     settings = _single("crash-loop", corpus)
     policy = restarts.RestartPolicy(max_restarts=2, initial_backoff_s=0.05, max_backoff_s=0.1)

@@ -1,4 +1,4 @@
-"""The job spec and job files (planaria.spec.job, planaria.spec.job_file).
+"""The job spec and job files (planaria.spec.job, .consistency, .conversion, .job_file).
 
 Covers: defaults; camelCase aliases and snake_case names; a bare spec named after its file and a
 whole ResilientJob document named by metadata.name; overrides checked like the file's own values;
@@ -26,7 +26,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from planaria.control import settings as job_settings
-from planaria.spec import job, job_file
+from planaria.spec import conversion, job, job_file
 from planaria.wire import messages
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -191,7 +191,7 @@ def test_a_failure_time_reads_compound_durations() -> None:
 
 def test_settings_take_every_field_and_the_corpus_default() -> None:
     spec = _parse(DOCUMENT).spec
-    out = job.to_settings(spec, "tiny-job", "/stdlib")
+    out = conversion.to_settings(spec, "tiny-job", "/stdlib")
     assert (out.name, out.workers, out.steps, out.micro_batch_size) == ("tiny-job", 4, 50, 2)
     assert out.training.global_batch_size == 16 and out.step_timeout_s == 5.0
     assert out.training.data.corpus_paths == ("/stdlib",)
@@ -206,7 +206,7 @@ def test_settings_of_a_cuda_job_with_corpus_and_checkpoints() -> None:
         "device: cuda\ndata: {corpusPaths: [a.txt, b], maxBytes: 1000}\n"
         "checkpoints: {dir: /ckpt, intervalSteps: 10}\npolicy: reroute\nmtbfSeconds: 60"
     ).spec
-    out = job.to_settings(spec, "gpu-job", "/stdlib")
+    out = conversion.to_settings(spec, "gpu-job", "/stdlib")
     assert out.backend is messages.Backend.NCCL and out.training.device is messages.Device.CUDA
     assert out.training.data.corpus_paths == ("a.txt", "b")
     assert out.training.data.max_bytes == 1000
@@ -215,9 +215,12 @@ def test_settings_of_a_cuda_job_with_corpus_and_checkpoints() -> None:
 
 
 def test_device_memory_reaches_the_settings_in_bytes() -> None:
-    out = job.to_settings(_parse("deviceMemory: 1.5Mi").spec, "job", "/stdlib")
+    out = conversion.to_settings(_parse("deviceMemory: 1.5Mi").spec, "job", "/stdlib")
     assert out.device_memory_bytes == 1_572_864
-    assert job.to_settings(_parse("workers: 2").spec, "job", "/stdlib").device_memory_bytes is None
+    assert (
+        conversion.to_settings(_parse("workers: 2").spec, "job", "/stdlib").device_memory_bytes
+        is None
+    )
 
 
 @given(
@@ -240,7 +243,7 @@ def test_the_data_section_reaches_the_training_settings() -> None:
         "data: {corpusPaths: [d], format: parquet, textField: body, tokenizer: t.json, "
         "separator: '</s>', cacheDir: /cache}"
     ).spec
-    out = job.to_settings(spec, "job", "/stdlib").training.data
+    out = conversion.to_settings(spec, "job", "/stdlib").training.data
     assert out == messages.DataSettings(
         corpus_paths=("d",),
         format=messages.DataFormat.PARQUET,
@@ -249,7 +252,7 @@ def test_the_data_section_reaches_the_training_settings() -> None:
         separator="</s>",
         cache_dir="/cache",
     )
-    default = job.to_settings(_parse("").spec, "job", "/stdlib").training.data
+    default = conversion.to_settings(_parse("").spec, "job", "/stdlib").training.data
     assert default == messages.DataSettings(corpus_paths=("/stdlib",))
     assert not default.needs_tokenising and out.needs_tokenising
 
@@ -258,7 +261,7 @@ def test_the_data_section_reaches_the_training_settings() -> None:
 def test_the_reduction_reaches_the_training_settings(reduction: job.Reduction) -> None:
     spec = _parse(f"reduction: {reduction}").spec
     assert spec.reduction is reduction
-    out = job.to_settings(spec, "job", "/stdlib")
+    out = conversion.to_settings(spec, "job", "/stdlib")
     assert out.training.reduction is messages.Reduction(reduction.value)
 
 
@@ -266,14 +269,14 @@ def test_the_reduction_reaches_the_training_settings(reduction: job.Reduction) -
 def test_the_precision_reaches_the_training_settings(precision: job.Precision) -> None:
     spec = _parse(f"precision: {precision}\nreduction: exact").spec
     assert spec.precision is precision
-    out = job.to_settings(spec, "job", "/stdlib")
+    out = conversion.to_settings(spec, "job", "/stdlib")
     assert out.training.precision is messages.Precision(precision.value)
     assert out.training.reduction is messages.Reduction.EXACT  # bf16 is allowed in exact mode
 
 
 def test_settings_refuse_a_bad_name() -> None:
     with pytest.raises(job.JobSpecError, match=r"^metadata.name: 'Bad_Name' is not"):
-        job.to_settings(job.JobSpec(), "Bad_Name", "/stdlib")
+        conversion.to_settings(job.JobSpec(), "Bad_Name", "/stdlib")
 
 
 _KEYS = st.sampled_from(
@@ -339,7 +342,7 @@ def test_random_documents_fail_only_with_a_path_and_what_parses_converts(
     except job.JobSpecError as exc:
         assert re.match(r"^job.yaml: [A-Za-z0-9_.]+: \S", str(exc)), str(exc)
         return
-    settings_ = job.to_settings(parsed.spec, parsed.name, "/stdlib")
+    settings_ = conversion.to_settings(parsed.spec, parsed.name, "/stdlib")
     assert settings_.workers == parsed.spec.workers
 
 

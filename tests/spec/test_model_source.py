@@ -1,5 +1,5 @@
-"""A job's modelSource (planaria.spec.model_source, job.check, job.to_settings) and the
-contract's reference string it becomes (planaria.contract.shapes.hf_reference / resolve).
+"""A job's modelSource (planaria.spec.model_source, consistency.check, conversion.to_settings) and
+the contract's reference string it becomes (planaria.contract.shapes.hf_reference / resolve).
 
 Covers: an inline config, a config.json path and a model folder each become one `hf:` model
 string in the settings, which resolves to the family's shape (sizes, grouped-query heads,
@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from planaria.contract import errors, shapes
-from planaria.spec import job, job_file
+from planaria.spec import conversion, job, job_file
 
 LLAMA = {
     "vocab_size": 512,
@@ -34,7 +34,7 @@ LLAMA = {
 
 def _settings_model(text: str) -> str:
     parsed = job_file.parse_job(text, source="job.yaml")
-    return job.to_settings(parsed.spec, parsed.name, "/stdlib").training.model
+    return conversion.to_settings(parsed.spec, parsed.name, "/stdlib").training.model
 
 
 def _error(text: str) -> str:

@@ -18,7 +18,7 @@ import shutil
 from pathlib import Path
 
 from planaria.contract import shapes
-from planaria.spec import job, job_file
+from planaria.spec import conversion, job_file
 
 
 class ExportCommandError(ValueError):
@@ -50,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
             f"{args.job_file}: the job trains the named model {spec.model!r}; export writes "
             "Hugging Face models only (a job with a modelSource)"
         )
-    shape = shapes.resolve(job.model_name(spec))
+    shape = shapes.resolve(conversion.model_name(spec))
     # Imported here: torch takes seconds to import and only an export needs it.
     from planaria.agent.state import checkpoints
     from planaria.agent.training import hf_export

@@ -52,7 +52,7 @@ from planaria.control import controller as controllers
 from planaria.control import metrics as job_metrics
 from planaria.control import settings as job_settings
 from planaria.control import status as statuses
-from planaria.spec import job, job_file
+from planaria.spec import conversion, job_file
 
 if TYPE_CHECKING:  # torch and processes: imported when a job runs (_run_job)
     from planaria.local import backend as local_backend
@@ -104,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
     name = args.name or loaded.name
     live = not args.no_progress and sys.stdout.isatty()
     options = run_checks.options(args, loaded, name, live=live)  # before anything starts
-    settings = job.to_settings(loaded.spec, name, _corpus_default())
+    settings = conversion.to_settings(loaded.spec, name, _corpus_default())
     # The controller and the backend log what they work around (a refused Configure, a worker
     # left out); say whose line it is.
     logging.basicConfig(format="planaria run: %(name)s: %(message)s", level=logging.WARNING)

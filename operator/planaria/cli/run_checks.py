@@ -34,7 +34,7 @@ from pathlib import Path
 
 from planaria.contract import plan, shapes
 from planaria.local import devices, faults
-from planaria.spec import job, job_file
+from planaria.spec import conversion, job, job_file
 
 DEFAULT_SNAPSHOT_BASE = Path("/dev/shm/planaria")  # = planaria.local.backend's (torch-free here)
 
@@ -137,11 +137,11 @@ def prepare_data(source: str, spec: job.DataSpec) -> None:
     tokenizer, an empty corpus or a missing `planaria[hf]` is refused before anything starts.
     Plain byte text is the agents' to read, as before (docs/running.md, "A job that fails on
     its agents' errors")."""
-    if not job.data_settings(spec, corpus_default=UNUSED_DEFAULT).needs_tokenising:
+    if not conversion.data_settings(spec, corpus_default=UNUSED_DEFAULT).needs_tokenising:
         return
     from planaria.agent.training import corpora, data  # torch: only for a job with such data
 
-    settings = job.data_settings(spec, corpus_default=str(data.default_corpus_root()))
+    settings = conversion.data_settings(spec, corpus_default=str(data.default_corpus_root()))
     try:
         corpora.load(settings)
     except data.CorpusError as exc:
@@ -163,7 +163,7 @@ def check_model(source: str, spec: job.JobSpec) -> None:
         return
     from planaria.agent.training import corpora, hf_models  # torch: only for such a job
 
-    shape = shapes.resolve(job.model_name(spec))
+    shape = shapes.resolve(conversion.model_name(spec))
     if spec.data.tokenizer:
         vocab = corpora.Tokenizer.open(spec.data.tokenizer).vocab_size
         shape = dataclasses.replace(shape, vocab_size=vocab)

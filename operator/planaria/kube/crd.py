@@ -2,7 +2,7 @@
 
 `spec_schema()` turns `planaria.spec.job.JobSpec` into a structural OpenAPI v3 schema
 (`planaria.kube.openapi`) and adds the cross-field rules of
-`planaria.spec.job.check` as CEL `x-kubernetes-validations`, plus transition rules that make
+`planaria.spec.consistency.check` as CEL `x-kubernetes-validations`, plus transition rules that make
 every field but `pod` and `failures` immutable. `StatusModel` is the status the operator writes;
 `status_schema()` is its schema. `crd()` assembles the whole object; charts/planaria/crds and
 manifests/crd.yaml are renderings of it (scripts/render_manifests.py, checked by tests/chart).
@@ -49,8 +49,8 @@ def _rule(rule: str, message: str, field_path: str = "") -> dict[str, str]:
     return out
 
 
-# The cross-field rules of `planaria.spec.job.check`, same wording; the API server has applied
-# the schema's defaults before it evaluates them, so every defaulted field is present.
+# The cross-field rules of `planaria.spec.consistency.check`, same wording; the API server has
+# applied the schema's defaults before it evaluates them, so every defaulted field is present.
 SPEC_RULES = (
     _rule(
         "self.globalBatchSize % self.microBatchSize == 0",

@@ -44,7 +44,7 @@ from planaria.control import clock, controller, metrics
 from planaria.control import status as statuses
 from planaria.kube import api, backend, constants, journal, pods, reporting
 from planaria.rpc import tls
-from planaria.spec import job
+from planaria.spec import conversion, job
 
 LOG = logging.getLogger(__name__)
 ENDED = ("Succeeded", "Failed")
@@ -81,7 +81,7 @@ def validate(body: Mapping[str, Any]) -> job.JobSpec:
         first = exc.errors()[0]
         path = ".".join(str(part) for part in first["loc"])
         raise job.JobSpecError(f"spec.{path}: {first['msg']}") from None
-    job.to_settings(spec, name, corpus_default())  # the cross-field rules and the name
+    conversion.to_settings(spec, name, corpus_default())  # the cross-field rules and the name
     return spec
 
 
@@ -179,7 +179,7 @@ class Jobs:
         writer = self._writer(owner, body, spec, emit)
         key = (owner.namespace, owner.name)
         gauges = self.metrics[key] = metrics.MetricsSink(f"{owner.namespace}/{owner.name}")
-        settings = job.to_settings(spec, owner.name, corpus_default())
+        settings = conversion.to_settings(spec, owner.name, corpus_default())
         core = controller.Controller(
             settings,
             workers,

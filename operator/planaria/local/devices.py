@@ -19,12 +19,9 @@ Errors: `DeviceError` (a ValueError), one line naming what the machine shows and
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING
 
 from planaria.contract import plan
-
-if TYPE_CHECKING:  # the backend imports torch: `planaria run` checks devices before it loads
-    from planaria.local import backend
+from planaria.local import launching  # torch-free: `planaria run` checks devices before it loads
 
 VISIBLE = "CUDA_VISIBLE_DEVICES"
 
@@ -61,16 +58,14 @@ def assign(*, workers: int, gpus: tuple[str, ...]) -> dict[plan.WorkerId, str]:
 
 def launch(
     device: str, assignment: Mapping[plan.WorkerId, str]
-) -> tuple[tuple[str, ...], Callable[[plan.WorkerId], backend.Placement]]:
+) -> tuple[tuple[str, ...], Callable[[plan.WorkerId], launching.Placement]]:
     """The agent arguments and the per-worker placement that start each worker on `device`,
     on its own GPU from `assignment` when the device is cuda."""
-    from planaria.local import backend  # torch-heavy (TYPE_CHECKING import above)
-
     gpus = dict(assignment)
 
-    def placement(worker: plan.WorkerId) -> backend.Placement:
+    def placement(worker: plan.WorkerId) -> launching.Placement:
         if worker not in gpus:
-            return backend.Placement()
-        return backend.Placement(env={VISIBLE: gpus[worker]})
+            return launching.Placement()
+        return launching.Placement(env={VISIBLE: gpus[worker]})
 
     return ("--device", device), placement

@@ -10,8 +10,9 @@
 Durations are `planaria.spec.durations`' grammar, as in a job file: `90`, `90s`, `1.5m`, `2h`,
 `1m30s`; a `time` may be 0 (at the start), `rejoin` and `--mtbf` must be above 0. `parse_failures`
 checks each `--fail` against the job with the job file's own rule
-(`planaria.spec.job.failure_problems`: a worker the job has, a step before its last), so a flag and
-a file entry are refused alike; `from_spec` takes a job file's entry (already checked) as it is.
+(`planaria.spec.consistency.failure_problems`: a worker the job has, a step before its last),
+so a flag and a file entry are refused alike; `from_spec` takes a job file's entry (already
+checked) as it is.
 `Injector.run` is an asyncio task beside the controller: it reads the job's status (a callable the
 runner gives it) every poll, fires each failure once when its step is committed or its time has
 passed, and ends when the job ends or is cancelled. A failure whose worker is not running when it
@@ -36,7 +37,7 @@ from typing import Protocol
 
 from planaria.contract import plan
 from planaria.control import status as statuses
-from planaria.spec import durations, job
+from planaria.spec import consistency, durations, job
 
 LOG = logging.getLogger(__name__)
 POLL_S = 0.05
@@ -107,7 +108,7 @@ def parse_failures(texts: Sequence[str], *, workers: int, steps: int) -> list[Fa
     failures = []
     for text in texts:
         failure = parse_failure(text)
-        problems = job.failure_problems(
+        problems = consistency.failure_problems(
             step=failure.step, worker=failure.worker, workers=workers, steps=steps
         )
         if problems:

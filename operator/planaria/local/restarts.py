@@ -1,8 +1,9 @@
 """Restarting agent processes that exit on their own: what a kubelet does for a pod's container.
 
 On Kubernetes a worker's agent that crashes comes back (its pod is replaced); `planaria run`
-has no kubelet, so `planaria.local.backend.LocalBackend` applies this policy to its agent
-processes itself (docs/local-mode.md, "Agents that exit on their own"):
+has no kubelet, so `planaria.local.backend.LocalBackend` (through `planaria.local.supervision`)
+applies this policy to its agent processes itself (docs/local-mode.md, "Agents that exit on
+their own"):
 - which exits restart (`unexpected`): a crash, a signal from outside (the OOM killer, a user's
   `kill -9`), an exception at set-up; not exit code 0 (an agent exits 0 only when told to stop:
   a Stop RPC or SIGTERM, as kubelet's restartPolicy OnFailure), not a kill the backend made on

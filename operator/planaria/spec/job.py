@@ -1,4 +1,5 @@
-"""The job spec: what a user asks for, as the `spec` of a ResilientJob and as a local job file.
+"""The job spec's schema: what a user asks for, as the `spec` of a ResilientJob and as a local job
+file.
 
 One schema for both ways of running (issue #8 item 4): a file `planaria run` accepts is a valid
 custom resource, and the Kubernetes adapter validates a ResilientJob's `spec` with the same
@@ -14,20 +15,18 @@ A job file is either a bare spec or a whole document:
     metadata: {name: tiny-job}
     spec: {workers: 8, steps: 120, failures: [{step: 40, worker: 3}]}
 
-`to_settings` turns a spec into the controller core's `JobSettings`; the corpus default (the
-standard library's sources, found by the agent's data module) is passed in by the caller, so
-this module imports no agent code. `failures` is local-mode failure injection: the operator
-ignores it.
+Here live the models, their per-field rules (pydantic's), the quantities they parse
+(`memory_bytes`) and the job name's form. Deliberately not here: the cross-field rules a CRD
+would state in CEL (`planaria.spec.consistency.check`), reading a file
+(`planaria.spec.job_file`) and the conversion into the controller core's settings
+(`planaria.spec.conversion.to_settings`). `failures` is local-mode failure injection: the
+operator ignores it.
 
-Errors:
+Errors, for the job spec's modules (`consistency` returns problems as values; `job_file` and
+`conversion` raise them as this one exception):
 
     ValueError
     └── JobSpecError   one line: `<source>: <field path>: <problem>; <what to change>`
-
-Per-field rules are pydantic's; the cross-field rules a CRD would state in CEL (global batch a
-multiple of the micro-batch, whole nodes, fault tolerance below the node count, failures naming
-existing workers and steps, checkpoints on snapshot boundaries) are checked by `check` with the
-same message form, so a spec that passes converts without error.
 """
 
 from __future__ import annotations
@@ -39,7 +38,6 @@ from typing import Annotated, Any, Literal
 import pydantic
 from pydantic import alias_generators
 
-from planaria.contract import shapes
 from planaria.control import settings as job_settings
 from planaria.spec import durations
 from planaria.spec import model_source as sources
@@ -49,6 +47,7 @@ API_VERSION = "planaria.dev/v1alpha1"
 KIND = "ResilientJob"
 # A Kubernetes object name (RFC 1123 label): it also names the job's snapshot directories.
 NAME_PATTERN = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+NAMING = "use lowercase letters, digits and '-', at most 63 characters (e.g. tiny-job)"
 
 
 class JobSpecError(ValueError):
@@ -256,7 +255,6 @@ BYTES_PATTERN = r"^[0-9]{1,15}(\.[0-9]{1,6})?(Ki|Mi|Gi|Ti|k|M|G|T)?$"
 BYTE_SUFFIXES = {"": 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
 BYTE_SUFFIXES |= {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
 Bytes = Annotated[str, pydantic.Field(pattern=BYTES_PATTERN, max_length=32)]
-MIN_DEVICE_MEMORY = 2**10  # deviceMemory below 1Ki is a typo, not a device
 
 
 def memory_bytes(quantity: str) -> int:
@@ -382,202 +380,3 @@ class ResilientJob(pydantic.BaseModel):
     kind: Literal["ResilientJob"]
     metadata: Metadata
     spec: JobSpec = JobSpec()
-
-
-def check(spec: JobSpec) -> list[tuple[str, str]]:
-    """Cross-field problems of `spec` as (field path, problem and fix); empty when it is sound."""
-    problems: list[tuple[str, str]] = []
-    if spec.model not in shapes.NAMED_SHAPES:
-        known = ", ".join(sorted(shapes.NAMED_SHAPES))
-        problems.append(("model", f"unknown model {spec.model!r}; give one of {known}"))
-    problems += _check_model_source(spec)
-    if spec.global_batch_size % spec.micro_batch_size:
-        problems.append(
-            (
-                "globalBatchSize",
-                f"{spec.global_batch_size} is not a multiple of microBatchSize "
-                f"{spec.micro_batch_size}; make it one",
-            )
-        )
-    if spec.device_memory is not None and memory_bytes(spec.device_memory) < MIN_DEVICE_MEMORY:
-        problems.append(
-            (
-                "deviceMemory",
-                f"{spec.device_memory} is below {MIN_DEVICE_MEMORY} bytes; give the memory "
-                "of one worker's device, e.g. 40Gi, or leave it out",
-            )
-        )
-    problems += _check_nodes(spec) + _check_recovery(spec) + _check_failures(spec)
-    return problems
-
-
-def _check_model_source(spec: JobSpec) -> list[tuple[str, str]]:
-    if spec.model_source is None:
-        return []
-    if "model" in spec.model_fields_set:
-        return [("model", "a job trains either a named model or a modelSource; remove one")]
-    try:
-        sources.reference(spec.model_source)
-    except sources.ModelSourceError as exc:
-        field, _, problem = str(exc).partition(": ")
-        return [(field, problem)]
-    return []
-
-
-def model_name(spec: JobSpec) -> str:
-    """The contract's model string of `spec`: a shape name or a Hugging Face reference (read
-    from its config file, if it names one; `model_source.reference`)."""
-    if spec.model_source is None:
-        return spec.model
-    return sources.reference(spec.model_source)
-
-
-def _check_nodes(spec: JobSpec) -> list[tuple[str, str]]:
-    if spec.workers % spec.gpus_per_node:
-        return [
-            (
-                "workers",
-                f"{spec.workers} is not a multiple of gpusPerNode {spec.gpus_per_node}; "
-                "give whole nodes",
-            )
-        ]
-    nodes = spec.workers // spec.gpus_per_node
-    if spec.fault_tolerance >= nodes:
-        return [
-            (
-                "faultTolerance",
-                f"{spec.fault_tolerance} leaves no node to train on ({nodes} nodes); "
-                f"give at most {nodes - 1}",
-            )
-        ]
-    return []
-
-
-def _check_recovery(spec: JobSpec) -> list[tuple[str, str]]:
-    problems: list[tuple[str, str]] = []
-    timeouts = spec.timeouts
-    if timeouts.heartbeat_seconds <= timeouts.heartbeat_interval_seconds:
-        problems.append(
-            (
-                "timeouts.heartbeatSeconds",
-                f"{timeouts.heartbeat_seconds:g} is not above heartbeatIntervalSeconds "
-                f"{timeouts.heartbeat_interval_seconds:g}; make it longer",
-            )
-        )
-    every, snap = spec.checkpoints.interval_steps, spec.snapshots.interval_steps
-    if spec.checkpoints.dir and every and (snap == 0 or every % snap):
-        problems.append(
-            (
-                "checkpoints.intervalSteps",
-                f"{every} is not a multiple of snapshots.intervalSteps {snap}; checkpoints are "
-                "copied from snapshots, so make it a multiple (and snapshots periodic)",
-            )
-        )
-    return problems
-
-
-def _check_failures(spec: JobSpec) -> list[tuple[str, str]]:
-    problems: list[tuple[str, str]] = []
-    for i, failure in enumerate(spec.failures):
-        worker = failure.worker if isinstance(failure.worker, int) else None
-        for field, problem in failure_problems(
-            step=failure.step, worker=worker, workers=spec.workers, steps=spec.steps
-        ):
-            problems.append((f"failures.{i}.{field}", problem))
-    return problems
-
-
-def failure_problems(
-    *, step: int | None, worker: int | None, workers: int, steps: int
-) -> list[tuple[str, str]]:
-    """What keeps an injected failure (a step trigger or None, a worker id or None for a random
-    one) from happening in a job of `workers` and `steps`, as (field, problem and fix); empty
-    when it can happen. The one rule for the job file's `failures` and `planaria run --fail`
-    (`planaria.local.faults.parse_failures`): a step trigger fires once that step is committed,
-    so one at or past the last step never fires."""
-    problems: list[tuple[str, str]] = []
-    if worker is not None and worker >= workers:
-        problems.append(
-            (
-                "worker",
-                f"worker {worker} does not exist (workers 0..{workers - 1}); "
-                "give one of them or 'random'",
-            )
-        )
-    if step is not None and step >= steps:
-        problems.append(
-            (
-                "step",
-                f"step {step} is not before the last step {steps}; give a step the job will reach",
-            )
-        )
-    return problems
-
-
-def to_settings(spec: JobSpec, name: str, corpus_default: str) -> job_settings.JobSettings:
-    """The controller core's settings for `spec` run as job `name`; `corpus_default` is the
-    corpus when the spec names none. Raises JobSpecError when `spec` breaks a `check` rule."""
-    problems = check(spec)
-    if problems:
-        raise JobSpecError(f"spec.{problems[0][0]}: {problems[0][1]}")
-    if NAME_PATTERN.match(name) is None:
-        raise JobSpecError(f"metadata.name: {name!r} is not a lowercase RFC 1123 label; {NAMING}")
-    return job_settings.JobSettings(
-        name=name,
-        workers=spec.workers,
-        gpus_per_node=spec.gpus_per_node,
-        steps=spec.steps,
-        micro_batch_size=spec.micro_batch_size,
-        training=_training(spec, corpus_default),
-        fault_tolerance=spec.fault_tolerance,
-        policy=spec.policy.value,
-        mtbf_s=spec.mtbf_seconds,
-        device_memory_bytes=(
-            None if spec.device_memory is None else memory_bytes(spec.device_memory)
-        ),
-        backend=messages.Backend.NCCL if spec.device == "cuda" else messages.Backend.GLOO,
-        heartbeat_interval_s=spec.timeouts.heartbeat_interval_seconds,
-        heartbeat_timeout_s=spec.timeouts.heartbeat_seconds,
-        step_timeout_s=spec.timeouts.step_seconds,
-        configure_timeout_s=spec.timeouts.configure_seconds,
-    )
-
-
-NAMING = "use lowercase letters, digits and '-', at most 63 characters (e.g. tiny-job)"
-
-
-def _training(spec: JobSpec, corpus_default: str) -> messages.TrainingSettings:
-    optimizer = spec.optimizer
-    return messages.TrainingSettings(
-        model=model_name(spec),
-        seed=spec.seed,
-        optimizer=messages.OptimizerSettings(
-            lr=optimizer.lr,
-            beta1=optimizer.beta1,
-            beta2=optimizer.beta2,
-            eps=optimizer.eps,
-            weight_decay=optimizer.weight_decay,
-        ),
-        global_batch_size=spec.global_batch_size,
-        data=data_settings(spec.data, corpus_default),
-        device=messages.Device(spec.device),
-        snapshot_interval_steps=spec.snapshots.interval_steps,
-        redundancy=messages.RedundancyMode(spec.snapshots.redundancy.value),
-        checkpoint_dir=spec.checkpoints.dir if spec.checkpoints.interval_steps else "",
-        checkpoint_interval_steps=spec.checkpoints.interval_steps if spec.checkpoints.dir else 0,
-        reduction=messages.Reduction(spec.reduction.value),
-        precision=messages.Precision(spec.precision.value),
-    )
-
-
-def data_settings(spec: DataSpec, corpus_default: str) -> messages.DataSettings:
-    """The contract's data settings of `spec`; `corpus_default` when it names no corpus."""
-    return messages.DataSettings(
-        corpus_paths=tuple(spec.corpus_paths or (corpus_default,)),
-        max_bytes=spec.max_bytes,
-        format=messages.DataFormat(spec.format.value),
-        text_field=spec.text_field,
-        tokenizer_path=spec.tokenizer,
-        separator=spec.separator,
-        cache_dir=spec.cache_dir,
-    )

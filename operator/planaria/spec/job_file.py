@@ -23,7 +23,7 @@ from typing import Any
 import pydantic
 import yaml
 
-from planaria.spec import job
+from planaria.spec import consistency, job
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -80,7 +80,7 @@ def parse_job(
             name, spec = default_name, job.JobSpec.model_validate(spec_raw)
     except pydantic.ValidationError as exc:
         raise job.JobSpecError(f"{source}: {describe(exc)}") from None
-    problems = job.check(spec)
+    problems = consistency.check(spec)
     if problems:
         path, problem = problems[0]
         raise job.JobSpecError(f"{source}: {'.'.join((*prefix, path))}: {problem}")

@@ -34,6 +34,7 @@ from planaria.agent.runtime import runtime_states
 from planaria.agent.state import checkpoints, manifests, snapshot_store
 from planaria.agent.training import comparison
 from planaria.kube import constants
+from planaria.spec import conversion
 from planaria.spec import job as job_spec
 from tests.e2e import local_job
 from tests.kube import operating
@@ -292,7 +293,7 @@ async def _recovery_from(admin: cluster.Client, worker: int, epoch: int) -> dict
 def _assert_checkpoint_like_reference(spec: dict[str, Any], checkpoint: pathlib.Path) -> None:
     """The job's checkpoint of its last step equals the single-process reference trainer's
     state bit for bit (parameters, AdamW moments, step counts; exact reduction)."""
-    settings = job_spec.to_settings(job_spec.JobSpec.model_validate(spec), "mirror", "")
+    settings = conversion.to_settings(job_spec.JobSpec.model_validate(spec), "mirror", "")
     got = checkpoints.load_checkpoint(checkpoint, settings.steps)
     want, _ = runtime_states.reference_states(settings.training, 1, settings.steps)
     found = comparison.compare(got, want)
