@@ -12,11 +12,15 @@ nodeSelector, since a structural schema cannot pattern map keys).
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
 from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from planaria.kube import constants, crd
+from planaria.spec import job
 from tests import strategies
 from tests.fuzz import crd_agreement, verdicts
 
@@ -58,3 +62,12 @@ def test_schema_and_model_agree_on_edge_values(change: dict[str, Any]) -> None:
     verdict = crd_agreement.judge({**BASE, **change})
     assert verdict.outcome is not verdicts.Outcome.CRASHED, verdict.detail
     assert not verdict.detail.startswith("not comparable"), verdict.detail
+
+
+@given(st.from_regex(r"[-a-z0-9A_.]{0,70}", fullmatch=True))
+def test_a_job_name_the_api_server_accepts_is_one_planaria_run_accepts(name: str) -> None:
+    # Within the CRD's length limit (pods are named after the job) the two rules agree: a job
+    # file `planaria run` takes, `kubectl apply` takes too, and the reverse.
+    crd_rule = re.fullmatch(crd.JOB_NAME_PATTERN.strip("^$"), name) is not None
+    if len(name) <= constants.MAX_JOB_NAME:
+        assert (job.NAME_PATTERN.match(name) is not None) == crd_rule, name

@@ -149,7 +149,11 @@ def test_overrides_replace_the_files_values_and_are_checked_the_same_way() -> No
         ),
         (
             "apiVersion: planaria.dev/v1alpha1\nkind: ResilientJob\nmetadata: {name: Tiny}",
-            r"^job.yaml: metadata.name: 'Tiny' is not a valid job name; use lowercase",
+            r"^job.yaml: metadata.name: 'Tiny' is not a valid job name; start with a lowercase",
+        ),
+        (  # the API server refuses it too (the CRD's rule): a Service is named after the job
+            "apiVersion: planaria.dev/v1alpha1\nkind: ResilientJob\nmetadata: {name: 9job}",
+            r"^job.yaml: metadata.name: '9job' is not a valid job name; start with a lowercase",
         ),
         (
             "apiVersion: planaria.dev/v1alpha1\nkind: ResilientJob\nmetadata: {name: x}\n"

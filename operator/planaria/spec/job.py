@@ -45,9 +45,13 @@ from planaria.wire import messages
 
 API_VERSION = "planaria.dev/v1alpha1"
 KIND = "ResilientJob"
-# A Kubernetes object name (RFC 1123 label): it also names the job's snapshot directories.
-NAME_PATTERN = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
-NAMING = "use lowercase letters, digits and '-', at most 63 characters (e.g. tiny-job)"
+# A Kubernetes name that a Service may take (RFC 1035 label: a letter first, as the CRD's rule,
+# kube.crd.JOB_NAME_PATTERN, asks): it also names the job's snapshot directories.
+NAME_PATTERN = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
+NAMING = (
+    "start with a lowercase letter, then use lowercase letters, digits and '-', at most 63 "
+    "characters (e.g. tiny-job)"
+)
 
 
 class JobSpecError(ValueError):
