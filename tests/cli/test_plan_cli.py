@@ -54,6 +54,21 @@ def test_the_report_shows_templates_plan_and_the_plan_after_failures(
     assert "after nodes 1,3 fail (Oobleck §5.1):" in out and "lost node(s) [1, 3]" in out
 
 
+def test_pipelines_alike_fold_into_one_row_at_scale(
+    profile_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # 200 one-node pipelines of the same shape: one row naming them all, not 200 rows
+    args = ["plan", "--profile", str(profile_path), "--nodes", "200", "--gpus-per-node", "2"]
+    args += ["--fault-tolerance", "1", "--global-batch", "400", "--micro-batch", "2"]
+    assert main.main(args) == 0
+    out = capsys.readouterr().out
+    table = out[out.index("  pipeline  nodes") :].splitlines()[2:]
+    rows = [line.split() for line in table if not line.lstrip().startswith("survives")]
+    assert rows == [["0-199", "0-199", rows[0][2], "1", rows[0][4], "s"]], table
+    assert main.main([*args, "--json"]) == 0  # the JSON keeps one entry per pipeline
+    assert len(json.loads(capsys.readouterr().out)["plan"]["pipelines"]) == 200
+
+
 def test_json_has_every_documented_field_and_matches_the_planner(
     profile_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

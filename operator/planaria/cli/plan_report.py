@@ -124,19 +124,22 @@ def _runs(ids: Sequence[int]) -> str:
 
 
 def _pipelines(result: plan.Plan, times: Sequence[float]) -> list[str]:
+    """One row per pipeline, or per run of three or more neighbours alike (the same stage and
+    micro-batch counts and time): 1,024 one-node pipelines are one row, "0-1023"."""
     header = ("pipeline", "nodes", "stages", "micro-batches", "time")
-    rows = []
+    runs: list[tuple[tuple[str, str, str], list[tuple[int, list[int]]]]] = []
     for index, (pipeline, time_s) in enumerate(zip(result.pipelines, times, strict=True)):
-        nodes = _nodes(result, pipeline)
-        rows.append(
-            (
-                str(index),
-                ",".join(map(str, nodes)),
-                str(len(pipeline.stages)),
-                str(pipeline.num_micro_batches),
-                _seconds(time_s),
-            )
-        )
+        key = (str(len(pipeline.stages)), str(pipeline.num_micro_batches), _seconds(time_s))
+        if not runs or runs[-1][0] != key:
+            runs.append((key, []))
+        runs[-1][1].append((index, _nodes(result, pipeline)))
+    rows: list[tuple[str, ...]] = []
+    for key, members in runs:
+        if len(members) >= 3:
+            nodes = sorted(n for _, held in members for n in held)
+            rows.append((_runs([i for i, _ in members]), _runs(nodes), *key))
+        else:
+            rows += [(str(i), ",".join(map(str, held)), *key) for i, held in members]
     return tables.render(header, rows, right={0, 2, 3, 4}, indent="  ")
 
 
