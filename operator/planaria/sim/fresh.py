@@ -52,6 +52,7 @@ Not here: what a plan's estimate is (`screening`, `composition`), the split per 
 
 from __future__ import annotations
 
+import collections
 import heapq
 import itertools
 import math
@@ -59,7 +60,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from planaria.contract import errors, plan, profile
-from planaria.planner import batching, composition, distribution, estimator, screening
+from planaria.planner import batching, composition, copies, distribution, estimator, screening
 
 # Relative slack on the bounds: they sum the same costs in another order than the replay.
 _ROUNDING = 1e-9
@@ -235,12 +236,29 @@ class Search:
         if screened is None or screened.screen_s > limit or self._tail_s(shape) > limit:
             return None
         if shape not in self._wholes:
-            built = self.plan_of(self._layout(shape, screened), shape.num_workers)
-            whole = self.estimates.whole(built)
-            valid = self.estimates.fits(whole) and (self.test is None or self.test(built))
-            self._wholes[shape] = whole.step_s if valid else None
+            self._wholes[shape] = self._whole_s(shape, screened)
         step_s = self._wholes[shape]
         return None if step_s is None else shape.rank(step_s, screened.screen_s)
+
+    def _whole_s(self, shape: Shape, screened: _Screened) -> float | None:
+        """E's whole step of the layout (None: it does not fit or fails the test): from its
+        kinds of pipelines (`copies`) when no test needs the plan, every node has one GPU and
+        the estimates compose, else of the plan built."""
+        if self.test is None and self.reference.gpus_per_node == 1 and self.estimates.compose:
+            step_s, peak_bytes = copies.whole(self._copies(shape, screened), self.estimates.profile)
+            return step_s if peak_bytes <= self.estimates.memory_bytes else None
+        built = self.plan_of(self._layout(shape, screened), shape.num_workers)
+        whole = self.estimates.whole(built)
+        valid = self.estimates.fits(whole) and (self.test is None or self.test(built))
+        return whole.step_s if valid else None
+
+    def _copies(self, shape: Shape, screened: _Screened) -> list[copies.Copies]:
+        """The layout's kinds of pipelines (depth and micro-batches) with their runs."""
+        counts = collections.Counter(zip(shape.depths(), screened.micro_batches, strict=True))
+        return [
+            copies.Copies(split=self._split_of(d), run=self._run(d, m, 0), count=n)
+            for (d, m), n in counts.items()
+        ]
 
     # --- lower bounds ----------------------------------------------------------------------
 
