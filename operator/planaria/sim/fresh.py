@@ -161,6 +161,9 @@ class Search:
         self._spread: dict[Shape, tuple[int, ...] | None] = {}
         self._screens: dict[Shape, _Screened | None] = {}
         self._tails: dict[Shape, float] = {}
+        self._kind_tails: dict[tuple[int, int, int, frozenset[int], int], float] = {}
+        self._wait_lists: dict[tuple[frozenset[int], int, int], list[float]] = {}
+        self._pairs: dict[tuple[int, int, int], float] = {}
         self._balanced: dict[Shape, float] = {}
         self._spread_bounds: dict[Shape, float] = {}
         self._wholes: dict[Shape, float | None] = {}  # None: does not fit or fails the test
@@ -173,6 +176,8 @@ class Search:
         self._bounds, self._chains, self._parts = other._bounds, other._chains, other._parts
         self._costs, self._spread, self._screens = other._costs, other._spread, other._screens
         self._tails, self._balanced = other._tails, other._balanced
+        self._kind_tails, self._wait_lists = other._kind_tails, other._wait_lists
+        self._pairs = other._pairs
         self._spread_bounds, self._alone, self._runs = (
             other._spread_bounds,
             other._alone,
@@ -367,10 +372,14 @@ class Search:
         return min(candidates)
 
     def _pair_bound_s(self, depth: int, num_micro_batches: int, num_pipelines: int) -> float:
-        return max(
-            self._depth_bound_s(depth, num_micro_batches),
-            self._chain_s(depth, num_micro_batches, num_pipelines),
-        )
+        key = (depth, num_micro_batches, num_pipelines)
+        found = self._pairs.get(key)
+        if found is None:
+            found = self._pairs[key] = max(
+                self._depth_bound_s(depth, num_micro_batches),
+                self._chain_s(depth, num_micro_batches, num_pipelines),
+            )
+        return found
 
     def _spread_bound_s(self, shape: Shape) -> float:
         """The step bound of the pipelines with their distributed batch (inf: no split of a
@@ -392,24 +401,43 @@ class Search:
     def _tail_bound_s(self, shape: Shape) -> float:
         screened = self._screens[shape]
         assert screened is not None
-        prof, dp, gpus = self.estimates.profile, shape.num_pipelines, self.reference.gpus_per_node
-        present = {d for d, _, _ in screened.kinds}
-        cuts = sorted({c for d in present for c in itertools.accumulate(self._split_of(d))})
-        reduce_s = {}  # seconds of each bucket's all-reduce, by its first layer
-        for a, b in itertools.pairwise([0, *cuts]):
-            gradient = sum(layer.gradient_bytes for layer in prof.layers[a:b])
-            reduce_s[a] = min(link.allreduce_s(gradient, dp) for link in _links(prof, gpus))
-        bound = 0.0
-        for depth, num_micro_batches, gpu in screened.kinds:
-            run = self._run(depth, num_micro_batches, gpu)
-            parts = self._chain_parts(depth)
+        present = frozenset(d for d, _, _ in screened.kinds)
+        dp = shape.num_pipelines
+        # the running maximum from 0 over every kind's stages, taken per kind (memoised)
+        tails = [self._kind_tail_s(kind, present, dp) for kind in screened.kinds]
+        return max([0.0, *tails]) * (1 - _ROUNDING)
+
+    def _kind_tail_s(self, kind: tuple[int, int, int], present: frozenset[int], dp: int) -> float:
+        """The largest of a kind's stages' arrival alone plus waits plus optimizer step, among
+        `dp` pipelines of the depths `present` (0 at least)."""
+        key = (*kind, present, dp)
+        found = self._kind_tails.get(key)
+        if found is None:
+            parts = self._chain_parts(kind[0])
             assert parts is not None  # the depth has a split
-            optimizers = parts[-1]
+            waits = self._waits(present, dp, kind[0])
+            ends = zip(self._run(*kind).arrival_s, waits, parts[-1], strict=True)
+            found = self._kind_tails[key] = max([0.0, *(a + w + o for a, w, o in ends)])
+        return found
+
+    def _waits(self, present: frozenset[int], dp: int, depth: int) -> list[float]:
+        """Per stage of `depth`, its buckets' all-reduces one after another (one per bucket of
+        layers with the same holders among `dp` pipelines of the depths `present`), in layer
+        order."""
+        key = (present, dp, depth)
+        if key not in self._wait_lists:
+            prof, gpus = self.estimates.profile, self.reference.gpus_per_node
+            cuts = sorted({c for d in present for c in itertools.accumulate(self._split_of(d))})
+            reduce_s = {}  # seconds of each bucket's all-reduce, by its first layer
+            for a, b in itertools.pairwise([0, *cuts]):
+                gradient = sum(layer.gradient_bytes for layer in prof.layers[a:b])
+                reduce_s[a] = min(link.allreduce_s(gradient, dp) for link in _links(prof, gpus))
             bounds = list(itertools.accumulate(self._split_of(depth), initial=0))
-            for r, (a, b) in enumerate(itertools.pairwise(bounds)):
-                waits = sum(reduce_s[c] for c in reduce_s if a <= c < b)
-                bound = max(bound, run.arrival_s[r] + waits + optimizers[r])
-        return bound * (1 - _ROUNDING)
+            self._wait_lists[key] = [
+                sum(reduce_s[c] for c in reduce_s if a <= c < b)
+                for a, b in itertools.pairwise(bounds)
+            ]
+        return self._wait_lists[key]
 
     # --- the layout's parts ----------------------------------------------------------------
 
