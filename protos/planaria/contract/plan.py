@@ -152,6 +152,21 @@ class Plan:
         depths = {p.num_layers for p in self.pipelines}
         if len(depths) != 1:
             raise errors.PlanInputError(f"pipelines cover different layer counts: {depths}")
+        # the common case at once (a planner's ~1,000-worker layouts): no worker twice and no
+        # stage across nodes; else `_check_workers` walks the stages and names the first fault
+        stages = [stage for pipeline in self.pipelines for stage in pipeline.stages]
+        workers = [w for stage in stages for w in stage.workers]
+        gpus = self.gpus_per_node
+        if len(set(workers)) != len(workers) or any(
+            len({w // gpus for w in stage.workers}) > 1 for stage in stages if stage.workers[1:]
+        ):
+            self._check_workers()
+        for reroute in self.reroutes:
+            self._check_reroute(reroute)
+
+    def _check_workers(self) -> None:
+        """PlanInputError for the first stage (in plan order) that spans nodes or holds a
+        worker of an earlier stage."""
         seen: set[WorkerId] = set()
         for pipeline in self.pipelines:
             for stage in pipeline.stages:
@@ -165,8 +180,6 @@ class Plan:
                         f"workers {sorted(seen & set(stage.workers))} appear in two stages"
                     )
                 seen.update(stage.workers)
-        for reroute in self.reroutes:
-            self._check_reroute(reroute)
 
     def _check_reroute(self, reroute: Reroute) -> None:
         n = len(self.pipelines)
