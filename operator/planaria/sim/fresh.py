@@ -164,6 +164,7 @@ class Search:
         self._kind_tails: dict[tuple[int, int, int, frozenset[int], int], float] = {}
         self._wait_lists: dict[tuple[frozenset[int], int, int], list[float]] = {}
         self._pairs: dict[tuple[int, int, int], float] = {}
+        self._groups: dict[Shape, float] = {}  # each group's bound, for every count
         self._balanced: dict[Shape, float] = {}
         self._spread_bounds: dict[Shape, float] = {}
         self._wholes: dict[Shape, float | None] = {}  # None: does not fit or fails the test
@@ -177,7 +178,7 @@ class Search:
         self._costs, self._spread, self._screens = other._costs, other._spread, other._screens
         self._tails, self._balanced = other._tails, other._balanced
         self._kind_tails, self._wait_lists = other._kind_tails, other._wait_lists
-        self._pairs = other._pairs
+        self._pairs, self._groups = other._pairs, other._groups
         self._spread_bounds, self._alone, self._runs = (
             other._spread_bounds,
             other._alone,
@@ -268,6 +269,12 @@ class Search:
     # --- lower bounds ----------------------------------------------------------------------
 
     def _group_bound_s(self, shape: Shape) -> float:
+        found = self._groups.get(shape)
+        if found is None:
+            found = self._groups[shape] = self._group_bound_of(shape)
+        return found
+
+    def _group_bound_of(self, shape: Shape) -> float:
         dp = shape.num_pipelines
         most = -(-self.reference.num_micro_batches // dp)
         depths = (shape.depth, shape.depth + 1) if shape.num_deeper else (shape.depth,)
