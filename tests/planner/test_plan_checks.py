@@ -90,3 +90,23 @@ def test_reroutes_are_checked_after_the_workers(
         assert want is None or str(error) == want
     else:
         assert want is None
+
+
+@given(st.integers(-2, 4), st.integers(-2, 4), st.integers(0, 9))
+@settings(max_examples=100, deadline=None)
+def test_a_one_worker_stage_is_the_stage_its_constructor_builds(
+    start: int, stop: int, worker: int
+) -> None:
+    # the same object (equal, hashing alike) or the same error as `plan.Stage(...)`
+    try:
+        want = plan.Stage(layer_start=start, layer_stop=stop, workers=(plan.WorkerId(worker),))
+    except errors.PlanInputError as error:
+        try:
+            plan.one_worker_stage(start, stop, plan.WorkerId(worker))
+        except errors.PlanInputError as again:
+            assert str(again) == str(error)
+        else:
+            raise AssertionError("accepted what Stage refuses") from None
+    else:
+        got = plan.one_worker_stage(start, stop, plan.WorkerId(worker))
+        assert got == want and hash(got) == hash(want) and repr(got) == repr(want)

@@ -508,7 +508,9 @@ def relabel(layout: plan.Plan, binding: Mapping[plan.WorkerId, plan.WorkerId]) -
     def stages(pipeline: plan.Pipeline) -> tuple[plan.Stage, ...]:
         return tuple(
             [
-                plan.Stage(
+                plan.one_worker_stage(s.layer_start, s.layer_stop, survivor(s.workers[0]))
+                if len(s.workers) == 1
+                else plan.Stage(
                     layer_start=s.layer_start,
                     layer_stop=s.layer_stop,
                     workers=tuple(map(survivor, s.workers)),

@@ -50,6 +50,25 @@ class Stage:
         return range(self.layer_start, self.layer_stop)
 
 
+# `one_worker_stage` sets a Stage's slots directly: its frozen-dataclass __init__ and
+# __post_init__ cost more than the rest of relabelling a ~1,000-stage plan
+_set_start, _set_stop, _set_workers = (
+    vars(Stage)[name].__set__ for name in ("layer_start", "layer_stop", "workers")
+)
+
+
+def one_worker_stage(layer_start: int, layer_stop: int, worker: WorkerId) -> Stage:
+    """`Stage(layer_start=..., layer_stop=..., workers=(worker,))`, the same object and error,
+    with only the check one worker needs (a non-empty layer range)."""
+    if not 0 <= layer_start < layer_stop:
+        return Stage(layer_start=layer_start, layer_stop=layer_stop, workers=(worker,))  # raises
+    stage: Stage = object.__new__(Stage)
+    _set_start(stage, layer_start)
+    _set_stop(stage, layer_stop)
+    _set_workers(stage, (worker,))
+    return stage
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Pipeline:
     """One pipeline replica: consecutive stages covering every layer, and its share of the batch."""
