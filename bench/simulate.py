@@ -14,9 +14,10 @@
    --scale-x8), every policy over one seed of --scale-hours (default 2), each on a cold planner
    in a fresh process; with --before DIR (an older tree, e.g. `git archive e602b73 | tar -x -C
    DIR`) each scenario runs first with DIR/operator, DIR/protos and DIR/agent on PYTHONPATH,
-   and both must give the same per-policy summaries; and one fresh plan of 32 nodes (batch 64 and 1024) by the exhaustive
-   search `sim.fresh` replaced (the oracle of tests/sim/test_fresh.py) and by `sim.fresh`, after
-   the same splits, with the ratio. Writes bench/results/simulate_scale.json.
+   and both must give the same per-policy summaries; and one fresh plan of 32 nodes (batch 64
+   and 1024) by the exhaustive search `sim.fresh` replaced (the oracle of
+   tests/sim/test_fresh.py) and by `sim.fresh`, after the same splits, with the ratio. Writes
+   bench/results/simulate_scale.json.
 
 Prints a table per study and writes bench/results/simulate.json.
 
