@@ -13,10 +13,11 @@
    `odyssey` scenario and of `scale-1024` (1,024 one-GPU nodes; `scale-1024x8` too with
    --scale-x8), every policy over one seed of --scale-hours (default 2), each on a cold planner
    in a fresh process; with --before DIR (an older tree, e.g. `git archive e602b73 | tar -x -C
-   DIR`) each scenario runs first with DIR/operator on PYTHONPATH, and both must give the same
-   per-policy summaries; and one fresh plan of 32 nodes (batch 64 and 1024) by the exhaustive
-   search `sim.fresh` replaced (the oracle of tests/sim/test_fresh.py) and by `sim.fresh`, after
-   the same splits, with the ratio. Writes bench/results/simulate_scale.json.
+   DIR`) each scenario runs first with DIR/operator, DIR/protos and DIR/agent on PYTHONPATH,
+   and both must give the same per-policy summaries; and one fresh plan of 32 nodes (batch 64
+   and 1024) by the exhaustive search `sim.fresh` replaced (the oracle of
+   tests/sim/test_fresh.py) and by `sim.fresh`, after the same splits, with the ratio. Writes
+   bench/results/simulate_scale.json.
 
 Prints a table per study and writes bench/results/simulate.json.
 
@@ -124,10 +125,12 @@ print(json.dumps({"elapsed_s": result.elapsed_s, "cpu_s": cpu_s, "load_average":
 
 
 def _scale_run(name: str, hours: float, before: str | None) -> dict[str, Any]:
-    """`_SCALE_SCRIPT` with this tree, or with `before`'s operator folder first on the path."""
+    """`_SCALE_SCRIPT` with this tree, or with `before`'s folders of the `planaria` namespace
+    first on the path (the planner's types live in protos/, `planaria.contract`)."""
     env = dict(os.environ)
     if before is not None:
-        env["PYTHONPATH"] = f"{before}/operator"
+        folders = [f"{before}/{name}" for name in ("operator", "protos", "agent")]
+        env["PYTHONPATH"] = os.pathsep.join(f for f in folders if os.path.isdir(f))
     done = subprocess.run(
         [sys.executable, "-c", _SCALE_SCRIPT, name, str(hours)],
         env=env,

@@ -117,3 +117,34 @@ def test_a_run_ends_at_the_first_other_cost(picks: list[int], start: int) -> Non
     end = batching._run_end(costs, start)
     assert all(c is costs[start] for c in costs[start:end])
     assert end == len(costs) or costs[end] is not costs[start]
+
+
+def _old_runs_jump_start(runs: batching._Runs, total: int) -> list[int]:
+    """`_Runs._jump_start` before it stopped once the counts at both ends agreed (the oracle):
+    the bisection to the end, then the counts at its threshold."""
+    ones = [1] * len(runs.costs)
+    if total <= 2 * sum(runs.sizes):
+        return ones
+    lo = max(cost.time_s(1) for cost in runs.costs)
+    hi = max(cost.time_s(total) for cost in runs.costs)
+    for _ in range(100):
+        mid = (lo + hi) / 2
+        if not lo < mid < hi:
+            break
+        slots = batching._slots_upto(runs.costs, mid, total)
+        taken = sum(size * slots[c] for c, size in zip(runs.costs, runs.sizes, strict=True))
+        lo, hi = (mid, hi) if taken <= total else (lo, mid)
+    slots = batching._slots_upto(runs.costs, lo, total)
+    counts = [slots[cost] for cost in runs.costs]
+    fits = sum(size * n for size, n in zip(runs.sizes, counts, strict=True)) <= total
+    return counts if fits and batching._is_cheapest_set(runs.costs, counts) else ones
+
+
+@settings(max_examples=300, deadline=None)
+@given(_run_costs(), st.integers(0, 2000))
+def test_the_jump_start_stopped_early_is_the_full_bisections(
+    costs: list[batching.PipelineCost], total: int
+) -> None:
+    runs = batching._Runs.of(costs)
+    if runs is not None:
+        assert runs._jump_start(total) == _old_runs_jump_start(runs, total)

@@ -8,7 +8,8 @@ tighter bound that orders the search (transfers, the commit barrier, the slowest
 step) on any links and GPUs per node, the split still the brute force's (hypothesis); a second
 ask is a memo look-up; a heavy last layer gets the shorter stage; more placements than
 max_splits are pre-ranked by bottleneck compute, in the order heapq.nsmallest keyed by
-`_stage_work_s` gives (hypothesis, arbitrary float times); a pipeline of layer counts is the
+`_stage_work_s` (kept here) gives over the first placements up to the cap (hypothesis,
+arbitrary float times); a pipeline of layer counts is the
 one its stages build, errors included (hypothesis); the fitted pipeline cost is E's estimate at
 S and 2S micro-batches; the batch sums to the global batch, splits evenly between identical
 pipelines and feeds a deeper (faster) pipeline at least as much.
@@ -78,6 +79,18 @@ def _even_split_plus_one(num_layers: int, depth: int) -> list[tuple[int, ...]]:
     ]
 
 
+def _stage_work_s(
+    prof: profile.Profile, counts: tuple[int, ...], memo: dict[tuple[int, int], float]
+) -> float:
+    """The largest forward + backward compute of one stage (1 GPU), each layer range's sum
+    made once: the pre-ranking's key as it was first written (the oracle)."""
+    ranges = list(itertools.pairwise(itertools.accumulate(counts, initial=0)))
+    for a, b in ranges:
+        if (a, b) not in memo:
+            memo[a, b] = sum(x.forward_s[0] + x.backward_s[0] for x in prof.layers[a:b])
+    return max(map(memo.__getitem__, ranges))
+
+
 @given(
     st.lists(
         st.one_of(st.floats(0.0, 1.0), st.sampled_from([0.001, 0.002, 1e-17, 3.0])),
@@ -86,23 +99,33 @@ def _even_split_plus_one(num_layers: int, depth: int) -> list[tuple[int, ...]]:
     ),
     st.integers(1, 14),
     st.integers(1, 40),
+    st.sampled_from([3, 10, 20_000]),
 )
 @settings(max_examples=150, deadline=None)
 def test_the_prerank_is_nsmallest_by_bottleneck_compute(
-    times: list[float], depth: int, max_splits: int
+    times: list[float], depth: int, max_splits: int, most: int
 ) -> None:
     # arbitrary float times (ties and rounding included): the same placements in the same
-    # order as heapq.nsmallest keyed by `_stage_work_s`, the ranking it replaced
+    # order as heapq.nsmallest keyed by `_stage_work_s` over the first `_MAX_ENUMERATED`
+    # remainder placements (a few here, to reach the cap), the ranking the arrays replaced
     if depth > len(times):
         return
     prof = strategies.timed_profile(times)
     splits = list(distribution.remainder_placements(len(times), depth))
     assert splits == _even_split_plus_one(len(times), depth)
+    splits = splits[:most]
     memo: dict[tuple[int, int], float] = {}
-    want = heapq.nsmallest(
-        max_splits, splits, key=lambda c: distribution._stage_work_s(prof, c, memo)
+    want = (
+        heapq.nsmallest(max_splits, splits, key=lambda c: _stage_work_s(prof, c, memo))
+        if len(splits) > max_splits
+        else splits
     )
-    assert distribution._preranked(prof, splits, max_splits) == want
+    capped = pytest.MonkeyPatch()
+    capped.setattr(distribution, "_MAX_ENUMERATED", most)
+    try:
+        assert distribution._placements(prof, depth, max_splits) == want
+    finally:
+        capped.undo()
 
 
 def test_a_heavy_head_gets_the_shorter_stage() -> None:

@@ -491,3 +491,48 @@ def test_the_copy_time_equals_the_message_by_message_model(
     copies, restores, prof, gpus = drawn
     want = transfer_s_by_shard(copies, restores, prof, gpus)
     assert transfers.transfer_s(copies, restores, prof, gpus) == want  # ==: same integer sums
+
+
+def _old_padded(table: np.ndarray, rows: list[int], cols: list[int]) -> np.ndarray:
+    """`transfers._padded` as it was (the oracle): gather, then copy into a zero square."""
+    block = table[np.asarray(rows, dtype=np.intp)][:, np.asarray(cols, dtype=np.intp)]
+    if block.shape[1] == block.shape[0]:
+        return block
+    outer = np.zeros((block.shape[0], block.shape[0]))
+    outer[:, : block.shape[1]] = block
+    return outer
+
+
+@given(st.data(), st.integers(1, 4), st.integers(1, 4), st.integers(1, 12))
+@settings(max_examples=100, deadline=None)
+def test_the_padded_node_matrix_is_the_gather_then_copy(
+    data: st.DataObject, num_held: int, num_wanted: int, size: int
+) -> None:
+    table = np.asarray(
+        data.draw(
+            st.lists(
+                st.lists(st.floats(0, 1e12), min_size=num_wanted, max_size=num_wanted),
+                min_size=num_held,
+                max_size=num_held,
+            )
+        )
+    )
+    rows = data.draw(st.lists(st.integers(0, num_held - 1), min_size=size, max_size=size))
+    cols = data.draw(st.lists(st.integers(0, num_wanted - 1), max_size=size))
+    got, want = transfers._padded(table, rows, cols), _old_padded(table, rows, cols)
+    assert got.shape == want.shape and got.tobytes() == want.tobytes()
+
+
+@given(st.lists(st.integers(0, 5), min_size=1, max_size=20), st.integers(1, 3))
+@settings(max_examples=100, deadline=None)
+def test_nodes_of_one_worker_are_grouped_as_the_general_walk_groups_them(
+    classes: list[int], gpus: int
+) -> None:
+    # one worker per node (every gpus-th id): the array path against the walk over nodes
+    workers = [w * gpus for w in range(len(classes))]
+    of_worker = np.asarray(classes, dtype=np.intp)
+    got = transfers._Nodes.of_sorted(workers, of_worker, gpus)
+    want = transfers._Nodes.of(workers, of_worker, gpus)
+    assert got.groups == want.groups and got.shapes == want.shapes
+    assert got.shape.tolist() == want.shape.tolist() and got.shape.dtype == want.shape.dtype
+    assert got.members.tolist() == want.members.tolist()

@@ -13,6 +13,7 @@ bound the search prunes with is never above E's estimate at any micro-batch coun
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Iterable
 
 from hypothesis import assume, given, settings
@@ -274,3 +275,41 @@ def test_every_bound_the_search_cuts_with_is_below_the_whole_step(
             assert search._balanced_bound_s(member) <= step_s
             assert search._spread_bound_s(member) <= step_s and screened.screen_s <= step_s
             assert search._tail_s(member) <= step_s
+
+
+def _old_tail_bound_s(search: fresh.Search, shape: fresh.Shape) -> float:
+    """The tail bound as computed before it was memoised per kind (the oracle)."""
+    screened = search._screens[shape]
+    assert screened is not None
+    prof, dp, gpus = search.estimates.profile, shape.num_pipelines, search.reference.gpus_per_node
+    present = {d for d, _, _ in screened.kinds}
+    cuts = sorted({c for d in present for c in itertools.accumulate(search._split_of(d))})
+    reduce_s = {}
+    for a, b in itertools.pairwise([0, *cuts]):
+        gradient = sum(layer.gradient_bytes for layer in prof.layers[a:b])
+        reduce_s[a] = min(link.allreduce_s(gradient, dp) for link in fresh._links(prof, gpus))
+    bound = 0.0
+    for depth, num_micro_batches, gpu in screened.kinds:
+        run = search._run(depth, num_micro_batches, gpu)
+        parts = search._chain_parts(depth)
+        assert parts is not None
+        bounds = list(itertools.accumulate(search._split_of(depth), initial=0))
+        for r, (a, b) in enumerate(itertools.pairwise(bounds)):
+            waits = sum(reduce_s[c] for c in reduce_s if a <= c < b)
+            bound = max(bound, run.arrival_s[r] + waits + parts[-1][r])
+    return bound * (1 - fresh._ROUNDING)
+
+
+@given(jobs(), st.integers(min_value=1, max_value=MAX_WORKERS))
+@settings(max_examples=60, deadline=None)
+def test_the_tail_bound_memoised_per_kind_is_the_old_bound(
+    job: planning.Job, num_workers: int
+) -> None:
+    search = planning.Planner(job)._search(False, None)
+    for shape, room in fresh.groups(
+        num_workers, job.profile.num_layers, job.num_micro_batches, False
+    ):
+        for e in [0] if room == 0 else range(1, room + 1):
+            member = dataclasses.replace(shape, num_deeper=e)
+            if search._screen(member) is not None:
+                assert repr(search._tail_s(member)) == repr(_old_tail_bound_s(search, member))

@@ -190,7 +190,7 @@ class _Runs:
         terms = [
             (c.fixed_s, c.per_micro_batch_s, n) for c, n in zip(self.costs, self.sizes, strict=True)
         ]
-        for _ in range(100):
+        for step in range(100):
             mid = (lo + hi) / 2
             if not lo < mid < hi:
                 break
@@ -199,6 +199,13 @@ class _Runs:
                 room = (mid - fixed) / per
                 taken += size * (total if room >= total else math.floor(room) if room >= 1 else 1)
             lo, hi = (mid, hi) if taken <= total else (lo, mid)
+            # the bisection ends at some threshold in [lo, hi), where every group's count is
+            # that at lo once the counts at lo and at the float below hi agree (each grows
+            # with the threshold): what follows is only read through those counts
+            if step % 4 == 3 and _counts_at(terms, lo, total) == _counts_at(
+                terms, math.nextafter(hi, -math.inf), total
+            ):
+                break
         slots = _slots_upto(self.costs, lo, total)
         counts = [slots[cost] for cost in self.costs]
         fits = sum(size * n for size, n in zip(self.sizes, counts, strict=True)) <= total
@@ -322,6 +329,15 @@ def _slots_upto(
     for cost in costs:
         room = (threshold - cost.fixed_s) / cost.per_micro_batch_s
         counts[cost] = total if room >= total else math.floor(room) if room >= 1 else 1
+    return counts
+
+
+def _counts_at(terms: list[tuple[float, float, int]], threshold: float, total: int) -> list[int]:
+    """`_slots_upto` of each (fixed, per micro-batch, size) term."""
+    counts = []
+    for fixed, per, _ in terms:
+        room = (threshold - fixed) / per
+        counts.append(total if room >= total else math.floor(room) if room >= 1 else 1)
     return counts
 
 

@@ -20,9 +20,10 @@ Not here: which configurations to try (`candidates`), the estimators (`screening
 
 from __future__ import annotations
 
-import heapq
 import itertools
 from collections.abc import Iterator, Sequence
+
+import numpy as np
 
 from planaria.contract import plan, profile
 from planaria.planner import batching, estimator, screening
@@ -44,42 +45,39 @@ def remainder_placements(num_layers: int, depth: int) -> Iterator[tuple[int, ...
         yield tuple(counts)
 
 
-def _stage_work_s(
-    prof: profile.Profile, counts: tuple[int, ...], memo: dict[tuple[int, int], float]
-) -> float:
-    """The largest forward + backward compute of one stage (1 GPU): a pre-ranking only.
-    `memo` keeps each layer range's sum (the same sum in the same order, so the same float):
-    placements share most of their stages."""
-    ranges = list(itertools.pairwise(itertools.accumulate(counts, initial=0)))
-    for a, b in ranges:
-        if (a, b) not in memo:
-            memo[a, b] = _work_s(prof, a, b)
-    return max(map(memo.__getitem__, ranges))
-
-
 def _work_s(prof: profile.Profile, a: int, b: int) -> float:
     return sum(layer.forward_s[0] + layer.backward_s[0] for layer in prof.layers[a:b])
 
 
-def _preranked(
-    prof: profile.Profile, splits: list[tuple[int, ...]], max_splits: int
-) -> list[tuple[int, ...]]:
-    """The `max_splits` placements of least bottleneck compute (`_stage_work_s`; ties in
-    placement order, as `heapq.nsmallest` keeps them). Every stage of a remainder placement
-    holds floor(L/S) or one more layers, so the sums of all such ranges are made first and
-    each placement's key is one C-level max over look-ups (tests/planner/test_distribution.py
-    keeps `_stage_work_s` as the oracle)."""
-    base = len(prof.layers) // len(splits[0])
-    memo = {
-        (a, a + n): _work_s(prof, a, a + n)
-        for n in (base, base + 1)
-        for a in range(len(prof.layers) - n + 1)
-    }
-    get, pairwise, accumulate = memo.__getitem__, itertools.pairwise, itertools.accumulate
-    keys = [max(map(get, pairwise(accumulate(c, initial=0)))) for c in splits]
-    return [
-        splits[i] for i in heapq.nsmallest(max_splits, range(len(splits)), key=keys.__getitem__)
-    ]
+def _placements(prof: profile.Profile, depth: int, max_splits: int) -> list[tuple[int, ...]]:
+    """The placements `_best_split` costs: the first `_MAX_ENUMERATED` remainder placements,
+    or when there are more than `max_splits` of those, the `max_splits` of least bottleneck
+    compute (the largest forward + backward of one stage on 1 GPU; ties in placement order,
+    as `heapq.nsmallest` keeps them), in that order. Every stage holds floor(L/S) or one more
+    layers, so each layer range's sum is made once and the placements' keys are taken on
+    arrays: at ~20,000 placements per deep depth, the Python tuples and maxima cost ~5x more
+    (tests/planner/test_distribution.py keeps that ranking as the oracle)."""
+    num_layers = len(prof.layers)
+    base, extra = divmod(num_layers, depth)
+    chosen = itertools.islice(itertools.combinations(range(depth), extra), _MAX_ENUMERATED)
+    flat = np.fromiter(itertools.chain.from_iterable(chosen), dtype=np.intp)
+    count = flat.size // extra if extra else 1
+    if count <= max_splits:
+        return list(itertools.islice(remainder_placements(num_layers, depth), _MAX_ENUMERATED))
+    longer = np.zeros((count, depth), dtype=np.intp)  # 1 where a stage holds the extra layer
+    longer[np.repeat(np.arange(count), extra), flat] = 1
+    counts = longer + base
+    starts = np.cumsum(counts, axis=1) - counts
+    # work[a, k]: layers [a, a + base + k) (0.0 past the last layer, where no stage starts)
+    work = np.array(
+        [
+            [_work_s(prof, a, a + n) if a + n <= num_layers else 0.0 for n in (base, base + 1)]
+            for a in range(num_layers)
+        ]
+    )
+    keys = work[starts, longer].max(axis=1)
+    order = np.argsort(keys, kind="stable")[:max_splits]
+    return [tuple(row) for row in counts[order].tolist()]
 
 
 def split_layers(
@@ -102,10 +100,7 @@ def _best_split(
     prof = estimates.profile
     if depth > prof.num_layers:
         return None
-    placements = itertools.islice(remainder_placements(prof.num_layers, depth), _MAX_ENUMERATED)
-    splits = list(placements)
-    if len(splits) > max_splits:
-        splits = _preranked(prof, splits, max_splits)
+    splits = _placements(prof, depth, max_splits)
     best: tuple[float, tuple[int, ...]] | None = None
     # cheapest bound first; a split whose bound exceeds the best step so far cannot win, and
     # neither can any after it (the answer is that of costing every split)

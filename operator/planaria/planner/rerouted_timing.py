@@ -16,10 +16,11 @@ Not here: the gradient tail (`composition.step_s`), which plans to time this way
 
 from __future__ import annotations
 
+import itertools
 from collections import deque
 
 from planaria.contract import errors, plan, profile, schedule, timeline
-from planaria.planner import estimator, memory
+from planaria.planner import memory
 
 # One compute of the routed timing, in a worker's order (`schedule._Task` without its
 # instruction): its order key (unit 1F1B time, pipeline, slot, backward?), then the worker it
@@ -51,18 +52,23 @@ def run_routed(plan_: plan.Plan, prof: profile.Profile) -> tuple[dict[plan.Worke
     orders = _compute_orders(plan_, routes, timeline.pack_slots(routes, owners))
     tags: dict[tuple[plan.WorkerId | None, plan.WorkerId], list[int]] = {}
     for worker, order in orders.items():  # per pair, the receiver's order is the tag order
-        for _, _, _, _, source, inbound, _, _ in order:
-            if source is not None:
-                pair = tags.get((source, worker))
-                if pair is None:
-                    pair = tags[(source, worker)] = []
-                pair.append(inbound)
+        sources = {c[4] for c in order}
+        sources.discard(None)
+        for source in sources:  # a few neighbours: one C-level pass each
+            tags[(source, worker)] = [c[5] for c in order if c[4] == source]
     stages = {s.workers[0]: s for p in plan_.pipelines for s in p.stages if s.workers}
-    programs = {
-        w: _program(w, stages[w], orders.get(w, []), tags, plan_.gpus_per_node, prof)
-        for w in sorted(stages)
-    }
-    peak = max(_routed_peak(w, stages[w], orders.get(w, []), prof) for w in stages)
+    programs = {}
+    shapes = set()  # what each stream's peak depends on (`_routed_peak`)
+    for w in sorted(stages):
+        order = orders.get(w, [])
+        programs[w], most = _program(w, stages[w], order, tags, plan_.gpus_per_node, prof)
+        # a stream sends activations on and receives gradients unless its stage (whose layers
+        # every compute of it runs) holds the last layer: its forwards then go nowhere
+        inner = bool(order) and stages[w].layer_stop < plan_.num_layers
+        shapes.add(
+            (stages[w].layer_start, stages[w].layer_stop, len(stages[w].workers), most, inner)
+        )
+    peak = max(_routed_peak(*shape, prof) for shape in shapes)
     return _routed_clocks(programs), peak
 
 
@@ -114,8 +120,9 @@ def _program(
     tags: dict[tuple[plan.WorkerId | None, plan.WorkerId], list[int]],
     gpus_per_node: int,
     prof: profile.Profile,
-) -> list[_Step]:
-    """`worker`'s computes as the replay meets them (`schedule._stream_body`'s placement)."""
+) -> tuple[list[_Step], int]:
+    """`worker`'s computes as the replay meets them (`schedule._stream_body`'s placement), and
+    the most micro-batches it has in flight (forwards run less backwards, at any point)."""
     layers = prof.layers[stage.layer_start : stage.layer_stop]
     k = len(stage.workers) - 1  # a rerouted compute runs a peer stage's layers: the same
     cost = (sum(x.forward_s[k] for x in layers), sum(x.backward_s[k] for x in layers))
@@ -123,8 +130,42 @@ def _program(
     # last layer forward, of the layer before its first backward; a worker sends only
     # activations or only gradients to one destination (its layers follow or precede its)
     carried = (layers[-1].output_bytes, prof.layers[stage.layer_start - 1].output_bytes)
-    # per destination: the messages to it in tag order, the next tag to send, the transfer
-    sending: dict[plan.WorkerId, tuple[list[int], list[int], float]] = {}
+    transfer: dict[plan.WorkerId | None, float] = {None: 0.0}
+    for destination, backward in {c[6]: c[3] for c in order}.items():
+        if destination is not None:  # `estimator.link_among` of the two
+            near = worker // gpus_per_node == destination // gpus_per_node
+            link = prof.intra_node if near else prof.inter_node
+            transfer[destination] = link.transfer_s(carried[backward])
+    most = max(itertools.accumulate((-1 if c[3] else 1 for c in order), initial=0))
+    in_order = all(
+        [c[7] for c in order if c[6] == destination] == tags[(worker, destination)]
+        for destination in transfer
+        if destination is not None
+    )
+    if in_order:  # every send is made in its receiver's order: each is posted at once
+        return [
+            (
+                c[5] if c[4] is not None else -1,
+                cost[c[3]],
+                (c[7],) if c[6] is not None else (),
+                transfer[c[6]],
+            )
+            for c in order
+        ], most
+    return _held_back(worker, order, tags, cost, transfer), most
+
+
+def _held_back(
+    worker: plan.WorkerId,
+    order: list[_Compute],
+    tags: dict[tuple[plan.WorkerId | None, plan.WorkerId], list[int]],
+    cost: tuple[float, float],
+    transfer: dict[plan.WorkerId | None, float],
+) -> list[_Step]:
+    """`_program` when some send is made before an earlier one to the same destination: it is
+    held back and posted right after the compute that makes the earlier one."""
+    # per destination: the messages to it in tag order, the next tag to send
+    sending: dict[plan.WorkerId, tuple[list[int], list[int]]] = {}
     produced: set[int] = set()
     program: list[_Step] = []
     for _, _, _, backward, source, inbound, destination, outbound in order:
@@ -134,10 +175,8 @@ def _program(
             continue
         to = sending.get(destination)
         if to is None:
-            link = estimator.link_among(prof, gpus_per_node, (worker, destination))
-            transfer_s = link.transfer_s(carried[backward])
-            to = sending[destination] = (tags[(worker, destination)], [0], transfer_s)
-        pair, next_tag, transfer_s = to
+            to = sending[destination] = (tags[(worker, destination)], [0])
+        pair, next_tag = to
         tag = next_tag[0]
         if pair[tag] != outbound:  # made before its turn: pair[tag], earlier, is not made yet
             produced.add(outbound)
@@ -147,7 +186,7 @@ def _program(
         while tag < len(pair) and pair[tag] in produced:
             tag += 1
         next_tag[0] = tag
-        program.append((waits, cost[backward], tuple(pair[first:tag]), transfer_s))
+        program.append((waits, cost[backward], tuple(pair[first:tag]), transfer[destination]))
     return program
 
 
@@ -187,19 +226,21 @@ def _routed_clocks(programs: dict[plan.WorkerId, list[_Step]]) -> dict[plan.Work
 
 
 def _routed_peak(
-    worker: plan.WorkerId, stage: plan.Stage, order: list[_Compute], prof: profile.Profile
+    layer_start: int,
+    layer_stop: int,
+    width: int,
+    max_in_flight: int,
+    inner: bool,
+    prof: profile.Profile,
 ) -> int:
-    """`memory`'s peak of the stream of `worker` running `order`."""
-    live, most = 0, 0
-    for compute in order:
-        live += -1 if compute[3] else 1
-        if live > most:
-            most = live
+    """`memory`'s peak of a stream of a `width`-worker stage of layers [layer_start,
+    layer_stop) with `max_in_flight` micro-batches in flight, sending activations on and
+    receiving gradients when `inner` (the worker's id is not part of it)."""
     return memory.stage_memory(
-        worker,
-        prof.layers[stage.layer_start : stage.layer_stop],
-        len(stage.workers),
-        max_in_flight=most,
-        sends_on=any(not c[3] and c[6] is not None for c in order),
-        receives_grads=any(c[3] and c[4] is not None for c in order),
+        plan.WorkerId(0),
+        prof.layers[layer_start:layer_stop],
+        width,
+        max_in_flight=max_in_flight,
+        sends_on=inner,
+        receives_grads=inner,
     ).peak_bytes

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from planaria.contract import errors, plan, profile, schedule
-from planaria.planner import composition, estimator, memory, transfers
+from planaria.planner import composition, copies, estimator, memory, transfers
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -133,6 +133,11 @@ class Estimates:
             self.computed += 1
             arrival, peak = rerouted
         gpus = plan_.gpus_per_node
+        if not moved and gpus == 1 and plan_.num_layers == self.profile.num_layers:
+            kinds = self._kinds(plan_)
+            if kinds is not None:  # one-worker stages on one-GPU nodes: per kind (`copies`)
+                step_s, peak_bytes = copies.whole(kinds, self.profile)
+                return Estimate(step_s=step_s, peak_bytes=peak_bytes)
         alone = [p for q, p in enumerate(plan_.pipelines) if q not in moved]
         runs = [self.run(p, plan_.micro_batch_size, gpus, planned=True) for p in alone]
         if len(runs) == len(plan_.pipelines) == 1:  # alone, the replay timed the tail already
@@ -143,6 +148,24 @@ class Estimates:
             step_s=composition.step_s(plan_, arrival, self.profile),
             peak_bytes=max([peak, *(r.peak_bytes for r in runs)]),
         )
+
+    def _kinds(self, plan_: plan.Plan) -> list[copies.Copies] | None:
+        """`plan_`'s pipelines as kinds of copies (split and micro-batches) with their runs,
+        or None when a stage has several workers."""
+        found: dict[tuple[tuple[int, ...], int], tuple[plan.Pipeline, int]] = {}
+        for pipeline in plan_.pipelines:
+            if any(len(stage.workers) != 1 for stage in pipeline.stages):
+                return None
+            split = tuple([stage.layer_stop - stage.layer_start for stage in pipeline.stages])
+            key = (split, pipeline.num_micro_batches)
+            first, count = found.get(key, (pipeline, 0))
+            found[key] = (first, count + 1)
+        return [
+            copies.Copies(
+                split=split, run=self.run(first, plan_.micro_batch_size, 1, planned=True), count=n
+            )
+            for (split, _), (first, n) in found.items()
+        ]
 
     def run(
         self, pipeline: plan.Pipeline, micro_batch_size: int, gpus: int, *, planned: bool = False

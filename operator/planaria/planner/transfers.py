@@ -375,6 +375,8 @@ class _Nodes:
     def of_sorted(cls, workers: Sequence[int], classes: npt.NDArray[np.intp], gpus: int) -> _Nodes:
         """`of` for workers in id order: each node's workers are one run of the list."""
         nodes = np.asarray(workers, dtype=np.int64) // gpus
+        if nodes.size and bool(np.all(nodes[1:] != nodes[:-1])):
+            return cls.of_ones(classes)
         starts = np.flatnonzero(np.r_[True, nodes[1:] != nodes[:-1]]).tolist()
         bounds = list(itertools.pairwise([*starts, len(workers)]))
         of_worker = classes.tolist()
@@ -383,6 +385,19 @@ class _Nodes:
         groups = [list(range(a, b)) for a, b in bounds]
         shapes = [list(key) for key in index]
         return cls(groups, np.asarray(shape, dtype=np.intp), shapes, cls.padded(groups))
+
+    @classmethod
+    def of_ones(cls, classes: npt.NDArray[np.intp]) -> _Nodes:
+        """`of_sorted` when every node holds one worker: a node's shape is its worker's class,
+        numbered in order of first use, on arrays (a 1,024-node layout per binding)."""
+        distinct, first, inverse = np.unique(classes, return_index=True, return_inverse=True)
+        order = np.argsort(first)  # the classes in order of first use
+        rank = np.empty_like(order)
+        rank[order] = np.arange(order.size)
+        groups = [[i] for i in range(classes.size)]
+        members = np.arange(classes.size, dtype=np.intp).reshape(-1, 1)
+        shapes = [[c] for c in distinct[order].tolist()]
+        return cls(groups, rank[inverse.reshape(-1)].astype(np.intp), shapes, members)
 
     def shapes_of_one(self) -> list[int]:
         """With one worker per node: each node's worker's class."""
@@ -455,12 +470,13 @@ def _padded(
 ) -> CostMatrix:
     """`table[rows[a], cols[b]]` for every a, b, padded with zero columns to a square (empty
     roles). Indexed one axis at a time: `np.ix_` on a 1,024 x 1,024 result is 8x slower."""
-    block: CostMatrix = table[np.asarray(rows, dtype=np.intp)][:, np.asarray(cols, dtype=np.intp)]
-    if block.shape[1] == block.shape[0]:
-        return block
-    outer = np.zeros((block.shape[0], block.shape[0]))
-    outer[:, : block.shape[1]] = block
-    return outer
+    picked = table[np.asarray(rows, dtype=np.intp)]
+    wanted = np.asarray(cols, dtype=np.intp)
+    if wanted.size < picked.shape[0]:  # empty roles: a zero column of the table, gathered too
+        picked = np.hstack([picked, np.zeros((picked.shape[0], 1))])
+        wanted = np.r_[wanted, np.full(picked.shape[0] - wanted.size, table.shape[1], np.intp)]
+    block: CostMatrix = picked[:, wanted]
+    return block
 
 
 def _groups(workers: Sequence[int], gpus_per_node: int) -> list[list[int]]:
@@ -492,7 +508,9 @@ def relabel(layout: plan.Plan, binding: Mapping[plan.WorkerId, plan.WorkerId]) -
     def stages(pipeline: plan.Pipeline) -> tuple[plan.Stage, ...]:
         return tuple(
             [
-                plan.Stage(
+                plan.one_worker_stage(s.layer_start, s.layer_stop, survivor(s.workers[0]))
+                if len(s.workers) == 1
+                else plan.Stage(
                     layer_start=s.layer_start,
                     layer_stop=s.layer_stop,
                     workers=tuple(map(survivor, s.workers)),

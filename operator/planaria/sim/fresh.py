@@ -52,6 +52,7 @@ Not here: what a plan's estimate is (`screening`, `composition`), the split per 
 
 from __future__ import annotations
 
+import collections
 import heapq
 import itertools
 import math
@@ -59,7 +60,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from planaria.contract import errors, plan, profile
-from planaria.planner import batching, composition, distribution, estimator, screening
+from planaria.planner import batching, composition, copies, distribution, estimator, screening
 
 # Relative slack on the bounds: they sum the same costs in another order than the replay.
 _ROUNDING = 1e-9
@@ -160,6 +161,10 @@ class Search:
         self._spread: dict[Shape, tuple[int, ...] | None] = {}
         self._screens: dict[Shape, _Screened | None] = {}
         self._tails: dict[Shape, float] = {}
+        self._kind_tails: dict[tuple[int, int, int, frozenset[int], int], float] = {}
+        self._wait_lists: dict[tuple[frozenset[int], int, int], list[float]] = {}
+        self._pairs: dict[tuple[int, int, int], float] = {}
+        self._groups: dict[Shape, float] = {}  # each group's bound, for every count
         self._balanced: dict[Shape, float] = {}
         self._spread_bounds: dict[Shape, float] = {}
         self._wholes: dict[Shape, float | None] = {}  # None: does not fit or fails the test
@@ -172,6 +177,8 @@ class Search:
         self._bounds, self._chains, self._parts = other._bounds, other._chains, other._parts
         self._costs, self._spread, self._screens = other._costs, other._spread, other._screens
         self._tails, self._balanced = other._tails, other._balanced
+        self._kind_tails, self._wait_lists = other._kind_tails, other._wait_lists
+        self._pairs, self._groups = other._pairs, other._groups
         self._spread_bounds, self._alone, self._runs = (
             other._spread_bounds,
             other._alone,
@@ -235,16 +242,39 @@ class Search:
         if screened is None or screened.screen_s > limit or self._tail_s(shape) > limit:
             return None
         if shape not in self._wholes:
-            built = self.plan_of(self._layout(shape, screened), shape.num_workers)
-            whole = self.estimates.whole(built)
-            valid = self.estimates.fits(whole) and (self.test is None or self.test(built))
-            self._wholes[shape] = whole.step_s if valid else None
+            self._wholes[shape] = self._whole_s(shape, screened)
         step_s = self._wholes[shape]
         return None if step_s is None else shape.rank(step_s, screened.screen_s)
+
+    def _whole_s(self, shape: Shape, screened: _Screened) -> float | None:
+        """E's whole step of the layout (None: it does not fit or fails the test): from its
+        kinds of pipelines (`copies`) when no test needs the plan, every node has one GPU and
+        the estimates compose, else of the plan built."""
+        if self.test is None and self.reference.gpus_per_node == 1 and self.estimates.compose:
+            step_s, peak_bytes = copies.whole(self._copies(shape, screened), self.estimates.profile)
+            return step_s if peak_bytes <= self.estimates.memory_bytes else None
+        built = self.plan_of(self._layout(shape, screened), shape.num_workers)
+        whole = self.estimates.whole(built)
+        valid = self.estimates.fits(whole) and (self.test is None or self.test(built))
+        return whole.step_s if valid else None
+
+    def _copies(self, shape: Shape, screened: _Screened) -> list[copies.Copies]:
+        """The layout's kinds of pipelines (depth and micro-batches) with their runs."""
+        counts = collections.Counter(zip(shape.depths(), screened.micro_batches, strict=True))
+        return [
+            copies.Copies(split=self._split_of(d), run=self._run(d, m, 0), count=n)
+            for (d, m), n in counts.items()
+        ]
 
     # --- lower bounds ----------------------------------------------------------------------
 
     def _group_bound_s(self, shape: Shape) -> float:
+        found = self._groups.get(shape)
+        if found is None:
+            found = self._groups[shape] = self._group_bound_of(shape)
+        return found
+
+    def _group_bound_of(self, shape: Shape) -> float:
         dp = shape.num_pipelines
         most = -(-self.reference.num_micro_batches // dp)
         depths = (shape.depth, shape.depth + 1) if shape.num_deeper else (shape.depth,)
@@ -349,10 +379,14 @@ class Search:
         return min(candidates)
 
     def _pair_bound_s(self, depth: int, num_micro_batches: int, num_pipelines: int) -> float:
-        return max(
-            self._depth_bound_s(depth, num_micro_batches),
-            self._chain_s(depth, num_micro_batches, num_pipelines),
-        )
+        key = (depth, num_micro_batches, num_pipelines)
+        found = self._pairs.get(key)
+        if found is None:
+            found = self._pairs[key] = max(
+                self._depth_bound_s(depth, num_micro_batches),
+                self._chain_s(depth, num_micro_batches, num_pipelines),
+            )
+        return found
 
     def _spread_bound_s(self, shape: Shape) -> float:
         """The step bound of the pipelines with their distributed batch (inf: no split of a
@@ -374,24 +408,43 @@ class Search:
     def _tail_bound_s(self, shape: Shape) -> float:
         screened = self._screens[shape]
         assert screened is not None
-        prof, dp, gpus = self.estimates.profile, shape.num_pipelines, self.reference.gpus_per_node
-        present = {d for d, _, _ in screened.kinds}
-        cuts = sorted({c for d in present for c in itertools.accumulate(self._split_of(d))})
-        reduce_s = {}  # seconds of each bucket's all-reduce, by its first layer
-        for a, b in itertools.pairwise([0, *cuts]):
-            gradient = sum(layer.gradient_bytes for layer in prof.layers[a:b])
-            reduce_s[a] = min(link.allreduce_s(gradient, dp) for link in _links(prof, gpus))
-        bound = 0.0
-        for depth, num_micro_batches, gpu in screened.kinds:
-            run = self._run(depth, num_micro_batches, gpu)
-            parts = self._chain_parts(depth)
+        present = frozenset(d for d, _, _ in screened.kinds)
+        dp = shape.num_pipelines
+        # the running maximum from 0 over every kind's stages, taken per kind (memoised)
+        tails = [self._kind_tail_s(kind, present, dp) for kind in screened.kinds]
+        return max([0.0, *tails]) * (1 - _ROUNDING)
+
+    def _kind_tail_s(self, kind: tuple[int, int, int], present: frozenset[int], dp: int) -> float:
+        """The largest of a kind's stages' arrival alone plus waits plus optimizer step, among
+        `dp` pipelines of the depths `present` (0 at least)."""
+        key = (*kind, present, dp)
+        found = self._kind_tails.get(key)
+        if found is None:
+            parts = self._chain_parts(kind[0])
             assert parts is not None  # the depth has a split
-            optimizers = parts[-1]
+            waits = self._waits(present, dp, kind[0])
+            ends = zip(self._run(*kind).arrival_s, waits, parts[-1], strict=True)
+            found = self._kind_tails[key] = max([0.0, *(a + w + o for a, w, o in ends)])
+        return found
+
+    def _waits(self, present: frozenset[int], dp: int, depth: int) -> list[float]:
+        """Per stage of `depth`, its buckets' all-reduces one after another (one per bucket of
+        layers with the same holders among `dp` pipelines of the depths `present`), in layer
+        order."""
+        key = (present, dp, depth)
+        if key not in self._wait_lists:
+            prof, gpus = self.estimates.profile, self.reference.gpus_per_node
+            cuts = sorted({c for d in present for c in itertools.accumulate(self._split_of(d))})
+            reduce_s = {}  # seconds of each bucket's all-reduce, by its first layer
+            for a, b in itertools.pairwise([0, *cuts]):
+                gradient = sum(layer.gradient_bytes for layer in prof.layers[a:b])
+                reduce_s[a] = min(link.allreduce_s(gradient, dp) for link in _links(prof, gpus))
             bounds = list(itertools.accumulate(self._split_of(depth), initial=0))
-            for r, (a, b) in enumerate(itertools.pairwise(bounds)):
-                waits = sum(reduce_s[c] for c in reduce_s if a <= c < b)
-                bound = max(bound, run.arrival_s[r] + waits + optimizers[r])
-        return bound * (1 - _ROUNDING)
+            self._wait_lists[key] = [
+                sum(reduce_s[c] for c in reduce_s if a <= c < b)
+                for a, b in itertools.pairwise(bounds)
+            ]
+        return self._wait_lists[key]
 
     # --- the layout's parts ----------------------------------------------------------------
 

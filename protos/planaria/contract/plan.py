@@ -50,6 +50,25 @@ class Stage:
         return range(self.layer_start, self.layer_stop)
 
 
+# `one_worker_stage` sets a Stage's slots directly: its frozen-dataclass __init__ and
+# __post_init__ cost more than the rest of relabelling a ~1,000-stage plan
+_set_start, _set_stop, _set_workers = (
+    vars(Stage)[name].__set__ for name in ("layer_start", "layer_stop", "workers")
+)
+
+
+def one_worker_stage(layer_start: int, layer_stop: int, worker: WorkerId) -> Stage:
+    """`Stage(layer_start=..., layer_stop=..., workers=(worker,))`, the same object and error,
+    with only the check one worker needs (a non-empty layer range)."""
+    if not 0 <= layer_start < layer_stop:
+        return Stage(layer_start=layer_start, layer_stop=layer_stop, workers=(worker,))  # raises
+    stage: Stage = object.__new__(Stage)
+    _set_start(stage, layer_start)
+    _set_stop(stage, layer_stop)
+    _set_workers(stage, (worker,))
+    return stage
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Pipeline:
     """One pipeline replica: consecutive stages covering every layer, and its share of the batch."""
@@ -152,6 +171,21 @@ class Plan:
         depths = {p.num_layers for p in self.pipelines}
         if len(depths) != 1:
             raise errors.PlanInputError(f"pipelines cover different layer counts: {depths}")
+        # the common case at once (a planner's ~1,000-worker layouts): no worker twice and no
+        # stage across nodes; else `_check_workers` walks the stages and names the first fault
+        stages = [stage for pipeline in self.pipelines for stage in pipeline.stages]
+        workers = [w for stage in stages for w in stage.workers]
+        gpus = self.gpus_per_node
+        if len(set(workers)) != len(workers) or any(
+            len({w // gpus for w in stage.workers}) > 1 for stage in stages if stage.workers[1:]
+        ):
+            self._check_workers()
+        for reroute in self.reroutes:
+            self._check_reroute(reroute)
+
+    def _check_workers(self) -> None:
+        """PlanInputError for the first stage (in plan order) that spans nodes or holds a
+        worker of an earlier stage."""
         seen: set[WorkerId] = set()
         for pipeline in self.pipelines:
             for stage in pipeline.stages:
@@ -165,8 +199,6 @@ class Plan:
                         f"workers {sorted(seen & set(stage.workers))} appear in two stages"
                     )
                 seen.update(stage.workers)
-        for reroute in self.reroutes:
-            self._check_reroute(reroute)
 
     def _check_reroute(self, reroute: Reroute) -> None:
         n = len(self.pipelines)

@@ -221,15 +221,21 @@ def _peer_worker(plan_: plan.Plan, peer: int, stage: plan.Stage) -> plan.WorkerI
 
 def _routes(plan_: plan.Plan, moved: dict[tuple[int, int, int], int]) -> list[list[timeline.Route]]:
     """routes[p][j]: the worker running each stage of pipeline p's local micro-batch j."""
+    peers: dict[tuple[int, int, int], plan.WorkerId] = {}  # by (peer pipeline, layer range)
+
+    def peer_worker(peer: int, stage: plan.Stage) -> plan.WorkerId:
+        key = (peer, stage.layer_start, stage.layer_stop)
+        if key not in peers:
+            peers[key] = _peer_worker(plan_, peer, stage)
+        return peers[key]
+
     routes = []
     for p, pipeline in enumerate(plan_.pipelines):
         leads = _leads(pipeline)
         routes.append(
             [
                 tuple(
-                    _peer_worker(plan_, moved[(p, s, j)], stage)
-                    if (p, s, j) in moved
-                    else _live(leads[s])
+                    peer_worker(moved[(p, s, j)], stage) if (p, s, j) in moved else _live(leads[s])
                     for s, stage in enumerate(pipeline.stages)
                 )
                 for j in range(pipeline.num_micro_batches)
