@@ -144,7 +144,7 @@ def test_given_layouts_are_candidates_and_must_keep_the_global_batch() -> None:
     estimates = screening.Estimates(strategies.uniform_profile(9))
     found = candidates.search(failure, estimates, candidates.SearchSettings(), given=[layout])
     (mine,) = [c for c in found.candidates if c.kind == candidates.Kind.GIVEN]
-    assert mine.label == "given 0: DP=1 PP=5"
+    assert mine.label == "given 0: DP=1 x PP=5"
     wrong = strategies.grid_plan(1, (2, 4, 6, 7), 9, 5)
     with pytest.raises(
         errors.PlanInputError, match="global batch of 5 samples but the job's is 12"
@@ -257,3 +257,15 @@ def test_a_wholly_failed_pipeline_reads_as_one_reroute() -> None:
         failure, screening.Estimates(strategies.uniform_profile(2)), candidates.SearchSettings()
     )
     assert found.candidates[0].label == "reroute pipeline 0 (all stages) -> pipelines 1, 2"
+
+
+@given(st.lists(st.integers(min_value=1, max_value=6), min_size=1, max_size=40))
+def test_a_given_layouts_label_counts_its_depths(depths: list[int]) -> None:
+    label = candidates._depth_counts(depths)
+    if len(set(depths)) == 1:
+        assert label == f"DP={len(depths)} x PP={depths[0]}"
+        return
+    head, terms = label.split(": ")
+    assert head == f"DP={len(depths)}"
+    counted = [tuple(map(int, term.split(" x PP="))) for term in terms.split(" + ")]
+    assert counted == [(depths.count(d), d) for d in sorted(set(depths), reverse=True)]

@@ -353,6 +353,15 @@ def _depths_label(depths: tuple[int, ...], splits: dict[int, tuple[int, ...] | N
     return f"DP={len(depths)}: " + " + ".join(f"{depths.count(d)} x {pp(d)}" for d in groups)
 
 
+def _depth_counts(depths: Sequence[int]) -> str:
+    """ "DP=1022 x PP=1", or "DP=257: 1 x PP=4 + 256 x PP=1": one term per depth, deepest first
+    (at 1,024 nodes a layout's depths one by one made a label of thousands of characters)."""
+    if len(set(depths)) == 1:
+        return f"DP={len(depths)} x PP={depths[0]}"
+    counts = sorted(set(depths), reverse=True)
+    return f"DP={len(depths)}: " + " + ".join(f"{depths.count(d)} x PP={d}" for d in counts)
+
+
 def _given(
     number: int,
     layout: plan.Plan,
@@ -366,8 +375,7 @@ def _given(
             f"given layout {number} trains a global batch of {layout.global_batch_size} "
             f"samples but the job's is {running.global_batch_size}; keep the global batch"
         )
-    depths = "+".join(str(len(p.stages)) for p in layout.pipelines)
-    label = f"given {number}: DP={len(layout.pipelines)} PP={depths}"
+    label = f"given {number}: {_depth_counts([len(p.stages) for p in layout.pipelines])}"
     return _screened(Kind.GIVEN, label, layout, survivors, estimates, settings)
 
 
