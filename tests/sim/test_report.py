@@ -42,6 +42,8 @@ def test_summaries_cover_every_policy(result: study.Study) -> None:
         assert s.post_recovery is None or s.post_recovery <= 1.0 + 1e-9
     lines = report.table(summaries).splitlines()
     assert len(lines) == 1 + len(policies.POLICIES)
+    assert lines[0].split()[-7:-2] == ["training", "checkpoint", "recovering", "lost", "idle"]
+    assert len({len(line) for line in lines}) == 1  # every column as wide as its whole name
     assert json.loads(json.dumps(report.to_json(summaries)))[0]["policy"] == "planaria"
 
 

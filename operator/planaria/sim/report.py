@@ -102,19 +102,24 @@ def table(summaries: Sequence[Summary]) -> str:
     """The per-policy table as text."""
     head = (
         f"{'policy':<15} {'samples/s':>10} {'95% +-':>8} {'planaria x':>10} "
-        + " ".join(f"{b[:8]:>8}" for b in engine.BUCKETS)
+        + " ".join(f"{b:>{_width(b)}}" for b in engine.BUCKETS)
         + f" {'restarts':>8} {'post/ideal':>10}"
     )
     lines = [head]
     for s in summaries:
         ratio = "-" if s.planaria_ratio is None else f"{s.planaria_ratio:.3f}"
         post = "-" if s.post_recovery is None else f"{s.post_recovery:.2%}"
-        parts = " ".join(f"{s.breakdown[b]:>8.1%}" for b in engine.BUCKETS)
+        parts = " ".join(f"{s.breakdown[b]:>{_width(b)}.1%}" for b in engine.BUCKETS)
         lines.append(
             f"{s.policy:<15} {s.mean:>10.4g} {s.half_width:>8.3g} {ratio:>10} {parts} "
             f"{s.restarts:>8.1f} {post:>10}"
         )
     return "\n".join(lines)
+
+
+def _width(bucket: str) -> int:
+    """A time bucket's column: its whole name ("checkpoint", "recovering"), at least 8 wide."""
+    return max(8, len(bucket))
 
 
 def to_json(summaries: Sequence[Summary]) -> list[dict[str, object]]:
