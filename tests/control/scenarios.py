@@ -18,7 +18,18 @@ from collections.abc import Callable, Mapping
 import looptime
 
 from planaria.contract import plan, profile, shapes
-from planaria.control import clock, controller, planning, ports, settings, status
+from planaria.control import (
+    clock,
+    connections,
+    controller,
+    epochs,
+    history,
+    membership,
+    planning,
+    ports,
+    settings,
+    status,
+)
 from planaria.planner import accelerators, synthetic
 from planaria.wire import messages
 from tests.control import fakes
@@ -112,6 +123,35 @@ def condition(value: status.JobStatus, kind: status.ConditionType) -> tuple[str,
     """`kind`'s condition in `value`: its status ("True" / "False") and reason."""
     [found] = [c for c in value.conditions if c.type == kind]
     return found.status, found.reason
+
+
+@dataclasses.dataclass(frozen=True)
+class Parts:
+    """A controller's roster, fake cluster, connections and epoch driver, for the tests that
+    drive one concern without the controller (`parts`)."""
+
+    roster: membership.Roster
+    cluster: fakes.FakeCluster
+    lines: connections.Connections
+    record: history.History
+    driver: epochs.Driver
+
+
+def parts(job_settings: settings.JobSettings, time: ports.Clock) -> Parts:
+    roster = membership.Roster(heartbeat_timeout_s=job_settings.heartbeat_timeout_s)
+    cluster = fakes.FakeCluster(time)
+    lines = connections.Connections(cluster, time, roster, interval_s=0.1, timeout_s=1.0)
+    record = history.History(global_batch=job_settings.training.global_batch_size)
+    driver = epochs.Driver(
+        job_settings,
+        store=cluster.store,
+        fail_epoch=cluster.fail_epoch,
+        clock=time,
+        roster=roster,
+        lines=lines,
+        record=record,
+    )
+    return Parts(roster=roster, cluster=cluster, lines=lines, record=record, driver=driver)
 
 
 class Sink:

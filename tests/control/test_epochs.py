@@ -15,17 +15,15 @@ from hypothesis import strategies as st
 from planaria.contract import plan as plans
 from planaria.control import (
     clock,
-    connections,
     epochs,
     history,
-    membership,
     planning,
     ports,
     status,
 )
 from planaria.wire import messages
 from tests import strategies
-from tests.control import fakes, scenarios
+from tests.control import scenarios
 
 STORE = ports.StoreAddress(host="10.0.0.1", port=29400)
 
@@ -108,18 +106,8 @@ async def test_commit_takes_in_queued_heartbeats_before_judging_silence() -> Non
     job = scenarios.job()
     assert job.profile is not None
     time = clock.RealClock()
-    roster = membership.Roster(heartbeat_timeout_s=job.heartbeat_timeout_s)
-    cluster = fakes.FakeCluster(time)
-    lines = connections.Connections(cluster, time, roster, interval_s=0.1, timeout_s=1.0)
-    driver = epochs.Driver(
-        job,
-        store=cluster.store,
-        fail_epoch=cluster.fail_epoch,
-        clock=time,
-        roster=roster,
-        lines=lines,
-        record=history.History(global_batch=job.training.global_batch_size),
-    )
+    built = scenarios.parts(job, time)
+    roster, lines, driver = built.roster, built.lines, built.driver
     workers = [plans.WorkerId(w) for w in range(job.workers)]
     await lines.start(workers)
     move = planning.Planner(job.profile, job).best(frozenset(workers), status.MoveKind.INITIAL)

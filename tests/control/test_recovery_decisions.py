@@ -20,11 +20,7 @@ from planaria.contract import plan as plans
 from planaria.contract import snapshot_placement
 from planaria.control import (
     clock,
-    connections,
-    epochs,
     failures,
-    history,
-    membership,
     outcomes,
     planning,
     ports,
@@ -34,7 +30,7 @@ from planaria.control import (
 )
 from planaria.wire import messages
 from tests import strategies
-from tests.control import fakes, scenarios
+from tests.control import scenarios
 
 W = plans.WorkerId
 ALL = frozenset(W(w) for w in range(8))
@@ -325,17 +321,5 @@ def test_the_time_to_failure_is_the_default_before_any_failure() -> None:
 
 
 def _handler(job: settings.JobSettings, time: ports.Clock) -> recovery.Handler:
-    roster = membership.Roster(heartbeat_timeout_s=job.heartbeat_timeout_s)
-    cluster = fakes.FakeCluster(time)
-    lines = connections.Connections(cluster, time, roster, interval_s=0.1, timeout_s=1.0)
-    record = history.History(global_batch=job.training.global_batch_size)
-    driver = epochs.Driver(
-        job,
-        store=cluster.store,
-        fail_epoch=cluster.fail_epoch,
-        clock=time,
-        roster=roster,
-        lines=lines,
-        record=record,
-    )
-    return recovery.Handler(job, time, roster, driver, record)
+    built = scenarios.parts(job, time)
+    return recovery.Handler(job, time, built.roster, built.driver, built.record)
