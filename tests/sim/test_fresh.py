@@ -1,4 +1,5 @@
-"""The fresh-plan search (planaria.sim.fresh) against the exhaustive search it replaced.
+"""The fresh-plan search (planaria.sim.fresh, its bounds in sim.step_bounds) against the
+exhaustive search it replaced.
 
 Covers: over hypothesis-drawn profiles (tied and free costs, links fast or slow, memory from
 ample to a few layers), batches, GPUs per node, symmetric grids or all layouts, with and
@@ -21,7 +22,7 @@ from hypothesis import strategies as st
 
 from planaria.contract import errors, plan, profile
 from planaria.planner import candidates, distribution, estimator, screening
-from planaria.sim import fresh, planning
+from planaria.sim import fresh, planning, step_bounds
 from tests import strategies
 
 W = plan.WorkerId
@@ -244,7 +245,7 @@ def test_the_step_bound_holds_at_every_micro_batch_count_and_node_position(
         alone = distribution.pipeline_of(counts, workers, num_micro_batches)
         estimate = estimates.pipeline(alone, prof.micro_batch_size, gpus)
         bound = distribution.step_bound_s(prof, counts, num_micro_batches)
-        assert bound * (1 - fresh._ROUNDING) <= estimate.step_s
+        assert bound * (1 - step_bounds._ROUNDING) <= estimate.step_s
 
 
 @given(jobs(), st.integers(min_value=1, max_value=7))
@@ -271,10 +272,11 @@ def test_every_bound_the_search_cuts_with_is_below_the_whole_step(
                 search._layout(member, screened), [W(w) for w in range(member.num_workers)]
             )
             step_s = planner.estimates.whole(built).step_s
-            assert search._group_bound_s(shape) <= step_s
-            assert search._balanced_bound_s(member) <= step_s
-            assert search._spread_bound_s(member) <= step_s and screened.screen_s <= step_s
-            assert search._tail_s(member) <= step_s
+            bounds, spread = search.bounds, search._micro_batches(member)
+            assert bounds.group_s(shape) <= step_s
+            assert bounds.balanced_s(member) <= step_s
+            assert bounds.spread_s(member, spread) <= step_s and screened.screen_s <= step_s
+            assert bounds.tail_s(member, screened.kinds, search._run) <= step_s
 
 
 def _old_tail_bound_s(search: fresh.Search, shape: fresh.Shape) -> float:
@@ -287,17 +289,17 @@ def _old_tail_bound_s(search: fresh.Search, shape: fresh.Shape) -> float:
     reduce_s = {}
     for a, b in itertools.pairwise([0, *cuts]):
         gradient = sum(layer.gradient_bytes for layer in prof.layers[a:b])
-        reduce_s[a] = min(link.allreduce_s(gradient, dp) for link in fresh._links(prof, gpus))
+        reduce_s[a] = min(link.allreduce_s(gradient, dp) for link in step_bounds._links(prof, gpus))
     bound = 0.0
     for depth, num_micro_batches, gpu in screened.kinds:
         run = search._run(depth, num_micro_batches, gpu)
-        parts = search._chain_parts(depth)
+        parts = search.bounds._chain_parts(depth)
         assert parts is not None
         bounds = list(itertools.accumulate(search._split_of(depth), initial=0))
         for r, (a, b) in enumerate(itertools.pairwise(bounds)):
             waits = sum(reduce_s[c] for c in reduce_s if a <= c < b)
             bound = max(bound, run.arrival_s[r] + waits + parts[-1][r])
-    return bound * (1 - fresh._ROUNDING)
+    return bound * (1 - step_bounds._ROUNDING)
 
 
 @given(jobs(), st.integers(min_value=1, max_value=MAX_WORKERS))
@@ -311,5 +313,7 @@ def test_the_tail_bound_memoised_per_kind_is_the_old_bound(
     ):
         for e in [0] if room == 0 else range(1, room + 1):
             member = dataclasses.replace(shape, num_deeper=e)
-            if search._screen(member) is not None:
-                assert repr(search._tail_s(member)) == repr(_old_tail_bound_s(search, member))
+            screened = search._screen(member)
+            if screened is not None:
+                tail_s = search.bounds.tail_s(member, screened.kinds, search._run)
+                assert repr(tail_s) == repr(_old_tail_bound_s(search, member))

@@ -29,7 +29,7 @@ the test: the tie rule. This module finds that least layout best-first:
    asymmetric layouts DP x d plus e deeper pipelines (count DP d + e, e = 1..DP-1). A group's
    lower bound: some pipeline runs at least ceil(M / DP) of the M micro-batches, and E's step of
    a pipeline of one-GPU stages with m micro-batches is at least `distribution.step_bound_s`
-   (the chain of its compute on free links), and at least each stage's chain (`_chain_s`):
+   (the chain of its compute on free links), and at least each stage's chain:
    a micro-batch's forward through the stages before it, its m forwards and backwards, its
    layers' all-reduces among the DP pipelines and its optimizer step; the smaller over the
    group's one or two depths, and at least the chain of one micro-batch of every depth.
@@ -42,36 +42,30 @@ the test: the tie rule. This module finds that least layout best-first:
    plus its all-reduces one after another plus its optimizer step, which its worker runs in
    sequence in the whole plan). Only the layouts left are built and estimated whole.
 
-A cut layout has a whole step above the best, so it can neither win nor take a tie. Bounds
-sum costs in another order than the replay, so they carry a relative slack of 1e-9. Answers
-are kept per worker count; screens, bounds and whole steps per layout, for every count.
+A cut layout has a whole step above the best, so it can neither win nor take a tie. Answers
+are kept per worker count; batches, screens and whole steps per layout, for every count.
 
-Not here: what a plan's estimate is (`screening`, `composition`), the split per depth
-(`distribution`).
+Here: the groups, the tie rule, the search's order and cuts, and each layout's batch, screen,
+pipelines alone and whole step. Not here: the lower bounds themselves and their memos, shared
+by the searches of a job (`step_bounds`: the chain, group, balanced, spread and tail bounds,
+with their relative slack of 1e-9); what a plan's estimate is (`screening`, `composition`);
+the split per depth (`distribution`).
 """
 
 from __future__ import annotations
 
 import collections
 import heapq
-import itertools
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from planaria.contract import errors, plan, profile
-from planaria.planner import batching, composition, copies, distribution, estimator, screening
-
-# Relative slack on the bounds: they sum the same costs in another order than the replay.
-_ROUNDING = 1e-9
+from planaria.contract import errors, plan
+from planaria.planner import batching, composition, copies, distribution, screening
+from planaria.sim import step_bounds
 
 Layout = tuple[tuple[int, ...], ...]
 """Per pipeline its layer counts then its micro-batches, in worker order."""
-
-# The fastest link, then per stage: forward, backward, start, gradient bytes, optimizer step.
-_ChainParts = tuple[
-    profile.LinkProfile, list[float], list[float], list[float], list[int], list[float]
-]
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -111,7 +105,7 @@ class _Screened:
 
     screen_s: float
     micro_batches: tuple[int, ...]
-    kinds: frozenset[tuple[int, int, int]]  # (depth, micro-batches, first GPU within a node)
+    kinds: frozenset[step_bounds.Kind]
 
 
 def groups(
@@ -145,8 +139,9 @@ class Search:
         shared: Search | None = None,
     ) -> None:
         """`shared`: a search of the same job (estimates, reference, split and plan_of) whose
-        memos of each layout's bounds, batch and screen this one shares (and of its whole step
-        when neither has a test): they do not depend on which layouts a search may choose."""
+        bounds and memos of each layout's batch and screen this one shares (and of its whole
+        step when neither has a test): they do not depend on which layouts a search may
+        choose."""
         self.estimates = estimates
         self.reference = reference  # one pipeline of every micro-batch: the batch and its size
         self.split = split
@@ -154,19 +149,10 @@ class Search:
         self.symmetric = symmetric
         self.test = test
         self._answers: dict[int, Found | None] = {}
-        self._bounds: dict[tuple[int, int], float] = {}
-        self._chains: dict[tuple[int, int, int], float] = {}
-        self._parts: dict[int, _ChainParts | None] = {}
+        self.bounds = step_bounds.Bounds(estimates.profile, reference, split)
         self._costs: dict[int, batching.PipelineCost] = {}
         self._spread: dict[Shape, tuple[int, ...] | None] = {}
         self._screens: dict[Shape, _Screened | None] = {}
-        self._tails: dict[Shape, float] = {}
-        self._kind_tails: dict[tuple[int, int, int, frozenset[int], int], float] = {}
-        self._wait_lists: dict[tuple[frozenset[int], int, int], list[float]] = {}
-        self._pairs: dict[tuple[int, int, int], float] = {}
-        self._groups: dict[Shape, float] = {}  # each group's bound, for every count
-        self._balanced: dict[Shape, float] = {}
-        self._spread_bounds: dict[Shape, float] = {}
         self._wholes: dict[Shape, float | None] = {}  # None: does not fit or fails the test
         self._alone: dict[tuple[int, int, int], screening.Estimate] = {}
         self._runs: dict[tuple[int, int, int], composition.PipelineRun] = {}
@@ -174,16 +160,9 @@ class Search:
             self._share(shared)
 
     def _share(self, other: Search) -> None:
-        self._bounds, self._chains, self._parts = other._bounds, other._chains, other._parts
-        self._costs, self._spread, self._screens = other._costs, other._spread, other._screens
-        self._tails, self._balanced = other._tails, other._balanced
-        self._kind_tails, self._wait_lists = other._kind_tails, other._wait_lists
-        self._pairs, self._groups = other._pairs, other._groups
-        self._spread_bounds, self._alone, self._runs = (
-            other._spread_bounds,
-            other._alone,
-            other._runs,
-        )
+        self.bounds, self._costs = other.bounds, other._costs
+        self._spread, self._screens = other._spread, other._screens
+        self._alone, self._runs = other._alone, other._runs
         if self.test is None and other.test is None:
             self._wholes = other._wholes
 
@@ -203,7 +182,7 @@ class Search:
     def _search(self, num_workers: int) -> Found | None:
         prof, total = self.estimates.profile, self.reference.num_micro_batches
         heap = [
-            (self._group_bound_s(shape), shape, room)
+            (self.bounds.group_s(shape), shape, room)
             for shape, room in groups(num_workers, prof.num_layers, total, self.symmetric)
         ]
         heapq.heapify(heap)
@@ -230,16 +209,14 @@ class Search:
         """The layout's place in the tie rule's order, or None when it does not fit, fails the
         test, or a lower bound on its step exceeds `limit` (module docstring, 2)."""
         # the bounds before any replay, kept for the searches of other counts
-        if shape not in self._balanced:
-            self._balanced[shape] = self._balanced_bound_s(shape)
-        if self._balanced[shape] > limit:
+        if self.bounds.balanced_s(shape) > limit:
             return None
-        if shape not in self._spread_bounds:
-            self._spread_bounds[shape] = self._spread_bound_s(shape)
-        if self._spread_bounds[shape] > limit:
+        if self.bounds.spread_s(shape, self._micro_batches(shape)) > limit:
             return None
         screened = self._screen(shape)
-        if screened is None or screened.screen_s > limit or self._tail_s(shape) > limit:
+        if screened is None or screened.screen_s > limit:
+            return None
+        if self.bounds.tail_s(shape, screened.kinds, self._run) > limit:
             return None
         if shape not in self._wholes:
             self._wholes[shape] = self._whole_s(shape, screened)
@@ -265,186 +242,6 @@ class Search:
             copies.Copies(split=self._split_of(d), run=self._run(d, m, 0), count=n)
             for (d, m), n in counts.items()
         ]
-
-    # --- lower bounds ----------------------------------------------------------------------
-
-    def _group_bound_s(self, shape: Shape) -> float:
-        found = self._groups.get(shape)
-        if found is None:
-            found = self._groups[shape] = self._group_bound_of(shape)
-        return found
-
-    def _group_bound_of(self, shape: Shape) -> float:
-        dp = shape.num_pipelines
-        most = -(-self.reference.num_micro_batches // dp)
-        depths = (shape.depth, shape.depth + 1) if shape.num_deeper else (shape.depth,)
-        # the busiest pipeline is of one of the depths; every depth runs at least one
-        busiest = min(max(self._depth_bound_s(d, most), self._chain_s(d, most, dp)) for d in depths)
-        return max(busiest, *(self._chain_s(d, 1, dp) for d in depths))
-
-    def _chain_s(self, depth: int, num_micro_batches: int, num_pipelines: int) -> float:
-        """A lower bound on the whole step of a layout with a pipeline of `depth` running
-        `num_micro_batches` among `num_pipelines`: a stage's last backward comes after some
-        later (or the same) stage ran all its forwards and backwards, from when micro-batch 0's
-        forward reached it, and the backward came back (`distribution.step_bound_s`'s chain);
-        then its worker runs its layers' all-reduces (one ring of all their bytes is no longer
-        than one per bucket: each pays the latency) and its optimizer step (inf: no split
-        fits)."""
-        key = (depth, num_micro_batches, num_pipelines)
-        if key not in self._chains:
-            self._chains[key] = self._chained_s(depth, num_micro_batches, num_pipelines)
-        return self._chains[key]
-
-    def _chained_s(self, depth: int, num_micro_batches: int, num_pipelines: int) -> float:
-        parts = self._chain_parts(depth)
-        if parts is None:
-            return math.inf
-        fastest, forward, backward, starts, gradients, optimizers = parts
-        # done[r]: when stage r can have run its last backward: after some stage s >= r ran all
-        # its micro-batches (from when micro-batch 0 reached it) and the backward came back
-        done = [0.0] * (depth + 1)
-        for r in reversed(range(depth)):
-            own = starts[r] + num_micro_batches * (forward[r] + backward[r])
-            done[r] = max(own, backward[r] + done[r + 1]) if r + 1 < depth else own
-        bound = 0.0
-        for r in range(depth):
-            reduce_s = fastest.allreduce_s(gradients[r], num_pipelines)
-            bound = max(bound, done[r] + reduce_s + optimizers[r])
-        return bound * (1 - _ROUNDING)
-
-    def _chain_parts(self, depth: int) -> _ChainParts | None:
-        """What `_chained_s` needs of a depth's split, whatever the micro-batches and
-        pipelines (None: no split fits): the fastest link terms, per stage its forward and
-        backward, when micro-batch 0 reaches it, its gradient bytes and optimizer step."""
-        if depth not in self._parts:
-            self._parts[depth] = self._chain_parts_of(depth)
-        return self._parts[depth]
-
-    def _chain_parts_of(self, depth: int) -> _ChainParts | None:
-        split = self.split(depth)
-        if split is None:
-            return None
-        prof, gpus = self.estimates.profile, self.reference.gpus_per_node
-        # buckets may go over either link: the faster of each term bounds them all
-        fastest = profile.LinkProfile(
-            bandwidth_bytes_per_s=max(k.bandwidth_bytes_per_s for k in _links(prof, gpus)),
-            latency_s=min(k.latency_s for k in _links(prof, gpus)),
-        )
-        ranges = list(itertools.pairwise(_cuts(split)))
-        forward = [sum(layer.forward_s[0] for layer in prof.layers[a:b]) for a, b in ranges]
-        backward = [sum(layer.backward_s[0] for layer in prof.layers[a:b]) for a, b in ranges]
-        starts = list(itertools.accumulate(forward, initial=0.0))
-        gradients = [sum(layer.gradient_bytes for layer in prof.layers[a:b]) for a, b in ranges]
-        optimizers = [estimator.optimizer_s(prof, range(a, b), 1) for a, b in ranges]
-        return fastest, forward, backward, starts, gradients, optimizers
-
-    def _depth_bound_s(self, depth: int, num_micro_batches: int) -> float:
-        """`distribution.step_bound_s` of the depth's split (inf: no split fits)."""
-        key = (depth, num_micro_batches)
-        if key not in self._bounds:
-            split = self.split(depth)
-            self._bounds[key] = (
-                math.inf
-                if split is None
-                else distribution.step_bound_s(self.estimates.profile, split, num_micro_batches)
-                * (1 - _ROUNDING)
-            )
-        return self._bounds[key]
-
-    def _balanced_bound_s(self, shape: Shape) -> float:
-        """A lower bound on the whole step before the batch is distributed: if the deeper
-        pipelines take M_A of the M micro-batches, one of them runs ceil(M_A / e) and one of
-        the others ceil((M - M_A) / (DP - e)); the least over M_A of the larger chain bound
-        (one bound grows with M_A, the other shrinks: bisect to where they cross)."""
-        dp, total = shape.num_pipelines, self.reference.num_micro_batches
-        if not shape.num_deeper:
-            return self._pair_bound_s(shape.depth, -(-total // dp), dp)
-        deeper, others = shape.num_deeper, dp - shape.num_deeper
-        if total < dp:
-            return math.inf  # fewer micro-batches than pipelines: not distributable
-
-        def deep(taken: int) -> float:
-            return self._pair_bound_s(shape.depth + 1, -(-taken // deeper), dp)
-
-        def shallow(taken: int) -> float:
-            return self._pair_bound_s(shape.depth, -(-(total - taken) // others), dp)
-
-        lo, hi = deeper, total - others
-        while lo < hi:  # the least share at which the deeper ones' bound reaches the others'
-            mid = (lo + hi) // 2
-            lo, hi = (lo, mid) if deep(mid) >= shallow(mid) else (mid + 1, hi)
-        candidates = [max(deep(lo), shallow(lo))]
-        if lo > deeper:
-            candidates.append(max(deep(lo - 1), shallow(lo - 1)))
-        return min(candidates)
-
-    def _pair_bound_s(self, depth: int, num_micro_batches: int, num_pipelines: int) -> float:
-        key = (depth, num_micro_batches, num_pipelines)
-        found = self._pairs.get(key)
-        if found is None:
-            found = self._pairs[key] = max(
-                self._depth_bound_s(depth, num_micro_batches),
-                self._chain_s(depth, num_micro_batches, num_pipelines),
-            )
-        return found
-
-    def _spread_bound_s(self, shape: Shape) -> float:
-        """The step bound of the pipelines with their distributed batch (inf: no split of a
-        depth fits or the batch cannot be shared)."""
-        spread = self._micro_batches(shape)
-        if spread is None:
-            return math.inf
-        pairs = set(zip(shape.depths(), spread, strict=True))
-        return max(self._pair_bound_s(d, m, shape.num_pipelines) for d, m in pairs)
-
-    def _tail_s(self, shape: Shape) -> float:
-        """A lower bound on the whole step: per distinct pipeline and stage, its arrival alone,
-        its all-reduces (one per bucket of layers with the same holders, shared by every
-        pipeline) one after another and its optimizer step."""
-        if shape not in self._tails:
-            self._tails[shape] = self._tail_bound_s(shape)
-        return self._tails[shape]
-
-    def _tail_bound_s(self, shape: Shape) -> float:
-        screened = self._screens[shape]
-        assert screened is not None
-        present = frozenset(d for d, _, _ in screened.kinds)
-        dp = shape.num_pipelines
-        # the running maximum from 0 over every kind's stages, taken per kind (memoised)
-        tails = [self._kind_tail_s(kind, present, dp) for kind in screened.kinds]
-        return max([0.0, *tails]) * (1 - _ROUNDING)
-
-    def _kind_tail_s(self, kind: tuple[int, int, int], present: frozenset[int], dp: int) -> float:
-        """The largest of a kind's stages' arrival alone plus waits plus optimizer step, among
-        `dp` pipelines of the depths `present` (0 at least)."""
-        key = (*kind, present, dp)
-        found = self._kind_tails.get(key)
-        if found is None:
-            parts = self._chain_parts(kind[0])
-            assert parts is not None  # the depth has a split
-            waits = self._waits(present, dp, kind[0])
-            ends = zip(self._run(*kind).arrival_s, waits, parts[-1], strict=True)
-            found = self._kind_tails[key] = max([0.0, *(a + w + o for a, w, o in ends)])
-        return found
-
-    def _waits(self, present: frozenset[int], dp: int, depth: int) -> list[float]:
-        """Per stage of `depth`, its buckets' all-reduces one after another (one per bucket of
-        layers with the same holders among `dp` pipelines of the depths `present`), in layer
-        order."""
-        key = (present, dp, depth)
-        if key not in self._wait_lists:
-            prof, gpus = self.estimates.profile, self.reference.gpus_per_node
-            cuts = sorted({c for d in present for c in itertools.accumulate(self._split_of(d))})
-            reduce_s = {}  # seconds of each bucket's all-reduce, by its first layer
-            for a, b in itertools.pairwise([0, *cuts]):
-                gradient = sum(layer.gradient_bytes for layer in prof.layers[a:b])
-                reduce_s[a] = min(link.allreduce_s(gradient, dp) for link in _links(prof, gpus))
-            bounds = list(itertools.accumulate(self._split_of(depth), initial=0))
-            self._wait_lists[key] = [
-                sum(reduce_s[c] for c in reduce_s if a <= c < b)
-                for a, b in itertools.pairwise(bounds)
-            ]
-        return self._wait_lists[key]
 
     # --- the layout's parts ----------------------------------------------------------------
 
@@ -528,14 +325,3 @@ class Search:
                 self._alone_of(*key), self.reference.micro_batch_size, self.reference.gpus_per_node
             )
         return self._runs[key]
-
-
-def _links(prof: profile.Profile, gpus_per_node: int) -> list[profile.LinkProfile]:
-    """The links an all-reduce of one-GPU stages can use: between nodes, and within one when
-    nodes have several GPUs."""
-    return [prof.inter_node] if gpus_per_node == 1 else [prof.inter_node, prof.intra_node]
-
-
-def _cuts(split: tuple[int, ...]) -> list[int]:
-    """The first layer of each stage and the layer count."""
-    return list(itertools.accumulate(split, initial=0))

@@ -1,0 +1,316 @@
+"""Lower bounds on the whole step of a fresh-plan layout, kept for every count and search.
+
+The fresh-plan search (`fresh`) opens groups of layouts and cuts layouts by these bounds, in
+order of their cost (`fresh`'s docstring, 1 and 2); each is at most E's whole step of the
+layout built (tests/sim/test_fresh.py checks each one, on jobs whose screens are lower bounds):
+
+- the chain of a depth (`Bounds._chain_s`): per stage, micro-batch 0's forward reaching it, its
+  m forwards and backwards, the last backward coming back, its layers' all-reduces among the DP
+  pipelines and its optimizer step; with `distribution.step_bound_s` (the chain of the compute
+  on free links) the pair bound of a depth, m micro-batches and DP pipelines;
+- a group's bound (`group_s`): the busiest pipeline runs at least ceil(M / DP) micro-batches,
+  the least over the group's one or two depths, and every depth runs at least one;
+- a layout's bound before its batch is distributed (`balanced_s`: the least share of the batch
+  its busiest pipelines can have, bisected) and with it (`spread_s`);
+- the tail bound (`tail_s`): per distinct pipeline and stage, its arrival alone plus its
+  buckets' all-reduces one after another plus its optimizer step, kept per kind of pipeline,
+  set of depths present and DP degree.
+
+Bounds sum costs in another order than the replay, so they carry a relative slack of 1e-9
+(`_ROUNDING`). None depends on which layouts a search may choose: the searches of one job share
+one `Bounds`.
+
+Not here: the search, its tie rule and the layouts' batch, screen and whole step (`fresh`);
+what an estimate is (`screening`, `composition`); the split per depth (`distribution`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable, Hashable
+from typing import Protocol
+
+from planaria.contract import plan, profile
+from planaria.planner import composition, distribution, estimator
+
+# Relative slack on the bounds: they sum the same costs in another order than the replay.
+_ROUNDING = 1e-9
+
+# The fastest link, then per stage: forward, backward, start, gradient bytes, optimizer step.
+_ChainParts = tuple[
+    profile.LinkProfile, list[float], list[float], list[float], list[int], list[float]
+]
+
+Kind = tuple[int, int, int]
+"""A distinct pipeline of a layout: its depth, micro-batches and first GPU within a node."""
+
+
+class Shape(Hashable, Protocol):
+    """What the bounds read of a layout before its split and batch (`fresh.Shape`):
+    `num_pipelines` pipelines, the first `num_deeper` of them `depth + 1` stages deep."""
+
+    @property
+    def num_pipelines(self) -> int: ...
+
+    @property
+    def depth(self) -> int: ...
+
+    @property
+    def num_deeper(self) -> int: ...
+
+    def depths(self) -> tuple[int, ...]: ...
+
+
+class Bounds:
+    """The lower bounds of one job's layouts (module docstring), each memoised. `split(depth)`
+    is the best split of a depth (None: none fits); `reference` is one pipeline of every
+    micro-batch (the batch and the GPUs per node)."""
+
+    def __init__(
+        self,
+        prof: profile.Profile,
+        reference: plan.Plan,
+        split: Callable[[int], tuple[int, ...] | None],
+    ) -> None:
+        self.profile = prof
+        self.reference = reference
+        self.split = split
+        self._bounds: dict[tuple[int, int], float] = {}
+        self._chains: dict[tuple[int, int, int], float] = {}
+        self._parts: dict[int, _ChainParts | None] = {}
+        self._pairs: dict[tuple[int, int, int], float] = {}
+        self._groups: dict[Shape, float] = {}
+        self._balanced: dict[Shape, float] = {}
+        self._spread: dict[Shape, float] = {}
+        self._tails: dict[Shape, float] = {}
+        self._kind_tails: dict[tuple[int, int, int, frozenset[int], int], float] = {}
+        self._wait_lists: dict[tuple[frozenset[int], int, int], list[float]] = {}
+
+    # --- per layout, memoised --------------------------------------------------------------
+
+    def group_s(self, group: Shape) -> float:
+        """The bound of a group of layouts (`fresh.groups`): the symmetric grid when
+        `group.num_deeper` is 0, else the layouts with 1..DP-1 pipelines one deeper."""
+        found = self._groups.get(group)
+        if found is None:
+            found = self._groups[group] = self._group_bound_of(group)
+        return found
+
+    def balanced_s(self, shape: Shape) -> float:
+        """A lower bound on the whole step before the batch is distributed: if the deeper
+        pipelines take M_A of the M micro-batches, one of them runs ceil(M_A / e) and one of
+        the others ceil((M - M_A) / (DP - e)); the least over M_A of the larger chain bound
+        (one bound grows with M_A, the other shrinks: bisect to where they cross)."""
+        if shape not in self._balanced:
+            self._balanced[shape] = self._balanced_bound_s(shape)
+        return self._balanced[shape]
+
+    def spread_s(self, shape: Shape, micro_batches: tuple[int, ...] | None) -> float:
+        """The step bound of the pipelines with their distributed batch `micro_batches` (per
+        pipeline; inf when None: no split of a depth fits or the batch cannot be shared)."""
+        if shape not in self._spread:
+            self._spread[shape] = self._spread_bound_s(shape, micro_batches)
+        return self._spread[shape]
+
+    def tail_s(
+        self,
+        shape: Shape,
+        kinds: frozenset[Kind],
+        run: Callable[[int, int, int], composition.PipelineRun],
+    ) -> float:
+        """A lower bound on the whole step of a layout of distinct pipelines `kinds` (`run`:
+        a kind's run alone): per kind and stage, its arrival alone, its all-reduces (one per
+        bucket of layers with the same holders, shared by every pipeline) one after another
+        and its optimizer step."""
+        if shape not in self._tails:
+            self._tails[shape] = self._tail_bound_s(shape, kinds, run)
+        return self._tails[shape]
+
+    # --- the group, balanced and spread bounds ---------------------------------------------
+
+    def _group_bound_of(self, shape: Shape) -> float:
+        dp = shape.num_pipelines
+        most = -(-self.reference.num_micro_batches // dp)
+        depths = (shape.depth, shape.depth + 1) if shape.num_deeper else (shape.depth,)
+        # the busiest pipeline is of one of the depths; every depth runs at least one
+        busiest = min(max(self._depth_bound_s(d, most), self._chain_s(d, most, dp)) for d in depths)
+        return max(busiest, *(self._chain_s(d, 1, dp) for d in depths))
+
+    def _balanced_bound_s(self, shape: Shape) -> float:
+        dp, total = shape.num_pipelines, self.reference.num_micro_batches
+        if not shape.num_deeper:
+            return self._pair_bound_s(shape.depth, -(-total // dp), dp)
+        deeper, others = shape.num_deeper, dp - shape.num_deeper
+        if total < dp:
+            return math.inf  # fewer micro-batches than pipelines: not distributable
+
+        def deep(taken: int) -> float:
+            return self._pair_bound_s(shape.depth + 1, -(-taken // deeper), dp)
+
+        def shallow(taken: int) -> float:
+            return self._pair_bound_s(shape.depth, -(-(total - taken) // others), dp)
+
+        lo, hi = deeper, total - others
+        while lo < hi:  # the least share at which the deeper ones' bound reaches the others'
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if deep(mid) >= shallow(mid) else (mid + 1, hi)
+        candidates = [max(deep(lo), shallow(lo))]
+        if lo > deeper:
+            candidates.append(max(deep(lo - 1), shallow(lo - 1)))
+        return min(candidates)
+
+    def _spread_bound_s(self, shape: Shape, micro_batches: tuple[int, ...] | None) -> float:
+        if micro_batches is None:
+            return math.inf
+        pairs = set(zip(shape.depths(), micro_batches, strict=True))
+        return max(self._pair_bound_s(d, m, shape.num_pipelines) for d, m in pairs)
+
+    # --- per depth, micro-batches and pipelines --------------------------------------------
+
+    def _pair_bound_s(self, depth: int, num_micro_batches: int, num_pipelines: int) -> float:
+        key = (depth, num_micro_batches, num_pipelines)
+        found = self._pairs.get(key)
+        if found is None:
+            found = self._pairs[key] = max(
+                self._depth_bound_s(depth, num_micro_batches),
+                self._chain_s(depth, num_micro_batches, num_pipelines),
+            )
+        return found
+
+    def _depth_bound_s(self, depth: int, num_micro_batches: int) -> float:
+        """`distribution.step_bound_s` of the depth's split (inf: no split fits)."""
+        key = (depth, num_micro_batches)
+        if key not in self._bounds:
+            split = self.split(depth)
+            self._bounds[key] = (
+                math.inf
+                if split is None
+                else distribution.step_bound_s(self.profile, split, num_micro_batches)
+                * (1 - _ROUNDING)
+            )
+        return self._bounds[key]
+
+    def _chain_s(self, depth: int, num_micro_batches: int, num_pipelines: int) -> float:
+        """A lower bound on the whole step of a layout with a pipeline of `depth` running
+        `num_micro_batches` among `num_pipelines`: a stage's last backward comes after some
+        later (or the same) stage ran all its forwards and backwards, from when micro-batch 0's
+        forward reached it, and the backward came back (`distribution.step_bound_s`'s chain);
+        then its worker runs its layers' all-reduces (one ring of all their bytes is no longer
+        than one per bucket: each pays the latency) and its optimizer step (inf: no split
+        fits)."""
+        key = (depth, num_micro_batches, num_pipelines)
+        if key not in self._chains:
+            self._chains[key] = self._chained_s(depth, num_micro_batches, num_pipelines)
+        return self._chains[key]
+
+    def _chained_s(self, depth: int, num_micro_batches: int, num_pipelines: int) -> float:
+        parts = self._chain_parts(depth)
+        if parts is None:
+            return math.inf
+        fastest, forward, backward, starts, gradients, optimizers = parts
+        # done[r]: when stage r can have run its last backward: after some stage s >= r ran all
+        # its micro-batches (from when micro-batch 0 reached it) and the backward came back
+        done = [0.0] * (depth + 1)
+        for r in reversed(range(depth)):
+            own = starts[r] + num_micro_batches * (forward[r] + backward[r])
+            done[r] = max(own, backward[r] + done[r + 1]) if r + 1 < depth else own
+        bound = 0.0
+        for r in range(depth):
+            reduce_s = fastest.allreduce_s(gradients[r], num_pipelines)
+            bound = max(bound, done[r] + reduce_s + optimizers[r])
+        return bound * (1 - _ROUNDING)
+
+    def _chain_parts(self, depth: int) -> _ChainParts | None:
+        """What `_chained_s` needs of a depth's split, whatever the micro-batches and
+        pipelines (None: no split fits): the fastest link terms, per stage its forward and
+        backward, when micro-batch 0 reaches it, its gradient bytes and optimizer step."""
+        if depth not in self._parts:
+            self._parts[depth] = self._chain_parts_of(depth)
+        return self._parts[depth]
+
+    def _chain_parts_of(self, depth: int) -> _ChainParts | None:
+        split = self.split(depth)
+        if split is None:
+            return None
+        prof, gpus = self.profile, self.reference.gpus_per_node
+        # buckets may go over either link: the faster of each term bounds them all
+        fastest = profile.LinkProfile(
+            bandwidth_bytes_per_s=max(k.bandwidth_bytes_per_s for k in _links(prof, gpus)),
+            latency_s=min(k.latency_s for k in _links(prof, gpus)),
+        )
+        ranges = list(itertools.pairwise(_cuts(split)))
+        forward = [sum(layer.forward_s[0] for layer in prof.layers[a:b]) for a, b in ranges]
+        backward = [sum(layer.backward_s[0] for layer in prof.layers[a:b]) for a, b in ranges]
+        starts = list(itertools.accumulate(forward, initial=0.0))
+        gradients = [sum(layer.gradient_bytes for layer in prof.layers[a:b]) for a, b in ranges]
+        optimizers = [estimator.optimizer_s(prof, range(a, b), 1) for a, b in ranges]
+        return fastest, forward, backward, starts, gradients, optimizers
+
+    # --- the tail bound --------------------------------------------------------------------
+
+    def _tail_bound_s(
+        self,
+        shape: Shape,
+        kinds: frozenset[Kind],
+        run: Callable[[int, int, int], composition.PipelineRun],
+    ) -> float:
+        present = frozenset(d for d, _, _ in kinds)
+        dp = shape.num_pipelines
+        # the running maximum from 0 over every kind's stages, taken per kind (memoised)
+        tails = [self._kind_tail_s(kind, present, dp, run) for kind in kinds]
+        return max([0.0, *tails]) * (1 - _ROUNDING)
+
+    def _kind_tail_s(
+        self,
+        kind: Kind,
+        present: frozenset[int],
+        dp: int,
+        run: Callable[[int, int, int], composition.PipelineRun],
+    ) -> float:
+        """The largest of a kind's stages' arrival alone plus waits plus optimizer step, among
+        `dp` pipelines of the depths `present` (0 at least)."""
+        key = (*kind, present, dp)
+        found = self._kind_tails.get(key)
+        if found is None:
+            parts = self._chain_parts(kind[0])
+            assert parts is not None  # the depth has a split
+            waits = self._waits(present, dp, kind[0])
+            ends = zip(run(*kind).arrival_s, waits, parts[-1], strict=True)
+            found = self._kind_tails[key] = max([0.0, *(a + w + o for a, w, o in ends)])
+        return found
+
+    def _waits(self, present: frozenset[int], dp: int, depth: int) -> list[float]:
+        """Per stage of `depth`, its buckets' all-reduces one after another (one per bucket of
+        layers with the same holders among `dp` pipelines of the depths `present`), in layer
+        order."""
+        key = (present, dp, depth)
+        if key not in self._wait_lists:
+            prof, gpus = self.profile, self.reference.gpus_per_node
+            cuts = sorted({c for d in present for c in itertools.accumulate(self._split_of(d))})
+            reduce_s = {}  # seconds of each bucket's all-reduce, by its first layer
+            for a, b in itertools.pairwise([0, *cuts]):
+                gradient = sum(layer.gradient_bytes for layer in prof.layers[a:b])
+                reduce_s[a] = min(link.allreduce_s(gradient, dp) for link in _links(prof, gpus))
+            bounds = list(itertools.accumulate(self._split_of(depth), initial=0))
+            self._wait_lists[key] = [
+                sum(reduce_s[c] for c in reduce_s if a <= c < b)
+                for a, b in itertools.pairwise(bounds)
+            ]
+        return self._wait_lists[key]
+
+    def _split_of(self, depth: int) -> tuple[int, ...]:
+        split = self.split(depth)
+        assert split is not None  # checked by the caller
+        return split
+
+
+def _links(prof: profile.Profile, gpus_per_node: int) -> list[profile.LinkProfile]:
+    """The links an all-reduce of one-GPU stages can use: between nodes, and within one when
+    nodes have several GPUs."""
+    return [prof.inter_node] if gpus_per_node == 1 else [prof.inter_node, prof.intra_node]
+
+
+def _cuts(split: tuple[int, ...]) -> list[int]:
+    """The first layer of each stage and the layer count."""
+    return list(itertools.accumulate(split, initial=0))
