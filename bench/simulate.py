@@ -50,8 +50,9 @@ OOBLECK_TABLE_2 = {
 }
 
 
-def _progress(done: int, total: int, elapsed_s: float) -> None:
-    print(f"  trace {done}/{total}, {elapsed_s:.1f} s", file=sys.stderr)
+def _progress(done: study.Done) -> None:
+    if done.runs * done.traces == done.trace * done.total:  # the trace's last policy
+        print(f"  trace {done.trace}/{done.traces}, {done.elapsed_s:.1f} s", file=sys.stderr)
 
 
 def one(

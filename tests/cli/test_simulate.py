@@ -65,7 +65,11 @@ def test_a_named_scenario_states_its_horizon_and_reports_progress(
     assert captured.out.splitlines()[0] == (
         "Odyssey §V-B: 32 devices, 10%/device/hour; horizon 0.5 h; 1 trace(s); model tiny"
     )
-    assert "simulate: trace 1/1 done" in captured.err
+    progress = [line for line in captured.err.splitlines() if line.startswith("simulate:")]
+    assert [line.split(" (")[0] for line in progress] == [
+        f"simulate: trace 1/1, {name} done" for name in policies.POLICIES
+    ]  # a line per policy's run: a 1,024-node trace takes seconds per policy
+    assert progress[-1].startswith(f"simulate: trace 1/1, ideal done ({len(progress)}/")
     assert json.loads((tmp_path / "summary.json").read_text())["horizon_s"] == 1800.0
 
 

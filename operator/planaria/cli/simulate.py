@@ -144,5 +144,9 @@ def _prepare(out: Path) -> None:
         raise SimulateCommandError(f"--out {out}: cannot create it ({exc.strerror})") from exc
 
 
-def _progress(done: int, total: int, elapsed_s: float) -> None:
-    print(f"simulate: trace {done}/{total} done, {elapsed_s:.1f} s", file=sys.stderr)
+def _progress(done: study.Done) -> None:
+    print(
+        f"simulate: trace {done.trace}/{done.traces}, {done.policy} done "
+        f"({done.runs}/{done.total} runs, {done.elapsed_s:.1f} s)",
+        file=sys.stderr,
+    )
