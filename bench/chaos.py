@@ -76,16 +76,23 @@ def _arguments(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--root", type=Path, default=None, help="run directories go here")
     kinds = [k.value for k in trials.Kind]
     parser.add_argument("--kind", choices=kinds, default=None, help="only seeds of this kind")
+    configs = [c.value for c in trials.Config]
+    parser.add_argument(
+        "--config", choices=configs, default="data", help="the job the trials run (default data)"
+    )
     args = parser.parse_args(argv)
     if args.trials < 1 or args.jobs < 1:
         parser.error("--trials and --jobs must be >= 1")
+    if args.kind == trials.Kind.CONTROLLER and args.config != trials.Config.DATA:
+        parser.error("--kind controller runs its own job: leave --config out")
     return args
 
 
 def one_trial(
-    seed: int, root: Path, corpus: Path, keep: bool, kind: str | None = None
+    seed: int, root: Path, corpus: Path, keep: bool, kind: str | None = None, config: str = "data"
 ) -> dict[str, object]:
-    """Run one trial in this process; its record as plain data (`TrialResult` fields)."""
+    """Run one trial of job `config` in this process; its record as plain data (`TrialResult`
+    fields)."""
     workdir = root / f"seed-{seed}"
     shm = SHM / f"planaria-chaos-{seed}-{uuid.uuid4().hex[:8]}"
     workdir.mkdir(parents=True, exist_ok=True)
@@ -95,8 +102,11 @@ def one_trial(
     planaria.setLevel(logging.INFO)
     planaria.addHandler(log)
     try:
-        run = controller_kill.run_trial if kind == trials.Kind.CONTROLLER else trials.run_trial
-        result = asyncio.run(run(seed, workdir, shm, corpus=corpus))
+        if kind == trials.Kind.CONTROLLER:
+            result = asyncio.run(controller_kill.run_trial(seed, workdir, shm, corpus=corpus))
+        else:
+            job = trials.Config(config)
+            result = asyncio.run(trials.run_trial(seed, workdir, shm, corpus=corpus, config=job))
     finally:
         planaria.removeHandler(log)
         log.close()
@@ -112,11 +122,14 @@ def one_trial(
 
 def _run(args: argparse.Namespace, root: Path) -> list[dict[str, object]]:
     corpus = trials.write_corpus(root)
-    seeds = chosen_seeds(args.seed, args.trials, args.kind)
+    seeds = chosen_seeds(args.seed, args.trials, args.kind, trials.Config(args.config))
     context = multiprocessing.get_context("spawn")  # no torch or asyncio state forked
     records = []
     with concurrent.futures.ProcessPoolExecutor(args.jobs, mp_context=context) as pool:
-        futures = [pool.submit(one_trial, s, root, corpus, args.keep, args.kind) for s in seeds]
+        futures = [
+            pool.submit(one_trial, s, root, corpus, args.keep, args.kind, args.config)
+            for s in seeds
+        ]
         try:
             for future in concurrent.futures.as_completed(futures):
                 records.append(future.result())
@@ -127,9 +140,12 @@ def _run(args: argparse.Namespace, root: Path) -> list[dict[str, object]]:
     return sorted(records, key=lambda r: int(str(r["seed"])))
 
 
-def chosen_seeds(first: int, count: int, kind: str | None) -> list[int]:
-    """`count` seeds from `first` on: every one, or those whose drawn kind is `kind`; partition
-    seeds are left out (with a note) where network namespaces cannot be made."""
+def chosen_seeds(
+    first: int, count: int, kind: str | None, config: trials.Config = trials.Config.DATA
+) -> list[int]:
+    """`count` seeds from `first` on: every one, or those whose drawn kind (in job `config`)
+    is `kind`; partition seeds are left out (with a note) where network namespaces cannot be
+    made."""
     missing = netns.unavailable()
     if missing and kind == trials.Kind.PARTITION:
         raise SystemExit(f"bench.chaos: partition trials cannot run here: {missing}")
@@ -138,7 +154,7 @@ def chosen_seeds(first: int, count: int, kind: str | None) -> list[int]:
     seeds: list[int] = []
     seed = first
     while len(seeds) < count:
-        drawn = trials.draw(seed).kind
+        drawn = trials.draw(seed, trials.SHAPES[config]).kind
         if (kind is None or drawn == kind) and not (missing and drawn is trials.Kind.PARTITION):
             seeds.append(seed)
         elif missing and drawn is trials.Kind.PARTITION and kind is None:
@@ -149,17 +165,24 @@ def chosen_seeds(first: int, count: int, kind: str | None) -> list[int]:
 
 def _line(record: dict[str, object], done: int, total: int) -> str:
     verdict = "ok" if not record["problems"] else "BROKEN"
+    job = f"{record['config']} {record['first_plan'] or '-'} {record['policy']}"
     return (
-        f"[{done}/{total}] seed {record['seed']} {record['kind']}: {record['outcome']} "
+        f"[{done}/{total}] seed {record['seed']} {record['kind']} ({job}): {record['outcome']} "
         f"{record['wall_s']:.1f}s {verdict}"
     )
 
 
 def summarize(records: Iterable[dict[str, object]]) -> dict[str, dict[str, float]]:
-    """Per fault kind and in total: the table's counts (COLUMNS)."""
+    """Per fault kind, per policy where a run drew several ("policy adaptive"), and in total:
+    the table's counts (COLUMNS)."""
+    records = list(records)
+    policies = {r.get("policy", "dynamic") for r in records}
     rows: dict[str, dict[str, float]] = {}
     for record in records:
-        for key in (str(record["kind"]), "all"):
+        keys = [str(record["kind"]), "all"]
+        if len(policies) > 1:
+            keys.insert(1, f"policy {record['policy']}")
+        for key in keys:
             row = rows.setdefault(key, dict.fromkeys(COLUMNS[1:], 0.0))
             _count(row, record)
     for row in rows.values():

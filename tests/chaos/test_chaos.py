@@ -104,3 +104,17 @@ def test_the_last_draws_only_turn_seeds_into_stalls_and_partitions() -> None:
         assert len(cut.victims) == 1
         lasting = shape.heartbeat_timeout_s <= cut.cut_s <= shape.heartbeat_timeout_s + 3.0
         assert lasting or math.isinf(cut.cut_s)
+
+
+def test_the_pipeline_config_draws_a_policy_of_its_own_and_the_same_kinds() -> None:
+    pipeline = trials.SHAPES[trials.Config.PIPELINE]
+    drawn = [trials.draw(seed, pipeline) for seed in range(300)]
+    assert {d.policy for d in drawn} == {"adaptive", "reroute", "dynamic"}
+    assert {trials.draw(seed).policy for seed in range(300)} == {"dynamic"}
+    # The policy's stream is apart: the kind is the seed's first draw in either job (where
+    # neither turned it into a stall or a partition, drawn last, after victims of 6 or of 4).
+    late = (trials.Kind.STALL, trials.Kind.PARTITION)
+    pairs = [(d.kind, trials.draw(d.seed).kind) for d in drawn]
+    kept = [(mine, data) for mine, data in pairs if mine not in late and data not in late]
+    assert len(kept) > 150
+    assert all(mine == data for mine, data in kept)
