@@ -20,7 +20,9 @@ a seeded moment and run again; seeds taken in order, never part of a mixed run: 
 controllers).
 
 Printed: one line per trial, then per fault kind: trials, faults injected, Succeeded (survived),
-Suspended with a checkpoint, Suspended without one (no checkpoint written yet), Failed, hangs,
+Suspended with a checkpoint, Suspended without one (no checkpoint written yet), resumed (went
+through Suspended and came back: no breach, but a suspension the faults may not have needed),
+Failed, hangs,
 differing elements (layer states against the reference, summed over the trials: any is a
 breach), leaked processes, leaked segments and leaked network namespaces or links (partitions),
 and the mean trial seconds.
@@ -56,6 +58,7 @@ COLUMNS = (
     "survived",
     "susp+ckpt",
     "susp-ckpt",
+    "resumed",
     "failed",
     "hangs",
     "differing",
@@ -197,6 +200,7 @@ def _count(row: dict[str, float], record: dict[str, object]) -> None:
     row["survived"] += outcome == "Succeeded"
     row["susp+ckpt"] += outcome == "Suspended" and checkpoint is not None
     row["susp-ckpt"] += outcome == "Suspended" and checkpoint is None
+    row["resumed"] += "resume" in [str(m) for m in record["moves"]]  # type: ignore[attr-defined]
     row["failed"] += outcome == "Failed"
     row["hangs"] += outcome == "Hung"
     differing = record["differing"]  # None: not compared (the outcome's problem says why)
