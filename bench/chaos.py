@@ -1,7 +1,7 @@
 """Randomized fault trials on the local backend, and the table issue #10 asks for.
 
     .venv/bin/python -m bench.chaos --trials 100 [--seed 0] [--jobs 1] [--kind K] [--json PATH]
-                                    [--keep]
+                                    [--keep] [--config data|pipeline]
 
 Trial i runs seed `--seed + i` (`tests/chaos/trials.py`: one seeded fault schedule against the
 controller core, a LocalBackend and real agent processes training the tiny GPT with gloo) and
@@ -18,6 +18,10 @@ replays the same either way. Partition seeds need network namespaces (root, ipro
 controller` runs `tests/chaos/controller_kill.py`'s trials instead (`planaria run` SIGKILLed at
 a seeded moment and run again; seeds taken in order, never part of a mixed run: each starts two
 controllers).
+
+`--config pipeline` runs the trials' pipeline job instead of the data-parallel one (6 workers,
+two pipelines of 2-4 stages, the policy drawn per seed from adaptive, reroute and dynamic:
+`trials.Config`); the table then has a row per policy too.
 
 Printed: one line per trial, then per fault kind: trials, faults injected, Succeeded (survived),
 Suspended with a checkpoint, Suspended without one (no checkpoint written yet), resumed (went

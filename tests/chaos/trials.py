@@ -25,6 +25,13 @@ The invariant (`TrialResult.problems` lists every breach; the outcome checks are
   of their sessions, and the trial's shared-memory base is empty (the backend removes its stores:
   `keep_snapshots=False`); after a partition, its namespace and links are gone (`netns`).
 
+The job is `Config.DATA`'s (4 workers, the tiny model's best plan pure data parallelism,
+`dynamic`) unless the trial asks for `Config.PIPELINE`: 6 workers whose devices hold 85 % of
+the model (the job's `device_memory_bytes`, as deviceMemory in examples/tiny-job.yaml), so the
+plan is two pipelines of 2-4 stages and recoveries copy layers between stages; 20 steps; the
+policy drawn per seed from adaptive, reroute and dynamic, on a stream of its own. A seed's
+`Config.DATA` schedule is the one it always had.
+
 Only `Kind.PARTITION` trials make a network namespace (which needs root); the others run
 everything on loopback. Not here: killing the controller itself (`controller_kill`).
 """
