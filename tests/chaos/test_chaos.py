@@ -55,9 +55,14 @@ SEEDS = [
 ]
 
 
-# The pipeline job (`trials.Config.PIPELINE`: 6 workers, two pipelines of 2-4 stages).
+# The pipeline job (`trials.Config.PIPELINE`: 6 workers, two pipelines of 2-4 stages). Its
+# trials take 22-30 s on the 2-core machine under load (docs/chaos.md): marked slow.
 PIPELINE_SEEDS = [
-    pytest.param(102, id="seed 102: two SIGKILLs 0.3 s apart in a pipeline plan, reroute policy"),
+    pytest.param(
+        102,
+        id="seed 102: two SIGKILLs 0.3 s apart in a pipeline plan, reroute policy",
+        marks=pytest.mark.slow,
+    ),
 ]
 
 
@@ -119,6 +124,7 @@ def test_the_ci_seeds_keep_their_kinds() -> None:
     pipeline = trials.SHAPES[trials.Config.PIPELINE]
     drawn = [trials.draw(p.values[0], pipeline) for p in PIPELINE_SEEDS]  # type: ignore[arg-type]
     assert [(d.kind.value, d.policy) for d in drawn] == [("double", "reroute")]
+    assert drawn[0].at < 0.2 and drawn[0].gaps_s[0] < 0.3  # both land well before the end
 
 
 def test_the_last_draws_only_turn_seeds_into_stalls_and_partitions() -> None:
