@@ -56,7 +56,7 @@ SEEDS = [
 
 
 # The pipeline job (`trials.Config.PIPELINE`: 6 workers, two pipelines of 2-4 stages). Its
-# trials take 22-30 s on the 2-core machine under load (docs/chaos.md): marked slow.
+# trials take 27-49 s on the 2-core machine under load (docs/chaos.md): marked slow.
 PIPELINE_SEEDS = [
     pytest.param(
         102,
