@@ -201,7 +201,7 @@ class FakeCluster:
     #20), with one digest per member, the same at its holder and at its mirror unless `damage`d.
     `setup_s`: how long every set-up takes (a cold start on a loaded machine): the agent stays
     CONFIGURING that long and notices a lost peer only after it, as the agent's watcher starts
-    once the epoch is set up.
+    once the epoch is set up: it shows RUNNING for a tick, then its step fails.
     """
 
     def __init__(
@@ -464,8 +464,12 @@ class FakeCluster:
             config = agent.config
             assert config is not None
             if gone:
-                setting_up = agent.set_up_at > now
-                if not setting_up and (agent.slow_until is None or now >= agent.slow_until):
+                if agent.set_up_at > now:
+                    continue  # still setting up: it notices once set up
+                if agent.state is CONFIGURING and self.setup_s:
+                    agent.state = RUNNING  # set up: its step fails a tick later
+                    continue
+                if agent.slow_until is None or now >= agent.slow_until:
                     agent.latch(messages.ErrorKind.PEER_LOST, f"peer {gone[0].id} lost")
                 continue
             agent.waiting_since = agent.waiting_since if agent.waiting_since is not None else now

@@ -209,17 +209,18 @@ class Handler:
         """Wait until the epoch's live workers all stopped, at most a step timeout and a
         heartbeat timeout, or, while one still sets the epoch up, as long as the epoch's
         commit gives a set-up (a Configure and a step timeout): an agent notices a lost peer
-        only once its set-up ends, and a cold one on a loaded machine takes seconds. The ones
-        still not stopped then."""
+        only once its set-up ends, and a cold one on a loaded machine takes seconds. Once one
+        was seen setting up, the longer bound stays: a worker just out of its set-up shows
+        RUNNING for a heartbeat or two before its failed step. The ones still not stopped
+        then."""
         started = self._clock.monotonic()
-        stopping = started + self._job.step_timeout_s + self._job.heartbeat_timeout_s
+        deadline = started + self._job.step_timeout_s + self._job.heartbeat_timeout_s
         setting_up = started + self._job.configure_timeout_s + self._job.step_timeout_s
         while True:
             now = self._clock.monotonic()
             waiting = failures.unsettled(self._roster, running, epoch, now)
-            deadline = stopping
             if failures.setting_up(self._roster, waiting, epoch):
-                deadline = max(stopping, setting_up)
+                deadline = max(deadline, setting_up)
             if not waiting or now >= deadline:
                 return waiting
             await self._epochs.next(min(self._job.heartbeat_interval_s, deadline - now))
