@@ -1,7 +1,7 @@
 """Randomized fault trials on the local backend, and the table issue #10 asks for.
 
     .venv/bin/python -m bench.chaos --trials 100 [--seed 0] [--jobs 1] [--kind K] [--json PATH]
-                                    [--keep]
+                                    [--keep] [--config data|pipeline]
 
 Trial i runs seed `--seed + i` (`tests/chaos/trials.py`: one seeded fault schedule against the
 controller core, a LocalBackend and real agent processes training the tiny GPT with gloo) and
@@ -19,8 +19,14 @@ controller` runs `tests/chaos/controller_kill.py`'s trials instead (`planaria ru
 a seeded moment and run again; seeds taken in order, never part of a mixed run: each starts two
 controllers).
 
+`--config pipeline` runs the trials' pipeline job instead of the data-parallel one (6 workers,
+two pipelines of 2-4 stages, the policy drawn per seed from adaptive, reroute and dynamic:
+`trials.Config`); the table then has a row per policy too.
+
 Printed: one line per trial, then per fault kind: trials, faults injected, Succeeded (survived),
-Suspended with a checkpoint, Suspended without one (no checkpoint written yet), Failed, hangs,
+Suspended with a checkpoint, Suspended without one (no checkpoint written yet), resumed (went
+through Suspended and came back: no breach, but a suspension the faults may not have needed),
+Failed, hangs,
 differing elements (layer states against the reference, summed over the trials: any is a
 breach), leaked processes, leaked segments and leaked network namespaces or links (partitions),
 and the mean trial seconds.
@@ -56,6 +62,7 @@ COLUMNS = (
     "survived",
     "susp+ckpt",
     "susp-ckpt",
+    "resumed",
     "failed",
     "hangs",
     "differing",
@@ -76,16 +83,23 @@ def _arguments(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--root", type=Path, default=None, help="run directories go here")
     kinds = [k.value for k in trials.Kind]
     parser.add_argument("--kind", choices=kinds, default=None, help="only seeds of this kind")
+    configs = [c.value for c in trials.Config]
+    parser.add_argument(
+        "--config", choices=configs, default="data", help="the job the trials run (default data)"
+    )
     args = parser.parse_args(argv)
     if args.trials < 1 or args.jobs < 1:
         parser.error("--trials and --jobs must be >= 1")
+    if args.kind == trials.Kind.CONTROLLER and args.config != trials.Config.DATA:
+        parser.error("--kind controller runs its own job: leave --config out")
     return args
 
 
 def one_trial(
-    seed: int, root: Path, corpus: Path, keep: bool, kind: str | None = None
+    seed: int, root: Path, corpus: Path, keep: bool, kind: str | None = None, config: str = "data"
 ) -> dict[str, object]:
-    """Run one trial in this process; its record as plain data (`TrialResult` fields)."""
+    """Run one trial of job `config` in this process; its record as plain data (`TrialResult`
+    fields)."""
     workdir = root / f"seed-{seed}"
     shm = SHM / f"planaria-chaos-{seed}-{uuid.uuid4().hex[:8]}"
     workdir.mkdir(parents=True, exist_ok=True)
@@ -95,8 +109,11 @@ def one_trial(
     planaria.setLevel(logging.INFO)
     planaria.addHandler(log)
     try:
-        run = controller_kill.run_trial if kind == trials.Kind.CONTROLLER else trials.run_trial
-        result = asyncio.run(run(seed, workdir, shm, corpus=corpus))
+        if kind == trials.Kind.CONTROLLER:
+            result = asyncio.run(controller_kill.run_trial(seed, workdir, shm, corpus=corpus))
+        else:
+            job = trials.Config(config)
+            result = asyncio.run(trials.run_trial(seed, workdir, shm, corpus=corpus, config=job))
     finally:
         planaria.removeHandler(log)
         log.close()
@@ -112,11 +129,14 @@ def one_trial(
 
 def _run(args: argparse.Namespace, root: Path) -> list[dict[str, object]]:
     corpus = trials.write_corpus(root)
-    seeds = chosen_seeds(args.seed, args.trials, args.kind)
+    seeds = chosen_seeds(args.seed, args.trials, args.kind, trials.Config(args.config))
     context = multiprocessing.get_context("spawn")  # no torch or asyncio state forked
     records = []
     with concurrent.futures.ProcessPoolExecutor(args.jobs, mp_context=context) as pool:
-        futures = [pool.submit(one_trial, s, root, corpus, args.keep, args.kind) for s in seeds]
+        futures = [
+            pool.submit(one_trial, s, root, corpus, args.keep, args.kind, args.config)
+            for s in seeds
+        ]
         try:
             for future in concurrent.futures.as_completed(futures):
                 records.append(future.result())
@@ -127,9 +147,12 @@ def _run(args: argparse.Namespace, root: Path) -> list[dict[str, object]]:
     return sorted(records, key=lambda r: int(str(r["seed"])))
 
 
-def chosen_seeds(first: int, count: int, kind: str | None) -> list[int]:
-    """`count` seeds from `first` on: every one, or those whose drawn kind is `kind`; partition
-    seeds are left out (with a note) where network namespaces cannot be made."""
+def chosen_seeds(
+    first: int, count: int, kind: str | None, config: trials.Config = trials.Config.DATA
+) -> list[int]:
+    """`count` seeds from `first` on: every one, or those whose drawn kind (in job `config`)
+    is `kind`; partition seeds are left out (with a note) where network namespaces cannot be
+    made."""
     missing = netns.unavailable()
     if missing and kind == trials.Kind.PARTITION:
         raise SystemExit(f"bench.chaos: partition trials cannot run here: {missing}")
@@ -138,7 +161,7 @@ def chosen_seeds(first: int, count: int, kind: str | None) -> list[int]:
     seeds: list[int] = []
     seed = first
     while len(seeds) < count:
-        drawn = trials.draw(seed).kind
+        drawn = trials.draw(seed, trials.SHAPES[config]).kind
         if (kind is None or drawn == kind) and not (missing and drawn is trials.Kind.PARTITION):
             seeds.append(seed)
         elif missing and drawn is trials.Kind.PARTITION and kind is None:
@@ -149,17 +172,24 @@ def chosen_seeds(first: int, count: int, kind: str | None) -> list[int]:
 
 def _line(record: dict[str, object], done: int, total: int) -> str:
     verdict = "ok" if not record["problems"] else "BROKEN"
+    job = f"{record['config']} {record['first_plan'] or '-'} {record['policy']}"
     return (
-        f"[{done}/{total}] seed {record['seed']} {record['kind']}: {record['outcome']} "
+        f"[{done}/{total}] seed {record['seed']} {record['kind']} ({job}): {record['outcome']} "
         f"{record['wall_s']:.1f}s {verdict}"
     )
 
 
 def summarize(records: Iterable[dict[str, object]]) -> dict[str, dict[str, float]]:
-    """Per fault kind and in total: the table's counts (COLUMNS)."""
+    """Per fault kind, per policy where a run drew several ("policy adaptive"), and in total:
+    the table's counts (COLUMNS)."""
+    records = list(records)
+    policies = {r.get("policy", "dynamic") for r in records}
     rows: dict[str, dict[str, float]] = {}
     for record in records:
-        for key in (str(record["kind"]), "all"):
+        keys = [str(record["kind"]), "all"]
+        if len(policies) > 1:
+            keys.insert(1, f"policy {record['policy']}")
+        for key in keys:
             row = rows.setdefault(key, dict.fromkeys(COLUMNS[1:], 0.0))
             _count(row, record)
     for row in rows.values():
@@ -174,6 +204,7 @@ def _count(row: dict[str, float], record: dict[str, object]) -> None:
     row["survived"] += outcome == "Succeeded"
     row["susp+ckpt"] += outcome == "Suspended" and checkpoint is not None
     row["susp-ckpt"] += outcome == "Suspended" and checkpoint is None
+    row["resumed"] += "resume" in [str(m) for m in record["moves"]]  # type: ignore[attr-defined]
     row["failed"] += outcome == "Failed"
     row["hangs"] += outcome == "Hung"
     differing = record["differing"]  # None: not compared (the outcome's problem says why)

@@ -18,7 +18,9 @@ latches SNAPSHOT_UNAVAILABLE and is FAILED; an error of the agent's own is latch
 the controller acts on (a missing corpus INVALID_DATA, an unknown model INVALID_CONFIG, memory
 running out in a step OUT_OF_MEMORY, a step's ValueError INTERNAL); configure refusals (wrong
 worker, stale epoch, a running agent asked to resume at or before its step), pause/resume and
-stop. Final states are read from the snapshot stores (runtime_states.read_final_states).
+stop; a Configure accepted during a set-up that then fails is taken up after it, not dropped as
+a planned switch. Final states are read from the snapshot stores
+(runtime_states.read_final_states).
 """
 
 from __future__ import annotations
@@ -645,6 +647,40 @@ def test_a_running_agent_switches_epochs_at_the_planned_step(
     finally:
         agent.close()
     _assert_like_reference("solo", tmp_path, _plan(([(0, 6, 0)], 4)), settings, switch + 2)
+
+
+def test_a_configure_that_came_during_a_failed_set_up_is_taken_up_after_it(
+    tmp_path: Path, store: c10d.TCPStore, corpus: Path
+) -> None:
+    # Chaos pipeline seed 33 (docs/chaos.md): a spare worker set up a scale-up its peers had
+    # refused, waiting for them at the rendezvous, when the controller's next scale-up reached
+    # it. Its set-up failed (TIMEOUT), and the agent dropped the second Configure as a planned
+    # switch at a step it would never reach, though it was not running: its new peers waited
+    # for it in vain. A Configure accepted while not running is due at once, failure or not.
+    settings = _settings(corpus, snapshot_interval_steps=0)
+    pair = _plan(([(0, 6, 0)], 2), ([(0, 6, 1)], 2))
+    absent = messages.Rendezvous(
+        store_host="127.0.0.1",
+        store_port=store.port,
+        key_prefix="epoch-1",
+        rank=0,
+        world_size=2,  # worker 1 never comes
+        backend=messages.Backend.GLOO,
+        timeout_s=2.0,
+    )
+    agent = runtime.Runtime(worker=W(0), job="solo", snapshot_base=tmp_path)
+    agent.start()
+    try:
+        assert agent.configure(_config(absent, pair, 0, settings, epoch=1, resume=0, stop=None))
+        _wait(agent, lambda b: b.epoch == 1 and b.state is State.CONFIGURING)
+        later = _solo_config(store, settings, epoch=2, resume=3, stop=None)  # a future step
+        assert agent.configure(later).accepted
+        beat = _wait(agent, lambda b: b.epoch == 2 and b.state is State.FAILED)
+    finally:
+        agent.close()
+    # It took the Configure up: with no store, snapshot or checkpoint of step 3 (the peers'
+    # copies of a real scale-up are not there), its set-up says so.
+    assert [e.kind for e in beat.errors] == [messages.ErrorKind.SNAPSHOT_UNAVAILABLE]
 
 
 def test_load_snapshot_rolls_the_layers_back_to_a_snapshot(

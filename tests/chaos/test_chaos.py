@@ -13,10 +13,17 @@ message and a checkpoint equal to the reference at its step, within the bound, w
 process, shared-memory store or network namespace left behind, and that every fault of the
 schedule landed.
 
+In the pipeline job (6 workers whose devices hold 85 % of the model: two pipelines of 2-4
+stages, the recovery policy drawn per seed): two SIGKILLs under the reroute policy, the second
+during the recovery from the first; the same invariant, and the first plan has pipelines of
+several stages.
+
 Also: the leak check itself finds a process that is still there; the CI seeds keep their kinds,
 and the stall and partition draws, made last, only turn seeds into their kind: every other
 seed's schedule is the one its first draws give (as with the kind forced), and a partition cuts
-one worker for the heartbeat timeout + 0-3 s or to the end.
+one worker for the heartbeat timeout + 0-3 s or to the end; the pipeline job draws its policy
+from a stream of its own (every policy drawn, the data job always `dynamic`) and each seed's
+kind as the data job does.
 """
 
 from __future__ import annotations
@@ -48,6 +55,17 @@ SEEDS = [
 ]
 
 
+# The pipeline job (`trials.Config.PIPELINE`: 6 workers, two pipelines of 2-4 stages). Its
+# trials take 27-49 s on the 2-core machine under load (docs/chaos.md): marked slow.
+PIPELINE_SEEDS = [
+    pytest.param(
+        102,
+        id="seed 102: two SIGKILLs 0.3 s apart in a pipeline plan, reroute policy",
+        marks=pytest.mark.slow,
+    ),
+]
+
+
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return trials.write_corpus(tmp_path_factory.mktemp("corpus"))
@@ -72,6 +90,20 @@ async def test_a_seeded_fault_schedule_keeps_the_invariant(
     assert not shm.exists() or not any(shm.iterdir())
 
 
+@pytest.mark.parametrize("seed", PIPELINE_SEEDS)
+@pytest.mark.asyncio
+async def test_a_seeded_fault_schedule_keeps_the_invariant_in_a_pipeline_plan(
+    seed: int, corpus: Path, shm: Path, tmp_path: Path
+) -> None:
+    config = trials.Config.PIPELINE
+    result = await trials.run_trial(seed, tmp_path, shm, corpus=corpus, config=config)
+    assert not result.problems, result.describe()
+    assert result.injected == len(trials.draw(seed, trials.SHAPES[config]).victims)
+    stages = [int(n) for n in result.first_plan.split("+")]
+    assert len(stages) >= 2 and min(stages) >= 2, result.describe()  # pipelines, not replicas
+    assert result.outcome in (trials.Outcome.SUCCEEDED, trials.Outcome.SUSPENDED)
+
+
 def test_the_leak_check_finds_a_process_that_is_still_there() -> None:
     child = subprocess.Popen(["sleep", "30"], start_new_session=True)
     recorder = processes.Recorder()
@@ -89,6 +121,10 @@ def test_the_ci_seeds_keep_their_kinds() -> None:
     assert kinds == [
         "kill", "double", "triple", "hang", "returns", "early", "stall", "partition"
     ]  # fmt: skip
+    pipeline = trials.SHAPES[trials.Config.PIPELINE]
+    drawn = [trials.draw(p.values[0], pipeline) for p in PIPELINE_SEEDS]  # type: ignore[arg-type]
+    assert [(d.kind.value, d.policy) for d in drawn] == [("double", "reroute")]
+    assert drawn[0].at < 0.2 and drawn[0].gaps_s[0] < 0.3  # both land well before the end
 
 
 def test_the_last_draws_only_turn_seeds_into_stalls_and_partitions() -> None:
@@ -104,3 +140,17 @@ def test_the_last_draws_only_turn_seeds_into_stalls_and_partitions() -> None:
         assert len(cut.victims) == 1
         lasting = shape.heartbeat_timeout_s <= cut.cut_s <= shape.heartbeat_timeout_s + 3.0
         assert lasting or math.isinf(cut.cut_s)
+
+
+def test_the_pipeline_config_draws_a_policy_of_its_own_and_the_same_kinds() -> None:
+    pipeline = trials.SHAPES[trials.Config.PIPELINE]
+    drawn = [trials.draw(seed, pipeline) for seed in range(300)]
+    assert {d.policy for d in drawn} == {"adaptive", "reroute", "dynamic"}
+    assert {trials.draw(seed).policy for seed in range(300)} == {"dynamic"}
+    # The policy's stream is apart: the kind is the seed's first draw in either job (where
+    # neither turned it into a stall or a partition, drawn last, after victims of 6 or of 4).
+    late = (trials.Kind.STALL, trials.Kind.PARTITION)
+    pairs = [(d.kind, trials.draw(d.seed).kind) for d in drawn]
+    kept = [(mine, data) for mine, data in pairs if mine not in late and data not in late]
+    assert len(kept) > 150
+    assert all(mine == data for mine, data in kept)

@@ -25,6 +25,13 @@ The invariant (`TrialResult.problems` lists every breach; the outcome checks are
   of their sessions, and the trial's shared-memory base is empty (the backend removes its stores:
   `keep_snapshots=False`); after a partition, its namespace and links are gone (`netns`).
 
+The job is `Config.DATA`'s (4 workers, the tiny model's best plan pure data parallelism,
+`dynamic`) unless the trial asks for `Config.PIPELINE`: 6 workers whose devices hold 85 % of
+the model (the job's `device_memory_bytes`, as deviceMemory in examples/tiny-job.yaml), so the
+plan is two pipelines of 2-4 stages and recoveries copy layers between stages; 20 steps; the
+policy drawn per seed from adaptive, reroute and dynamic, on a stream of its own. A seed's
+`Config.DATA` schedule is the one it always had.
+
 Only `Kind.PARTITION` trials make a network namespace (which needs root); the others run
 everything on loopback. Not here: killing the controller itself (`controller_kill`).
 """
@@ -83,6 +90,15 @@ class Kind(StrEnum):
     CONTROLLER = "controller"
 
 
+class Config(StrEnum):
+    """The job a trial runs (`SHAPES`)."""
+
+    DATA = "data"  # 4 workers, the tiny model fits one: pure data parallelism, `dynamic`
+    # 6 workers whose devices hold 85 % of the model: two pipelines of 3 stages (the demo's
+    # kind of plan), the policy drawn from adaptive, reroute and dynamic.
+    PIPELINE = "pipeline"
+
+
 class Outcome(StrEnum):
     SUCCEEDED = "Succeeded"
     SUSPENDED = "Suspended"
@@ -115,6 +131,7 @@ class Shape:
     so a stopped worker is caught within seconds; a Suspended job is ended once it stayed so
     for `suspended_s` (longer than a stall's pause, from which the job should come back)."""
 
+    config: Config = Config.DATA
     workers: int = 4
     steps: int = 12
     global_batch_size: int = 4
@@ -126,6 +143,22 @@ class Shape:
     bound_s: float = 120.0
     suspended_s: float = 4.0
     stop_grace_s: float = 2.0
+    # Each worker's device memory as a share of the model's layers (state + activations),
+    # given as the job's `device_memory_bytes`; None: the profile's, the model fits one worker.
+    device_memory_share: float | None = None
+    policies: tuple[str, ...] = ("dynamic",)  # one is drawn per seed (`draw`)
+
+
+SHAPES = {
+    Config.DATA: Shape(),
+    Config.PIPELINE: Shape(
+        config=Config.PIPELINE,
+        workers=6,
+        steps=20,
+        device_memory_share=0.85,
+        policies=("adaptive", "reroute", "dynamic"),
+    ),
+}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -140,6 +173,7 @@ class Draw:
     gaps_s: tuple[float, ...]
     rejoin_s: float
     cut_s: float = 0.0  # `Kind.PARTITION`: how long the cut lasts; math.inf: to the end
+    policy: str = "dynamic"  # the job's recovery policy, one of `Shape.policies`
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -181,6 +215,9 @@ class TrialResult:
     leaked_shm: tuple[str, ...]
     problems: tuple[str, ...]
     leaked_net: tuple[str, ...] = ()  # a partition's namespace or links left ("netns pln7")
+    config: str = Config.DATA.value
+    policy: str = "dynamic"
+    first_plan: str = ""  # the first epoch's stages per pipeline, e.g. "3+3" or "1+1+1+1"
 
     @property
     def injected(self) -> int:
@@ -189,8 +226,9 @@ class TrialResult:
     def describe(self) -> str:
         events = "; ".join(e.describe() for e in self.events) or "no fault landed"
         differing = "-" if self.differing is None else str(self.differing)
+        job = f"{self.config} {self.first_plan or '-'} {self.policy}, {self.redundancy}"
         head = (
-            f"seed {self.seed} {self.kind} ({self.redundancy}): {self.outcome} at step "
+            f"seed {self.seed} {self.kind} ({job}): {self.outcome} at step "
             f"{self.step} in {self.wall_s:.1f}s, {differing} differing, moves {list(self.moves)}; "
             f"{events}"
         )
@@ -199,8 +237,11 @@ class TrialResult:
 
 def draw(seed: int, shape: Shape = Shape(), kind: Kind | None = None) -> Draw:
     """The seed's fault schedule (module docstring); the same seed, the same schedule. `kind`
-    replaces the drawn kind (the rest is drawn as without it)."""
+    replaces the drawn kind (the rest is drawn as without it). The policy (when `shape` has
+    several) comes from a stream of its own: a seed's faults do not depend on its policy."""
     rng = random.Random(seed)
+    policies = shape.policies
+    policy = policies[0] if len(policies) == 1 else random.Random(f"policy-{seed}").choice(policies)
     drawn = rng.choice(KINDS)
     chosen = kind or drawn
     workers = [W(w) for w in range(shape.workers)]
@@ -212,6 +253,7 @@ def draw(seed: int, shape: Shape = Shape(), kind: Kind | None = None) -> Draw:
         victims=tuple(rng.sample(workers, _FAULTS.get(chosen, len(workers)))),  # STALL: all
         gaps_s=tuple(rng.uniform(0.0, MAX_GAP_S) for _ in range(2)),
         rejoin_s=rng.uniform(0.0, 0.5),
+        policy=policy,
     )
     # Drawn last, so that adding the stall left every other seed's schedule as it was.
     if kind is None and rng.random() < STALL_SHARE:
@@ -241,14 +283,16 @@ async def run_trial(
     seed: int,
     workdir: Path,
     shm_base: Path,
-    shape: Shape = Shape(),
+    shape: Shape | None = None,
     corpus: Path | None = None,
     kind: Kind | None = None,
+    config: Config = Config.DATA,
 ) -> TrialResult:
     """Run seed `seed`'s trial in `workdir` (run logs, checkpoints) with its snapshot stores
     under `shm_base`, which is removed afterwards; the result says whether the invariant held.
     Trials given the same `corpus` file (`write_corpus`) share their reference runs; `kind`
-    replaces the seed's fault kind."""
+    replaces the seed's fault kind; `shape` replaces `config`'s (`SHAPES`)."""
+    shape = shape or SHAPES[config]
     schedule = draw(seed, shape, kind)
     corpus = corpus or write_corpus(workdir)
     try:
@@ -322,6 +366,7 @@ class _Trial:
             global_batch_size=shape.global_batch_size,
             model=shape.returns_model if schedule.kind is Kind.RETURNS else shape.model,
         )
+        share = shape.device_memory_share
         self.settings = local_job.job(
             f"chaos-{schedule.seed}",
             training,
@@ -332,6 +377,8 @@ class _Trial:
             step_timeout_s=shape.step_timeout_s,
             micro_batch_size=MICRO_BATCH_SIZE,
             profile=None if schedule.kind is Kind.EARLY else _profile(training.model),
+            policy=schedule.policy,
+            device_memory_bytes=None if share is None else _device_memory(training.model, share),
         )
         self.backend = local_backend.LocalBackend(
             job=self.settings.name,
@@ -351,6 +398,7 @@ class _Trial:
         self.started = time.monotonic()
         self.pids = processes.Recorder()
         self.crash = ""  # the controller's own exception, if it raised one
+        self.first_plan = ""
 
     async def run(self) -> TrialResult:
         running = asyncio.ensure_future(self.controller.run())
@@ -389,6 +437,9 @@ class _Trial:
         """Every process the backend starts, restarts included (for the leak check)."""
         while True:
             self.pids.add(self.backend.pids.values())
+            running = self.controller.plan
+            if not self.first_plan and running is not None:
+                self.first_plan = _stages(running)
             await asyncio.sleep(local_job.POLL_S)
 
     # -- faults -----------------------------------------------------------------------------
@@ -509,6 +560,9 @@ class _Trial:
             leaked_pids=leaked_pids,
             leaked_shm=leaked_shm,
             problems=tuple(problems),
+            config=self.shape.config.value,
+            policy=self.draw.policy,
+            first_plan=self.first_plan,
         )
 
     def _check_outcome(
@@ -530,6 +584,17 @@ def _profile(model_name: str) -> profile.Profile:
     than `Kind.EARLY` skip the Profiling phase (seconds per trial on 2 cores)."""
     shape = shapes.named(model_name)
     return profiler.measure_profile(shape, MICRO_BATCH_SIZE, warmup=0, repeats=1)
+
+
+def _device_memory(model_name: str, share: float) -> int:
+    """`share` of the bytes the model's layers take on a device (states and activations)."""
+    layers = _profile(model_name).layers
+    return int(share * sum(layer.state_bytes + layer.activation_bytes for layer in layers))
+
+
+def _stages(running: plan.Plan) -> str:
+    """A plan's pipelines by their stage counts: "3+3", "2+2+2+2"."""
+    return "+".join(str(len(pipeline.stages)) for pipeline in running.pipelines)
 
 
 def _running(status: statuses.JobStatus) -> bool:

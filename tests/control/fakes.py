@@ -47,6 +47,7 @@ class FakeAgent:
     hung: bool = False
     stalls: bool = False  # Configure never answers (a wedged RPC)
     slow_until: float | None = None  # until then it does not notice a lost peer (`slow`)
+    set_up_at: float = 0.0  # its set-up ends then (`FakeCluster.setup_s`)
     device: str = "cpu"  # what it runs on (the rules refuse settings for another device)
     profiling: bool = False  # a Profile is being measured
     epoch: int = 0
@@ -198,6 +199,9 @@ class FakeCluster:
     running (a corpus it cannot read, a device it lacks); a test may change it as the run goes.
     `report_held`: heartbeats list the snapshots each store holds (`SnapshotState.held`, issue
     #20), with one digest per member, the same at its holder and at its mirror unless `damage`d.
+    `setup_s`: how long every set-up takes (a cold start on a loaded machine): the agent stays
+    CONFIGURING that long and notices a lost peer only after it, as the agent's watcher starts
+    once the epoch is set up: it shows RUNNING for a tick, then its step fails.
     """
 
     def __init__(
@@ -212,6 +216,7 @@ class FakeCluster:
         drop_pending_on_failure: bool = True,
         setup_errors: dict[int, tuple[messages.ErrorKind, str]] | None = None,
         report_held: bool = False,
+        setup_s: float = 0.0,
     ) -> None:
         self.clock = clock
         self.step_s = step_s
@@ -226,6 +231,7 @@ class FakeCluster:
         # The store's other slot: the snapshot before the latest (REFT's double buffer).
         self.shm_previous: dict[plans.WorkerId, tuple[int, frozenset[int]]] = {}
         self.report_held = report_held
+        self.setup_s = setup_s
         # (worker, step) -> the (layer, member) pairs that snapshot holds, own and mirrored
         self.members: dict[tuple[plans.WorkerId, int], frozenset[tuple[int, int]]] = {}
         self.damaged: set[tuple[plans.WorkerId, int, int]] = set()  # (worker, layer, member)
@@ -309,6 +315,7 @@ class FakeCluster:
         """Set `agent` up for `config`: find each layer's state, cheapest tier first."""
         agent.pending, agent.errors, agent.waiting_since = None, (), None
         agent.epoch, agent.config = config.epoch, config
+        agent.set_up_at = self.clock.monotonic() + self.setup_s
         if agent.id in self.setup_errors:  # the layers stay as they were
             agent.latch(*self.setup_errors[agent.id])
             return
@@ -434,6 +441,8 @@ class FakeCluster:
         if len(active) < len(members):
             self._short(epoch, members, active)
             return
+        if any(a.set_up_at > self.clock.monotonic() for a in active):
+            return  # some member still sets the epoch up: the others wait for it
         for agent in active:
             agent.state, agent.waiting_since = RUNNING, None
         if len({a.step for a in active}) > 1:
@@ -455,6 +464,11 @@ class FakeCluster:
             config = agent.config
             assert config is not None
             if gone:
+                if agent.set_up_at > now:
+                    continue  # still setting up: it notices once set up
+                if agent.state is CONFIGURING and self.setup_s:
+                    agent.state = RUNNING  # set up: its step fails a tick later
+                    continue
                 if agent.slow_until is None or now >= agent.slow_until:
                     agent.latch(messages.ErrorKind.PEER_LOST, f"peer {gone[0].id} lost")
                 continue

@@ -318,3 +318,23 @@ async def test_a_stall_that_ends_worker_by_worker_heals_the_same_epoch() -> None
     final = await run.finish()
     assert final.phase is status.Phase.SUCCEEDED, final.message
     assert final.step == 60 and final.epoch == 1
+
+
+async def test_a_job_ends_on_the_old_plan_after_a_late_switch_with_no_time_to_retry() -> None:
+    # Chaos pipeline seed 6 (docs/chaos.md): a scale-up came too late near the end (its
+    # Configure slower than its lead), and the workers that refused it had finished the job in
+    # their older epoch by the time the refusals were read: those are late refusals too. The
+    # switch is given up (they stay in their epoch under the switch's epoch number) and no
+    # retry fits in the steps left; their FINISHED heartbeats of the older epoch end the job.
+    # Before: counted faulty, and Suspended with the job's last step done (or, given up but
+    # never seen finished, a hang).
+    run = scenarios.Run(
+        scenarios.job(steps=60, policy="dynamic", step_timeout_s=6.0), configure_delay_s=1.2
+    )
+    await run.until(lambda: run.step() >= 5)
+    run.cluster.kill(3)
+    await run.until(lambda: run.controller.epoch == 2 and run.step() >= 45)
+    run.cluster.join(3)
+    final = await run.finish(limit_s=100)
+    assert final.phase is status.Phase.SUCCEEDED and final.step == 60, final.message
+    assert run.controller._switches.lead_scale >= 2  # the switch came too late

@@ -7,7 +7,9 @@ plan the workers still hold, also when the agents set the switch up short of its
 step); losing more workers than any plan needs -> Suspended with the
 checkpoint step, then a resume from that checkpoint when workers return; workers a recovery
 counted failed only because they stopped late (still blocked, heartbeating) -> Suspended, then
-taken back as arrivals once they stop, and the job resumes and succeeds; a layer whose every
+taken back as arrivals once they stop, and the job resumes and succeeds; a death while the
+survivors still set the first epoch up, longer than that bound, waits for their set-up (no
+suspension); a layer whose every
 replica is lost, which loses every member of its snapshot group too -> Suspended at once,
 saying which layers and workers and that the checkpoint is next, and resumed from the
 persistent checkpoint; two copies of a snapshot member (a holder's and its mirror's) whose
@@ -160,6 +162,25 @@ async def test_workers_that_stopped_too_late_for_a_recovery_are_taken_back_once_
     assert resumed.kind == "resume" and 7 not in run.cluster.sent[resumed.epoch][0].plan.workers
     final = await run.finish()
     assert final.phase is status.Phase.SUCCEEDED and final.step == 60
+
+
+async def test_a_death_during_a_slow_first_set_up_waits_for_the_survivors_to_set_up() -> None:
+    # Chaos seed 29 of the pipeline config (docs/chaos.md): a worker killed while the first
+    # epoch is set up. An agent notices a lost peer only once its own set-up ends (its watcher
+    # starts then), and a cold set-up on a loaded machine takes longer than the settle bound
+    # for running workers (step + heartbeat timeouts, 3 s here). The epoch's commit gives a
+    # set-up a Configure and a step timeout (5 s): the recovery waits as long for workers still
+    # setting up, so the survivors are survivors, not given up on and Suspended.
+    run = scenarios.Run(scenarios.job(), setup_s=4.0)
+    await run.until(lambda: len(run.cluster.sent.get(1, [])) == 8, tick_s=0.001)
+    run.cluster.kill(7)
+    final = await run.finish()
+    assert final.phase is status.Phase.SUCCEEDED and final.step == 60
+    phases = {published.phase for published in run.sink.published}
+    assert status.Phase.SUSPENDED not in phases
+    [recovered, *_] = run.controller.recoveries
+    assert recovered.failed == (7,) and recovered.kind != status.MoveKind.RESUME, recovered
+    assert set(run.cluster.sent[recovered.epoch][0].plan.workers) == set(range(7))
 
 
 def _redundant_job(redundancy: messages.RedundancyMode) -> settings.JobSettings:

@@ -171,13 +171,18 @@ class Driver:
         return self._history.step_s(self.epoch, self.beats())
 
     def finished(self) -> bool:
-        """Every worker of the plan finished the job's last step in this epoch."""
+        """Every worker of the plan finished the job's last step in this epoch, or in the older
+        one it trains on towards a switch (`Roster.beat`): after a planned switch given up
+        (`fall_back`) the epoch number is the switch's, the workers' heartbeats the old one's."""
         if self.plan is None:
             return False
+        beats = (self._roster.beat(w, self.epoch) for w in self.plan.workers)
         done = [
             b
-            for b in self.beats()
-            if b.state is messages.AgentState.FINISHED and b.last_committed_step >= self._job.steps
+            for b in beats
+            if b is not None
+            and b.state is messages.AgentState.FINISHED
+            and b.last_committed_step >= self._job.steps
         ]
         return len(done) == len(self.plan.workers)
 

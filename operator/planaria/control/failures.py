@@ -153,6 +153,18 @@ def unsettled(
     }
 
 
+_SETTING_UP = frozenset({messages.AgentState.CONFIGURING, messages.AgentState.TRANSFERRING})
+
+
+def setting_up(
+    roster: membership.Roster, workers: Collection[plans.WorkerId], epoch: int
+) -> set[plans.WorkerId]:
+    """Those of `workers` whose last heartbeat says they still set `epoch` up."""
+    return {
+        w for w in workers if (b := roster.beat(w, epoch)) is not None and b.state in _SETTING_UP
+    }
+
+
 def ended(exc: Exception) -> JobError:
     """The error that ended a job's run before any agent's: no plan fits (the planner's
     error), an agent never answered (`connections.Unbounded`), or the job is invalid."""

@@ -4,8 +4,9 @@ A death (broken Watch, DIED event, silence past the heartbeat timeout, an agent'
 error) or a peer-lost failure breaks the running epoch. `Handler.recover` then
 - fails the job at once on an error of the job's own (`membership.PERMANENT`: the settings, plan
   or data cannot be used), without waiting for the others to settle;
-- waits (bounded by a step and a heartbeat timeout) until the epoch's other workers settle,
-  and reads the epoch (`failures.assess`): the failed, the survivors, their oldest step;
+- waits (bounded by a step and a heartbeat timeout, or by a Configure and a step timeout while
+  one still sets the epoch up) until the epoch's other workers settle, and reads the epoch
+  (`failures.assess`): the failed, the survivors, their oldest step;
 - when no worker survived but live ones latched errors of their own (INTERNAL, OUT_OF_MEMORY),
   takes those as the survivors, OWN_ERROR_RETRIES times from one step, then fails the job;
 - asks the planner per the job's policy (`decide`, pure), with Oobleck's fresh instantiation
@@ -206,12 +207,20 @@ class Handler:
 
     async def _settle(self, running: plans.Plan, epoch: int) -> set[plans.WorkerId]:
         """Wait until the epoch's live workers all stopped, at most a step timeout and a
-        heartbeat timeout; the ones still not stopped then."""
-        deadline = self._clock.monotonic() + self._job.step_timeout_s
-        deadline += self._job.heartbeat_timeout_s
+        heartbeat timeout, or, while one still sets the epoch up, as long as the epoch's
+        commit gives a set-up (a Configure and a step timeout): an agent notices a lost peer
+        only once its set-up ends, and a cold one on a loaded machine takes seconds. Once one
+        was seen setting up, the longer bound stays: a worker just out of its set-up shows
+        RUNNING for a heartbeat or two before its failed step. The ones still not stopped
+        then."""
+        started = self._clock.monotonic()
+        deadline = started + self._job.step_timeout_s + self._job.heartbeat_timeout_s
+        setting_up = started + self._job.configure_timeout_s + self._job.step_timeout_s
         while True:
             now = self._clock.monotonic()
             waiting = failures.unsettled(self._roster, running, epoch, now)
+            if failures.setting_up(self._roster, waiting, epoch):
+                deadline = max(deadline, setting_up)
             if not waiting or now >= deadline:
                 return waiting
             await self._epochs.next(min(self._job.heartbeat_interval_s, deadline - now))

@@ -64,15 +64,19 @@ def late_refusals(
     switch: int,
 ) -> set[plans.WorkerId]:
     """Those of the workers that `refused` a switch after step `switch` only because they
-    still train in an older epoch than `epoch` and already committed the switch step."""
+    still train in an older epoch than `epoch` and already committed the switch step (or have
+    since finished the job there: a Configure slow to arrive near the end)."""
     return {
         w
         for w in refused
         if (b := beats.get(w)) is not None
         and b.epoch < epoch
-        and b.state is messages.AgentState.RUNNING
+        and b.state in _PAST
         and b.last_committed_step >= switch
     }
+
+
+_PAST = (messages.AgentState.RUNNING, messages.AgentState.FINISHED)
 
 
 class Switches:

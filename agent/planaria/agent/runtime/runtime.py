@@ -346,10 +346,11 @@ class Runtime:
         try:
             report = self._training.set_up(config)
         except epoch_setup.SetupError as exc:
-            self._fail(exc.kind, str(exc), config.resume_step)
+            self._fail(exc.kind, str(exc), config.resume_step, setting_up=True)
             return
         except Exception as exc:  # keep serving: the controller reads the latched error
-            self._fail(*acceptance.own_error(exc, setting_up=True), config.resume_step)
+            error = acceptance.own_error(exc, setting_up=True)
+            self._fail(*error, config.resume_step, setting_up=True)
             return
         self._publish(state=State.RUNNING, step=config.resume_step, setup=report, loss=None)
 
@@ -386,12 +387,16 @@ class Runtime:
         step: int,
         *,
         peer: plan.WorkerId | None = None,
+        setting_up: bool = False,
     ) -> None:
+        """Latch the error, state FAILED. A failed step drops a planned switch still pending;
+        a failed set-up (`setting_up`) keeps what came meanwhile: accepted while this worker
+        was not running, it is due at once (a spare's next scale-up)."""
         LOG.warning("worker %d: %s at step %d: %s", self.worker, kind.value, step, message)
         error = messages.LatchedError(kind=kind, message=message, step=step, peer_worker=peer)
         with self._cond:
             pending = self._pending
-            if pending is not None and pending.resume_step > self._training.step:
+            if not setting_up and pending is not None and pending.resume_step > self._training.step:
                 # A planned switch at a step this worker will now never reach: drop it, the
                 # controller reconfigures from the failure (and would read a stale epoch).
                 self._pending = None
