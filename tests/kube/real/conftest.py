@@ -42,16 +42,24 @@ def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[cluster.
     try:
         admin = plane.admin()
         cluster.install_chart(admin, NAMESPACE)
-        # Pods need their namespace's default ServiceAccount (the ServiceAccount admission
-        # plugin), which the controller manager creates.
+        # Pods need their namespace's default ServiceAccount and its token Secret (the
+        # ServiceAccount admission plugin answers "No API token found" with HTTP 500 until the
+        # controller manager's token controller has added one; a CI run met that window).
         cluster.wait_until(
-            lambda: admin.get("v1", "ServiceAccount", "default", NAMESPACE),
+            lambda: _token_secret(admin, "default"),
             60,
-            "the default ServiceAccount created by the controller manager",
+            "the default ServiceAccount and its token Secret, created by the controller manager",
         )
         yield plane
     finally:
         plane.stop()
+
+
+def _token_secret(admin: cluster.Client, account: str) -> bool:
+    """The ServiceAccount exists and its token Secret is referenced and created."""
+    found = admin.get("v1", "ServiceAccount", account, NAMESPACE)
+    names = [ref["name"] for ref in (found or {}).get("secrets") or []]
+    return any(admin.get("v1", "Secret", name, NAMESPACE) for name in names)
 
 
 @pytest.fixture(scope="session")
