@@ -194,10 +194,8 @@ class _Runs:
             mid = (lo + hi) / 2
             if not lo < mid < hi:
                 break
-            taken = 0
-            for fixed, per, size in terms:  # `_slots_upto`, summed at once
-                room = (mid - fixed) / per
-                taken += size * (total if room >= total else math.floor(room) if room >= 1 else 1)
+            counts = _counts_at(terms, mid, total)
+            taken = sum(size * n for (_, _, size), n in zip(terms, counts, strict=True))
             lo, hi = (mid, hi) if taken <= total else (lo, mid)
             # the bisection ends at some threshold in [lo, hi), where every group's count is
             # that at lo once the counts at lo and at the float below hi agree (each grows
@@ -206,8 +204,7 @@ class _Runs:
                 terms, math.nextafter(hi, -math.inf), total
             ):
                 break
-        slots = _slots_upto(self.costs, lo, total)
-        counts = [slots[cost] for cost in self.costs]
+        counts = _counts_at(terms, lo, total)
         fits = sum(size * n for size, n in zip(self.sizes, counts, strict=True)) <= total
         return counts if fits and _is_cheapest_set(self.costs, counts) else ones
 
@@ -325,20 +322,20 @@ def _slots_upto(
     costs: Iterable[PipelineCost], threshold: float, total: int
 ) -> dict[PipelineCost, int]:
     """Per pipeline cost, how many of its slots cost at most `threshold` (1..total)."""
-    counts = {}
-    for cost in costs:
-        room = (threshold - cost.fixed_s) / cost.per_micro_batch_s
-        counts[cost] = total if room >= total else math.floor(room) if room >= 1 else 1
-    return counts
+    return {
+        cost: _slot_count(cost.fixed_s, cost.per_micro_batch_s, threshold, total) for cost in costs
+    }
 
 
 def _counts_at(terms: list[tuple[float, float, int]], threshold: float, total: int) -> list[int]:
     """`_slots_upto` of each (fixed, per micro-batch, size) term."""
-    counts = []
-    for fixed, per, _ in terms:
-        room = (threshold - fixed) / per
-        counts.append(total if room >= total else math.floor(room) if room >= 1 else 1)
-    return counts
+    return [_slot_count(fixed, per, threshold, total) for fixed, per, _ in terms]
+
+
+def _slot_count(fixed_s: float, per_micro_batch_s: float, threshold: float, total: int) -> int:
+    """How many slots of a pipeline cost at most `threshold` (1..total)."""
+    room = (threshold - fixed_s) / per_micro_batch_s
+    return total if room >= total else math.floor(room) if room >= 1 else 1
 
 
 def _is_cheapest_set(costs: Sequence[PipelineCost], counts: Sequence[int]) -> bool:
