@@ -87,7 +87,6 @@ class Controller:
         self._planner: planning.Planner | None = None
         self._phase, self._message = Phase.PENDING, "starting workers"
         self._reason = ""  # the Failed condition's reason, once the job failed
-        self._suspended_for = statuses.SuspendReason.NO_FEASIBLE_PLAN  # the last suspension's
         self._failure: failures.JobError | None = None  # a failure from outside (`fail`)
         self._arrivals: set[plans.WorkerId] = set()
         self._suspended = suspension.Tracker(settings, roster)
@@ -227,7 +226,6 @@ class Controller:
         elif isinstance(outcome, outcomes.Suspend):
             now, need = self._clock.monotonic(), self._planner_().min_workers
             self._history.pending = None
-            self._suspended_for = outcome.reason
             self._set(Phase.SUSPENDED, self._suspended.enter(outcome, now=now, need=need))
         elif isinstance(outcome, outcomes.Succeed):
             self._succeed()
@@ -319,7 +317,7 @@ class Controller:
             message=self._message,
             checkpoint_step=self._suspended.state.checkpoint,
             failure_reason=self._reason,
-            suspend_reason=self._suspended_for,
+            suspend_reason=self._suspended.reason,
             snapshot_interval_steps=(
                 None if plan is None else self._roster.snapshot_interval(plan.workers)
             ),

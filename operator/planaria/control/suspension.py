@@ -12,7 +12,8 @@ waits for a stall to end or for returning workers' first heartbeats. The decisio
   yet, a returning worker's first heartbeat still due; each wait bounded), or RESUME;
 - `resume_point`: where a RESUME starts, from host-memory snapshots and live layers when every
   live worker holds a step newer than the checkpoint (`held_step`), else the checkpoint.
-`Tracker` holds the value for the controller: `enter` suspends, `next` surveys the roster, the
+`Tracker` holds the value for the controller, and the last suspension's `SuspendReason` (the
+Suspended condition's): `enter` suspends, `next` surveys the roster, the
 epoch driver and the planner (`survey`), and answers with an `outcomes.Outcome`: CarryOn, Open
 the resume epoch, or nothing yet. Opening the epoch and setting the phase are the controller's.
 """
@@ -299,10 +300,12 @@ class Tracker:
         self._job = job
         self._roster = roster
         self.state = Suspension()
+        self.reason = statuses.SuspendReason.NO_FEASIBLE_PLAN  # the last suspension's condition
 
     def enter(self, why: outcomes.Suspend, *, now: float, need: int) -> str:
         """Suspend the job as `why` says at `now` (`need`: the fewest workers any plan needs);
         the status message."""
+        self.reason = why.reason
         roster, workers = self._roster, why.running.workers
         checkpoint = roster.checkpoint_step(workers)
         beats = [b for w in workers if (b := roster.beats.get(w)) is not None]
