@@ -56,6 +56,10 @@ def switch_step(
     return current + lead if current + lead < steps else None
 
 
+# a worker at or past a switch step in its older epoch: still training, or done with the job
+_PAST = (messages.AgentState.RUNNING, messages.AgentState.FINISHED)
+
+
 def late_refusals(
     refused: set[plans.WorkerId],
     beats: Mapping[plans.WorkerId, messages.Heartbeat],
@@ -74,9 +78,6 @@ def late_refusals(
         and b.state in _PAST
         and b.last_committed_step >= switch
     }
-
-
-_PAST = (messages.AgentState.RUNNING, messages.AgentState.FINISHED)
 
 
 class Switches:
