@@ -36,7 +36,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from planaria.cli import main, progress, run, run_checks, run_interrupts, run_report
+from planaria.cli import main, progress, run, run_interrupts, run_report
 from planaria.contract import plan as plans
 from planaria.control import clock as clocks
 from planaria.control import status as statuses
@@ -486,12 +486,6 @@ async def test_a_job_that_ends_before_any_signal_keeps_its_outcome(tmp_path: Pat
     assert final.phase is statuses.Phase.SUCCEEDED and interrupts.signum is None
     interrupts.signum = signal.SIGTERM  # as if one came while the agents were being stopped
     assert interrupts.interrupted(final.phase) is None
-
-
-def test_the_default_snapshot_base_is_the_backends() -> None:
-    from planaria.local import backend  # torch: only in this test
-
-    assert run_checks.DEFAULT_SNAPSHOT_BASE == backend.DEFAULT_SNAPSHOT_BASE
 
 
 class _HungUp(io.StringIO):

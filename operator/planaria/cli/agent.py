@@ -22,9 +22,9 @@ import gc
 from pathlib import Path
 
 from planaria.contract import plan
+from planaria.local import launching
 
 DEFAULT_LISTEN = "127.0.0.1:0"
-DEFAULT_SNAPSHOT_BASE = Path("/dev/shm/planaria")
 
 
 class AgentCommandError(ValueError):
@@ -45,7 +45,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument(
         "--snapshot-base",
         type=Path,
-        default=DEFAULT_SNAPSHOT_BASE,
+        default=launching.DEFAULT_SNAPSHOT_BASE,
         help="directory of host-memory snapshot stores (a tmpfs: /dev/shm, or an emptyDir "
         "with medium Memory)",
     )

@@ -259,10 +259,10 @@ async def _backend(
     `on_backend` is told of every backend made (a forced stop kills their agents). `device`:
     the job's device and each worker's GPU (`planaria.local.devices`); restarted workers start
     on it too."""
-    from planaria.local import adoption, devices
+    from planaria.local import adoption, devices, launching
     from planaria.local import backend as local_backend
 
-    base = snapshot_base or local_backend.DEFAULT_SNAPSHOT_BASE
+    base = snapshot_base or launching.DEFAULT_SNAPSHOT_BASE
     agent_args, placement = devices.launch(*device)
 
     def made(*, adopt: bool = False) -> local_backend.LocalBackend:

@@ -33,10 +33,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from planaria.contract import plan, shapes
-from planaria.local import devices, faults
+from planaria.local import devices, faults, launching
 from planaria.spec import conversion, job, job_file
-
-DEFAULT_SNAPSHOT_BASE = Path("/dev/shm/planaria")  # = planaria.local.backend's (torch-free here)
 
 
 class RunCommandError(ValueError):
@@ -87,7 +85,7 @@ def options(
     if args.metrics_port is not None and not 0 <= args.metrics_port <= 65535:
         raise RunCommandError(f"--metrics-port {args.metrics_port}: give a port in [0, 65535]")
     out = Path(args.out) if args.out else Path("runs") / name
-    base = Path(args.snapshot_base) if args.snapshot_base else DEFAULT_SNAPSHOT_BASE
+    base = Path(args.snapshot_base) if args.snapshot_base else launching.DEFAULT_SNAPSHOT_BASE
     check_directory(out, "--out", default=not args.out)
     check_directory(base, "--snapshot-base", default=not args.snapshot_base)
     prepare_data(args.job, spec.data)

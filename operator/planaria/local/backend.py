@@ -69,7 +69,6 @@ from planaria.control import ports
 from planaria.local import adoption, launching, restarts, supervision
 from planaria.rpc import client, tls
 
-DEFAULT_SNAPSHOT_BASE = Path("/dev/shm/planaria")
 STORE_TIMEOUT_S = 300.0
 STORE_PORT_FILE = "store.port"  # in the run directory: the port an adopting backend avoids
 # What a caller of this door catches (module docstring); raised by the supervisor.
@@ -84,7 +83,7 @@ class LocalBackend:
         *,
         job: str,
         run_dir: Path,
-        snapshot_base: Path = DEFAULT_SNAPSHOT_BASE,
+        snapshot_base: Path = launching.DEFAULT_SNAPSHOT_BASE,
         keep_snapshots: bool = False,
         ready_timeout_s: float = supervision.READY_TIMEOUT_S,
         stop_grace_s: float = supervision.STOP_GRACE_S,

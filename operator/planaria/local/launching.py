@@ -18,6 +18,8 @@ from planaria.contract import plan
 from planaria.local import adoption
 
 LOOPBACK = "127.0.0.1"
+# Where agents keep their host-memory snapshot stores unless told otherwise (a tmpfs).
+DEFAULT_SNAPSHOT_BASE = Path("/dev/shm/planaria")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
