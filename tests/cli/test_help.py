@@ -122,3 +122,32 @@ def test_required_options_are_required_in_the_usage(
     monkeypatch.setenv("COLUMNS", "200")
     usage = " ".join(_commands()[name].format_usage().split())
     assert required in usage
+
+
+def _shape(parser: argparse.ArgumentParser) -> list[tuple[object, ...]]:
+    return [
+        (a.option_strings, a.dest, a.default, a.required, a.nargs, a.choices, a.help)
+        for a in parser._actions
+    ]
+
+
+def test_a_command_named_first_gets_the_same_parser_alone() -> None:
+    commands = _commands()
+    assert tuple(commands) == main.COMMANDS
+    for name in main.COMMANDS:
+        alone = main.build_parser(name)
+        subparsers = next(a for a in alone._actions if isinstance(a, argparse._SubParsersAction))
+        assert list(subparsers.choices) == [name]
+        assert _shape(subparsers.choices[name]) == _shape(commands[name]), name
+        assert subparsers.choices[name].epilog == commands[name].epilog
+
+
+def test_the_agent_command_loads_neither_the_planner_nor_the_controller() -> None:
+    # Started once per worker: what it imports is paid on every start and restart.
+    code = (
+        "import sys; from planaria.cli import main; main.build_parser('agent'); "
+        "print(sorted(m for m in sys.modules if m.startswith(('planaria.planner', "
+        "'planaria.control', 'planaria.sim', 'torch', 'pydantic'))))"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.stdout.strip() == "[]", result.stderr or result.stdout
