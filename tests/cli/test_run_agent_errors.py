@@ -110,11 +110,13 @@ def _status(phase: statuses.Phase, message: str) -> statuses.JobStatus:
     return statuses.compute(view)
 
 
-def test_plain_progress_says_why_under_a_suspended_or_failed_line_only() -> None:
+def test_plain_progress_says_what_it_waits_for_and_why_it_stopped() -> None:
     stream = io.StringIO()
     sink = progress.Progress(steps=4, live=False, stream=stream, every_s=3600.0)
     for phase, message in [
+        (statuses.Phase.PENDING, "starting workers"),
         (statuses.Phase.PROFILING, "profiling tiny"),
+        (statuses.Phase.RUNNING, "training"),  # no message under a training line
         (statuses.Phase.SUSPENDED, "suspended: every worker of the plan is lost; ..."),
         (statuses.Phase.FAILED, CAUSE),
         (statuses.Phase.FAILED, CAUSE),  # the same phase again: throttled
@@ -122,16 +124,20 @@ def test_plain_progress_says_why_under_a_suspended_or_failed_line_only() -> None
         asyncio.run(sink.publish(_status(phase, message)))
     sink.close()
     lines = stream.getvalue().splitlines()
-    assert len(lines) == 5, lines
-    assert [line.split()[2] for line in (lines[0], lines[1], lines[3])] == [
+    assert len(lines) == 9, lines
+    assert [lines[i].split()[2] for i in (0, 2, 4, 5, 7)] == [
+        "Pending",
         "Profiling",
+        "Running",
         "Suspended",
         "Failed",
     ]
-    assert (lines[2], lines[4]) == (
+    assert [lines[i] for i in (1, 3, 6, 8)] == [
+        "  starting workers",
+        "  profiling tiny",
         "  suspended: every worker of the plan is lost; ...",
         f"  {CAUSE}",
-    )
+    ]
 
 
 def test_the_summary_of_a_failed_run_names_the_cause_in_its_first_line() -> None:

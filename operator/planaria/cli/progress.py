@@ -4,7 +4,8 @@ Two renderings of the same `control.status.JobStatus`:
 - live (a terminal, without --no-progress): a rich panel redrawn in place with the phase, a step
   bar, loss, samples/s, workers, the plan and the recoveries so far, the last one broken down;
 - plain (not a terminal, or --no-progress): one line when the phase changes (and the
-  controller's message under it when the job is Suspended or Failed: why), a line per
+  controller's message under it while the job is Pending or Profiling: what it waits for; when
+  it is Suspended or Failed: why), a line per
   recovery, and a step line at most every `every_s` seconds, so a log stays readable.
 
 `line`, `recovery_line` and `panel` are pure, so both renderings are tested without a terminal.
@@ -26,8 +27,15 @@ from rich.table import Table
 
 from planaria.control import status as statuses
 
-# Phases whose plain line is followed by the controller's message: what stopped the training.
-_EXPLAINED = (statuses.Phase.SUSPENDED, statuses.Phase.FAILED)
+# Phases whose plain line is followed by the controller's message: what the job waits for
+# before it trains ("starting workers", "profiling tiny", "opening epoch 1: [5,3] initial"), or
+# what stopped the training.
+_EXPLAINED = (
+    statuses.Phase.PENDING,
+    statuses.Phase.PROFILING,
+    statuses.Phase.SUSPENDED,
+    statuses.Phase.FAILED,
+)
 
 
 def line(status: statuses.JobStatus, steps: int, elapsed_s: float) -> str:
