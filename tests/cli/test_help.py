@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata
+import os
 import shlex
 import subprocess
 import sys
@@ -151,3 +152,13 @@ def test_the_agent_command_loads_neither_the_planner_nor_the_controller() -> Non
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.stdout.strip() == "[]", result.stderr or result.stdout
+
+
+@pytest.mark.parametrize(("given", "kept"), [(None, "ERROR"), ("INFO", "INFO")])
+def test_grpc_info_logs_are_off_unless_the_user_asks(given: str | None, kept: str) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "GRPC_VERBOSITY"}
+    if given is not None:
+        env["GRPC_VERBOSITY"] = given
+    code = "import os; from planaria.cli import main; print(os.environ['GRPC_VERBOSITY'])"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert result.stdout.strip() == kept, result.stderr

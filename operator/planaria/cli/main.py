@@ -19,6 +19,12 @@ from collections.abc import Callable, Sequence
 
 from planaria.cli import helptext, version
 
+# gRPC's C core logs at INFO to stderr unless told otherwise (lines such as "Got goaway ...
+# Server shutdown" when an agent stops under a live channel, in the middle of a run's progress).
+# Its errors still print; a user who sets GRPC_VERBOSITY keeps theirs. Set before any command
+# imports grpc, and inherited by the agents `planaria run` starts.
+os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+
 # The command modules (`planaria.cli.<name>`), in the order `planaria --help` lists them. Each is
 # imported only when its parser is built: `planaria agent` (started once per worker, and again
 # for every restarted one) then loads the agent's command alone, not the planner, the simulator
