@@ -289,7 +289,8 @@ def _old_tail_bound_s(search: fresh.Search, shape: fresh.Shape) -> float:
     reduce_s = {}
     for a, b in itertools.pairwise([0, *cuts]):
         gradient = sum(layer.gradient_bytes for layer in prof.layers[a:b])
-        reduce_s[a] = min(link.allreduce_s(gradient, dp) for link in step_bounds._links(prof, gpus))
+        links = step_bounds._links(prof, gpus, search.bounds.apart(shape))
+        reduce_s[a] = min(link.allreduce_s(gradient, dp) for link in links)
     bound = 0.0
     for depth, num_micro_batches, gpu in screened.kinds:
         run = search._run(depth, num_micro_batches, gpu)
