@@ -280,7 +280,8 @@ def test_every_bound_the_search_cuts_with_is_below_the_whole_step(
 
 
 def _old_tail_bound_s(search: fresh.Search, shape: fresh.Shape) -> float:
-    """The tail bound as computed before it was memoised per kind (the oracle)."""
+    """The tail bound as computed before it was memoised per kind (the oracle), with the
+    commit barrier added since."""
     screened = search._screens[shape]
     assert screened is not None
     prof, dp, gpus = search.estimates.profile, shape.num_pipelines, search.reference.gpus_per_node
@@ -300,7 +301,10 @@ def _old_tail_bound_s(search: fresh.Search, shape: fresh.Shape) -> float:
         for r, (a, b) in enumerate(itertools.pairwise(bounds)):
             waits = sum(reduce_s[c] for c in reduce_s if a <= c < b)
             bound = max(bound, run.arrival_s[r] + waits + parts[-1][r])
-    return bound * (1 - step_bounds._ROUNDING)
+    # then the commit barrier among the layout's workers, before every optimizer step
+    workers = range(shape.num_workers)
+    barrier = estimator.barrier_s(estimator.link_among(prof, gpus, workers), len(workers))
+    return bound * (1 - step_bounds._ROUNDING) + barrier * (1 - step_bounds._ROUNDING)
 
 
 @given(jobs(), st.integers(min_value=1, max_value=MAX_WORKERS))

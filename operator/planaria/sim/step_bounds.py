@@ -77,7 +77,6 @@ class Bounds:
         self._bounds: dict[tuple[int, int], float] = {}
         self._chains: dict[tuple[int, int, int, bool], float] = {}
         self._parts: dict[int, _ChainParts | None] = {}
-        self._pairs: dict[tuple[int, int, int, bool], float] = {}
         self._groups: dict[Shape, float] = {}
         self._balanced: dict[Shape, float] = {}
         self._spread: dict[Shape, float] = {}
@@ -128,29 +127,30 @@ class Bounds:
     # --- the group, balanced and spread bounds ---------------------------------------------
 
     def _group_bound_of(self, shape: Shape) -> float:
-        dp, apart = shape.num_pipelines, self.apart(shape)  # its least member's (`apart`)
+        # its least member's workers, and whether they are apart (more are, at more workers)
+        dp, apart = shape.num_pipelines, self.apart(shape)
+        barrier = self._barrier_s(shape.num_workers, least=True)
         most = -(-self.reference.num_micro_batches // dp)
         depths = (shape.depth, shape.depth + 1) if shape.num_deeper else (shape.depth,)
         # the busiest pipeline is of one of the depths; every depth runs at least one
-        busiest = min(
-            max(self._depth_bound_s(d, most), self._chain_s(d, most, dp, apart)) for d in depths
-        )
-        return max(busiest, *(self._chain_s(d, 1, dp, apart) for d in depths))
+        busiest = min(self._pair_bound_s(d, most, dp, apart, barrier) for d in depths)
+        return max(busiest, *(self._chain_s(d, 1, dp, apart) + barrier for d in depths))
 
     def _balanced_bound_s(self, shape: Shape) -> float:
         dp, total = shape.num_pipelines, self.reference.num_micro_batches
-        apart = self.apart(shape)
+        apart, barrier = self.apart(shape), self._barrier_s(shape.num_workers)
         if not shape.num_deeper:
-            return self._pair_bound_s(shape.depth, -(-total // dp), dp, apart)
+            return self._pair_bound_s(shape.depth, -(-total // dp), dp, apart, barrier)
         deeper, others = shape.num_deeper, dp - shape.num_deeper
         if total < dp:
             return math.inf  # fewer micro-batches than pipelines: not distributable
 
         def deep(taken: int) -> float:
-            return self._pair_bound_s(shape.depth + 1, -(-taken // deeper), dp, apart)
+            return self._pair_bound_s(shape.depth + 1, -(-taken // deeper), dp, apart, barrier)
 
         def shallow(taken: int) -> float:
-            return self._pair_bound_s(shape.depth, -(-(total - taken) // others), dp, apart)
+            taken_s = -(-(total - taken) // others)
+            return self._pair_bound_s(shape.depth, taken_s, dp, apart, barrier)
 
         lo, hi = deeper, total - others
         while lo < hi:  # the least share at which the deeper ones' bound reaches the others'
@@ -166,21 +166,35 @@ class Bounds:
             return math.inf
         pairs = set(zip(shape.depths(), micro_batches, strict=True))
         dp, apart = shape.num_pipelines, self.apart(shape)
-        return max(self._pair_bound_s(d, m, dp, apart) for d, m in pairs)
+        barrier = self._barrier_s(shape.num_workers)
+        return max(self._pair_bound_s(d, m, dp, apart, barrier) for d, m in pairs)
 
     # --- per depth, micro-batches and pipelines --------------------------------------------
 
     def _pair_bound_s(
-        self, depth: int, num_micro_batches: int, num_pipelines: int, apart: bool
+        self, depth: int, num_micro_batches: int, num_pipelines: int, apart: bool, barrier: float
     ) -> float:
-        key = (depth, num_micro_batches, num_pipelines, apart)
-        found = self._pairs.get(key)
-        if found is None:
-            found = self._pairs[key] = max(
-                self._depth_bound_s(depth, num_micro_batches),
-                self._chain_s(depth, num_micro_batches, num_pipelines, apart),
-            )
-        return found
+        """The larger of the depth's step bound and its chain bound followed by `barrier`
+        (`_barrier_s`: every stage's optimizer step waits for the commit barrier)."""
+        return max(
+            self._depth_bound_s(depth, num_micro_batches),
+            self._chain_s(depth, num_micro_batches, num_pipelines, apart) + barrier,
+        )
+
+    def _barrier_s(self, num_workers: int, least: bool = False) -> float:
+        """The commit barrier among the `num_workers` workers of a layout (every stage is one
+        worker, on workers 0 to `num_workers` - 1: the intra-node link when they fit one node),
+        less `_ROUNDING`. `least`: the least over layouts of `num_workers` or more workers (the
+        barrier grows with the workers over either link, whose choice may change)."""
+        prof, gpus = self.profile, self.reference.gpus_per_node
+        inter = estimator.barrier_s(prof.inter_node, num_workers)
+        if num_workers > gpus:
+            found = inter
+        elif least:
+            found = min(inter, estimator.barrier_s(prof.intra_node, num_workers))
+        else:
+            found = estimator.barrier_s(prof.intra_node, num_workers)
+        return found * (1 - _ROUNDING)
 
     def _depth_bound_s(self, depth: int, num_micro_batches: int) -> float:
         """`distribution.step_bound_s` of the depth's split (inf: no split fits)."""
@@ -283,7 +297,7 @@ class Bounds:
         dp, apart = shape.num_pipelines, self.apart(shape)
         # the running maximum from 0 over every kind's stages, taken per kind (memoised)
         tails = [self._kind_tail_s(kind, present, dp, apart, run) for kind in kinds]
-        return max([0.0, *tails]) * (1 - _ROUNDING)
+        return max([0.0, *tails]) * (1 - _ROUNDING) + self._barrier_s(shape.num_workers)
 
     def _kind_tail_s(
         self,
