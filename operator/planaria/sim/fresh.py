@@ -211,6 +211,8 @@ class Search:
         # the bounds before any replay, kept for the searches of other counts
         if self.bounds.balanced_s(shape) > limit:
             return None
+        if self.bounds.balanced_tail_s(shape, self._run) > limit:
+            return None
         if self.bounds.spread_s(shape, self._micro_batches(shape)) > limit:
             return None
         screened = self._screen(shape)

@@ -26,6 +26,7 @@ what an estimate is (`screening`, `composition`); the split per depth (`distribu
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from collections.abc import Callable, Hashable
@@ -81,6 +82,10 @@ class Bounds:
         self._balanced: dict[Shape, float] = {}
         self._spread: dict[Shape, float] = {}
         self._tails: dict[Shape, float] = {}
+        self._balanced_tails: dict[Shape, float] = {}
+        self._least_tails: dict[tuple[int, int, frozenset[int], int, bool], float] = {}
+        self._arrivals: dict[tuple[int, int], tuple[float, ...]] = {}
+        self._fast: profile.Profile | None = None
         self._kind_tails: dict[tuple[int, int, int, frozenset[int], int, bool], float] = {}
         self._wait_lists: dict[tuple[frozenset[int], int, int, bool], list[float]] = {}
 
@@ -109,6 +114,17 @@ class Bounds:
         if shape not in self._spread:
             self._spread[shape] = self._spread_bound_s(shape, micro_batches)
         return self._spread[shape]
+
+    def balanced_tail_s(
+        self, shape: Shape, run: Callable[[int, int, int], composition.PipelineRun]
+    ) -> float:
+        """The tail bound before the batch is distributed, as `balanced_s` bounds the chains:
+        the busiest pipelines' tails at the least share of the batch they can have, each the
+        least over the pipeline's first GPU within a node. A pipeline alone reaches each
+        stage's tail no earlier with more micro-batches (`_least_tail_s`)."""
+        if shape not in self._balanced_tails:
+            self._balanced_tails[shape] = self._balanced_tail_bound_s(shape, run)
+        return self._balanced_tails[shape]
 
     def tail_s(
         self,
@@ -152,14 +168,7 @@ class Bounds:
             taken_s = -(-(total - taken) // others)
             return self._pair_bound_s(shape.depth, taken_s, dp, apart, barrier)
 
-        lo, hi = deeper, total - others
-        while lo < hi:  # the least share at which the deeper ones' bound reaches the others'
-            mid = (lo + hi) // 2
-            lo, hi = (lo, mid) if deep(mid) >= shallow(mid) else (mid + 1, hi)
-        candidates = [max(deep(lo), shallow(lo))]
-        if lo > deeper:
-            candidates.append(max(deep(lo - 1), shallow(lo - 1)))
-        return min(candidates)
+        return _least_larger(deep, shallow, deeper, total - others)
 
     def _spread_bound_s(self, shape: Shape, micro_batches: tuple[int, ...] | None) -> float:
         if micro_batches is None:
@@ -285,7 +294,87 @@ class Bounds:
         first = shape.depth + (1 if shape.num_deeper else 0)
         return gpus == 1 or shape.num_workers >= gpus + first + shape.depth - 1
 
-    # --- the tail bound --------------------------------------------------------------------
+    # --- the tail bounds -------------------------------------------------------------------
+
+    def _balanced_tail_bound_s(
+        self, shape: Shape, run: Callable[[int, int, int], composition.PipelineRun]
+    ) -> float:
+        dp, total, depth = shape.num_pipelines, self.reference.num_micro_batches, shape.depth
+        present = frozenset((depth, depth + 1) if shape.num_deeper else (depth,))
+        if total < dp or any(self.split(d) is None for d in present):
+            return math.inf  # not distributable, or a depth has no split
+        apart, deeper, others = self.apart(shape), shape.num_deeper, dp - shape.num_deeper
+        # past twice the even share the tails are taken at that share: lower, still
+        # non-decreasing, and above where the two sides cross; the runs stay short
+        most = 2 * -(-total // dp)
+
+        def deep(taken: int) -> float:
+            busiest = min(-(-taken // deeper), most)
+            return self._least_tail_s(depth + 1, busiest, present, dp, apart, run)
+
+        def shallow(taken: int) -> float:
+            busiest = min(-(-(total - taken) // others), most)
+            return self._least_tail_s(depth, busiest, present, dp, apart, run)
+
+        found = _least_larger(deep, shallow, deeper, total - others) if deeper else shallow(0)
+        return found * (1 - _ROUNDING) + self._barrier_s(shape.num_workers)
+
+    def _least_tail_s(
+        self,
+        depth: int,
+        num_micro_batches: int,
+        present: frozenset[int],
+        dp: int,
+        apart: bool,
+        run: Callable[[int, int, int], composition.PipelineRun],
+    ) -> float:
+        """At most `_kind_tail_s` of a pipeline of `depth` running `num_micro_batches` or more,
+        from any first GPU within a node: per stage the least arrival over those GPUs, plus
+        its waits and optimizer step. More micro-batches never make a stage arrive earlier:
+        1F1B's order of m + 1 micro-batches holds the order of m with ops added, and every
+        time is a max and sum of the same costs over a larger graph (monotone in floats too;
+        tests/sim/test_fresh.py checks the arrivals over m)."""
+        key = (depth, num_micro_batches, present, dp, apart)
+        found = self._least_tails.get(key)
+        if found is None:
+            arrivals = self._least_arrivals(depth, num_micro_batches, run)
+            parts = self._chain_parts(depth)
+            assert parts is not None  # the depth has a split
+            waits = self._waits(present, dp, depth, apart)
+            ends = zip(arrivals, waits, parts[-1], strict=True)
+            found = self._least_tails[key] = max([0.0, *(a + w + o for a, w, o in ends)])
+        return found
+
+    def _least_arrivals(
+        self,
+        depth: int,
+        num_micro_batches: int,
+        run: Callable[[int, int, int], composition.PipelineRun],
+    ) -> tuple[float, ...]:
+        """Per stage, at most the arrival of a pipeline of `depth` alone from any first GPU:
+        its run alone (one-GPU nodes), else its run with every hop over a link no slower than
+        either (each time a max and sum of costs, none larger)."""
+        key = (depth, num_micro_batches)
+        if key not in self._arrivals:
+            if self.reference.gpus_per_node == 1:
+                self._arrivals[key] = run(depth, num_micro_batches, 0).arrival_s
+            else:
+                workers = [plan.WorkerId(s) for s in range(depth)]
+                alone = distribution.pipeline_of(self._split_of(depth), workers, num_micro_batches)
+                fast = composition.run_chain(alone, 1, self._fast_hops())
+                self._arrivals[key] = fast.arrival_s
+        return self._arrivals[key]
+
+    def _fast_hops(self) -> profile.Profile:
+        """The profile with both links the faster of each point-to-point term."""
+        if self._fast is None:
+            intra, inter = self.profile.intra_node, self.profile.inter_node
+            link = profile.LinkProfile(
+                bandwidth_bytes_per_s=max(intra.bandwidth_bytes_per_s, inter.bandwidth_bytes_per_s),
+                latency_s=min(intra.latency_s, inter.latency_s),
+            )
+            self._fast = dataclasses.replace(self.profile, intra_node=link, inter_node=link)
+        return self._fast
 
     def _tail_bound_s(
         self,
@@ -343,6 +432,21 @@ class Bounds:
         split = self.split(depth)
         assert split is not None  # checked by the caller
         return split
+
+
+def _least_larger(
+    rising: Callable[[int], float], falling: Callable[[int], float], lo: int, hi: int
+) -> float:
+    """The least over lo..hi of the larger of `rising` (non-decreasing) and `falling`
+    (non-increasing): bisect to where the first reaches the second."""
+    first = lo
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if rising(mid) >= falling(mid) else (mid + 1, hi)
+    candidates = [max(rising(lo), falling(lo))]
+    if lo > first:
+        candidates.append(max(rising(lo - 1), falling(lo - 1)))
+    return min(candidates)
 
 
 def _links(prof: profile.Profile, gpus_per_node: int, apart: bool) -> list[profile.LinkProfile]:
