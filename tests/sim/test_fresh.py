@@ -1,5 +1,5 @@
-"""The fresh-plan search (planaria.sim.fresh, its bounds in sim.step_bounds) against the
-exhaustive search it replaced.
+"""The fresh-plan search (planaria.sim.fresh, its bounds in sim.step_bounds and sim.tail_bounds)
+against the exhaustive search it replaced.
 
 Covers: over hypothesis-drawn profiles (tied and free costs, links fast or slow, memory from
 ample to a few layers), batches, GPUs per node, symmetric grids or all layouts, with and
@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 
 from planaria.contract import errors, plan, profile
 from planaria.planner import candidates, composition, distribution, estimator, screening
-from planaria.sim import fresh, planning, step_bounds
+from planaria.sim import fresh, planning, step_bounds, tail_bounds
 from tests import strategies
 
 W = plan.WorkerId
@@ -308,7 +308,7 @@ def test_a_pipeline_alone_arrives_no_earlier_with_more_micro_batches_or_slower_h
         assert all(a <= b for a, b in zip(*(r.arrival_s for r in runs), strict=True))
         at = [W(s) for s in range(depth)]
         fast = composition.run_chain(
-            distribution.pipeline_of(counts, at, num_micro_batches), 1, bounds._fast_hops()
+            distribution.pipeline_of(counts, at, num_micro_batches), 1, bounds.tails.fast_hops()
         )
         assert all(a <= b for a, b in zip(fast.arrival_s, runs[0].arrival_s, strict=True))
 
@@ -324,7 +324,7 @@ def _old_tail_bound_s(search: fresh.Search, shape: fresh.Shape) -> float:
     reduce_s = {}
     for a, b in itertools.pairwise([0, *cuts]):
         gradient = sum(layer.gradient_bytes for layer in prof.layers[a:b])
-        links = step_bounds._links(prof, gpus, search.bounds.apart(shape))
+        links = tail_bounds.links(prof, gpus, search.bounds.apart(shape))
         reduce_s[a] = min(link.allreduce_s(gradient, dp) for link in links)
     bound = 0.0
     for depth, num_micro_batches, gpu in screened.kinds:

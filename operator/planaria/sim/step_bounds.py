@@ -14,7 +14,11 @@ layout built (tests/sim/test_fresh.py checks each one, on jobs whose screens are
   its busiest pipelines can have, bisected) and with it (`spread_s`);
 - the tail bound (`tail_s`): per distinct pipeline and stage, its arrival alone plus its
   buckets' all-reduces one after another plus its optimizer step, kept per kind of pipeline,
-  set of depths present and DP degree.
+  set of depths present and DP degree (`tail_bounds`), and the same before the batch is
+  distributed (`balanced_tail_s`: at the busiest pipelines' least share, as `balanced_s`);
+- every bound then adds the commit barrier among the layout's workers (`_barrier_s`), and with
+  several GPUs per node takes the inter-node link alone when no bucket's holders can share a
+  node (`apart`).
 
 Bounds sum costs in another order than the replay, so they carry a relative slack of 1e-9
 (`_ROUNDING`). None depends on which layouts a search may choose: the searches of one job share
@@ -26,7 +30,6 @@ what an estimate is (`screening`, `composition`); the split per depth (`distribu
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import math
 from collections.abc import Callable, Hashable
@@ -34,6 +37,7 @@ from typing import Protocol
 
 from planaria.contract import plan, profile
 from planaria.planner import composition, distribution, estimator
+from planaria.sim import tail_bounds
 
 # Relative slack on the bounds: they sum the same costs in another order than the replay.
 _ROUNDING = 1e-9
@@ -41,13 +45,13 @@ _ROUNDING = 1e-9
 # Per stage: forward, backward, start, gradient bytes, optimizer step.
 _ChainParts = tuple[list[float], list[float], list[float], list[int], list[float]]
 
-Kind = tuple[int, int, int]
-"""A distinct pipeline of a layout: its depth, micro-batches and first GPU within a node."""
+Kind = tail_bounds.Kind
 
 
 class Shape(Hashable, Protocol):
     """What the bounds read of a layout before its split and batch (`fresh.Shape`):
-    `num_pipelines` pipelines, the first `num_deeper` of them `depth + 1` stages deep."""
+    `num_pipelines` pipelines, the first `num_deeper` of them `depth + 1` stages deep,
+    `num_workers` workers in all."""
 
     @property
     def num_pipelines(self) -> int: ...
@@ -57,6 +61,9 @@ class Shape(Hashable, Protocol):
 
     @property
     def num_deeper(self) -> int: ...
+
+    @property
+    def num_workers(self) -> int: ...
 
     def depths(self) -> tuple[int, ...]: ...
 
@@ -83,11 +90,7 @@ class Bounds:
         self._spread: dict[Shape, float] = {}
         self._tails: dict[Shape, float] = {}
         self._balanced_tails: dict[Shape, float] = {}
-        self._least_tails: dict[tuple[int, int, frozenset[int], int, bool], float] = {}
-        self._arrivals: dict[tuple[int, int], tuple[float, ...]] = {}
-        self._fast: profile.Profile | None = None
-        self._kind_tails: dict[tuple[int, int, int, frozenset[int], int, bool], float] = {}
-        self._wait_lists: dict[tuple[frozenset[int], int, int, bool], list[float]] = {}
+        self.tails = tail_bounds.Tails(prof, reference.gpus_per_node, split)
 
     # --- per layout, memoised --------------------------------------------------------------
 
@@ -277,7 +280,7 @@ class Bounds:
     def _fastest(self, apart: bool) -> profile.LinkProfile:
         """A link no slower than any an all-reduce of the layouts can use: the inter-node link
         when they are `apart`, else the faster of each all-reduce term of the two."""
-        links = _links(self.profile, self.reference.gpus_per_node, apart)
+        links = tail_bounds.links(self.profile, self.reference.gpus_per_node, apart)
         if len(links) == 1:
             return links[0]
         return profile.LinkProfile(
@@ -310,71 +313,14 @@ class Bounds:
 
         def deep(taken: int) -> float:
             busiest = min(-(-taken // deeper), most)
-            return self._least_tail_s(depth + 1, busiest, present, dp, apart, run)
+            return self.tails.least_s(depth + 1, busiest, present, dp, apart, run)
 
         def shallow(taken: int) -> float:
             busiest = min(-(-(total - taken) // others), most)
-            return self._least_tail_s(depth, busiest, present, dp, apart, run)
+            return self.tails.least_s(depth, busiest, present, dp, apart, run)
 
         found = _least_larger(deep, shallow, deeper, total - others) if deeper else shallow(0)
         return found * (1 - _ROUNDING) + self._barrier_s(shape.num_workers)
-
-    def _least_tail_s(
-        self,
-        depth: int,
-        num_micro_batches: int,
-        present: frozenset[int],
-        dp: int,
-        apart: bool,
-        run: Callable[[int, int, int], composition.PipelineRun],
-    ) -> float:
-        """At most `_kind_tail_s` of a pipeline of `depth` running `num_micro_batches` or more,
-        from any first GPU within a node: per stage the least arrival over those GPUs, plus
-        its waits and optimizer step. More micro-batches never make a stage arrive earlier:
-        1F1B's order of m + 1 micro-batches holds the order of m with ops added, and every
-        time is a max and sum of the same costs over a larger graph (monotone in floats too;
-        tests/sim/test_fresh.py checks the arrivals over m)."""
-        key = (depth, num_micro_batches, present, dp, apart)
-        found = self._least_tails.get(key)
-        if found is None:
-            arrivals = self._least_arrivals(depth, num_micro_batches, run)
-            parts = self._chain_parts(depth)
-            assert parts is not None  # the depth has a split
-            waits = self._waits(present, dp, depth, apart)
-            ends = zip(arrivals, waits, parts[-1], strict=True)
-            found = self._least_tails[key] = max([0.0, *(a + w + o for a, w, o in ends)])
-        return found
-
-    def _least_arrivals(
-        self,
-        depth: int,
-        num_micro_batches: int,
-        run: Callable[[int, int, int], composition.PipelineRun],
-    ) -> tuple[float, ...]:
-        """Per stage, at most the arrival of a pipeline of `depth` alone from any first GPU:
-        its run alone (one-GPU nodes), else its run with every hop over a link no slower than
-        either (each time a max and sum of costs, none larger)."""
-        key = (depth, num_micro_batches)
-        if key not in self._arrivals:
-            if self.reference.gpus_per_node == 1:
-                self._arrivals[key] = run(depth, num_micro_batches, 0).arrival_s
-            else:
-                workers = [plan.WorkerId(s) for s in range(depth)]
-                alone = distribution.pipeline_of(self._split_of(depth), workers, num_micro_batches)
-                fast = composition.run_chain(alone, 1, self._fast_hops())
-                self._arrivals[key] = fast.arrival_s
-        return self._arrivals[key]
-
-    def _fast_hops(self) -> profile.Profile:
-        """The profile with both links the faster of each point-to-point term."""
-        if self._fast is None:
-            intra, inter = self.profile.intra_node, self.profile.inter_node
-            link = profile.LinkProfile(
-                bandwidth_bytes_per_s=max(intra.bandwidth_bytes_per_s, inter.bandwidth_bytes_per_s),
-                latency_s=min(intra.latency_s, inter.latency_s),
-            )
-            self._fast = dataclasses.replace(self.profile, intra_node=link, inter_node=link)
-        return self._fast
 
     def _tail_bound_s(
         self,
@@ -385,48 +331,8 @@ class Bounds:
         present = frozenset(d for d, _, _ in kinds)
         dp, apart = shape.num_pipelines, self.apart(shape)
         # the running maximum from 0 over every kind's stages, taken per kind (memoised)
-        tails = [self._kind_tail_s(kind, present, dp, apart, run) for kind in kinds]
+        tails = [self.tails.kind_s(kind, present, dp, apart, run) for kind in kinds]
         return max([0.0, *tails]) * (1 - _ROUNDING) + self._barrier_s(shape.num_workers)
-
-    def _kind_tail_s(
-        self,
-        kind: Kind,
-        present: frozenset[int],
-        dp: int,
-        apart: bool,
-        run: Callable[[int, int, int], composition.PipelineRun],
-    ) -> float:
-        """The largest of a kind's stages' arrival alone plus waits plus optimizer step, among
-        `dp` pipelines of the depths `present` (0 at least; `apart`: as `apart` says)."""
-        key = (*kind, present, dp, apart)
-        found = self._kind_tails.get(key)
-        if found is None:
-            parts = self._chain_parts(kind[0])
-            assert parts is not None  # the depth has a split
-            waits = self._waits(present, dp, kind[0], apart)
-            ends = zip(run(*kind).arrival_s, waits, parts[-1], strict=True)
-            found = self._kind_tails[key] = max([0.0, *(a + w + o for a, w, o in ends)])
-        return found
-
-    def _waits(self, present: frozenset[int], dp: int, depth: int, apart: bool) -> list[float]:
-        """Per stage of `depth`, its buckets' all-reduces one after another (one per bucket of
-        layers with the same holders among `dp` pipelines of the depths `present`), in layer
-        order, each over the faster link it may use (`apart`: between nodes)."""
-        key = (present, dp, depth, apart)
-        if key not in self._wait_lists:
-            prof, gpus = self.profile, self.reference.gpus_per_node
-            cuts = sorted({c for d in present for c in itertools.accumulate(self._split_of(d))})
-            reduce_s = {}  # seconds of each bucket's all-reduce, by its first layer
-            for a, b in itertools.pairwise([0, *cuts]):
-                gradient = sum(layer.gradient_bytes for layer in prof.layers[a:b])
-                links = _links(prof, gpus, apart)
-                reduce_s[a] = min(link.allreduce_s(gradient, dp) for link in links)
-            bounds = list(itertools.accumulate(self._split_of(depth), initial=0))
-            self._wait_lists[key] = [
-                sum(reduce_s[c] for c in reduce_s if a <= c < b)
-                for a, b in itertools.pairwise(bounds)
-            ]
-        return self._wait_lists[key]
 
     def _split_of(self, depth: int) -> tuple[int, ...]:
         split = self.split(depth)
@@ -447,12 +353,6 @@ def _least_larger(
     if lo > first:
         candidates.append(max(rising(lo - 1), falling(lo - 1)))
     return min(candidates)
-
-
-def _links(prof: profile.Profile, gpus_per_node: int, apart: bool) -> list[profile.LinkProfile]:
-    """The links an all-reduce of one-GPU stages can use: between nodes, and within one when
-    nodes have several GPUs and the layout's pipelines are not `apart` (`Bounds.apart`)."""
-    return [prof.inter_node] if gpus_per_node == 1 or apart else [prof.inter_node, prof.intra_node]
 
 
 def _allreduce_bandwidth(link: profile.LinkProfile) -> float:
