@@ -9,13 +9,15 @@
 3. Sensitivity of the Odyssey result to the fixed restart cost of a re-plan
    (`transfers.Overheads.restart_s`, measured at 0.02 s on CPU/gloo; not a measurement at
    cluster scale): the same traces with 10 s, 60 s and 300 s (--sensitivity-seeds, default 10).
-4. Scale (#17 item 5, --scale alone): wall seconds per simulated hour of the 32-device
-   `odyssey` scenario and of `scale-1024` (1,024 one-GPU nodes; `scale-1024x8` too with
-   --scale-x8), every policy over one seed of --scale-hours (default 2), each on a cold planner
-   in a fresh process; with --before DIR (an older tree, e.g. `git archive e602b73 | tar -x -C
-   DIR`) each scenario runs first with DIR/operator, DIR/protos and DIR/agent on PYTHONPATH,
-   and both must give the same per-policy summaries; and one fresh plan of 32 nodes (batch 64
-   and 1024) by the exhaustive search `sim.fresh` replaced (the oracle of
+4. Scale (#17 item 5, --scale alone): wall and CPU seconds per simulated hour and peak RSS of
+   the 32-device `odyssey` scenario and of `scale-1024` (1,024 one-GPU nodes; `scale-1024x8`,
+   1,024 nodes of 8 GPUs, too with --scale-x8), every policy over one seed of --scale-hours
+   (default 2), each on a cold planner in a fresh process; with --before DIR (an older tree,
+   e.g. `git archive e602b73 | tar -x -C DIR`) each scenario runs first with DIR/operator,
+   DIR/protos and DIR/agent on PYTHONPATH, and both must give the same per-policy summaries
+   (--before-timeout S stops an old run after S wall seconds and reports it unfinished: the
+   tree before the seventh round does not finish `scale-1024x8`); and one fresh plan of 32
+   nodes (batch 64 and 1024) by the exhaustive search `sim.fresh` replaced (the oracle of
    tests/sim/test_fresh.py) and by `sim.fresh`, after the same splits, with the ratio. Writes
    bench/results/simulate_scale.json.
 
@@ -24,6 +26,7 @@ Prints a table per study and writes bench/results/simulate.json.
     .venv/bin/python bench/simulate.py [--seeds N] [--oobleck-seeds N] [--sensitivity-seeds N]
                                        [--skip-oobleck] [--skip-sensitivity]
     .venv/bin/python -m bench.simulate --scale [--scale-hours H] [--scale-x8] [--before DIR]
+                                       [--before-timeout S]
 """
 
 from __future__ import annotations
@@ -112,7 +115,7 @@ def sensitivity(seeds: int, shared: planning.Planner) -> list[dict[str, object]]
 # the scenario for argv[2] simulated hours on a cold planner; prints its wall and CPU seconds
 # (the process's: on a shared machine less sensitive to the load than wall) and summaries.
 _SCALE_SCRIPT = """
-import json, os, sys, time
+import json, os, resource, sys, time
 from planaria.sim import report, scenarios, study
 scenario = scenarios.named(sys.argv[1]).with_horizon(float(sys.argv[2]) * scenarios.HOUR_S)
 load = os.getloadavg()[0]
@@ -120,37 +123,50 @@ cpu = time.process_time()
 result = study.run(scenario, [0])
 cpu_s = time.process_time() - cpu
 summaries = report.summarise(result.runs, result.planner, result.num_nodes)
+rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 print(json.dumps({"elapsed_s": result.elapsed_s, "cpu_s": cpu_s, "load_average": load,
-                  "events": len(result.traces[0].events), "policies": report.to_json(summaries)}))
+                  "events": len(result.traces[0].events), "policies": report.to_json(summaries),
+                  "peak_rss_mb": rss_mb}))
 """
 
 
-def _scale_run(name: str, hours: float, before: str | None) -> dict[str, Any]:
+def _scale_run(
+    name: str, hours: float, before: str | None, timeout_s: float | None = None
+) -> dict[str, Any] | None:
     """`_SCALE_SCRIPT` with this tree, or with `before`'s folders of the `planaria` namespace
-    first on the path (the planner's types live in protos/, `planaria.contract`)."""
+    first on the path (the planner's types live in protos/, `planaria.contract`); None when it
+    runs past `timeout_s` wall seconds (then it is killed)."""
     env = dict(os.environ)
     if before is not None:
         folders = [f"{before}/{name}" for name in ("operator", "protos", "agent")]
         env["PYTHONPATH"] = os.pathsep.join(f for f in folders if os.path.isdir(f))
-    done = subprocess.run(
-        [sys.executable, "-c", _SCALE_SCRIPT, name, str(hours)],
-        env=env,
-        capture_output=True,
-        text=True,
-        check=True,
-    )
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", _SCALE_SCRIPT, name, str(hours)],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=timeout_s,
+        )
+    except subprocess.TimeoutExpired:
+        return None
     row: dict[str, Any] = json.loads(done.stdout.splitlines()[-1])
     return row
 
 
-def scale(hours: float, names: list[str], before: str | None) -> dict[str, object]:
+def scale(
+    hours: float, names: list[str], before: str | None, before_timeout_s: float | None = None
+) -> dict[str, object]:
     """Each scenario in a fresh process, after `before`'s tree in another when given (then
-    both must give the same summaries: the same plans, steps and pauses)."""
+    both must give the same summaries: the same plans, steps and pauses); an old run past
+    `before_timeout_s` wall seconds is stopped and reported as not finished."""
     rows = []
     for name in names:
         scenario = scenarios.named(name).with_horizon(hours * scenarios.HOUR_S)
-        old = None if before is None else _scale_run(name, hours, before)
+        old = None if before is None else _scale_run(name, hours, before, before_timeout_s)
         new = _scale_run(name, hours, None)
+        assert new is not None  # no timeout
         if old is not None:
             assert old["policies"] == new["policies"], f"{name}: results differ from --before"
         rows.append(
@@ -164,9 +180,14 @@ def scale(hours: float, names: list[str], before: str | None) -> dict[str, objec
                 "s_per_simulated_hour": new["elapsed_s"] / hours,
                 "cpu_s": new["cpu_s"],
                 "load_average": new["load_average"],
+                "peak_rss_mb": new.get("peak_rss_mb"),
                 "before_elapsed_s": None if old is None else old["elapsed_s"],
                 "before_cpu_s": None if old is None else old["cpu_s"],
                 "before_load_average": None if old is None else old["load_average"],
+                "before_peak_rss_mb": None if old is None else old.get("peak_rss_mb"),
+                "before_unfinished_after_s": (
+                    before_timeout_s if before is not None and old is None else None
+                ),
             }
         )
     _scale_table(rows, hours, before)
@@ -174,30 +195,42 @@ def scale(hours: float, names: list[str], before: str | None) -> dict[str, objec
 
 
 def _scale_table(rows: list[dict[str, Any]], hours: float, before: str | None) -> None:
-    """Wall and CPU seconds per simulated hour, before (--before's tree) and after, and the
-    ratios to the odyssey scenario (the first row) of the same tree and of the old tree."""
+    """Wall and CPU seconds per simulated hour, before (--before's tree) and after, the ratios
+    to the odyssey scenario (the first row) of the same tree and of the old tree, and the peak
+    RSS; "unfinished" where the old tree ran past --before-timeout."""
     print(f"\nscale: every policy, 1 seed, {hours:g} simulated hours, cold planners")
     for unit, after_key, before_key in (
         ("wall", "elapsed_s", "before_elapsed_s"),
         ("CPU", "cpu_s", "before_cpu_s"),
     ):
         base = rows[0][after_key] / hours
-        old_base = None if before is None else rows[0][before_key] / hours
+        old_base = None if rows[0][before_key] is None else rows[0][before_key] / hours
         print(
             f"\n| scenario | nodes x GPUs | events | {unit} s per simulated hour before | after "
-            "| after vs odyssey after | after vs odyssey before | load before / after |"
+            "| after vs odyssey after | after vs odyssey before | load before / after "
+            "| peak RSS MB before / after |"
         )
-        print("|---|---|---|---|---|---|---|---|")
+        print("|---|---|---|---|---|---|---|---|---|")
         for row in rows:
             after = row[after_key] / hours
-            old = "-" if before is None else f"{row[before_key] / hours:.1f}"
-            vs_old = "-" if old_base is None else f"{after / old_base:.2f}x"
-            old_load = "-" if before is None else f"{row['before_load_average']:.1f}"
             print(
                 f"| {row['scenario']} | {row['nodes']} x {row['gpus_per_node']} | "
-                f"{row['events']} | {old} | {after:.1f} | {after / base:.2f}x | {vs_old} | "
-                f"{old_load} / {row['load_average']:.1f} |"
+                f"{row['events']} | {_before(row, before_key, before, hours)} | {after:.2f} | "
+                f"{after / base:.2f}x | "
+                f"{'-' if old_base is None else f'{after / old_base:.2f}x'} | "
+                f"{_before(row, 'before_load_average', before)} / {row['load_average']:.1f} | "
+                f"{_before(row, 'before_peak_rss_mb', before)} / {row['peak_rss_mb']:.0f} |"
             )
+
+
+def _before(row: dict[str, Any], key: str, before: str | None, hours: float = 1.0) -> str:
+    """The old tree's figure of `key` (per simulated hour when `hours` is given), "-" without
+    --before, "unfinished after S s" when it ran past --before-timeout."""
+    if before is None:
+        return "-"
+    if row["before_unfinished_after_s"] is not None:
+        return f"unfinished after {row['before_unfinished_after_s']:.0f} s"
+    return f"{row[key] / hours:.2f}" if key != "before_peak_rss_mb" else f"{row[key]:.0f}"
 
 
 def _fresh_old_vs_new(num_nodes: int) -> list[dict[str, object]]:
@@ -250,6 +283,12 @@ def main() -> None:
     parser.add_argument("--scale-hours", type=float, default=2.0)
     parser.add_argument("--scale-x8", action="store_true", help="also scale-1024x8")
     parser.add_argument(
+        "--before-timeout",
+        type=float,
+        metavar="S",
+        help="with --before: stop an old run after S wall seconds (reported as unfinished)",
+    )
+    parser.add_argument(
         "--before", metavar="DIR", help="with --scale: an older tree to time (and compare) too"
     )
     parser.add_argument("--seeds", type=int, default=20)
@@ -261,7 +300,7 @@ def main() -> None:
     started = time.perf_counter()
     if args.scale:
         names = ["odyssey", "scale-1024"] + (["scale-1024x8"] if args.scale_x8 else [])
-        scaled = scale(args.scale_hours, names, args.before)
+        scaled = scale(args.scale_hours, names, args.before, args.before_timeout)
         SCALE_RESULTS.parent.mkdir(parents=True, exist_ok=True)
         SCALE_RESULTS.write_text(json.dumps(scaled, indent=2))
         print(f"\nwrote {SCALE_RESULTS} ({time.perf_counter() - started:.0f} s in all)")

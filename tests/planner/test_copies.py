@@ -4,8 +4,9 @@ Covers, against the estimate of the built plan (`screening.Estimates.whole`, com
 whole compiled schedule replayed: the paths `copies` replaces in the fresh-plan search, kept as
 oracles): the step and peak are equal bit for bit (hypothesis over one-GPU-node plans of 1..3
 kinds of pipelines, each its own cuts and micro-batches, 1..5 copies each, laid out in any
-order, under profiles of arbitrary float costs, bytes and links; a plan of one pipeline), and
-what it refuses.
+order, under profiles of arbitrary float costs, bytes and links; a plan of one pipeline), the
+same on nodes of 2..8 GPUs (`copies.Nodes`: the pipelines on consecutive workers, a kind per
+split, micro-batches and first GPU within a node), and what it refuses.
 """
 
 from __future__ import annotations
@@ -46,15 +47,15 @@ def kinds_and_profile(draw: st.DrawFn) -> tuple[list[Kind], list[int], profile.P
     return kinds, list(order), prof
 
 
-def built(kinds: list[Kind], order: list[int]) -> plan.Plan:
-    """The kinds' copies on one-GPU nodes 0, 1, 2, ... in `order`."""
+def built(kinds: list[Kind], order: list[int], gpus_per_node: int = 1) -> plan.Plan:
+    """The kinds' copies on workers 0, 1, 2, ... in `order`."""
     pipelines, used = [], 0
     for k in order:
         split, num_micro_batches, _ = kinds[k]
         workers = [plan.WorkerId(w) for w in range(used, used + len(split))]
         pipelines.append(distribution.pipeline_of(split, workers, num_micro_batches))
         used += len(split)
-    return plan.Plan(pipelines=tuple(pipelines), micro_batch_size=1, gpus_per_node=1)
+    return plan.Plan(pipelines=tuple(pipelines), micro_batch_size=1, gpus_per_node=gpus_per_node)
 
 
 def of_kinds(kinds: list[Kind], prof: profile.Profile) -> list[copies.Copies]:
@@ -76,6 +77,50 @@ def test_the_step_and_peak_are_the_built_plans_bit_for_bit(
     kinds, order, prof = drawn
     plan_ = built(kinds, order)
     step_s, peak_bytes = copies.whole(of_kinds(kinds, prof), prof)
+    composed = screening.Estimates(prof).whole(plan_)
+    assert (repr(step_s), peak_bytes) == (repr(composed.step_s), composed.peak_bytes)
+    sched = schedule.compile_schedule(plan_)
+    assert repr(step_s) == repr(estimator.estimate_step(sched, prof).step_s)
+    assert peak_bytes == memory.estimate_memory(sched, prof).peak_bytes
+
+
+def on_nodes(
+    kinds: list[Kind], order: list[int], gpus: int, prof: profile.Profile
+) -> tuple[list[copies.Copies], copies.Nodes]:
+    """The copies of `built(kinds, order, gpus)`, a kind per split, micro-batches and first
+    GPU within a node, each run alone from that GPU, and where they lie."""
+    counts: dict[tuple[int, int], int] = {}
+    keys, used = [], 0
+    for k in order:
+        keys.append((k, used % gpus))
+        counts[keys[-1]] = counts.get(keys[-1], 0) + 1
+        used += len(kinds[k][0])
+    out = []
+    for (k, gpu), count in counts.items():
+        split, num_micro_batches, _ = kinds[k]
+        workers = [plan.WorkerId(gpu + w) for w in range(len(split))]
+        pipeline = distribution.pipeline_of(split, workers, num_micro_batches)
+        run = composition.run_alone(pipeline, 1, gpus, prof)
+        out.append(copies.Copies(split=split, run=run, count=count))
+    index = list(counts)
+    nodes = copies.Nodes(
+        gpus_per_node=gpus,
+        num_workers=used,
+        first=index.index(keys[0]),
+        last=index.index(keys[-1]),
+    )
+    return out, nodes
+
+
+@given(kinds_and_profile(), st.integers(2, 8))
+@settings(max_examples=150, deadline=None)
+def test_on_nodes_of_several_gpus_the_step_and_peak_are_the_built_plans(
+    drawn: tuple[list[Kind], list[int], profile.Profile], gpus: int
+) -> None:
+    kinds, order, prof = drawn
+    plan_ = built(kinds, order, gpus)
+    kinds_on, nodes = on_nodes(kinds, order, gpus, prof)
+    step_s, peak_bytes = copies.whole(kinds_on, prof, nodes)
     composed = screening.Estimates(prof).whole(plan_)
     assert (repr(step_s), peak_bytes) == (repr(composed.step_s), composed.peak_bytes)
     sched = schedule.compile_schedule(plan_)

@@ -1,5 +1,5 @@
-"""The fresh-plan search (planaria.sim.fresh, its bounds in sim.step_bounds) against the
-exhaustive search it replaced.
+"""The fresh-plan search (planaria.sim.fresh, its bounds in sim.step_bounds and sim.tail_bounds)
+against the exhaustive search it replaced.
 
 Covers: over hypothesis-drawn profiles (tied and free costs, links fast or slow, memory from
 ample to a few layers), batches, GPUs per node, symmetric grids or all layouts, with and
@@ -8,7 +8,9 @@ count, every layout built whole and screened, branch and bound per count), kept 
 oracle; the search answers every smaller worker count the same after a larger one, and so do
 searches of every kind asked in any order of one planner (they share their layouts' memos); a brute
 force over every layout of every count (each estimated whole) finds no faster plan; the step
-bound the search prunes with is never above E's estimate at any micro-batch count.
+bound the search prunes with is never above E's estimate at any micro-batch count; a pipeline
+alone arrives at each stage's tail no earlier with one more micro-batch, nor than with every hop
+over the faster link (what the balanced tail bound stands on).
 """
 
 from __future__ import annotations
@@ -21,8 +23,8 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from planaria.contract import errors, plan, profile
-from planaria.planner import candidates, distribution, estimator, screening
-from planaria.sim import fresh, planning, step_bounds
+from planaria.planner import candidates, composition, distribution, estimator, screening
+from planaria.sim import fresh, planning, step_bounds, tail_bounds
 from tests import strategies
 
 W = plan.WorkerId
@@ -275,12 +277,45 @@ def test_every_bound_the_search_cuts_with_is_below_the_whole_step(
             bounds, spread = search.bounds, search._micro_batches(member)
             assert bounds.group_s(shape) <= step_s
             assert bounds.balanced_s(member) <= step_s
+            assert bounds.balanced_tail_s(member, search._run) <= step_s
             assert bounds.spread_s(member, spread) <= step_s and screened.screen_s <= step_s
             assert bounds.tail_s(member, screened.kinds, search._run) <= step_s
 
 
+@given(
+    strategies.planning_profiles(max_layers=6, max_gpus=1),
+    st.integers(min_value=1, max_value=6),
+    st.integers(min_value=1, max_value=12),
+    st.integers(min_value=1, max_value=4),
+    st.integers(min_value=0, max_value=3),
+)
+@settings(max_examples=80, deadline=None)
+def test_a_pipeline_alone_arrives_no_earlier_with_more_micro_batches_or_slower_hops(
+    prof: profile.Profile, depth: int, num_micro_batches: int, gpus: int, first: int
+) -> None:
+    # what `Bounds.balanced_tail_s` stands on: arrivals grow with the micro-batches, and the
+    # run with every hop over the faster link arrives no later than from any first GPU
+    if depth > prof.num_layers:
+        return
+    job = planning.Job(profile=prof, global_batch=prof.micro_batch_size, gpus_per_node=gpus)
+    bounds = planning.Planner(job)._search(False, None).bounds
+    for counts in itertools.islice(distribution.remainder_placements(prof.num_layers, depth), 4):
+        workers = [W(first % gpus + s) for s in range(depth)]
+        runs = [
+            composition.run_chain(distribution.pipeline_of(counts, workers, m), gpus, prof)
+            for m in (num_micro_batches, num_micro_batches + 1)
+        ]
+        assert all(a <= b for a, b in zip(*(r.arrival_s for r in runs), strict=True))
+        at = [W(s) for s in range(depth)]
+        fast = composition.run_chain(
+            distribution.pipeline_of(counts, at, num_micro_batches), 1, bounds.tails.fast_hops()
+        )
+        assert all(a <= b for a, b in zip(fast.arrival_s, runs[0].arrival_s, strict=True))
+
+
 def _old_tail_bound_s(search: fresh.Search, shape: fresh.Shape) -> float:
-    """The tail bound as computed before it was memoised per kind (the oracle)."""
+    """The tail bound as computed before it was memoised per kind (the oracle), with the
+    commit barrier added since."""
     screened = search._screens[shape]
     assert screened is not None
     prof, dp, gpus = search.estimates.profile, shape.num_pipelines, search.reference.gpus_per_node
@@ -289,7 +324,8 @@ def _old_tail_bound_s(search: fresh.Search, shape: fresh.Shape) -> float:
     reduce_s = {}
     for a, b in itertools.pairwise([0, *cuts]):
         gradient = sum(layer.gradient_bytes for layer in prof.layers[a:b])
-        reduce_s[a] = min(link.allreduce_s(gradient, dp) for link in step_bounds._links(prof, gpus))
+        links = tail_bounds.links(prof, gpus, search.bounds.apart(shape))
+        reduce_s[a] = min(link.allreduce_s(gradient, dp) for link in links)
     bound = 0.0
     for depth, num_micro_batches, gpu in screened.kinds:
         run = search._run(depth, num_micro_batches, gpu)
@@ -299,7 +335,10 @@ def _old_tail_bound_s(search: fresh.Search, shape: fresh.Shape) -> float:
         for r, (a, b) in enumerate(itertools.pairwise(bounds)):
             waits = sum(reduce_s[c] for c in reduce_s if a <= c < b)
             bound = max(bound, run.arrival_s[r] + waits + parts[-1][r])
-    return bound * (1 - step_bounds._ROUNDING)
+    # then the commit barrier among the layout's workers, before every optimizer step
+    workers = range(shape.num_workers)
+    barrier = estimator.barrier_s(estimator.link_among(prof, gpus, workers), len(workers))
+    return bound * (1 - step_bounds._ROUNDING) + barrier * (1 - step_bounds._ROUNDING)
 
 
 @given(jobs(), st.integers(min_value=1, max_value=MAX_WORKERS))

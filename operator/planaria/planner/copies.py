@@ -29,8 +29,16 @@ node has one GPU (so every stage one worker, and no worker appears twice in a pl
 
 A plan of one pipeline is that pipeline's run (as `screening.Estimates` composes it).
 
-Not here: the runs of the kinds (`composition.run_alone`), plans with several GPUs per node,
-tensor-parallel stages or reroutes (`screening.Estimates.whole`).
+Nodes of several GPUs (`Nodes`: the pipelines on consecutive workers 0, 1, 2, ..., as the
+fresh-plan search lays them out): every stage is still one worker and no worker appears twice,
+so the buckets, classes and rounds are as above, provided a kind also fixes its first worker's
+GPU within a node (the hops of its run alone). Two things read the nodes: a bucket's group is
+on one node (and its all-reduce uses the intra-node link) exactly when its first and last
+holders are, since every worker of a pipeline comes before every worker of the next; the commit
+barrier is, when the plan's last worker is on node 0.
+
+Not here: the runs of the kinds (`composition.run_alone`), tensor-parallel stages, reroutes, or
+pipelines laid out elsewhere than on consecutive workers (`screening.Estimates.whole`).
 """
 
 from __future__ import annotations
@@ -65,12 +73,35 @@ class Copies:
             )
 
 
-def whole(kinds: Sequence[Copies], prof: profile.Profile) -> tuple[float, int]:
-    """The step and peak bytes of a plan of one-GPU nodes holding `kinds`' copies (module
-    docstring): `screening.Estimates.whole`'s numbers for any such plan, bit for bit. Raises
-    ValueError when a split does not hold the profile's layers."""
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Nodes:
+    """Where the copies lie on nodes of `gpus_per_node` GPUs: on workers 0 to `num_workers` - 1,
+    each pipeline on consecutive workers; `first` and `last` index the kinds of the first and
+    the last pipeline in worker order (module docstring). A kind's copies must share their
+    first worker's GPU within a node, as their run says."""
+
+    gpus_per_node: int
+    num_workers: int
+    first: int
+    last: int
+
+
+def whole(
+    kinds: Sequence[Copies], prof: profile.Profile, nodes: Nodes | None = None
+) -> tuple[float, int]:
+    """The step and peak bytes of a plan holding `kinds`' copies, on one-GPU nodes (`nodes`
+    None) or laid out as `nodes` says (module docstring): `screening.Estimates.whole`'s numbers
+    for any such plan, bit for bit. Raises ValueError when a split does not hold the profile's
+    layers or `nodes` does not match the kinds."""
     if any(sum(kind.split) != prof.num_layers for kind in kinds) or not kinds:
         raise ValueError(f"the splits must each hold the profile's {prof.num_layers} layers")
+    num_workers = sum(len(kind.split) * kind.count for kind in kinds)
+    if nodes is not None and (
+        nodes.num_workers != num_workers
+        or nodes.gpus_per_node < 1
+        or not (0 <= nodes.first < len(kinds) and 0 <= nodes.last < len(kinds))
+    ):
+        raise ValueError(f"{nodes} does not lay out the {num_workers} workers of the kinds")
     peak = max([0, *(kind.run.peak_bytes for kind in kinds)])
     num_pipelines = sum(kind.count for kind in kinds)
     if num_pipelines == 1:
@@ -80,14 +111,31 @@ def whole(kinds: Sequence[Copies], prof: profile.Profile) -> tuple[float, int]:
         began = max(map(clock.__getitem__, group))
         # `estimator.allreduce_s`: the bytes per GPU of the narrowest member (1), DP members
         gradient = sum(prof.layers[i].gradient_bytes for i in range(start, stop))
-        reduce_s = prof.inter_node.allreduce_s(gradient / 1, num_pipelines)
+        link = _link(kinds, prof, nodes, start)
+        reduce_s = link.allreduce_s(gradient / 1, num_pipelines)
         for member in group:
             clock[member] = began + reduce_s
-    num_workers = sum(len(kind.split) * kind.count for kind in kinds)
-    passed = max(clock) + estimator.barrier_s(prof.inter_node, num_workers)
+    on_one = nodes is not None and num_workers <= nodes.gpus_per_node
+    barrier = estimator.barrier_s(prof.intra_node if on_one else prof.inter_node, num_workers)
+    passed = max(clock) + barrier
     ranges = {r for kind in kinds for r in itertools.pairwise(_cuts(kind.split))}
     ends = [passed + estimator.optimizer_s(prof, range(a, b), 1) for a, b in ranges]
     return max(ends), peak
+
+
+def _link(
+    kinds: Sequence[Copies], prof: profile.Profile, nodes: Nodes | None, layer: int
+) -> profile.LinkProfile:
+    """The link of the all-reduce of the bucket that starts at `layer` (`estimator.link_among`):
+    intra-node when its first holder (in the first pipeline, from worker 0) and its last (in the
+    last pipeline, which ends at the last worker) share a node."""
+    if nodes is None:
+        return prof.inter_node
+    split = kinds[nodes.last].split
+    lowest = bisect.bisect_right(_cuts(kinds[nodes.first].split), layer) - 1
+    highest = nodes.num_workers - len(split) + bisect.bisect_right(_cuts(split), layer) - 1
+    same = lowest // nodes.gpus_per_node == highest // nodes.gpus_per_node
+    return prof.intra_node if same else prof.inter_node
 
 
 def _ordered_reductions(kinds: Sequence[Copies]) -> list[tuple[int, int, tuple[int, ...]]]:

@@ -211,6 +211,8 @@ class Search:
         # the bounds before any replay, kept for the searches of other counts
         if self.bounds.balanced_s(shape) > limit:
             return None
+        if self.bounds.balanced_tail_s(shape, self._run) > limit:
+            return None
         if self.bounds.spread_s(shape, self._micro_batches(shape)) > limit:
             return None
         screened = self._screen(shape)
@@ -225,23 +227,46 @@ class Search:
 
     def _whole_s(self, shape: Shape, screened: _Screened) -> float | None:
         """E's whole step of the layout (None: it does not fit or fails the test): from its
-        kinds of pipelines (`copies`) when no test needs the plan, every node has one GPU and
-        the estimates compose, else of the plan built."""
-        if self.test is None and self.reference.gpus_per_node == 1 and self.estimates.compose:
-            step_s, peak_bytes = copies.whole(self._copies(shape, screened), self.estimates.profile)
+        kinds of pipelines (`copies`) when no test needs the plan and the estimates compose,
+        else of the plan built."""
+        if self.test is None and self.estimates.compose:
+            kinds, nodes = self._copies(shape, screened)
+            step_s, peak_bytes = copies.whole(kinds, self.estimates.profile, nodes)
             return step_s if peak_bytes <= self.estimates.memory_bytes else None
         built = self.plan_of(self._layout(shape, screened), shape.num_workers)
         whole = self.estimates.whole(built)
         valid = self.estimates.fits(whole) and (self.test is None or self.test(built))
         return whole.step_s if valid else None
 
-    def _copies(self, shape: Shape, screened: _Screened) -> list[copies.Copies]:
-        """The layout's kinds of pipelines (depth and micro-batches) with their runs."""
-        counts = collections.Counter(zip(shape.depths(), screened.micro_batches, strict=True))
-        return [
-            copies.Copies(split=self._split_of(d), run=self._run(d, m, 0), count=n)
-            for (d, m), n in counts.items()
+    def _copies(
+        self, shape: Shape, screened: _Screened
+    ) -> tuple[list[copies.Copies], copies.Nodes | None]:
+        """The layout's kinds of pipelines (depth, micro-batches and first GPU within a node)
+        with their runs, and where they lie when nodes have several GPUs."""
+        gpus = self.reference.gpus_per_node
+        pairs = zip(shape.depths(), screened.micro_batches, strict=True)
+        if gpus == 1:
+            counts = collections.Counter((d, m, 0) for d, m in pairs)
+        else:
+            kinds, first = [], 0
+            for d, m in pairs:
+                kinds.append((d, m, first % gpus))
+                first += d
+            counts = collections.Counter(kinds)
+        found = [
+            copies.Copies(split=self._split_of(d), run=self._run(d, m, g), count=n)
+            for (d, m, g), n in counts.items()
         ]
+        if gpus == 1:
+            return found, None
+        index = {kind: i for i, kind in enumerate(counts)}
+        nodes = copies.Nodes(
+            gpus_per_node=gpus,
+            num_workers=shape.num_workers,
+            first=index[kinds[0]],
+            last=index[kinds[-1]],
+        )
+        return found, nodes
 
     # --- the layout's parts ----------------------------------------------------------------
 

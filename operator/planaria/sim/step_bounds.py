@@ -14,7 +14,11 @@ layout built (tests/sim/test_fresh.py checks each one, on jobs whose screens are
   its busiest pipelines can have, bisected) and with it (`spread_s`);
 - the tail bound (`tail_s`): per distinct pipeline and stage, its arrival alone plus its
   buckets' all-reduces one after another plus its optimizer step, kept per kind of pipeline,
-  set of depths present and DP degree.
+  set of depths present and DP degree (`tail_bounds`), and the same before the batch is
+  distributed (`balanced_tail_s`: at the busiest pipelines' least share, as `balanced_s`);
+- every bound then adds the commit barrier among the layout's workers (`_barrier_s`), and with
+  several GPUs per node takes the inter-node link alone when no bucket's holders can share a
+  node (`apart`).
 
 Bounds sum costs in another order than the replay, so they carry a relative slack of 1e-9
 (`_ROUNDING`). None depends on which layouts a search may choose: the searches of one job share
@@ -33,22 +37,21 @@ from typing import Protocol
 
 from planaria.contract import plan, profile
 from planaria.planner import composition, distribution, estimator
+from planaria.sim import tail_bounds
 
 # Relative slack on the bounds: they sum the same costs in another order than the replay.
 _ROUNDING = 1e-9
 
-# The fastest link, then per stage: forward, backward, start, gradient bytes, optimizer step.
-_ChainParts = tuple[
-    profile.LinkProfile, list[float], list[float], list[float], list[int], list[float]
-]
+# Per stage: forward, backward, start, gradient bytes, optimizer step.
+_ChainParts = tuple[list[float], list[float], list[float], list[int], list[float]]
 
-Kind = tuple[int, int, int]
-"""A distinct pipeline of a layout: its depth, micro-batches and first GPU within a node."""
+Kind = tail_bounds.Kind
 
 
 class Shape(Hashable, Protocol):
     """What the bounds read of a layout before its split and batch (`fresh.Shape`):
-    `num_pipelines` pipelines, the first `num_deeper` of them `depth + 1` stages deep."""
+    `num_pipelines` pipelines, the first `num_deeper` of them `depth + 1` stages deep,
+    `num_workers` workers in all."""
 
     @property
     def num_pipelines(self) -> int: ...
@@ -58,6 +61,9 @@ class Shape(Hashable, Protocol):
 
     @property
     def num_deeper(self) -> int: ...
+
+    @property
+    def num_workers(self) -> int: ...
 
     def depths(self) -> tuple[int, ...]: ...
 
@@ -77,15 +83,14 @@ class Bounds:
         self.reference = reference
         self.split = split
         self._bounds: dict[tuple[int, int], float] = {}
-        self._chains: dict[tuple[int, int, int], float] = {}
+        self._chains: dict[tuple[int, int, int, bool], float] = {}
         self._parts: dict[int, _ChainParts | None] = {}
-        self._pairs: dict[tuple[int, int, int], float] = {}
         self._groups: dict[Shape, float] = {}
         self._balanced: dict[Shape, float] = {}
         self._spread: dict[Shape, float] = {}
         self._tails: dict[Shape, float] = {}
-        self._kind_tails: dict[tuple[int, int, int, frozenset[int], int], float] = {}
-        self._wait_lists: dict[tuple[frozenset[int], int, int], list[float]] = {}
+        self._balanced_tails: dict[Shape, float] = {}
+        self.tails = tail_bounds.Tails(prof, reference.gpus_per_node, split)
 
     # --- per layout, memoised --------------------------------------------------------------
 
@@ -113,6 +118,17 @@ class Bounds:
             self._spread[shape] = self._spread_bound_s(shape, micro_batches)
         return self._spread[shape]
 
+    def balanced_tail_s(
+        self, shape: Shape, run: Callable[[int, int, int], composition.PipelineRun]
+    ) -> float:
+        """The tail bound before the batch is distributed, as `balanced_s` bounds the chains:
+        the busiest pipelines' tails at the least share of the batch they can have, each the
+        least over the pipeline's first GPU within a node. A pipeline alone reaches each
+        stage's tail no earlier with more micro-batches (`_least_tail_s`)."""
+        if shape not in self._balanced_tails:
+            self._balanced_tails[shape] = self._balanced_tail_bound_s(shape, run)
+        return self._balanced_tails[shape]
+
     def tail_s(
         self,
         shape: Shape,
@@ -130,53 +146,67 @@ class Bounds:
     # --- the group, balanced and spread bounds ---------------------------------------------
 
     def _group_bound_of(self, shape: Shape) -> float:
-        dp = shape.num_pipelines
+        # its least member's workers, and whether they are apart (more are, at more workers)
+        dp, apart = shape.num_pipelines, self.apart(shape)
+        barrier = self._barrier_s(shape.num_workers, least=True)
         most = -(-self.reference.num_micro_batches // dp)
         depths = (shape.depth, shape.depth + 1) if shape.num_deeper else (shape.depth,)
         # the busiest pipeline is of one of the depths; every depth runs at least one
-        busiest = min(max(self._depth_bound_s(d, most), self._chain_s(d, most, dp)) for d in depths)
-        return max(busiest, *(self._chain_s(d, 1, dp) for d in depths))
+        busiest = min(self._pair_bound_s(d, most, dp, apart, barrier) for d in depths)
+        return max(busiest, *(self._chain_s(d, 1, dp, apart) + barrier for d in depths))
 
     def _balanced_bound_s(self, shape: Shape) -> float:
         dp, total = shape.num_pipelines, self.reference.num_micro_batches
+        apart, barrier = self.apart(shape), self._barrier_s(shape.num_workers)
         if not shape.num_deeper:
-            return self._pair_bound_s(shape.depth, -(-total // dp), dp)
+            return self._pair_bound_s(shape.depth, -(-total // dp), dp, apart, barrier)
         deeper, others = shape.num_deeper, dp - shape.num_deeper
         if total < dp:
             return math.inf  # fewer micro-batches than pipelines: not distributable
 
         def deep(taken: int) -> float:
-            return self._pair_bound_s(shape.depth + 1, -(-taken // deeper), dp)
+            return self._pair_bound_s(shape.depth + 1, -(-taken // deeper), dp, apart, barrier)
 
         def shallow(taken: int) -> float:
-            return self._pair_bound_s(shape.depth, -(-(total - taken) // others), dp)
+            taken_s = -(-(total - taken) // others)
+            return self._pair_bound_s(shape.depth, taken_s, dp, apart, barrier)
 
-        lo, hi = deeper, total - others
-        while lo < hi:  # the least share at which the deeper ones' bound reaches the others'
-            mid = (lo + hi) // 2
-            lo, hi = (lo, mid) if deep(mid) >= shallow(mid) else (mid + 1, hi)
-        candidates = [max(deep(lo), shallow(lo))]
-        if lo > deeper:
-            candidates.append(max(deep(lo - 1), shallow(lo - 1)))
-        return min(candidates)
+        return _least_larger(deep, shallow, deeper, total - others)
 
     def _spread_bound_s(self, shape: Shape, micro_batches: tuple[int, ...] | None) -> float:
         if micro_batches is None:
             return math.inf
         pairs = set(zip(shape.depths(), micro_batches, strict=True))
-        return max(self._pair_bound_s(d, m, shape.num_pipelines) for d, m in pairs)
+        dp, apart = shape.num_pipelines, self.apart(shape)
+        barrier = self._barrier_s(shape.num_workers)
+        return max(self._pair_bound_s(d, m, dp, apart, barrier) for d, m in pairs)
 
     # --- per depth, micro-batches and pipelines --------------------------------------------
 
-    def _pair_bound_s(self, depth: int, num_micro_batches: int, num_pipelines: int) -> float:
-        key = (depth, num_micro_batches, num_pipelines)
-        found = self._pairs.get(key)
-        if found is None:
-            found = self._pairs[key] = max(
-                self._depth_bound_s(depth, num_micro_batches),
-                self._chain_s(depth, num_micro_batches, num_pipelines),
-            )
-        return found
+    def _pair_bound_s(
+        self, depth: int, num_micro_batches: int, num_pipelines: int, apart: bool, barrier: float
+    ) -> float:
+        """The larger of the depth's step bound and its chain bound followed by `barrier`
+        (`_barrier_s`: every stage's optimizer step waits for the commit barrier)."""
+        return max(
+            self._depth_bound_s(depth, num_micro_batches),
+            self._chain_s(depth, num_micro_batches, num_pipelines, apart) + barrier,
+        )
+
+    def _barrier_s(self, num_workers: int, least: bool = False) -> float:
+        """The commit barrier among the `num_workers` workers of a layout (every stage is one
+        worker, on workers 0 to `num_workers` - 1: the intra-node link when they fit one node),
+        less `_ROUNDING`. `least`: the least over layouts of `num_workers` or more workers (the
+        barrier grows with the workers over either link, whose choice may change)."""
+        prof, gpus = self.profile, self.reference.gpus_per_node
+        inter = estimator.barrier_s(prof.inter_node, num_workers)
+        if num_workers > gpus:
+            found = inter
+        elif least:
+            found = min(inter, estimator.barrier_s(prof.intra_node, num_workers))
+        else:
+            found = estimator.barrier_s(prof.intra_node, num_workers)
+        return found * (1 - _ROUNDING)
 
     def _depth_bound_s(self, depth: int, num_micro_batches: int) -> float:
         """`distribution.step_bound_s` of the depth's split (inf: no split fits)."""
@@ -191,24 +221,29 @@ class Bounds:
             )
         return self._bounds[key]
 
-    def _chain_s(self, depth: int, num_micro_batches: int, num_pipelines: int) -> float:
+    def _chain_s(
+        self, depth: int, num_micro_batches: int, num_pipelines: int, apart: bool
+    ) -> float:
         """A lower bound on the whole step of a layout with a pipeline of `depth` running
         `num_micro_batches` among `num_pipelines`: a stage's last backward comes after some
         later (or the same) stage ran all its forwards and backwards, from when micro-batch 0's
         forward reached it, and the backward came back (`distribution.step_bound_s`'s chain);
         then its worker runs its layers' all-reduces (one ring of all their bytes is no longer
         than one per bucket: each pays the latency) and its optimizer step (inf: no split
-        fits)."""
-        key = (depth, num_micro_batches, num_pipelines)
+        fits). `apart`: every all-reduce is between nodes (`apart`), else over either link."""
+        key = (depth, num_micro_batches, num_pipelines, apart)
         if key not in self._chains:
-            self._chains[key] = self._chained_s(depth, num_micro_batches, num_pipelines)
+            self._chains[key] = self._chained_s(depth, num_micro_batches, num_pipelines, apart)
         return self._chains[key]
 
-    def _chained_s(self, depth: int, num_micro_batches: int, num_pipelines: int) -> float:
+    def _chained_s(
+        self, depth: int, num_micro_batches: int, num_pipelines: int, apart: bool
+    ) -> float:
         parts = self._chain_parts(depth)
         if parts is None:
             return math.inf
-        fastest, forward, backward, starts, gradients, optimizers = parts
+        forward, backward, starts, gradients, optimizers = parts
+        fastest = self._fastest(apart)
         # done[r]: when stage r can have run its last backward: after some stage s >= r ran all
         # its micro-batches (from when micro-batch 0 reached it) and the backward came back
         done = [0.0] * (depth + 1)
@@ -223,8 +258,8 @@ class Bounds:
 
     def _chain_parts(self, depth: int) -> _ChainParts | None:
         """What `_chained_s` needs of a depth's split, whatever the micro-batches and
-        pipelines (None: no split fits): the fastest link terms, per stage its forward and
-        backward, when micro-batch 0 reaches it, its gradient bytes and optimizer step."""
+        pipelines (None: no split fits): per stage its forward and backward, when micro-batch
+        0 reaches it, its gradient bytes and optimizer step."""
         if depth not in self._parts:
             self._parts[depth] = self._chain_parts_of(depth)
         return self._parts[depth]
@@ -233,21 +268,59 @@ class Bounds:
         split = self.split(depth)
         if split is None:
             return None
-        prof, gpus = self.profile, self.reference.gpus_per_node
-        # buckets may go over either link: the faster of each term bounds them all
-        fastest = profile.LinkProfile(
-            bandwidth_bytes_per_s=max(k.bandwidth_bytes_per_s for k in _links(prof, gpus)),
-            latency_s=min(k.latency_s for k in _links(prof, gpus)),
-        )
+        prof = self.profile
         ranges = list(itertools.pairwise(_cuts(split)))
         forward = [sum(layer.forward_s[0] for layer in prof.layers[a:b]) for a, b in ranges]
         backward = [sum(layer.backward_s[0] for layer in prof.layers[a:b]) for a, b in ranges]
         starts = list(itertools.accumulate(forward, initial=0.0))
         gradients = [sum(layer.gradient_bytes for layer in prof.layers[a:b]) for a, b in ranges]
         optimizers = [estimator.optimizer_s(prof, range(a, b), 1) for a, b in ranges]
-        return fastest, forward, backward, starts, gradients, optimizers
+        return forward, backward, starts, gradients, optimizers
 
-    # --- the tail bound --------------------------------------------------------------------
+    def _fastest(self, apart: bool) -> profile.LinkProfile:
+        """A link no slower than any an all-reduce of the layouts can use: the inter-node link
+        when they are `apart`, else the faster of each all-reduce term of the two."""
+        links = tail_bounds.links(self.profile, self.reference.gpus_per_node, apart)
+        if len(links) == 1:
+            return links[0]
+        return profile.LinkProfile(
+            bandwidth_bytes_per_s=max(map(_allreduce_bandwidth, links)),
+            latency_s=min(map(_allreduce_latency, links)),
+        )
+
+    def apart(self, shape: Shape) -> bool:
+        """Whether every all-reduce of the layout is between nodes: its first and last
+        pipelines' holders of a bucket share no node once the workers between them fill one
+        (the pipelines lie on consecutive workers, the first `depth + 1` deep when any is).
+        Always with one GPU per node; the bounds then take the inter-node link's terms."""
+        gpus = self.reference.gpus_per_node
+        first = shape.depth + (1 if shape.num_deeper else 0)
+        return gpus == 1 or shape.num_workers >= gpus + first + shape.depth - 1
+
+    # --- the tail bounds -------------------------------------------------------------------
+
+    def _balanced_tail_bound_s(
+        self, shape: Shape, run: Callable[[int, int, int], composition.PipelineRun]
+    ) -> float:
+        dp, total, depth = shape.num_pipelines, self.reference.num_micro_batches, shape.depth
+        present = frozenset((depth, depth + 1) if shape.num_deeper else (depth,))
+        if total < dp or any(self.split(d) is None for d in present):
+            return math.inf  # not distributable, or a depth has no split
+        apart, deeper, others = self.apart(shape), shape.num_deeper, dp - shape.num_deeper
+        # past twice the even share the tails are taken at that share: lower, still
+        # non-decreasing, and above where the two sides cross; the runs stay short
+        most = 2 * -(-total // dp)
+
+        def deep(taken: int) -> float:
+            busiest = min(-(-taken // deeper), most)
+            return self.tails.least_s(depth + 1, busiest, present, dp, apart, run)
+
+        def shallow(taken: int) -> float:
+            busiest = min(-(-(total - taken) // others), most)
+            return self.tails.least_s(depth, busiest, present, dp, apart, run)
+
+        found = _least_larger(deep, shallow, deeper, total - others) if deeper else shallow(0)
+        return found * (1 - _ROUNDING) + self._barrier_s(shape.num_workers)
 
     def _tail_bound_s(
         self,
@@ -256,48 +329,10 @@ class Bounds:
         run: Callable[[int, int, int], composition.PipelineRun],
     ) -> float:
         present = frozenset(d for d, _, _ in kinds)
-        dp = shape.num_pipelines
+        dp, apart = shape.num_pipelines, self.apart(shape)
         # the running maximum from 0 over every kind's stages, taken per kind (memoised)
-        tails = [self._kind_tail_s(kind, present, dp, run) for kind in kinds]
-        return max([0.0, *tails]) * (1 - _ROUNDING)
-
-    def _kind_tail_s(
-        self,
-        kind: Kind,
-        present: frozenset[int],
-        dp: int,
-        run: Callable[[int, int, int], composition.PipelineRun],
-    ) -> float:
-        """The largest of a kind's stages' arrival alone plus waits plus optimizer step, among
-        `dp` pipelines of the depths `present` (0 at least)."""
-        key = (*kind, present, dp)
-        found = self._kind_tails.get(key)
-        if found is None:
-            parts = self._chain_parts(kind[0])
-            assert parts is not None  # the depth has a split
-            waits = self._waits(present, dp, kind[0])
-            ends = zip(run(*kind).arrival_s, waits, parts[-1], strict=True)
-            found = self._kind_tails[key] = max([0.0, *(a + w + o for a, w, o in ends)])
-        return found
-
-    def _waits(self, present: frozenset[int], dp: int, depth: int) -> list[float]:
-        """Per stage of `depth`, its buckets' all-reduces one after another (one per bucket of
-        layers with the same holders among `dp` pipelines of the depths `present`), in layer
-        order."""
-        key = (present, dp, depth)
-        if key not in self._wait_lists:
-            prof, gpus = self.profile, self.reference.gpus_per_node
-            cuts = sorted({c for d in present for c in itertools.accumulate(self._split_of(d))})
-            reduce_s = {}  # seconds of each bucket's all-reduce, by its first layer
-            for a, b in itertools.pairwise([0, *cuts]):
-                gradient = sum(layer.gradient_bytes for layer in prof.layers[a:b])
-                reduce_s[a] = min(link.allreduce_s(gradient, dp) for link in _links(prof, gpus))
-            bounds = list(itertools.accumulate(self._split_of(depth), initial=0))
-            self._wait_lists[key] = [
-                sum(reduce_s[c] for c in reduce_s if a <= c < b)
-                for a, b in itertools.pairwise(bounds)
-            ]
-        return self._wait_lists[key]
+        tails = [self.tails.kind_s(kind, present, dp, apart, run) for kind in kinds]
+        return max([0.0, *tails]) * (1 - _ROUNDING) + self._barrier_s(shape.num_workers)
 
     def _split_of(self, depth: int) -> tuple[int, ...]:
         split = self.split(depth)
@@ -305,10 +340,29 @@ class Bounds:
         return split
 
 
-def _links(prof: profile.Profile, gpus_per_node: int) -> list[profile.LinkProfile]:
-    """The links an all-reduce of one-GPU stages can use: between nodes, and within one when
-    nodes have several GPUs."""
-    return [prof.inter_node] if gpus_per_node == 1 else [prof.inter_node, prof.intra_node]
+def _least_larger(
+    rising: Callable[[int], float], falling: Callable[[int], float], lo: int, hi: int
+) -> float:
+    """The least over lo..hi of the larger of `rising` (non-decreasing) and `falling`
+    (non-increasing): bisect to where the first reaches the second."""
+    first = lo
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if rising(mid) >= falling(mid) else (mid + 1, hi)
+    candidates = [max(rising(lo), falling(lo))]
+    if lo > first:
+        candidates.append(max(rising(lo - 1), falling(lo - 1)))
+    return min(candidates)
+
+
+def _allreduce_bandwidth(link: profile.LinkProfile) -> float:
+    """The bandwidth `LinkProfile.allreduce_s` uses."""
+    return link.allreduce_bandwidth_bytes_per_s or link.bandwidth_bytes_per_s
+
+
+def _allreduce_latency(link: profile.LinkProfile) -> float:
+    """The per-step latency `LinkProfile.allreduce_s` uses."""
+    return link.latency_s if link.allreduce_latency_s is None else link.allreduce_latency_s
 
 
 def _cuts(split: tuple[int, ...]) -> list[int]:
