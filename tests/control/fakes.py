@@ -61,6 +61,8 @@ class FakeAgent:
     waiting_since: float | None = None
     checkpoint_step: int | None = None
     received: list[messages.WorkerConfig] = field(default_factory=list)
+    # what it held before its latest set-up, (layers, step): a failed set-up keeps it
+    before_set_up: tuple[frozenset[int], int] = (frozenset(), 0)
 
     @property
     def worker(self) -> plans.WorkerId:
@@ -295,6 +297,13 @@ class FakeCluster:
         a lost peer (an agent blocked in a set-up or a collective), then stops as usual."""
         self.agent(worker).slow_until = self.clock.monotonic() + seconds
 
+    def fail_set_up(self, worker: int, kind: messages.ErrorKind, message: str) -> None:
+        """The worker's set-up under way fails late (a layer copy that timed out once its
+        group formed): it holds what it held before (a fresh agent: nothing, step 0)."""
+        agent = self.agent(worker)
+        agent.held, agent.step = agent.before_set_up
+        agent.latch(kind, message)
+
     def notice(self, worker: int) -> None:
         self._events.put_nowait(
             ports.WorkerEvent(kind=ports.EventKind.PREEMPTION_NOTICE, worker=plans.WorkerId(worker))
@@ -335,6 +344,7 @@ class FakeCluster:
             transfer_s=0.002 * received,
             received_bytes=1000 * received,
         )
+        agent.before_set_up = (agent.held, agent.step)
         agent.held, agent.step, agent.state = roles, config.resume_step, CONFIGURING
 
     def _tier(

@@ -90,12 +90,16 @@ class Handler:
             return outcomes.Fail(error=fatal)
         missed = self._epochs.switch_missed()
         if missed:  # recover from the plan the workers still hold
+            switched = set(running.workers)
             running = self._epochs.fall_back()
             self._history.pending = None
+            # a scale-up's newcomers (a first set-up of theirs failed) are spares again
+            self._roster.arrive_again(switched - set(running.workers))
         await announce("a worker failed; waiting for the others to stop")
         late = await self._settle(running, epoch)
         now = self._clock.monotonic()
-        found = failures.assess(self._roster, running, epoch, late, now)
+        opened_at = self._epochs.resume_step
+        found = failures.assess(self._roster, running, epoch, late, now, opened_at=opened_at)
         self._roster.mark_slow(late, now)
         if not found.survivors:
             retry = self._retried(running, epoch, found)
