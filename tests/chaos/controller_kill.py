@@ -4,7 +4,7 @@ same command run again (issue #10's "controller killed and restarted mid-recover
     result = await run_trial(seed=3, workdir=tmp_path, shm_base=Path("/dev/shm/ctl-3"))
     assert not result.problems, result.describe()
 
-A trial runs one small job (`trials.Shape`: the tiny GPT, gloo, real agent processes) as
+A trial runs one small job (`schedule.Shape`: the tiny GPT, gloo, real agent processes) as
 `python -m planaria run`, the real controller process over a LocalBackend, with one worker
 killed by the controller's own `--fail step=S:worker=V`, and SIGKILLs that controller at a
 moment its seed draws (`Moment`), told from outside by the run's pid files, journal and
@@ -54,17 +54,15 @@ from planaria.agent.state import checkpoints
 from planaria.contract import plan
 from planaria.local import adoption, journal
 from planaria.spec import conversion, job_file
-from tests.chaos import invariant, processes, trials
+from tests.chaos import faults, invariant, processes, schedule, trials
 from tests.e2e import local_job
 
-# trials.Kind has no member for this trial yet (tests/chaos/trials.py is not this module's to
-# change): the value is the string bench.chaos groups by.
-KIND = trials.Kind.CONTROLLER
-CONTROLLER = plan.WorkerId(-1)  # the controller, in `trials.Event.worker`
+KIND = schedule.Kind.CONTROLLER  # never drawn by `schedule.draw`: each trial starts two controllers
+CONTROLLER = plan.WorkerId(-1)  # the controller, in `faults.Event.worker`
 POLL_S = 0.005
 INTERRUPT_GRACE_S = 60.0
 _DELAY_S = {"setup": 1.0, "training": 0.6, "recovering": 0.5}  # 12 steps: ~1.2 s
-SHAPE = trials.Shape()
+SHAPE = schedule.Shape()
 _PROGRESS = re.compile(r"\]\s+(\w+)\s+step (\d+)/")
 
 
@@ -88,7 +86,7 @@ class Draw:
     redundancy: str
 
 
-def draw(seed: int, shape: trials.Shape = SHAPE) -> Draw:
+def draw(seed: int, shape: schedule.Shape = SHAPE) -> Draw:
     """The seed's schedule; the same seed, the same schedule."""
     rng = random.Random(seed)
     return Draw(
@@ -105,7 +103,7 @@ async def run_trial(
     seed: int,
     workdir: Path,
     shm_base: Path,
-    shape: trials.Shape = SHAPE,
+    shape: schedule.Shape = SHAPE,
     corpus: Path | None = None,
 ) -> trials.TrialResult:
     """Run seed `seed`'s trial in `workdir` with its snapshot stores under `shm_base` (removed
@@ -123,7 +121,7 @@ class _Trial:
     """One trial's runs, kill and checks (module docstring)."""
 
     def __init__(
-        self, schedule: Draw, shape: trials.Shape, workdir: Path, shm_base: Path, corpus: Path
+        self, schedule: Draw, shape: schedule.Shape, workdir: Path, shm_base: Path, corpus: Path
     ) -> None:
         self.draw, self.shape, self.workdir, self.shm_base = schedule, shape, workdir, shm_base
         self.corpus = corpus
@@ -133,7 +131,7 @@ class _Trial:
         self.job_path = workdir / "job.yaml"
         self.job_path.write_text(_job_yaml(schedule, shape, corpus, self.checkpoints))
         self.pids = processes.Recorder()
-        self.events: list[trials.Event] = []
+        self.events: list[faults.Event] = []
         self.started = time.monotonic()
 
     def command(self) -> list[str]:
@@ -216,7 +214,7 @@ class _Trial:
         phase, step = _last_progress(log)
         moment = self.draw.moment
         self.events.append(
-            trials.Event(
+            faults.Event(
                 at_s=time.monotonic() - self.started,
                 action=action,
                 worker=CONTROLLER,
@@ -278,7 +276,7 @@ class _Trial:
         return invariant.compare(states, settings, self.shape.steps, problems)
 
 
-def _job_yaml(schedule: Draw, shape: trials.Shape, corpus: Path, checkpoint_dir: Path) -> str:
+def _job_yaml(schedule: Draw, shape: schedule.Shape, corpus: Path, checkpoint_dir: Path) -> str:
     training = local_job.training(corpus)
     return "\n".join(
         [
