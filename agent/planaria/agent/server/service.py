@@ -225,10 +225,8 @@ def serve(options: Options, runtime: RuntimeLike | None = None) -> int:
     as a worker the controller must give up on."""
     if runtime is None:
         # torch loads only in the agent process
-        from planaria.agent.runtime import cold_start
         from planaria.agent.runtime import runtime as runtimes
 
-        cold_start.warm_up()  # before it serves: no epoch waits for torch's first imports
         real = runtimes.Runtime(
             worker=options.worker,
             job=options.job,
