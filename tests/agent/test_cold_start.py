@@ -1,4 +1,4 @@
-"""A fresh agent process's one-time costs (planaria.agent.runtime.cold_start).
+"""A fresh agent process's one-time costs (planaria.agent.recovery.cold_start).
 
 Covers: after `warm_up`, building a layer's AdamW and stepping it imports nothing more (the
 first optimizer of a process imports torch._dynamo and sympy: seconds under load, inside a
@@ -16,7 +16,7 @@ import pytest
 # Prints how many modules the first optimizer of a layer imports, after an optional warm-up.
 _PROBE = """
 import sys
-from planaria.agent.runtime import cold_start
+from planaria.agent.recovery import cold_start
 from planaria.agent.training import model
 from planaria.contract import shapes
 if sys.argv[1] == "warm":

@@ -51,7 +51,7 @@ import torch
 from torch._C import _distributed_c10d as c10d  # the store classes (see groups.py)
 
 from planaria.agent.execution import groups, held_layers
-from planaria.agent.recovery import layer_transfer, snapshot_exchange
+from planaria.agent.recovery import cold_start, layer_transfer, snapshot_exchange
 from planaria.agent.state import checkpoints, snapshot_store, snapshots
 from planaria.agent.training import model, semantics
 from planaria.contract import plan, schedule
@@ -157,11 +157,10 @@ def set_up(
     """Form the epoch and acquire its layers (see the module docstring); SetupError on failure,
     after leaving the epoch it formed."""
     sched = schedule.compile_schedule(config.plan)
-    # The layers this worker receives are laid out as built: their templates are made before
-    # the rendezvous, while the peers may still train towards a planned switch, not after it
-    # while they wait with the epoch's timeout to send. A fresh agent's first torch work takes
-    # seconds on a loaded machine (chaos pipeline seeds 29 and 48: a scale-up's copies timed
-    # out on the senders' side before the newcomer posted its receives).
+    # A fresh process's first torch work (`cold_start`) and the templates of the layers this
+    # worker receives come before the rendezvous, while the peers of a planned switch still
+    # train towards it, not after it while they wait with the epoch's timeout to send.
+    cold_start.warm_up()
     templates = _templates(config, job)
     started = time.perf_counter()
     epoch = form(config, store, sched)

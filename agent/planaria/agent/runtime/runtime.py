@@ -43,7 +43,7 @@ from pathlib import Path
 
 from planaria.agent.execution import executor, failures, profiler
 from planaria.agent.recovery import epoch_setup
-from planaria.agent.runtime import acceptance, cold_start, training_thread
+from planaria.agent.runtime import acceptance, training_thread
 from planaria.contract import configure_rules, plan, profile, shapes
 from planaria.wire import messages
 
@@ -277,7 +277,6 @@ class Runtime:
 
     def _loop(self) -> None:
         try:
-            cold_start.warm_up()  # before the first command: no epoch waits for torch's imports
             while (order := self._next()) is not _Order.STOP:
                 self._serve(order)
         except BaseException:  # a bug: report it, then stop like a Stop would
