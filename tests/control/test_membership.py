@@ -6,9 +6,9 @@ ignored; silence past the heartbeat timeout; which heartbeat counts for an epoch
 one only while switching); the model's checkpoint step as the newest reported and the
 snapshot step as the newest every worker reports holding complete (the oldest latest step for
 reports without the list); the assessment of a broken epoch (failed, survivors, resume step,
-own faults, a layer in no tier, a survivor holding no layer) and the workers not yet settled; the roster's own changes (joins and
-notices handed out once, workers given up on and excused, returns after a silence and slow
-workers once stopped).
+own faults, a layer in no tier, a survivor holding no layer) and the workers not yet settled;
+the roster's own changes (joins and notices handed out once, workers given up on and excused,
+returns after a silence and slow workers once stopped).
 """
 
 from __future__ import annotations
