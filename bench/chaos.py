@@ -1,7 +1,7 @@
 """Randomized fault trials on the local backend, and the table issue #10 asks for.
 
     .venv/bin/python -m bench.chaos --trials 100 [--seed 0] [--jobs 1] [--kind K] [--json PATH]
-                                    [--keep] [--config data|pipeline]
+                                    [--keep] [--config data|pipeline|demo]
 
 Trial i runs seed `--seed + i` (`tests/chaos/trials.py`: one seeded fault schedule against the
 controller core, a LocalBackend and real agent processes training the tiny GPT with gloo) and
@@ -90,8 +90,6 @@ def _arguments(argv: Sequence[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.trials < 1 or args.jobs < 1:
         parser.error("--trials and --jobs must be >= 1")
-    if args.kind == schedule.Kind.CONTROLLER and args.config != schedule.Config.DATA:
-        parser.error("--kind controller runs its own job: leave --config out")
     return args
 
 
@@ -110,7 +108,9 @@ def one_trial(
     planaria.addHandler(log)
     try:
         if kind == schedule.Kind.CONTROLLER:
-            result = asyncio.run(controller_kill.run_trial(seed, workdir, shm, corpus=corpus))
+            shape = schedule.SHAPES[schedule.Config(config)]
+            trial = controller_kill.run_trial(seed, workdir, shm, shape=shape, corpus=corpus)
+            result = asyncio.run(trial)
         else:
             job = schedule.Config(config)
             result = asyncio.run(trials.run_trial(seed, workdir, shm, corpus=corpus, config=job))

@@ -64,6 +64,7 @@ INTERRUPT_GRACE_S = 60.0
 _DELAY_S = {"setup": 1.0, "training": 0.6, "recovering": 0.5}  # 12 steps: ~1.2 s
 SHAPE = schedule.Shape()
 _PROGRESS = re.compile(r"\]\s+(\w+)\s+step (\d+)/")
+_PLAN = re.compile(r"\[(\d+(?:,\d+)*)\] initial")
 
 
 class Moment(StrEnum):
@@ -84,11 +85,15 @@ class Draw:
     fail_step: int
     victim: plan.WorkerId
     redundancy: str
+    policy: str = "dynamic"  # the job's recovery policy, one of `Shape.policies`
 
 
 def draw(seed: int, shape: schedule.Shape = SHAPE) -> Draw:
-    """The seed's schedule; the same seed, the same schedule."""
+    """The seed's schedule; the same seed, the same schedule. The policy (when `shape` has
+    several) comes from a stream of its own, as in `schedule.draw`."""
     rng = random.Random(seed)
+    policies = shape.policies
+    policy = policies[0] if len(policies) == 1 else random.Random(f"policy-{seed}").choice(policies)
     return Draw(
         seed=seed,
         moment=rng.choice(tuple(Moment)),
@@ -96,6 +101,7 @@ def draw(seed: int, shape: schedule.Shape = SHAPE) -> Draw:
         fail_step=rng.randint(2, shape.steps // 2),
         victim=plan.WorkerId(rng.randrange(shape.workers)),
         redundancy=rng.choice(("xor", "copy")),
+        policy=policy,
     )
 
 
@@ -254,6 +260,9 @@ class _Trial:
             leaked_pids=leaked,
             leaked_shm=tuple(left),
             problems=tuple(problems),
+            config=self.shape.config.value,
+            policy=self.draw.policy,
+            first_plan=_first_plan(_text(self.workdir / "first.log")),
         )
 
     def _check(self, outcome: trials.Outcome, said: str, problems: list[str]) -> int | None:
@@ -276,24 +285,26 @@ class _Trial:
         return invariant.compare(states, settings, self.shape.steps, problems)
 
 
-def _job_yaml(schedule: Draw, shape: schedule.Shape, corpus: Path, checkpoint_dir: Path) -> str:
+def _job_yaml(drawn: Draw, shape: schedule.Shape, corpus: Path, checkpoint_dir: Path) -> str:
     training = local_job.training(corpus)
+    memory = trials.device_memory_bytes(shape, shape.model)
     return "\n".join(
         [
             f"model: {shape.model}",
             f"workers: {shape.workers}",
             f"steps: {shape.steps}",
-            f"microBatchSize: {trials.MICRO_BATCH_SIZE}",
+            f"microBatchSize: {shape.micro_batch_size}",
             f"globalBatchSize: {shape.global_batch_size}",
             f"seed: {training.seed}",
             # Fixed-point: YAML reads 1e-06 (no dot) as a string.
             f"optimizer: {{lr: {training.optimizer.lr:.10f}, eps: {training.optimizer.eps:.10f}}}",
             f"data: {{corpusPaths: [{corpus}]}}",
             f"reduction: {training.reduction}",
-            f"snapshots: {{intervalSteps: 1, redundancy: {schedule.redundancy}}}",
+            f"snapshots: {{intervalSteps: 1, redundancy: {drawn.redundancy}}}",
             f"checkpoints: {{dir: {checkpoint_dir}, intervalSteps: 2}}",
             f"faultTolerance: {shape.fault_tolerance}",
-            "policy: dynamic",
+            f"policy: {drawn.policy}",
+            *([] if memory is None else [f"deviceMemory: {memory}"]),
             "timeouts: {"
             f"heartbeatSeconds: {shape.heartbeat_timeout_s}, "
             f"stepSeconds: {shape.step_timeout_s}}}",
@@ -333,6 +344,12 @@ def _last_progress_text(text: str) -> tuple[str, int]:
     """(phase, step) of the last progress line, ("-", 0) before the first."""
     found = _PROGRESS.findall(text)
     return (found[-1][0], int(found[-1][1])) if found else ("-", 0)
+
+
+def _first_plan(text: str) -> str:
+    """The first plan's stages per pipeline ("3+3") from the run's log, "" when not seen."""
+    found = _PLAN.search(text)
+    return "+".join(found.group(1).split(",")) if found else ""
 
 
 def _outcome(code: int | None) -> trials.Outcome:

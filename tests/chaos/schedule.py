@@ -54,6 +54,9 @@ class Config(StrEnum):
     # 6 workers whose devices hold 85 % of the model: two pipelines of 3 stages (the demo's
     # kind of plan), the policy drawn from adaptive, reroute and dynamic.
     PIPELINE = "pipeline"
+    # The demo's own job (examples/tiny-job.yaml): 8 workers of 5 MiB, micro-batches of 4 in a
+    # global batch of 16, pipelines of 5 + 3 stages, `adaptive`; a second loss suspends.
+    DEMO = "demo"
 
 
 KINDS = tuple(k for k in Kind if k not in (Kind.STALL, Kind.PARTITION, Kind.CONTROLLER))
@@ -85,6 +88,7 @@ class Shape:
     workers: int = 4
     steps: int = 12
     global_batch_size: int = 4
+    micro_batch_size: int = 1
     model: str = "tiny"
     returns_model: str = "small"
     fault_tolerance: int = 1
@@ -96,6 +100,7 @@ class Shape:
     # Each worker's device memory as a share of the model's layers (state + activations),
     # given as the job's `device_memory_bytes`; None: the profile's, the model fits one worker.
     device_memory_share: float | None = None
+    device_memory_bytes: int | None = None  # the same in bytes (the demo's deviceMemory)
     policies: tuple[str, ...] = ("dynamic",)  # one is drawn per seed (`draw`)
 
 
@@ -107,6 +112,15 @@ SHAPES = {
         steps=20,
         device_memory_share=0.85,
         policies=("adaptive", "reroute", "dynamic"),
+    ),
+    Config.DEMO: Shape(
+        config=Config.DEMO,
+        workers=8,
+        steps=16,
+        global_batch_size=16,
+        micro_batch_size=4,
+        device_memory_bytes=5 * 2**20,
+        policies=("adaptive",),
     ),
 }
 

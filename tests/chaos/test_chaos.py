@@ -23,7 +23,9 @@ and the stall and partition draws, made last, only turn seeds into their kind: e
 seed's schedule is the one its first draws give (as with the kind forced), and a partition cuts
 one worker for the heartbeat timeout + 0-3 s or to the end; the pipeline job draws its policy
 from a stream of its own (every policy drawn, the data job always `dynamic`) and each seed's
-kind as the data job does.
+kind as the data job does; the demo config is the demo's job (8 workers of 5 MiB,
+micro-batches of 4, `adaptive`) and draws each seed's kind as the data job does; a controller
+kill in the pipeline job draws its policy apart, its moment as in the data job.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.chaos import netns, processes, schedule, trials
+from tests.chaos import controller_kill, netns, processes, schedule, trials
 
 SEEDS = [
     pytest.param(2, id="seed 2: one SIGKILL while training"),
@@ -154,3 +156,28 @@ def test_the_pipeline_config_draws_a_policy_of_its_own_and_the_same_kinds() -> N
     kept = [(mine, data) for mine, data in pairs if mine not in late and data not in late]
     assert len(kept) > 150
     assert all(mine == data for mine, data in kept)
+
+
+def test_the_demo_config_is_the_demos_job_and_its_seeds_draw_as_in_the_data_job() -> None:
+    demo = schedule.SHAPES[schedule.Config.DEMO]
+    # examples/tiny-job.yaml: 8 workers of 5 MiB, micro-batches of 4 in a batch of 16, adaptive
+    assert (demo.workers, demo.micro_batch_size, demo.global_batch_size) == (8, 4, 16)
+    assert demo.device_memory_bytes == 5 * 2**20 and demo.policies == ("adaptive",)
+    drawn = [schedule.draw(seed, demo) for seed in range(200)]
+    late = (schedule.Kind.STALL, schedule.Kind.PARTITION)
+    kept = [(d.kind, schedule.draw(d.seed).kind) for d in drawn if d.kind not in late]
+    assert all(mine == data for mine, data in kept if data not in late)
+    assert all(len(set(d.victims)) == len(d.victims) <= 8 for d in drawn)
+
+
+def test_controller_kills_in_a_pipeline_job_draw_its_policies_and_keep_the_data_jobs_draws() -> (
+    None
+):
+    pipeline = schedule.SHAPES[schedule.Config.PIPELINE]
+    drawn = [controller_kill.draw(seed, pipeline) for seed in range(60)]
+    assert {d.policy for d in drawn} == {"adaptive", "reroute", "dynamic"}
+    assert all(0 <= d.victim < 6 and 2 <= d.fail_step <= 10 for d in drawn)
+    assert {controller_kill.draw(seed).policy for seed in range(60)} == {"dynamic"}
+    # the moment and delay are the seed's first draws in either job
+    data = [controller_kill.draw(seed) for seed in range(60)]
+    assert [(d.moment, d.delay) for d in drawn] == [(d.moment, d.delay) for d in data]

@@ -22,8 +22,9 @@ The invariant (`TrialResult.problems` lists every breach; the outcome checks are
   `keep_snapshots=False`); after a partition, its namespace and links are gone (`netns`).
 
 The job is `schedule.Config`'s (`schedule.SHAPES`): DATA by default (4 workers, pure data
-parallelism), or PIPELINE (6 workers whose devices hold 85 % of the model: two pipelines of
-2-4 stages, the policy drawn per seed).
+parallelism), PIPELINE (6 workers whose devices hold 85 % of the model: two pipelines of 2-4
+stages, the policy drawn per seed) or DEMO (the demo's job: 8 workers, pipelines of 5 + 3
+stages, micro-batches of 4, `adaptive`).
 
 Only partition trials make a network namespace (which needs root); the others run everything
 on loopback. Not here: the schedule (`schedule`), the faults (`faults`), killing the controller
@@ -55,7 +56,6 @@ from tests.e2e import local_job
 
 Phase = statuses.Phase
 CORPUS_BYTES = 100_000
-MICRO_BATCH_SIZE = 1
 
 
 class Outcome(StrEnum):
@@ -200,7 +200,7 @@ class _Trial:
             global_batch_size=shape.global_batch_size,
             model=shape.returns_model if drawn.kind is schedule.Kind.RETURNS else shape.model,
         )
-        share = shape.device_memory_share
+        early = drawn.kind is schedule.Kind.EARLY
         self.settings = local_job.job(
             f"chaos-{drawn.seed}",
             training,
@@ -209,10 +209,10 @@ class _Trial:
             fault_tolerance=shape.fault_tolerance,
             heartbeat_timeout_s=shape.heartbeat_timeout_s,
             step_timeout_s=shape.step_timeout_s,
-            micro_batch_size=MICRO_BATCH_SIZE,
-            profile=None if drawn.kind is schedule.Kind.EARLY else _profile(training.model),
+            micro_batch_size=shape.micro_batch_size,
+            profile=None if early else _profile(training.model, shape.micro_batch_size),
             policy=drawn.policy,
-            device_memory_bytes=None if share is None else _device_memory(training.model, share),
+            device_memory_bytes=device_memory_bytes(shape, training.model),
         )
         self.backend = local_backend.LocalBackend(
             job=self.settings.name,
@@ -330,17 +330,22 @@ class _Trial:
 
 
 @functools.cache
-def _profile(model_name: str) -> profile.Profile:
+def _profile(model_name: str, micro_batch_size: int) -> profile.Profile:
     """The model's profile, measured once per process and given to the job, so trials other
     than `schedule.Kind.EARLY` skip the Profiling phase (seconds per trial on 2 cores)."""
     shape = shapes.named(model_name)
-    return profiler.measure_profile(shape, MICRO_BATCH_SIZE, warmup=0, repeats=1)
+    return profiler.measure_profile(shape, micro_batch_size, warmup=0, repeats=1)
 
 
-def _device_memory(model_name: str, share: float) -> int:
-    """`share` of the bytes the model's layers take on a device (states and activations)."""
-    layers = _profile(model_name).layers
-    return int(share * sum(layer.state_bytes + layer.activation_bytes for layer in layers))
+def device_memory_bytes(shape: schedule.Shape, model_name: str) -> int | None:
+    """Each worker's device memory in job `shape` training `model_name`: its share of the bytes
+    the model's layers take on a device (states and activations), or its bytes; None: the
+    profile's (the model fits one worker)."""
+    if shape.device_memory_share is None:
+        return shape.device_memory_bytes
+    layers = _profile(model_name, shape.micro_batch_size).layers
+    total = sum(layer.state_bytes + layer.activation_bytes for layer in layers)
+    return int(shape.device_memory_share * total)
 
 
 def _stages(running: plan.Plan) -> str:
