@@ -304,7 +304,7 @@ def _job_yaml(drawn: Draw, shape: schedule.Shape, corpus: Path, checkpoint_dir: 
             f"checkpoints: {{dir: {checkpoint_dir}, intervalSteps: 2}}",
             f"faultTolerance: {shape.fault_tolerance}",
             f"policy: {drawn.policy}",
-            *([] if memory is None else [f"deviceMemory: {memory}"]),
+            *([] if memory is None else [f"deviceMemory: '{memory}'"]),  # a quantity string
             "timeouts: {"
             f"heartbeatSeconds: {shape.heartbeat_timeout_s}, "
             f"stepSeconds: {shape.step_timeout_s}}}",
