@@ -121,6 +121,10 @@ SHAPES = {
         micro_batch_size=4,
         device_memory_bytes=5 * 2**20,
         returns_model="tiny",  # the small model does not fit 5 MiB devices; these steps are slow
+        # The demo's timeouts: with the others' 1.5 s, a cold first epoch of 8 agents on 2
+        # loaded cores lost a heartbeat past the timeout and regrouped (`restart`) at step 0.
+        heartbeat_timeout_s=3.0,
+        step_timeout_s=10.0,
         policies=("adaptive",),
     ),
 }

@@ -163,6 +163,7 @@ def test_the_demo_config_is_the_demos_job_and_its_seeds_draw_as_in_the_data_job(
     # examples/tiny-job.yaml: 8 workers of 5 MiB, micro-batches of 4 in a batch of 16, adaptive
     assert (demo.workers, demo.micro_batch_size, demo.global_batch_size) == (8, 4, 16)
     assert demo.device_memory_bytes == 5 * 2**20 and demo.policies == ("adaptive",)
+    assert (demo.heartbeat_timeout_s, demo.step_timeout_s) == (3.0, 10.0)
     drawn = [schedule.draw(seed, demo) for seed in range(200)]
     late = (schedule.Kind.STALL, schedule.Kind.PARTITION)
     kept = [(d.kind, schedule.draw(d.seed).kind) for d in drawn if d.kind not in late]
