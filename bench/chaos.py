@@ -1,7 +1,7 @@
 """Randomized fault trials on the local backend, and the table issue #10 asks for.
 
     .venv/bin/python -m bench.chaos --trials 100 [--seed 0] [--jobs 1] [--kind K] [--json PATH]
-                                    [--keep] [--config data|pipeline]
+                                    [--keep] [--config data|pipeline|demo]
 
 Trial i runs seed `--seed + i` (`tests/chaos/trials.py`: one seeded fault schedule against the
 controller core, a LocalBackend and real agent processes training the tiny GPT with gloo) and
@@ -21,7 +21,7 @@ controllers).
 
 `--config pipeline` runs the trials' pipeline job instead of the data-parallel one (6 workers,
 two pipelines of 2-4 stages, the policy drawn per seed from adaptive, reroute and dynamic:
-`trials.Config`); the table then has a row per policy too.
+`schedule.Config`); the table then has a row per policy too.
 
 Printed: one line per trial, then per fault kind: trials, faults injected, Succeeded (survived),
 Suspended with a checkpoint, Suspended without one (no checkpoint written yet), resumed (went
@@ -52,7 +52,7 @@ import uuid
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from tests.chaos import controller_kill, netns, trials
+from tests.chaos import controller_kill, netns, schedule, trials
 
 SHM = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
 COLUMNS = (
@@ -81,17 +81,15 @@ def _arguments(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--json", type=Path, default=None, help="write the records here")
     parser.add_argument("--keep", action="store_true", help="keep every trial's run directory")
     parser.add_argument("--root", type=Path, default=None, help="run directories go here")
-    kinds = [k.value for k in trials.Kind]
+    kinds = [k.value for k in schedule.Kind]
     parser.add_argument("--kind", choices=kinds, default=None, help="only seeds of this kind")
-    configs = [c.value for c in trials.Config]
+    configs = [c.value for c in schedule.Config]
     parser.add_argument(
         "--config", choices=configs, default="data", help="the job the trials run (default data)"
     )
     args = parser.parse_args(argv)
     if args.trials < 1 or args.jobs < 1:
         parser.error("--trials and --jobs must be >= 1")
-    if args.kind == trials.Kind.CONTROLLER and args.config != trials.Config.DATA:
-        parser.error("--kind controller runs its own job: leave --config out")
     return args
 
 
@@ -109,10 +107,12 @@ def one_trial(
     planaria.setLevel(logging.INFO)
     planaria.addHandler(log)
     try:
-        if kind == trials.Kind.CONTROLLER:
-            result = asyncio.run(controller_kill.run_trial(seed, workdir, shm, corpus=corpus))
+        if kind == schedule.Kind.CONTROLLER:
+            shape = schedule.SHAPES[schedule.Config(config)]
+            trial = controller_kill.run_trial(seed, workdir, shm, shape=shape, corpus=corpus)
+            result = asyncio.run(trial)
         else:
-            job = trials.Config(config)
+            job = schedule.Config(config)
             result = asyncio.run(trials.run_trial(seed, workdir, shm, corpus=corpus, config=job))
     finally:
         planaria.removeHandler(log)
@@ -129,7 +129,7 @@ def one_trial(
 
 def _run(args: argparse.Namespace, root: Path) -> list[dict[str, object]]:
     corpus = trials.write_corpus(root)
-    seeds = chosen_seeds(args.seed, args.trials, args.kind, trials.Config(args.config))
+    seeds = chosen_seeds(args.seed, args.trials, args.kind, schedule.Config(args.config))
     context = multiprocessing.get_context("spawn")  # no torch or asyncio state forked
     records = []
     with concurrent.futures.ProcessPoolExecutor(args.jobs, mp_context=context) as pool:
@@ -148,23 +148,23 @@ def _run(args: argparse.Namespace, root: Path) -> list[dict[str, object]]:
 
 
 def chosen_seeds(
-    first: int, count: int, kind: str | None, config: trials.Config = trials.Config.DATA
+    first: int, count: int, kind: str | None, config: schedule.Config = schedule.Config.DATA
 ) -> list[int]:
     """`count` seeds from `first` on: every one, or those whose drawn kind (in job `config`)
     is `kind`; partition seeds are left out (with a note) where network namespaces cannot be
     made."""
     missing = netns.unavailable()
-    if missing and kind == trials.Kind.PARTITION:
+    if missing and kind == schedule.Kind.PARTITION:
         raise SystemExit(f"bench.chaos: partition trials cannot run here: {missing}")
-    if kind == trials.Kind.CONTROLLER:  # its own draw (controller_kill.draw): every seed
+    if kind == schedule.Kind.CONTROLLER:  # its own draw (controller_kill.draw): every seed
         return list(range(first, first + count))
     seeds: list[int] = []
     seed = first
     while len(seeds) < count:
-        drawn = trials.draw(seed, trials.SHAPES[config]).kind
-        if (kind is None or drawn == kind) and not (missing and drawn is trials.Kind.PARTITION):
+        drawn = schedule.draw(seed, schedule.SHAPES[config]).kind
+        if (kind is None or drawn == kind) and not (missing and drawn is schedule.Kind.PARTITION):
             seeds.append(seed)
-        elif missing and drawn is trials.Kind.PARTITION and kind is None:
+        elif missing and drawn is schedule.Kind.PARTITION and kind is None:
             print(f"seed {seed} (partition) left out: {missing}", flush=True)
         seed += 1
     return seeds
@@ -216,9 +216,9 @@ def _count(row: dict[str, float], record: dict[str, object]) -> None:
 
 
 def table(rows: dict[str, dict[str, float]]) -> str:
-    """The summary as a Markdown table, the kinds in `trials.Kind` order, then any other kind
+    """The summary as a Markdown table, the kinds in `schedule.Kind` order, then any other kind
     the records named (e.g. tests/chaos/controller_kill.py's), then all."""
-    known = [k.value for k in trials.Kind if k.value in rows]
+    known = [k.value for k in schedule.Kind if k.value in rows]
     order = known + sorted(set(rows) - {*known, "all"}) + ["all"]
     lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     for kind in order:

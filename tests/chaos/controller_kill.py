@@ -4,7 +4,7 @@ same command run again (issue #10's "controller killed and restarted mid-recover
     result = await run_trial(seed=3, workdir=tmp_path, shm_base=Path("/dev/shm/ctl-3"))
     assert not result.problems, result.describe()
 
-A trial runs one small job (`trials.Shape`: the tiny GPT, gloo, real agent processes) as
+A trial runs one small job (`schedule.Shape`: the tiny GPT, gloo, real agent processes) as
 `python -m planaria run`, the real controller process over a LocalBackend, with one worker
 killed by the controller's own `--fail step=S:worker=V`, and SIGKILLs that controller at a
 moment its seed draws (`Moment`), told from outside by the run's pid files, journal and
@@ -54,18 +54,17 @@ from planaria.agent.state import checkpoints
 from planaria.contract import plan
 from planaria.local import adoption, journal
 from planaria.spec import conversion, job_file
-from tests.chaos import invariant, processes, trials
+from tests.chaos import faults, invariant, processes, schedule, trials
 from tests.e2e import local_job
 
-# trials.Kind has no member for this trial yet (tests/chaos/trials.py is not this module's to
-# change): the value is the string bench.chaos groups by.
-KIND = trials.Kind.CONTROLLER
-CONTROLLER = plan.WorkerId(-1)  # the controller, in `trials.Event.worker`
+KIND = schedule.Kind.CONTROLLER  # never drawn by `schedule.draw`: each trial starts two controllers
+CONTROLLER = plan.WorkerId(-1)  # the controller, in `faults.Event.worker`
 POLL_S = 0.005
 INTERRUPT_GRACE_S = 60.0
 _DELAY_S = {"setup": 1.0, "training": 0.6, "recovering": 0.5}  # 12 steps: ~1.2 s
-SHAPE = trials.Shape()
+SHAPE = schedule.Shape()
 _PROGRESS = re.compile(r"\]\s+(\w+)\s+step (\d+)/")
+_PLAN = re.compile(r"\[(\d+(?:,\d+)*)\] initial")
 
 
 class Moment(StrEnum):
@@ -86,11 +85,15 @@ class Draw:
     fail_step: int
     victim: plan.WorkerId
     redundancy: str
+    policy: str = "dynamic"  # the job's recovery policy, one of `Shape.policies`
 
 
-def draw(seed: int, shape: trials.Shape = SHAPE) -> Draw:
-    """The seed's schedule; the same seed, the same schedule."""
+def draw(seed: int, shape: schedule.Shape = SHAPE) -> Draw:
+    """The seed's schedule; the same seed, the same schedule. The policy (when `shape` has
+    several) comes from a stream of its own, as in `schedule.draw`."""
     rng = random.Random(seed)
+    policies = shape.policies
+    policy = policies[0] if len(policies) == 1 else random.Random(f"policy-{seed}").choice(policies)
     return Draw(
         seed=seed,
         moment=rng.choice(tuple(Moment)),
@@ -98,6 +101,7 @@ def draw(seed: int, shape: trials.Shape = SHAPE) -> Draw:
         fail_step=rng.randint(2, shape.steps // 2),
         victim=plan.WorkerId(rng.randrange(shape.workers)),
         redundancy=rng.choice(("xor", "copy")),
+        policy=policy,
     )
 
 
@@ -105,7 +109,7 @@ async def run_trial(
     seed: int,
     workdir: Path,
     shm_base: Path,
-    shape: trials.Shape = SHAPE,
+    shape: schedule.Shape = SHAPE,
     corpus: Path | None = None,
 ) -> trials.TrialResult:
     """Run seed `seed`'s trial in `workdir` with its snapshot stores under `shm_base` (removed
@@ -123,7 +127,7 @@ class _Trial:
     """One trial's runs, kill and checks (module docstring)."""
 
     def __init__(
-        self, schedule: Draw, shape: trials.Shape, workdir: Path, shm_base: Path, corpus: Path
+        self, schedule: Draw, shape: schedule.Shape, workdir: Path, shm_base: Path, corpus: Path
     ) -> None:
         self.draw, self.shape, self.workdir, self.shm_base = schedule, shape, workdir, shm_base
         self.corpus = corpus
@@ -133,7 +137,7 @@ class _Trial:
         self.job_path = workdir / "job.yaml"
         self.job_path.write_text(_job_yaml(schedule, shape, corpus, self.checkpoints))
         self.pids = processes.Recorder()
-        self.events: list[trials.Event] = []
+        self.events: list[faults.Event] = []
         self.started = time.monotonic()
 
     def command(self) -> list[str]:
@@ -216,7 +220,7 @@ class _Trial:
         phase, step = _last_progress(log)
         moment = self.draw.moment
         self.events.append(
-            trials.Event(
+            faults.Event(
                 at_s=time.monotonic() - self.started,
                 action=action,
                 worker=CONTROLLER,
@@ -256,6 +260,9 @@ class _Trial:
             leaked_pids=leaked,
             leaked_shm=tuple(left),
             problems=tuple(problems),
+            config=self.shape.config.value,
+            policy=self.draw.policy,
+            first_plan=_first_plan(_text(self.workdir / "first.log")),
         )
 
     def _check(self, outcome: trials.Outcome, said: str, problems: list[str]) -> int | None:
@@ -278,24 +285,26 @@ class _Trial:
         return invariant.compare(states, settings, self.shape.steps, problems)
 
 
-def _job_yaml(schedule: Draw, shape: trials.Shape, corpus: Path, checkpoint_dir: Path) -> str:
+def _job_yaml(drawn: Draw, shape: schedule.Shape, corpus: Path, checkpoint_dir: Path) -> str:
     training = local_job.training(corpus)
+    memory = trials.device_memory_bytes(shape, shape.model)
     return "\n".join(
         [
             f"model: {shape.model}",
             f"workers: {shape.workers}",
             f"steps: {shape.steps}",
-            f"microBatchSize: {trials.MICRO_BATCH_SIZE}",
+            f"microBatchSize: {shape.micro_batch_size}",
             f"globalBatchSize: {shape.global_batch_size}",
             f"seed: {training.seed}",
             # Fixed-point: YAML reads 1e-06 (no dot) as a string.
             f"optimizer: {{lr: {training.optimizer.lr:.10f}, eps: {training.optimizer.eps:.10f}}}",
             f"data: {{corpusPaths: [{corpus}]}}",
             f"reduction: {training.reduction}",
-            f"snapshots: {{intervalSteps: 1, redundancy: {schedule.redundancy}}}",
+            f"snapshots: {{intervalSteps: 1, redundancy: {drawn.redundancy}}}",
             f"checkpoints: {{dir: {checkpoint_dir}, intervalSteps: 2}}",
             f"faultTolerance: {shape.fault_tolerance}",
-            "policy: dynamic",
+            f"policy: {drawn.policy}",
+            *([] if memory is None else [f"deviceMemory: '{memory}'"]),  # a quantity string
             "timeouts: {"
             f"heartbeatSeconds: {shape.heartbeat_timeout_s}, "
             f"stepSeconds: {shape.step_timeout_s}}}",
@@ -335,6 +344,12 @@ def _last_progress_text(text: str) -> tuple[str, int]:
     """(phase, step) of the last progress line, ("-", 0) before the first."""
     found = _PROGRESS.findall(text)
     return (found[-1][0], int(found[-1][1])) if found else ("-", 0)
+
+
+def _first_plan(text: str) -> str:
+    """The first plan's stages per pipeline ("3+3") from the run's log, "" when not seen."""
+    found = _PLAN.search(text)
+    return "+".join(found.group(1).split(",")) if found else ""
 
 
 def _outcome(code: int | None) -> trials.Outcome:

@@ -23,7 +23,9 @@ and the stall and partition draws, made last, only turn seeds into their kind: e
 seed's schedule is the one its first draws give (as with the kind forced), and a partition cuts
 one worker for the heartbeat timeout + 0-3 s or to the end; the pipeline job draws its policy
 from a stream of its own (every policy drawn, the data job always `dynamic`) and each seed's
-kind as the data job does.
+kind as the data job does; the demo config is the demo's job (8 workers of 5 MiB,
+micro-batches of 4, `adaptive`) and draws each seed's kind as the data job does; a controller
+kill in the pipeline job draws its policy apart, its moment as in the data job.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.chaos import netns, processes, trials
+from tests.chaos import controller_kill, netns, processes, schedule, trials
 
 SEEDS = [
     pytest.param(2, id="seed 2: one SIGKILL while training"),
@@ -55,7 +57,7 @@ SEEDS = [
 ]
 
 
-# The pipeline job (`trials.Config.PIPELINE`: 6 workers, two pipelines of 2-4 stages). Its
+# The pipeline job (`schedule.Config.PIPELINE`: 6 workers, two pipelines of 2-4 stages). Its
 # trials take 27-49 s on the 2-core machine under load (docs/chaos.md): marked slow.
 PIPELINE_SEEDS = [
     pytest.param(
@@ -85,7 +87,7 @@ async def test_a_seeded_fault_schedule_keeps_the_invariant(
 ) -> None:
     result = await trials.run_trial(seed, tmp_path, shm, corpus=corpus)
     assert not result.problems, result.describe()
-    assert result.injected == len(trials.draw(seed).victims), result.describe()
+    assert result.injected == len(schedule.draw(seed).victims), result.describe()
     assert result.outcome in (trials.Outcome.SUCCEEDED, trials.Outcome.SUSPENDED)
     assert not shm.exists() or not any(shm.iterdir())
 
@@ -95,10 +97,10 @@ async def test_a_seeded_fault_schedule_keeps_the_invariant(
 async def test_a_seeded_fault_schedule_keeps_the_invariant_in_a_pipeline_plan(
     seed: int, corpus: Path, shm: Path, tmp_path: Path
 ) -> None:
-    config = trials.Config.PIPELINE
+    config = schedule.Config.PIPELINE
     result = await trials.run_trial(seed, tmp_path, shm, corpus=corpus, config=config)
     assert not result.problems, result.describe()
-    assert result.injected == len(trials.draw(seed, trials.SHAPES[config]).victims)
+    assert result.injected == len(schedule.draw(seed, schedule.SHAPES[config]).victims)
     stages = [int(n) for n in result.first_plan.split("+")]
     assert len(stages) >= 2 and min(stages) >= 2, result.describe()  # pipelines, not replicas
     assert result.outcome in (trials.Outcome.SUCCEEDED, trials.Outcome.SUSPENDED)
@@ -117,24 +119,24 @@ def test_the_leak_check_finds_a_process_that_is_still_there() -> None:
 
 
 def test_the_ci_seeds_keep_their_kinds() -> None:
-    kinds = [trials.draw(p.values[0]).kind.value for p in SEEDS]  # type: ignore[arg-type]
+    kinds = [schedule.draw(p.values[0]).kind.value for p in SEEDS]  # type: ignore[arg-type]
     assert kinds == [
         "kill", "double", "triple", "hang", "returns", "early", "stall", "partition"
     ]  # fmt: skip
-    pipeline = trials.SHAPES[trials.Config.PIPELINE]
-    drawn = [trials.draw(p.values[0], pipeline) for p in PIPELINE_SEEDS]  # type: ignore[arg-type]
+    pipeline = schedule.SHAPES[schedule.Config.PIPELINE]
+    drawn = [schedule.draw(p.values[0], pipeline) for p in PIPELINE_SEEDS]  # type: ignore[arg-type]
     assert [(d.kind.value, d.policy) for d in drawn] == [("double", "reroute")]
     assert drawn[0].at < 0.2 and drawn[0].gaps_s[0] < 0.3  # both land well before the end
 
 
 def test_the_last_draws_only_turn_seeds_into_stalls_and_partitions() -> None:
-    shape = trials.Shape()
-    drawn = [trials.draw(seed, shape) for seed in range(400)]
-    late = (trials.Kind.STALL, trials.Kind.PARTITION)
-    for schedule in drawn:
-        if schedule.kind not in late:
-            assert schedule == trials.draw(schedule.seed, shape, schedule.kind)
-    cuts = [d for d in drawn if d.kind is trials.Kind.PARTITION]
+    shape = schedule.Shape()
+    drawn = [schedule.draw(seed, shape) for seed in range(400)]
+    late = (schedule.Kind.STALL, schedule.Kind.PARTITION)
+    for one in drawn:
+        if one.kind not in late:
+            assert one == schedule.draw(one.seed, shape, one.kind)
+    cuts = [d for d in drawn if d.kind is schedule.Kind.PARTITION]
     assert 30 < len(cuts) < 80  # 1 in 7 of the 6 in 7 not stalled: about 49
     for cut in cuts:
         assert len(cut.victims) == 1
@@ -143,14 +145,40 @@ def test_the_last_draws_only_turn_seeds_into_stalls_and_partitions() -> None:
 
 
 def test_the_pipeline_config_draws_a_policy_of_its_own_and_the_same_kinds() -> None:
-    pipeline = trials.SHAPES[trials.Config.PIPELINE]
-    drawn = [trials.draw(seed, pipeline) for seed in range(300)]
+    pipeline = schedule.SHAPES[schedule.Config.PIPELINE]
+    drawn = [schedule.draw(seed, pipeline) for seed in range(300)]
     assert {d.policy for d in drawn} == {"adaptive", "reroute", "dynamic"}
-    assert {trials.draw(seed).policy for seed in range(300)} == {"dynamic"}
+    assert {schedule.draw(seed).policy for seed in range(300)} == {"dynamic"}
     # The policy's stream is apart: the kind is the seed's first draw in either job (where
     # neither turned it into a stall or a partition, drawn last, after victims of 6 or of 4).
-    late = (trials.Kind.STALL, trials.Kind.PARTITION)
-    pairs = [(d.kind, trials.draw(d.seed).kind) for d in drawn]
+    late = (schedule.Kind.STALL, schedule.Kind.PARTITION)
+    pairs = [(d.kind, schedule.draw(d.seed).kind) for d in drawn]
     kept = [(mine, data) for mine, data in pairs if mine not in late and data not in late]
     assert len(kept) > 150
     assert all(mine == data for mine, data in kept)
+
+
+def test_the_demo_config_is_the_demos_job_and_its_seeds_draw_as_in_the_data_job() -> None:
+    demo = schedule.SHAPES[schedule.Config.DEMO]
+    # examples/tiny-job.yaml: 8 workers of 5 MiB, micro-batches of 4 in a batch of 16, adaptive
+    assert (demo.workers, demo.micro_batch_size, demo.global_batch_size) == (8, 4, 16)
+    assert demo.device_memory_bytes == 5 * 2**20 and demo.policies == ("adaptive",)
+    assert (demo.heartbeat_timeout_s, demo.step_timeout_s) == (3.0, 10.0)
+    drawn = [schedule.draw(seed, demo) for seed in range(200)]
+    late = (schedule.Kind.STALL, schedule.Kind.PARTITION)
+    kept = [(d.kind, schedule.draw(d.seed).kind) for d in drawn if d.kind not in late]
+    assert all(mine == data for mine, data in kept if data not in late)
+    assert all(len(set(d.victims)) == len(d.victims) <= 8 for d in drawn)
+
+
+def test_controller_kills_in_a_pipeline_job_draw_its_policies_and_keep_the_data_jobs_draws() -> (
+    None
+):
+    pipeline = schedule.SHAPES[schedule.Config.PIPELINE]
+    drawn = [controller_kill.draw(seed, pipeline) for seed in range(60)]
+    assert {d.policy for d in drawn} == {"adaptive", "reroute", "dynamic"}
+    assert all(0 <= d.victim < 6 and 2 <= d.fail_step <= 10 for d in drawn)
+    assert {controller_kill.draw(seed).policy for seed in range(60)} == {"dynamic"}
+    # the moment and delay are the seed's first draws in either job
+    data = [controller_kill.draw(seed) for seed in range(60)]
+    assert [(d.moment, d.delay) for d in drawn] == [(d.moment, d.delay) for d in data]

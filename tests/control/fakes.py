@@ -26,7 +26,7 @@ import asyncio
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 
-from planaria.contract import configure_rules, profile, snapshot_placement
+from planaria.contract import configure_rules, profile, rendezvous, snapshot_placement
 from planaria.contract import plan as plans
 from planaria.control import ports
 from planaria.planner import transfers
@@ -61,6 +61,8 @@ class FakeAgent:
     waiting_since: float | None = None
     checkpoint_step: int | None = None
     received: list[messages.WorkerConfig] = field(default_factory=list)
+    # what it held before its latest set-up, (layers, step): a failed set-up keeps it
+    before_set_up: tuple[frozenset[int], int] = (frozenset(), 0)
 
     @property
     def worker(self) -> plans.WorkerId:
@@ -240,6 +242,7 @@ class FakeCluster:
         self.violations: list[str] = []
         self.shut = False
         self.failed_epochs: list[tuple[str, int]] = []  # fail_epoch's calls, in order
+        self._flagged: set[str] = set()  # the key prefixes of the epochs flagged failed
         self.on_step: Callable[[int], None] | None = None
         self._events: asyncio.Queue[ports.WorkerEvent | None] = asyncio.Queue()
         self._ticker: asyncio.Task[None] | None = None
@@ -252,6 +255,8 @@ class FakeCluster:
 
     def fail_epoch(self, key_prefix: str, world_size: int) -> None:
         self.failed_epochs.append((key_prefix, world_size))
+        self._flagged.add(key_prefix)
+        self._given_up()
 
     async def start(self, workers: Sequence[plans.WorkerId]) -> None:
         for worker in workers:
@@ -295,6 +300,13 @@ class FakeCluster:
         a lost peer (an agent blocked in a set-up or a collective), then stops as usual."""
         self.agent(worker).slow_until = self.clock.monotonic() + seconds
 
+    def fail_set_up(self, worker: int, kind: messages.ErrorKind, message: str) -> None:
+        """The worker's set-up under way fails late (a layer copy that timed out once its
+        group formed): it holds what it held before (a fresh agent: nothing, step 0)."""
+        agent = self.agent(worker)
+        agent.held, agent.step = agent.before_set_up
+        agent.latch(kind, message)
+
     def notice(self, worker: int) -> None:
         self._events.put_nowait(
             ports.WorkerEvent(kind=ports.EventKind.PREEMPTION_NOTICE, worker=plans.WorkerId(worker))
@@ -335,6 +347,7 @@ class FakeCluster:
             transfer_s=0.002 * received,
             received_bytes=1000 * received,
         )
+        agent.before_set_up = (agent.held, agent.step)
         agent.held, agent.step, agent.state = roles, config.resume_step, CONFIGURING
 
     def _tier(
@@ -411,9 +424,26 @@ class FakeCluster:
             return frozenset()
         return frozenset(snapshot_placement.mirrored_by(config.plan, agent.id))
 
+    def _given_up(self) -> None:
+        """Agents training in or setting up an epoch flagged failed stop (PEER_LOST), as an
+        agent's watcher releases its waits; a hung one notices once it goes on, a slow one or
+        one still in its set-up (its watcher starts after it) once that is over."""
+        now = self.clock.monotonic()
+        for agent in self.agents.values():
+            training = agent.state in (RUNNING, CONFIGURING)
+            blocked = agent.set_up_at > now or (
+                agent.slow_until is not None and now < agent.slow_until
+            )
+            if agent.alive and not (agent.hung or blocked) and training and self._in_flagged(agent):
+                agent.latch(messages.ErrorKind.PEER_LOST, f"epoch {agent.epoch} was given up")
+
+    def _in_flagged(self, agent: FakeAgent) -> bool:
+        return rendezvous.key_prefix(agent.epoch) in self._flagged
+
     async def _tick(self) -> None:
         while True:
             await self.clock.sleep(self.step_s)
+            self._given_up()
             for agent in self.agents.values():  # a kept planned switch is taken at once
                 if agent.alive and agent.pending is not None and agent.state is FAILED:
                     self.set_up(agent, agent.pending)

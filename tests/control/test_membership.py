@@ -6,9 +6,9 @@ ignored; silence past the heartbeat timeout; which heartbeat counts for an epoch
 one only while switching); the model's checkpoint step as the newest reported and the
 snapshot step as the newest every worker reports holding complete (the oldest latest step for
 reports without the list); the assessment of a broken epoch (failed, survivors, resume step,
-own faults, a layer in no tier) and the workers not yet settled; the roster's own changes (joins and
-notices handed out once, workers given up on and excused, returns after a silence and slow
-workers once stopped).
+own faults, a layer in no tier, a survivor holding no layer) and the workers not yet settled;
+the roster's own changes (joins and notices handed out once, workers given up on and excused,
+returns after a silence and slow workers once stopped).
 """
 
 from __future__ import annotations
@@ -192,6 +192,27 @@ def test_a_broken_epoch_is_split_into_failed_and_survivors() -> None:
     assert found.failed == {2, 3} and found.survivors == {0, 1}
     assert (found.resume_step, found.newest_step, found.death_at) == (7, 8, 0.0)
     assert not found.state_lost
+
+
+def test_a_survivor_holding_no_layer_does_not_pull_the_resume_step_to_zero() -> None:
+    # Chaos seeds 29 and 48 (pipeline): a scale-up at step 16 whose newcomer, a fresh process,
+    # failed its set-up (a layer copy timed out); every worker alive. The newcomer reports
+    # step 0, holding nothing; the others hold their layers at 16, where the job resumes.
+    roster = _roster(0, 1, 2)
+    peer_lost = messages.ErrorKind.PEER_LOST
+    roster.beats[W(0)] = _beat(0, 3, FAILED, 16, error=peer_lost)
+    roster.beats[W(1)] = _beat(1, 3, FAILED, 16, error=peer_lost)
+    roster.beats[W(2)] = _beat(2, 3, FAILED, 0, error=peer_lost)  # the newcomer
+    found = failures.assess(roster, _plan(0, 1, 2), 3, set(), 0.5, opened_at=16)
+    assert found.survivors == {0, 1, 2} and not found.failed
+    assert (found.resume_step, found.newest_step) == (16, 16)
+    # In the first epoch (opened at step 0) step 0 is where everyone is.
+    first = failures.assess(roster, _plan(0, 1, 2), 3, set(), 0.5)
+    assert first.resume_step == 0
+    # When no survivor holds a layer, step 0 stays the answer (the job's seed rebuilds it).
+    for worker in (0, 1):
+        roster.beats[W(worker)] = _beat(worker, 3, FAILED, 0, error=peer_lost)
+    assert failures.assess(roster, _plan(0, 1, 2), 3, set(), 0.5, opened_at=16).resume_step == 0
 
 
 def test_a_layer_in_no_tier_is_reported_and_unsettled_workers_are_listed() -> None:

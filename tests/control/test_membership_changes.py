@@ -68,6 +68,37 @@ async def test_a_joined_worker_is_added_back_at_a_future_step_boundary() -> None
     assert run.ranks_ok() == [] and run.cluster.violations == []
 
 
+async def test_a_scale_up_whose_newcomer_fails_its_set_up_is_tried_again() -> None:
+    # Chaos seeds 29 and 48 of the pipeline config (docs/chaos.md): the returned worker's
+    # cold first set-up outlasted its senders' timeout, before a step of the switch's epoch
+    # was committed. The old plan is back from the switch step, with no step lost, and the
+    # newcomer, a spare again, is scaled up anew; before, it stayed a spare to the job's end.
+    run = scenarios.Run(scenarios.job(steps=80), setup_s=0.5)
+    await run.until(lambda: run.step() >= 10)
+    run.cluster.kill(3)
+    await run.until(lambda: len(run.controller.recoveries) == 1)
+    shrunk = run.controller.plan
+    run.cluster.join(3)
+    await run.until(lambda: run.controller.epoch == 3)  # the scale-up is configured, not made
+    step = run.cluster.sent[3][0].resume_step
+    joined = [run.cluster.agent(w) for w in run.cluster.sent[3][0].plan.workers]
+    # every worker sets the switch's epoch up (the others at its step): the newcomer's copy
+    # fails before a step is committed in it
+    configuring = messages.AgentState.CONFIGURING
+    await run.until(lambda: all(a.epoch == 3 and a.state is configuring for a in joined))
+    assert {a.step for a in joined if a.id != 3} == {step}
+    run.cluster.fail_set_up(3, messages.ErrorKind.PEER_LOST, "layer copy timed out")
+    await run.until(lambda: run.controller.epoch == 5)
+    regrouped = run.cluster.sent[4][0]
+    assert regrouped.plan == shrunk and regrouped.resume_step == step
+    final = await run.finish()
+    assert final.phase is status.Phase.SUCCEEDED and final.step == 80
+    assert final.plan.startswith("[2,2,2,2]") and final.live_workers == 8
+    assert [r.kind for r in run.controller.recoveries][1:] == ["restart", "scale-up"]
+    assert sum(r.lost_steps for r in run.controller.recoveries) == 0
+    assert run.ranks_ok() == [] and run.cluster.violations == []
+
+
 async def test_a_preemption_notice_moves_the_job_before_the_worker_goes() -> None:
     run = scenarios.Run(scenarios.job(steps=80))
     await run.until(lambda: run.step() >= 10)

@@ -48,15 +48,22 @@ def assess(
     epoch: int,
     unsettled: Collection[plans.WorkerId],
     now: float,
+    *,
+    opened_at: int = 0,
 ) -> Assessment:
-    """The assessment of `epoch` of `running` at `now` (module docstring)."""
+    """The assessment of `epoch` of `running`, which resumed after step `opened_at`, at `now`
+    (module docstring). A survivor that reports step 0 in an epoch opened after a later step
+    holds no layer at all (a fresh agent process whose first set-up failed: an agent reports
+    the step its layers are at): it does not pull the resume step down to 0; its layers come
+    from the others' replicas or snapshots at their step, as a newcomer's do."""
     workers = running.workers
     failed = frozenset(
         roster.gone(workers, now) | roster.own_faults(workers, epoch) | set(unsettled)
     )
     survivors = frozenset(workers) - failed
     committed = roster.committed(survivors, epoch)
-    resume = min(committed, default=0)
+    holding = [step for step in committed if step > 0 or opened_at == 0]
+    resume = min(holding or committed, default=0)
     return Assessment(
         failed=failed,
         survivors=survivors,

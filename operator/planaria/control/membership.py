@@ -166,6 +166,11 @@ class Roster:
         self.was_live = live
         return returned - set(held)
 
+    def arrive_again(self, workers: Iterable[plans.WorkerId]) -> None:
+        """`workers` were taken in by a planned switch that was never made (the plan before it
+        is back): those live at the next `returned` arrive again, so a scale-up is tried anew."""
+        self.was_live -= set(workers)
+
     def live(self, now: float) -> set[plans.WorkerId]:
         """Connected workers neither dead, faulty nor silent."""
         return {

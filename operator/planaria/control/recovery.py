@@ -44,6 +44,10 @@ DEFAULT_TIME_TO_FAILURE_S = 3600.0  # eq. 8's T_next before any failure is seen,
 # transient fault (a device reset, memory another process held) passes, a deterministic one
 # comes back.
 OWN_ERROR_RETRIES = 1
+# How long, in heartbeat intervals, the other workers of an epoch broken by one silence are
+# given to fall silent too (a stalled machine) before the epoch is flagged failed.
+STALL_GRACE_INTERVALS = 3
+_CLOCK_SLACK_S = 1e-3  # a deadline this close is reached (a shorter wait may not advance a clock)
 _STATE_LOST = statuses.SuspendReason.STATE_LOST  # no host-memory tier serves: a checkpoint next
 
 
@@ -84,18 +88,23 @@ class Handler:
         the status that the controller waits for the workers to stop."""
         assert self._epochs.plan is not None, "a broken epoch has a plan"
         running, epoch, noticed = self._epochs.plan, self._epochs.epoch, self._clock.monotonic()
-        self._epochs.abandon()  # the survivors stop at once, whatever they wait for
+        if not await self._stalled(running, epoch):
+            self._epochs.abandon()  # the survivors stop at once, whatever they wait for
         fatal = failures.job_error(self._roster, running.workers, epoch, membership.PERMANENT)
         if fatal is not None:  # the job's own error: no plan avoids it, so no need to settle
             return outcomes.Fail(error=fatal)
         missed = self._epochs.switch_missed()
         if missed:  # recover from the plan the workers still hold
+            switched = set(running.workers)
             running = self._epochs.fall_back()
             self._history.pending = None
+            # a scale-up's newcomers (a first set-up of theirs failed) are spares again
+            self._roster.arrive_again(switched - set(running.workers))
         await announce("a worker failed; waiting for the others to stop")
         late = await self._settle(running, epoch)
         now = self._clock.monotonic()
-        found = failures.assess(self._roster, running, epoch, late, now)
+        opened_at = self._epochs.resume_step
+        found = failures.assess(self._roster, running, epoch, late, now, opened_at=opened_at)
         self._roster.mark_slow(late, now)
         if not found.survivors:
             retry = self._retried(running, epoch, found)
@@ -204,6 +213,27 @@ class Handler:
             return outcomes.Suspend(running=running, what=earlier, reason=_STATE_LOST, retry=True)
         LOG.warning("recovery after epoch %d: %s", self._epochs.epoch, earlier[1])
         return earlier
+
+    async def _stalled(self, running: plans.Plan, epoch: int) -> bool:
+        """Whether the epoch broke only because every worker of it went silent (a stalled
+        machine, or this controller's own pause): none is dead, faulty or failed. Silences
+        begin up to a heartbeat interval apart, so the others are given STALL_GRACE_INTERVALS
+        to fall silent too. Such an epoch is not flagged failed: no worker waits to be
+        released, and when they all go on it heals (`suspension`, HEAL); when some never
+        come back, the others' waits end by the epoch's own timeout. Flagged, the epoch broke
+        as soon as they went on, and the job regrouped (chaos `stall`, data and pipeline)."""
+        workers = set(running.workers)
+        deadline = self._clock.monotonic() + STALL_GRACE_INTERVALS * self._job.heartbeat_interval_s
+        while True:
+            now = self._clock.monotonic()
+            broken = set(self._roster.dead) | self._roster.faulty
+            if workers & broken or self._roster.failed_in(workers, epoch):
+                return False
+            if all(self._roster.silent(w, now) for w in workers):
+                return True
+            if now >= deadline - _CLOCK_SLACK_S:
+                return False
+            await self._epochs.next(min(self._job.heartbeat_interval_s, deadline - now))
 
     async def _settle(self, running: plans.Plan, epoch: int) -> set[plans.WorkerId]:
         """Wait until the epoch's live workers all stopped, at most a step timeout and a

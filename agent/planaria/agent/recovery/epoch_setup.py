@@ -51,7 +51,7 @@ import torch
 from torch._C import _distributed_c10d as c10d  # the store classes (see groups.py)
 
 from planaria.agent.execution import groups, held_layers
-from planaria.agent.recovery import layer_transfer, snapshot_exchange
+from planaria.agent.recovery import cold_start, layer_transfer, snapshot_exchange
 from planaria.agent.state import checkpoints, snapshot_store, snapshots
 from planaria.agent.training import model, semantics
 from planaria.contract import plan, schedule
@@ -157,11 +157,16 @@ def set_up(
     """Form the epoch and acquire its layers (see the module docstring); SetupError on failure,
     after leaving the epoch it formed."""
     sched = schedule.compile_schedule(config.plan)
+    # A fresh process's first torch work (`cold_start`) and the templates of the layers this
+    # worker receives come before the rendezvous, while the peers of a planned switch still
+    # train towards it, not after it while they wait with the epoch's timeout to send.
+    cold_start.warm_up()
+    templates = _templates(config, job)
     started = time.perf_counter()
     epoch = form(config, store, sched)
     regroup_s = time.perf_counter() - started
     try:
-        return _acquire(config, job, holding, stores, device, epoch, sched, regroup_s)
+        return _acquire(config, job, holding, stores, device, epoch, sched, regroup_s, templates)
     except BaseException:
         groups.leave_epoch(epoch)
         raise
@@ -176,6 +181,7 @@ def _acquire(
     epoch: groups.Epoch,
     sched: schedule.Schedule,
     regroup_s: float,
+    templates: dict[int, model.LayerState],
 ) -> Ready:
     me, step = config.worker, config.resume_step
     mine = sched.stream(me).layers
@@ -190,10 +196,6 @@ def _acquire(
     local = {i: locator.find(i) for i in mine if i not in received}
     sent = {t.layer: locator.state(t.layer) for t in outgoing}
     load_s = time.perf_counter() - started
-    c = job.config
-    templates = {
-        t.layer: model.initial_state(c.shape, c.seed, t.layer, c.optimizer) for t in incoming
-    }
     try:
         moved = layer_transfer.run_transfers(
             worker=me,
@@ -218,6 +220,17 @@ def _acquire(
         sent_bytes=moved.sent_bytes + peers.sent_bytes,
     )
     return Ready(epoch=epoch, sched=sched, layers=layers, report=report)
+
+
+def _templates(config: messages.WorkerConfig, job: semantics.Job) -> dict[int, model.LayerState]:
+    """Each layer `config` has this worker receive, as built (`layer_transfer.fill` overwrites
+    every byte of it)."""
+    c = job.config
+    return {
+        t.layer: model.initial_state(c.shape, c.seed, t.layer, c.optimizer)
+        for t in config.transfers
+        if t.destination == config.worker
+    }
 
 
 def _exchange(
