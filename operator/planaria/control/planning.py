@@ -399,6 +399,16 @@ def whole_nodes(live: Collection[plans.WorkerId], gpus_per_node: int) -> list[in
     return [n for n in nodes if all(n * gpus_per_node + g in alive for g in range(gpus_per_node))]
 
 
+def preload(job: job_settings.JobSettings) -> None:
+    """Start importing the layer-copy matching's solver when `job`'s policy will match layer
+    copies (all but rerouting): the controller calls it as the job starts, while its agents
+    start and profile. The import holds the GIL, so the event loop too, for up to 0.7 s at a
+    time on a loaded machine (bench/controller.py --loop-lag): better then than while the first
+    epoch commits, where the search ahead used to start it (docs/benchmarks.md)."""
+    if job_settings.Policy(job.policy) is not job_settings.Policy.REROUTE:
+        _load_solver_in_background()
+
+
 _solver_loading = False
 
 
