@@ -29,7 +29,7 @@ C code that kept the GIL, which no Python thread can sample).
 - `--loop-lag fake [--before DIR]`: the controller with the controller tests' in-memory agents
   (tests/control/fakes.py) in real time, GPT-3 2.7B on 32 workers (the decision-time job
   above), one death at step 30, `--lag-runs` times per case, alternating, each in a fresh
-  process: the planner on its thread and inline on the loop (`planning.Inline`); with
+  process: the planner on its thread and inline on the loop (`executors.Inline`); with
   `--before`, also the tree in DIR/operator as it was.
 Writes bench/results/controller_loop_lag.json.
 
@@ -59,7 +59,7 @@ from pathlib import Path
 from planaria.cli import main as cli
 from planaria.contract import plan as plans
 from planaria.contract import profile, shapes
-from planaria.control import clock, controller, planning, settings, status
+from planaria.control import clock, controller, executors, planning, settings, status
 from planaria.planner import accelerators, synthetic
 from planaria.wire import messages
 
@@ -321,7 +321,7 @@ async def _fake_run(probe: LagProbe, planner: str) -> status.JobStatus:
     cluster.on_step = kill
     if planner != "inline":  # "before": an older tree's controller has no executor to give
         return await controller.Controller(job, cluster, clock=real).run()
-    return await controller.Controller(job, cluster, clock=real, executor=planning.Inline()).run()
+    return await controller.Controller(job, cluster, clock=real, executor=executors.Inline()).run()
 
 
 def _print_lags(rows: list[dict[str, object]]) -> None:

@@ -24,6 +24,7 @@ from planaria.control import (
     connections,
     controller,
     epochs,
+    executors,
     history,
     membership,
     planning,
@@ -40,8 +41,8 @@ MIB = 2**20
 # more tick, which the loop reaches only once idle, so everything due by then has run.
 JUST_AFTER_S = 1e-6
 # The planner runs in its caller, on the loop's thread, as virtual time needs
-# (`planning.Inline`); tests/control/test_planner_thread.py runs it on a thread.
-INLINE = planning.Inline()
+# (`executors.Inline`); tests/control/test_planner_thread.py runs it on a thread.
+INLINE = executors.Inline()
 
 
 def loop_factories() -> Mapping[str, Callable[[], asyncio.AbstractEventLoop]]:

@@ -21,7 +21,7 @@ from typing import ParamSpec, TypeVar
 import pytest
 
 from planaria.contract import plan as plans
-from planaria.control import controller, planning, status
+from planaria.control import controller, executors, status
 from tests.control import scenarios
 
 pytestmark = pytest.mark.asyncio
@@ -116,7 +116,7 @@ async def test_a_decision_waits_for_the_search_ahead_and_chooses_as_inline() -> 
     finally:
         executor.release()
         executor.shutdown(wait=True)
-    inline, expected = await _killed_run(planning.Inline())
+    inline, expected = await _killed_run(executors.Inline())
     assert final.phase is expected.phase is status.Phase.SUCCEEDED
     assert (final.step, final.epoch, final.plan) == (expected.step, expected.epoch, expected.plan)
     assert _choices(threaded) == _choices(inline) and len(_choices(inline)) == 1

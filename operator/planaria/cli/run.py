@@ -343,7 +343,7 @@ async def execute(
     of the run did (the report covers them too); `log` is told how the run ended, once the
     report is written. `gave_up` returns once the backend gives up restarting a worker, with
     why: the job then ends Failed with that cause (`planaria.local.restarts`). `executor` runs
-    the planner (None: a thread of its own; the virtual-time tests give `planning.Inline()`)."""
+    the planner (None: a thread of its own; the virtual-time tests give `executors.Inline()`)."""
     controller = controllers.Controller(
         settings, backend, clock=clock, sink=sink, journal=journal, adopt=adopt, executor=executor
     )

@@ -35,6 +35,7 @@ from planaria.control import (
     adoption,
     connections,
     epochs,
+    executors,
     failures,
     history,
     membership,
@@ -69,9 +70,9 @@ class Controller:
         executor: futures.Executor | None = None,
     ) -> None:
         """`executor` runs the planner (`planning`): None gives the job a thread of its own,
-        shut down when `run` ends; the virtual-time tests give `planning.Inline()`."""
+        shut down when `run` ends; the virtual-time tests give `executors.Inline()`."""
         self._job, self._clock, self._sink = settings, clock, sink
-        self._executor = planning.thread(settings.name) if executor is None else executor
+        self._executor = executors.thread(settings.name) if executor is None else executor
         self._owns_executor = executor is None
         self._adopt, self._detached = adopt, False
         self._roster = roster = membership.Roster(heartbeat_timeout_s=settings.heartbeat_timeout_s)

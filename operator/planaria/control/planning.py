@@ -15,15 +15,15 @@ get there, what kind of move it is and the planner's one-line reason.
   and reroutes the failed stages' micro-batches (ReCycle). The survivors are bound to the new
   roles by min-cost matching (Odyssey §IV-B, `planner.transfers`).
 
-Where it runs: the search is CPU-bound (0.5 CPU s ahead of the demo's failures, seconds for the
-templates and the first plan at 1,024 nodes of 8 GPUs), so the controller asks on an executor
-(`executor`: one thread of its own per job, `thread`) and awaits the answer (`made`, `call`),
-and `prepare` returns at once: the event loop meanwhile takes in heartbeats, serves gRPC streams
-and kopf handlers. The memos are not thread-safe and need not be: one question at a time, in the
-order the controller asks. A question waits for the search ahead (`ready` awaits it without
-holding the loop; a synchronous one waits in `_caught_up`), so every decision meets the memos
-just as when everything ran on the loop, and the same events give the same plans. `Inline` runs
-each call in the caller instead: the virtual-time tests, whose loop cannot wait on a thread.
+Where it runs: the search is CPU-bound (tenths of a second a call at 32 workers, seconds for
+the templates and the first plan at 1,024 nodes of 8 GPUs), so the controller asks on the
+planner's executor (`executors`: a thread of its own per job) and awaits the answer (`made`,
+`call`), and `prepare` returns at once: the event loop meanwhile takes in heartbeats, serves
+gRPC streams and kopf handlers. The memos are not thread-safe and need not be: one question at
+a time, in the order the controller asks. A question waits for the search ahead (`ready`
+awaits it without holding the loop; a synchronous one waits in `_caught_up`), so every decision
+meets the memos just as when everything ran on the loop, and the same events give the same
+plans.
 
 Transfer sources are restricted to workers of the new plan (the epoch's process group is exactly
 the plan's workers); a layer left with no source is restored by the agents from snapshots, so
@@ -45,6 +45,7 @@ from typing import ParamSpec, TypeVar
 
 from planaria.contract import errors, profile
 from planaria.contract import plan as plans
+from planaria.control import executors
 from planaria.control import settings as job_settings
 from planaria.control import status as statuses
 from planaria.planner import (
@@ -62,36 +63,6 @@ P = ParamSpec("P")
 T = TypeVar("T")
 
 
-class Inline(futures.Executor):
-    """Runs each call at once, in the caller's thread (the event loop's): the virtual-time
-    tests' executor, since their loop cannot wait for a thread deterministically."""
-
-    def submit(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> futures.Future[T]:
-        done: futures.Future[T] = futures.Future()
-        try:
-            done.set_result(fn(*args, **kwargs))
-        except Exception as exc:  # the caller's to raise, as from a thread's future
-            done.set_exception(exc)
-        return done
-
-
-def thread(job: str) -> futures.ThreadPoolExecutor:
-    """The planner's executor in production: one thread of its own for `job`'s planner (its
-    threads start with the first call; `shutdown` when the job ends)."""
-    return futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"planner-{job}")
-
-
-async def off_loop(
-    executor: futures.Executor, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs
-) -> T:
-    """`fn(*args, **kwargs)` on `executor`, awaited without holding the event loop; at once,
-    without a turn of the loop, when the executor ran it in the caller (`Inline`)."""
-    future = executor.submit(fn, *args, **kwargs)
-    if future.done():  # Inline: exactly as a plain call on the loop
-        return future.result()
-    return await asyncio.wrap_future(future)
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Move:
     """The next plan, the copies into it (sources all in `plan`), the kind of move, the planner's
@@ -106,7 +77,7 @@ class Move:
 
 class Planner:
     """The planner for one job's profile and settings (module docstring); `executor` runs its
-    search ahead (`prepare`) and the questions asked through `call` (default `Inline`)."""
+    search ahead (`prepare`) and the questions asked through `call` (default `executors.Inline`)."""
 
     def __init__(
         self,
@@ -139,7 +110,7 @@ class Planner:
         )
         self._estimates = screening.Estimates(source)
         self._policy = policy.PolicySettings()
-        self._executor = Inline() if executor is None else executor
+        self._executor = executors.Inline() if executor is None else executor
         self._ahead: futures.Future[None] | None = None  # the search ahead (`prepare`)
         self._busy = threading.Lock()  # held by the one call in the memos (`_alone`)
 
@@ -150,14 +121,14 @@ class Planner:
         """A planner for `job`, its templates built on `executor` (a second and more at 1,024
         nodes of 8 GPUs, docs/benchmarks.md), which then runs its search too.
         Raises what the constructor raises."""
-        return await off_loop(executor, cls, source, job, executor)
+        return await executors.off_loop(executor, cls, source, job, executor)
 
     async def call(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
         """`fn(*args, **kwargs)`, a question to this planner (`best`, `recover`, or a function
         that asks them), on the planner's executor once the search ahead ended; the event
         loop runs on meanwhile."""
         await self.ready()
-        return await off_loop(self._executor, fn, *args, **kwargs)
+        return await executors.off_loop(self._executor, fn, *args, **kwargs)
 
     async def ready(self) -> None:
         """Wait, without holding the event loop, until the search ahead (`prepare`) ended.
