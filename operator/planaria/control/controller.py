@@ -147,6 +147,8 @@ class Controller:
         except (errors.PlannerError, ValueError, connections.Unbounded) as exc:
             self._fail(failures.ended(exc))
         finally:
+            if self._owns_executor:  # first: what follows may be cancelled; a search ends unread
+                self._executor.shutdown(wait=False, cancel_futures=True)
             if self._failure is not None and self._phase is not Phase.SUCCEEDED:
                 self._fail(self._failure)  # the root cause of whatever else went wrong since
             if self._detached:
@@ -155,8 +157,6 @@ class Controller:
                 live = self._roster.live(self._clock.monotonic())
                 await self._lines.close(live, self._job.heartbeat_timeout_s)
                 await self._publish()
-            if self._owns_executor:  # a search still running ends on its own, unread
-                self._executor.shutdown(wait=False, cancel_futures=True)
         return self.status
 
     def fail(self, reason: str, message: str) -> None:
