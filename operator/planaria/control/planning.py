@@ -373,7 +373,7 @@ def whole_nodes(live: Collection[plans.WorkerId], gpus_per_node: int) -> list[in
 def preload(job: job_settings.JobSettings) -> None:
     """Start importing the layer-copy matching's solver when `job`'s policy will match layer
     copies (all but rerouting): the controller calls it as the job starts, while its agents
-    start and profile. The import holds the GIL, so the event loop too, for up to 0.7 s at a
+    start and profile. The import holds the GIL, so the event loop too, for up to 0.9 s at a
     time on a loaded machine (bench/controller.py --loop-lag): better then than while the first
     epoch commits, where the search ahead used to start it (docs/benchmarks.md)."""
     if job_settings.Policy(job.policy) is not job_settings.Policy.REROUTE:
