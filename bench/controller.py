@@ -15,25 +15,63 @@ Prints median / min / max milliseconds per (job, policy, cold|warm) and writes
 bench/results/controller.json.
 
     .venv/bin/python bench/controller.py [--runs N]
+
+How long the controller holds its event loop (`--loop-lag`): a probe coroutine sleeps 10 ms
+at a time and records how late it wakes (about the longest anything held the loop meanwhile),
+per window of the controller's phases (its INFO log): the first plan (from the profile's
+request, else the start, to epoch 1 running: the templates, the first plan, the search ahead),
+each recovery (from Recovering to the next epoch running: the decision), and elsewhere; with
+what held the loop (`LagProbe`: sampled stacks; "-" for a hold too short to sample or one in
+C code that kept the GIL, which no Python thread can sample).
+- `--loop-lag demo [JOB.yaml]`: `planaria run` (examples/tiny-job.yaml) in this process, as
+  the user runs it. Run it with an older tree first on PYTHONPATH (`git archive <commit>
+  operator | tar -x -C DIR`, PYTHONPATH=DIR/operator) for the figures before.
+- `--loop-lag fake [--before DIR]`: the controller with the controller tests' in-memory agents
+  (tests/control/fakes.py) in real time, GPT-3 2.7B on 32 workers (the decision-time job
+  above), one death at step 30, `--lag-runs` times per case, alternating, each in a fresh
+  process: the planner on its thread and inline on the loop (`executors.Inline`); with
+  `--before`, also the tree in DIR/operator as it was.
+Writes bench/results/controller_loop_lag.json.
+
+    .venv/bin/python -m bench.controller --loop-lag fake --before DIR   # from the repo root
+    .venv/bin/python -m bench.controller --loop-lag demo
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import collections
 import dataclasses
 import json
+import logging
+import os
 import statistics
+import subprocess
+import sys
+import tempfile
+import threading
 import time
+import traceback
+import types
 from pathlib import Path
 
+from planaria.cli import main as cli
 from planaria.contract import plan as plans
 from planaria.contract import profile, shapes
-from planaria.control import planning, settings, status
+from planaria.control import clock, controller, executors, planning, settings, status
 from planaria.planner import accelerators, synthetic
 from planaria.wire import messages
 
 RESULTS = Path(__file__).parent / "results" / "controller.json"
+LAG_RESULTS = Path(__file__).parent / "results" / "controller_loop_lag.json"
+DEMO_JOB = Path(__file__).parent.parent / "examples" / "tiny-job.yaml"
 HOUR_S = 3600.0
+PROBE_S = 0.01  # the lag probe's sleep
+HOLD_S = 0.05  # the probe this overdue: the watchdog samples what holds the loop
+WATCH_S = 0.02  # the watchdog's period
+FAKE_KILL_STEP = 30
+PLANNERS = ("thread", "inline")  # inline: on the loop, as before the planner had a thread
 
 
 def _job(
@@ -48,6 +86,7 @@ def _job(
         device=messages.Device.CPU,
         snapshot_interval_steps=1,
         redundancy=messages.RedundancyMode.XOR,
+        precision=source.precision,  # a job plans with a profile of its own arithmetic
     )
     return settings.JobSettings(
         name=name,
@@ -106,10 +145,223 @@ def measure(runs: int) -> list[dict[str, object]]:
     return rows
 
 
+class LagProbe:
+    """How late a PROBE_S sleep wakes on the running loop (`holds`: loop time at waking,
+    seconds late, what held the loop), and the controller's phase messages with their times.
+    What held it: a watchdog thread samples the loop thread's stack every WATCH_S while the
+    probe is overdue by HOLD_S, and names the innermost frame of our code and the library
+    below it (`_holder`); "-" when no sample was taken (a hold under HOLD_S + WATCH_S)."""
+
+    def __init__(self) -> None:
+        self.holds: list[tuple[float, float, str]] = []
+        self.phases: list[tuple[float, str]] = []
+        self._since = time.monotonic()  # the probe's last wake (asyncio's loops: monotonic)
+        self._seen: dict[float, collections.Counter[str]] = {}
+        self._loop_thread = threading.get_ident()
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Start probing `loop` (call on its thread)."""
+        self._loop_thread = threading.get_ident()
+        loop.create_task(self._probe())
+        threading.Thread(target=self._watch, name="lag-watchdog", daemon=True).start()
+        logger = logging.getLogger(controller.__name__)
+        logger.setLevel(logging.INFO)
+        logger.addHandler(_Phases(self.phases, loop))
+
+    async def _probe(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            self._since = before = loop.time()
+            await asyncio.sleep(PROBE_S)
+            now = loop.time()
+            seen = self._seen.pop(before, None)
+            holder = seen.most_common(1)[0][0] if seen else "-"
+            self.holds.append((now, now - before - PROBE_S, holder))
+
+    def _watch(self) -> None:
+        while True:
+            time.sleep(WATCH_S)
+            since = self._since
+            frame = sys._current_frames().get(self._loop_thread)
+            if frame is not None and time.monotonic() - since > PROBE_S + HOLD_S:
+                self._seen.setdefault(since, collections.Counter())[_holder(frame)] += 1
+
+    def windows(self) -> dict[str, dict[str, object]]:
+        """The longest hold (ms, and what held the loop) in each window of the phases (module
+        docstring), elsewhere, and overall."""
+        bounds: list[tuple[str, float, float]] = []
+        # the first plan: from the profile's request (else the start) to epoch 1 running
+        start = self.holds[0][0] - PROBE_S if self.holds else 0.0
+        opened: tuple[str, float] | None = ("first plan", start)
+        for at, message in self.phases:
+            if message.startswith("Profiling") and not bounds:
+                opened = ("first plan", at)
+            elif opened is None and message.startswith("Recovering"):
+                opened = (f"recovery {len(bounds)}", at)
+            elif opened is not None and message.startswith("Running"):
+                bounds.append((opened[0], opened[1], at))
+                opened = None
+        found = {name: _longest(self.holds, lo, hi) for name, lo, hi in bounds}
+        outside = [h for h in self.holds if not any(lo <= h[0] <= hi for _, lo, hi in bounds)]
+        found["elsewhere"] = _longest(outside, float("-inf"), float("inf"))
+        found["overall"] = _longest(self.holds, float("-inf"), float("inf"))
+        return found
+
+
+class _Phases(logging.Handler):
+    def __init__(self, into: list[tuple[float, str]], loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(logging.INFO)
+        self._into, self._loop = into, loop
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self._into.append((self._loop.time(), record.getMessage()))
+
+
+def _longest(holds: list[tuple[float, float, str]], lo: float, hi: float) -> dict[str, object]:
+    """The longest hold woken in [lo, hi] or just after hi (a hold that ends the window is
+    seen by the next wake): {"ms": .., "held_by": ..}."""
+    inside = [h for h in holds if lo <= h[0] <= hi] + [h for h in holds if h[0] > hi][:1]
+    top = max(inside, key=lambda h: h[1], default=(0.0, 0.0, "-"))
+    return {"ms": round(top[1] * 1e3, 1), "held_by": top[2]}
+
+
+def _holder(frame: types.FrameType) -> str:
+    """What a stack is doing: the library of its innermost frames outside our code, the
+    innermost frame of our code, and of the controller core ("torch <- planaria.local.backend.
+    store", "planaria.planner.stage_dp.fill in planaria.control.planning._prepare")."""
+    below, ours, core = "", "", ""
+    for summary in reversed(traceback.extract_stack(frame)):
+        path = summary.filename
+        if "/planaria/" in path and "site-packages" not in path:
+            module = path.rsplit("/planaria/", 1)[1].removesuffix(".py").replace("/", ".")
+            ours = ours or f"planaria.{module}.{summary.name}"
+            if module.startswith("control."):
+                core = f"planaria.{module}.{summary.name}"
+                break
+        elif not ours and not below and "site-packages/" in path:
+            below = path.split("site-packages/", 1)[1].split("/", 1)[0]
+        elif not ours and not below and "importlib" in path:
+            below = "import"
+    held = f"{below} <- {ours}" if below else ours or "-"
+    return held if core in ("", ours) else f"{held} in {core}"
+
+
+class _ProbedPolicy(asyncio.DefaultEventLoopPolicy):
+    """Every new loop (`asyncio.run` in `planaria run`) starts `probe` first."""
+
+    def __init__(self, probe: LagProbe) -> None:
+        super().__init__()
+        self._probe = probe
+
+    def new_event_loop(self) -> asyncio.AbstractEventLoop:
+        loop = super().new_event_loop()
+        loop.call_soon(self._probe.start, loop)
+        return loop
+
+
+def lag_demo(job: Path) -> dict[str, object]:
+    """`planaria run job` in this process with the probe on its loop."""
+    probe = LagProbe()
+    asyncio.set_event_loop_policy(_ProbedPolicy(probe))
+    with tempfile.TemporaryDirectory() as out:
+        code = cli.main(["run", str(job), "--out", out, "--no-progress"])
+    asyncio.set_event_loop_policy(None)
+    return {"case": "demo", "job": str(job), "exit": code, "longest_ms": probe.windows()}
+
+
+def lag_fake(runs: int, before: Path | None) -> list[dict[str, object]]:
+    """The controller on the in-memory agents (module docstring), `runs` times per case,
+    alternating, each run in a fresh process (a process's first planner pays imports and
+    warm-up that a second would not)."""
+    cases = [(p, os.environ.get("PYTHONPATH", "")) for p in PLANNERS]
+    if before is not None:
+        cases.insert(0, ("before", str(before / "operator")))
+    rows: list[dict[str, object]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for i in range(runs * len(cases)):
+            (planner, path), row = cases[i % len(cases)], Path(tmp) / f"{i}.json"
+            command = ["-m", "bench.controller", "--loop-lag", "fake", "--planner", planner]
+            env = {**os.environ, "PYTHONPATH": path}
+            subprocess.run([sys.executable, *command, "--row", str(row)], check=True, env=env)
+            rows.append(json.loads(row.read_text()))
+    return rows
+
+
+def lag_fake_once(planner: str) -> dict[str, object]:
+    """One run of `lag_fake` in this process: "before" builds the controller as an older
+    tree takes it (no executor), "thread" with its default one, "inline" with `Inline`."""
+    probe = LagProbe()
+    final = asyncio.run(_fake_run(probe, planner))
+    return {
+        "case": f"fake gpt3-2.7b x 32, planner {planner}",
+        "final": f"{final.phase} step {final.step} epoch {final.epoch}: {final.message}",
+        "longest_ms": probe.windows(),
+    }
+
+
+async def _fake_run(probe: LagProbe, planner: str) -> status.JobStatus:
+    from tests.control import fakes  # the tests' agents: `python -m bench.controller`
+
+    probe.start(asyncio.get_running_loop())
+    name, workers, batch, source = _jobs()[1]
+    job = dataclasses.replace(
+        _job(name, workers, batch, source, settings.Policy.ADAPTIVE.value),
+        heartbeat_timeout_s=3.0,
+        step_timeout_s=10.0,
+        configure_timeout_s=60.0,
+    )
+    real = clock.RealClock()
+    cluster = fakes.FakeCluster(real, step_s=0.1)
+
+    def kill(step: int) -> None:
+        if step == FAKE_KILL_STEP:
+            cluster.on_step = None
+            cluster.kill(5)
+
+    cluster.on_step = kill
+    if planner != "inline":  # "before": an older tree's controller has no executor to give
+        return await controller.Controller(job, cluster, clock=real).run()
+    return await controller.Controller(job, cluster, clock=real, executor=executors.Inline()).run()
+
+
+def _print_lags(rows: list[dict[str, object]]) -> None:
+    for row in rows:
+        print(row["case"], row.get("final", f"exit {row.get('exit')}"))
+        longest = row["longest_ms"]
+        assert isinstance(longest, dict)
+        for window, hold in longest.items():
+            print(f"  {window:<12} longest loop hold {hold['ms']:8.1f} ms  {hold['held_by']}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5, help="decisions per case (default 5)")
+    parser.add_argument(
+        "--loop-lag",
+        choices=("demo", "fake"),
+        help="measure how long the controller holds its event loop (module docstring)",
+    )
+    parser.add_argument("--lag-runs", type=int, default=2, help="--loop-lag fake's, per planner")
+    parser.add_argument("--before", type=Path, help="--loop-lag fake: an older tree (DIR)")
+    parser.add_argument(
+        "--planner", choices=("before", *PLANNERS), help="--loop-lag fake: one run, this one"
+    )
+    parser.add_argument("--row", type=Path, help="--planner: write its row here")
+    parser.add_argument("job", nargs="?", type=Path, default=DEMO_JOB, help="--loop-lag demo's")
     args = parser.parse_args()
+    if args.planner is not None:
+        args.row.write_text(json.dumps(lag_fake_once(args.planner)))
+        return
+    if args.loop_lag is not None:
+        if args.loop_lag == "fake":
+            lags = lag_fake(args.lag_runs, args.before)
+        else:
+            lags = [lag_demo(args.job)]
+        _print_lags(lags)
+        LAG_RESULTS.parent.mkdir(parents=True, exist_ok=True)
+        LAG_RESULTS.write_text(json.dumps(lags, indent=2))
+        print(f"wrote {LAG_RESULTS}")
+        return
     rows = measure(args.runs)
     head = ("job", "workers", "policy", "case", "median ms", "min", "max")
     print("{:<10} {:>7} {:<9} {:<5} {:>10} {:>8} {:>8}".format(*head))

@@ -347,6 +347,7 @@ async def test_execute_runs_the_job_with_the_injector_and_writes_the_report(
             sink=sink,
             out=tmp_path / "out",
             inject=inject,
+            executor=scenarios.INLINE,
         )
     )
     while not task.done():
@@ -388,6 +389,7 @@ async def test_execute_fails_the_job_with_the_cause_once_the_backend_gives_up_on
             sink=sink,
             out=tmp_path / "out",
             gave_up=gave_up,
+            executor=scenarios.INLINE,
         )
     )
     while not task.done():
@@ -454,6 +456,7 @@ async def _execute_until(
                 sink=sink,
                 out=tmp_path / "out",
                 interrupts=interrupts,
+                executor=scenarios.INLINE,
             )
         )
         sent = False

@@ -7,6 +7,7 @@ Time is virtual: the async tests that drive a controller run on looptime's event
 task is ready to run, straight to the next timer, so `asyncio.sleep(30)` ends at once and every
 run is the same on any machine and under any load. The controller and the fakes use the
 shipped `RealClock`, which reads that loop's time. `advance` is how a test lets time pass.
+The planner runs inline, on the loop (`INLINE`): a thread's answer would arrive in real time.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from planaria.control import (
     connections,
     controller,
     epochs,
+    executors,
     history,
     membership,
     planning,
@@ -38,6 +40,9 @@ MIB = 2**20
 # Virtual time runs in whole microseconds (looptime's default resolution): `advance` waits one
 # more tick, which the loop reaches only once idle, so everything due by then has run.
 JUST_AFTER_S = 1e-6
+# The planner runs in its caller, on the loop's thread, as virtual time needs
+# (`executors.Inline`); tests/control/test_planner_thread.py runs it on a thread.
+INLINE = executors.Inline()
 
 
 def loop_factories() -> Mapping[str, Callable[[], asyncio.AbstractEventLoop]]:
@@ -172,7 +177,7 @@ class Run:
         self.cluster = fakes.FakeCluster(self.clock, **cluster)  # type: ignore[arg-type]
         self.sink = Sink()
         self.controller = controller.Controller(
-            job_settings, self.cluster, clock=self.clock, sink=self.sink
+            job_settings, self.cluster, clock=self.clock, sink=self.sink, executor=INLINE
         )
         self.task: asyncio.Task[status.JobStatus] | None = None
 

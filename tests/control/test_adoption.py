@@ -51,7 +51,12 @@ class ListJournal:
 def _journalled(job: object, journal: ListJournal) -> scenarios.Run:
     run = scenarios.Run(job)  # type: ignore[arg-type]
     run.controller = controller.Controller(
-        run.controller._job, run.cluster, clock=run.clock, sink=run.sink, journal=journal
+        run.controller._job,
+        run.cluster,
+        clock=run.clock,
+        sink=run.sink,
+        journal=journal,
+        executor=scenarios.INLINE,
     )
     journal.cluster = run.cluster
     return run
@@ -73,7 +78,12 @@ def _successor(run: scenarios.Run, record: ports.EpochRecord) -> scenarios.Run:
     successor.clock, successor.cluster, successor.task = run.clock, run.cluster, None
     successor.sink = scenarios.Sink()
     successor.controller = controller.Controller(
-        run.controller._job, run.cluster, clock=run.clock, sink=successor.sink, adopt=record
+        run.controller._job,
+        run.cluster,
+        clock=run.clock,
+        sink=successor.sink,
+        adopt=record,
+        executor=scenarios.INLINE,
     )
     return successor
 

@@ -42,6 +42,7 @@ import signal
 import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from concurrent import futures
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -331,6 +332,7 @@ async def execute(
     before: run_log.Before | None = None,
     log: run_log.ProgressLog | None = None,
     gave_up: Callable[[], Awaitable[str]] | None = None,
+    executor: futures.Executor | None = None,
 ) -> statuses.JobStatus:
     """Run the job on `backend` to its end, with `inject` (given a way to read the job's status)
     running alongside, then write the report to `out`; returns the final status. The report is
@@ -340,9 +342,10 @@ async def execute(
     cancelled in, and the report says which signal ended it. `before`: what earlier controllers
     of the run did (the report covers them too); `log` is told how the run ended, once the
     report is written. `gave_up` returns once the backend gives up restarting a worker, with
-    why: the job then ends Failed with that cause (`planaria.local.restarts`)."""
+    why: the job then ends Failed with that cause (`planaria.local.restarts`). `executor` runs
+    the planner (None: a thread of its own; the virtual-time tests give `executors.Inline()`)."""
     controller = controllers.Controller(
-        settings, backend, clock=clock, sink=sink, journal=journal, adopt=adopt
+        settings, backend, clock=clock, sink=sink, journal=journal, adopt=adopt, executor=executor
     )
     started, started_wall = clock.monotonic(), time.time()
     driving = asyncio.ensure_future(_drive(controller, inject, gave_up))

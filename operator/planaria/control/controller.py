@@ -14,7 +14,9 @@ it out, and only the pass opens epochs (`_open`, through `epochs.Driver`):
 - Suspended: `suspension` says whether to carry on, wait or resume, and from where;
 - an operator restarted mid-job (`adopt`): `adoption` says how to take the epoch over.
 Every wait is bounded by the job's timeouts: a second failure during a recovery, an agent that
-never answers or one that hangs leads to a new epoch, never a hang.
+never answers or one that hangs leads to a new epoch, never a hang. The planner's CPU-bound
+search (its templates, the first plan, the search ahead of the next failure, a recovery's
+decision) runs on its executor, off the event loop (`planning` module docstring).
 
 Errors: `run` returns the final status; a permanent error (the profile or the first plan does
 not fit the job, an agent's error of the job's own) ends in phase Failed with its message, and
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from concurrent import futures
 
 from planaria.contract import errors, profile
 from planaria.contract import plan as plans
@@ -32,6 +35,7 @@ from planaria.control import (
     adoption,
     connections,
     epochs,
+    executors,
     failures,
     history,
     membership,
@@ -63,8 +67,13 @@ class Controller:
         sink: ports.StatusSink | None = None,
         journal: ports.Journal | None = None,
         adopt: ports.EpochRecord | None = None,
+        executor: futures.Executor | None = None,
     ) -> None:
+        """`executor` runs the planner (`planning`): None gives the job a thread of its own,
+        shut down when `run` ends; the virtual-time tests give `executors.Inline()`."""
         self._job, self._clock, self._sink = settings, clock, sink
+        self._executor = executors.thread(settings.name) if executor is None else executor
+        self._owns_executor = executor is None
         self._adopt, self._detached = adopt, False
         self._roster = roster = membership.Roster(heartbeat_timeout_s=settings.heartbeat_timeout_s)
         beats_s, configure_s = settings.heartbeat_interval_s, settings.configure_timeout_s
@@ -121,22 +130,25 @@ class Controller:
     async def run(self) -> statuses.JobStatus:
         """Run the job until Succeeded or Failed and return the final status."""
         try:
+            planning.preload(self._job)  # while the agents start, not while an epoch commits
             await self._lines.start(plans.WorkerId(w) for w in range(self._job.workers))
             await self._publish()
             if self._adopt is not None:
-                self._planner = planning.Planner(self._adopt.profile, self._job)
+                self._planner = await self._made(self._adopt.profile)
                 await self._take_over(self._adopt)
             else:
-                self._planner = planning.Planner(await self._profiled(), self._job)
+                self._planner = planner = await self._made(await self._profiled())
                 await self._epochs.hear_everyone()  # profiling may outlast the heartbeat timeout
                 live = self._roster.live(self._clock.monotonic())
-                move = self._planner.best(live, statuses.MoveKind.INITIAL)
+                move = await planner.call(planner.best, live, statuses.MoveKind.INITIAL)
                 await self._open(outcomes.Open(move=move, resume_step=0))
             while self._phase not in (Phase.SUCCEEDED, Phase.FAILED) and self._failure is None:
                 await self._pass()
         except (errors.PlannerError, ValueError, connections.Unbounded) as exc:
             self._fail(failures.ended(exc))
         finally:
+            if self._owns_executor:  # first: what follows may be cancelled; a search ends unread
+                self._executor.shutdown(wait=False, cancel_futures=True)
             if self._failure is not None and self._phase is not Phase.SUCCEEDED:
                 self._fail(self._failure)  # the root cause of whatever else went wrong since
             if self._detached:
@@ -178,6 +190,9 @@ class Controller:
             return measured
         return dataclasses.replace(measured, memory_bytes=cap)
 
+    async def _made(self, source: profile.Profile) -> planning.Planner:
+        return await planning.Planner.made(source, self._job, self._executor)
+
     async def _take_over(self, record: ports.EpochRecord) -> None:
         """Adopt `record`'s epoch from a predecessor (`adoption`)."""
         await self._epochs.hear_everyone()
@@ -195,7 +210,7 @@ class Controller:
         plan = self._epochs.plan
         if self._phase is Phase.SUSPENDED:
             outcome = self._suspended.next(
-                self._epochs, self._planner_(), now=now, arrived=bool(self._arrivals)
+                self._epochs, await self._ready(), now=now, arrived=bool(self._arrivals)
             )
             self._arrivals = self._arrivals if outcome is None else set()
             await self._carry_out(outcome)
@@ -205,10 +220,10 @@ class Controller:
             await self._carry_out(await self._recovery.recover(self._planner_(), self._announce))
         elif plan is not None and self._roster.notices & set(plan.workers):
             ttf = self._recovery.time_to_failure()
-            await self._switch(self._switches.evacuation(self._planner_(), ttf))
+            await self._switch(self._switches.evacuation(await self._ready(), ttf))
         elif self._arrivals:
             joined, self._arrivals = self._arrivals, set()
-            await self._switch(self._switches.scale_up(self._planner_(), joined))
+            await self._switch(self._switches.scale_up(await self._ready(), joined))
         await self._publish()
 
     def _note_returns(self, now: float) -> None:
@@ -270,7 +285,7 @@ class Controller:
             if gave_up:
                 self._set_running()
             return not gave_up
-        planner.prepare(move.plan)  # Odyssey §IV-C: search ahead of the next failure
+        planner.prepare(move.plan)  # Odyssey §IV-C: search ahead of the next failure, off the loop
         if await self._epochs.commit():
             self._set_running()
         return True
@@ -299,6 +314,12 @@ class Controller:
     def _planner_(self) -> planning.Planner:
         assert self._planner is not None, "the planner exists once the job is profiled"
         return self._planner
+
+    async def _ready(self) -> planning.Planner:
+        """The planner, once its search ahead ended: the concerns ask it on the loop."""
+        planner = self._planner_()
+        await planner.ready()
+        return planner
 
     def _view(self) -> statuses.View:
         live, plan = self._roster.live(self._clock.monotonic()), self._epochs.plan

@@ -15,6 +15,16 @@ get there, what kind of move it is and the planner's one-line reason.
   and reroutes the failed stages' micro-batches (ReCycle). The survivors are bound to the new
   roles by min-cost matching (Odyssey §IV-B, `planner.transfers`).
 
+Where it runs: the search is CPU-bound (tenths of a second a call at 32 workers, seconds for
+the templates and the first plan at 1,024 nodes of 8 GPUs), so the controller asks on the
+planner's executor (`executors`: a thread of its own per job) and awaits the answer (`made`,
+`call`), and `prepare` returns at once: the event loop meanwhile takes in heartbeats, serves
+gRPC streams and kopf handlers. The memos are not thread-safe and need not be: one question at
+a time, in the order the controller asks. A question waits for the search ahead (`ready`
+awaits it without holding the loop; a synchronous one waits in `_caught_up`), so every decision
+meets the memos just as when everything ran on the loop, and the same events give the same
+plans.
+
 Transfer sources are restricted to workers of the new plan (the epoch's process group is exactly
 the plan's workers); a layer left with no source is restored by the agents from snapshots, so
 the move says so (`needs_snapshot`) and the controller resumes at a snapshot step.
@@ -25,12 +35,17 @@ the controller turns that into Suspended.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import threading
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
+from concurrent import futures
 from dataclasses import dataclass
+from typing import ParamSpec, TypeVar
 
 from planaria.contract import errors, profile
 from planaria.contract import plan as plans
+from planaria.control import executors
 from planaria.control import settings as job_settings
 from planaria.control import status as statuses
 from planaria.planner import (
@@ -43,6 +58,9 @@ from planaria.planner import (
     templates,
     transfers,
 )
+
+P = ParamSpec("P")
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -58,9 +76,15 @@ class Move:
 
 
 class Planner:
-    """The planner for one job's profile and settings (module docstring)."""
+    """The planner for one job's profile and settings (module docstring); `executor` runs its
+    search ahead (`prepare`) and the questions asked through `call` (default `executors.Inline`)."""
 
-    def __init__(self, source: profile.Profile, job: job_settings.JobSettings) -> None:
+    def __init__(
+        self,
+        source: profile.Profile,
+        job: job_settings.JobSettings,
+        executor: futures.Executor | None = None,
+    ) -> None:
         if source.micro_batch_size != job.micro_batch_size:
             raise errors.PlanInputError(
                 f"the profile is for micro-batch size {source.micro_batch_size} but the job's "
@@ -86,6 +110,32 @@ class Planner:
         )
         self._estimates = screening.Estimates(source)
         self._policy = policy.PolicySettings()
+        self._executor = executors.Inline() if executor is None else executor
+        self._ahead: futures.Future[None] | None = None  # the search ahead (`prepare`)
+        self._busy = threading.Lock()  # held by the one call in the memos (`_alone`)
+
+    @classmethod
+    async def made(
+        cls, source: profile.Profile, job: job_settings.JobSettings, executor: futures.Executor
+    ) -> Planner:
+        """A planner for `job`, its templates built on `executor` (a second and more at 1,024
+        nodes of 8 GPUs, docs/benchmarks.md), which then runs its search too.
+        Raises what the constructor raises."""
+        return await executors.off_loop(executor, cls, source, job, executor)
+
+    async def call(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
+        """`fn(*args, **kwargs)`, a question to this planner (`best`, `recover`, or a function
+        that asks them), on the planner's executor once the search ahead ended; the event
+        loop runs on meanwhile."""
+        await self.ready()
+        return await executors.off_loop(self._executor, fn, *args, **kwargs)
+
+    async def ready(self) -> None:
+        """Wait, without holding the event loop, until the search ahead (`prepare`) ended.
+        Raises its error, if it failed."""
+        ahead = self._ahead
+        if ahead is not None and not ahead.done():
+            await asyncio.wrap_future(ahead)
 
     @property
     def source(self) -> profile.Profile:
@@ -100,6 +150,11 @@ class Planner:
 
     def best(self, live: Collection[plans.WorkerId], kind: statuses.MoveKind) -> Move:
         """The templates' best plan over the nodes whose every worker is live (§4.2)."""
+        self._caught_up()
+        with self._alone():
+            return self._best(live, kind)
+
+    def _best(self, live: Collection[plans.WorkerId], kind: statuses.MoveKind) -> Move:
         nodes = whole_nodes(live, self._job.gpus_per_node)
         choice = instantiation.choose_plan(
             self._templates, nodes, self._job.training.global_batch_size
@@ -110,8 +165,13 @@ class Planner:
         """Scale up: the templates' best plan over the whole live nodes, its roles bound to
         the workers by min-cost matching so the running workers keep what they hold and the
         new ones receive copies from the holders."""
+        self._caught_up()
+        with self._alone():
+            return self._grow(running, live)
+
+    def _grow(self, running: plans.Plan, live: Collection[plans.WorkerId]) -> Move:
         nodes = set(whole_nodes(live, self._job.gpus_per_node))
-        best = self.best(live, statuses.MoveKind.SCALE_UP)
+        best = self._best(live, statuses.MoveKind.SCALE_UP)
         members = set(running.workers)
         spare = [w for w in live if w not in members]
         held = {
@@ -133,6 +193,18 @@ class Planner:
         """The next plan after `failed` workers of `running` are lost, per the job's policy
         (`steps_left`: the job's steps still to train, which bound eq. 8's horizon).
         Raises InfeasibleError when the policy has no plan for the survivors."""
+        self._caught_up()
+        with self._alone():
+            return self._recover(running, failed, spare, time_to_failure_s, steps_left)
+
+    def _recover(
+        self,
+        running: plans.Plan,
+        failed: Collection[plans.WorkerId],
+        spare: Collection[plans.WorkerId],
+        time_to_failure_s: float,
+        steps_left: int | None,
+    ) -> Move:
         lost = frozenset(failed)
         chosen = job_settings.Policy(self._job.policy)
         if chosen is job_settings.Policy.REROUTE:
@@ -143,12 +215,45 @@ class Planner:
 
     def prepare(self, running: plans.Plan) -> None:
         """Warm the estimates memo for failures of the running plan (Odyssey §IV-C) and load
-        the layer-copy matching's solver, which every policy but rerouting uses."""
+        the layer-copy matching's solver, which every policy but rerouting uses: on the
+        planner's executor, so on a thread this returns at once and the next question waits
+        for it (`ready`). Raises the search's error at once when inline, else at the next
+        question."""
+        self._caught_up()  # the search before this one, or the first plan, is over
+        self._ahead = self._executor.submit(self._search_ahead, running)
+        if self._ahead.done():
+            self._ahead.result()
+
+    def _search_ahead(self, running: plans.Plan) -> None:
+        with self._alone():
+            self._prepare(running)
+
+    def _prepare(self, running: plans.Plan) -> None:
         chosen = job_settings.Policy(self._job.policy)
         if chosen is not job_settings.Policy.REROUTE:
             _load_solver_in_background()
         if chosen is job_settings.Policy.ADAPTIVE:
             candidates.prepare(running, self._estimates, self._policy.search)
+
+    def _caught_up(self) -> None:
+        """Wait until the search ahead ended (at once after `ready`) and raise its error, so
+        that every question meets the memos as the controller's order of calls left them.
+        (Never on the executor's thread while the search is still queued behind it: `call`
+        awaits `ready` before it submits.)"""
+        ahead = self._ahead
+        if ahead is not None and not ahead.cancelled():
+            ahead.result()
+
+    @contextlib.contextmanager
+    def _alone(self) -> Iterator[None]:
+        """The memos are not thread-safe: assert that no other call is in them (the
+        controller asks one question at a time, module docstring)."""
+        entered = self._busy.acquire(blocking=False)
+        assert entered, "two calls in one planner at once: the controller asks one at a time"
+        try:
+            yield
+        finally:
+            self._busy.release()
 
     def _rerouted(self, running: plans.Plan, lost: frozenset[plans.WorkerId]) -> Move:
         new = rerouting.reroute(running, lost)
@@ -263,6 +368,16 @@ def whole_nodes(live: Collection[plans.WorkerId], gpus_per_node: int) -> list[in
     alive = set(live)
     nodes = sorted({w // gpus_per_node for w in alive})
     return [n for n in nodes if all(n * gpus_per_node + g in alive for g in range(gpus_per_node))]
+
+
+def preload(job: job_settings.JobSettings) -> None:
+    """Start importing the layer-copy matching's solver when `job`'s policy will match layer
+    copies (all but rerouting): the controller calls it as the job starts, while its agents
+    start and profile. The import holds the GIL, so the event loop too, for up to 0.9 s at a
+    time on a loaded machine (bench/controller.py --loop-lag): better then than while the first
+    epoch commits, where the search ahead used to start it (docs/benchmarks.md)."""
+    if job_settings.Policy(job.policy) is not job_settings.Policy.REROUTE:
+        _load_solver_in_background()
 
 
 _solver_loading = False

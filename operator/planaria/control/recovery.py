@@ -120,11 +120,11 @@ class Handler:
             failed_restore = self._epochs.resume_step
         elif found.survivors and found.resume_step >= self._job.steps:
             return outcomes.Succeed()
-        return self._next_epoch(
+        return await self._next_epoch(
             planner, running, found, noticed, now, stopped=now - noticed, below=failed_restore
         )
 
-    def _next_epoch(
+    async def _next_epoch(
         self,
         planner: planning.Planner,
         running: plans.Plan,
@@ -137,9 +137,10 @@ class Handler:
     ) -> outcomes.Outcome:
         """The planner's move and its resume step for `found`, as an `Open` (or a Suspend);
         `below`: a resume step whose restore failed (SNAPSHOT_UNAVAILABLE), so the resume is
-        an older one."""
+        an older one. The decision runs on the planner's executor, off the event loop."""
         live = self._roster.live(now)
-        move = decide(
+        move = await planner.call(
+            decide,
             planner,
             running,
             found,
