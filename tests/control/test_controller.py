@@ -16,7 +16,7 @@ import dataclasses
 import pytest
 
 from planaria.contract import plan as plans
-from planaria.control import clock, planning, ports, recovery, settings, status
+from planaria.control import clock, epochs, planning, ports, recovery, settings, status
 from planaria.planner import candidates, policy, screening
 from planaria.wire import messages
 from tests.control import fakes, scenarios
@@ -338,3 +338,26 @@ async def test_a_job_ends_on_the_old_plan_after_a_late_switch_with_no_time_to_re
     final = await run.finish(limit_s=100)
     assert final.phase is status.Phase.SUCCEEDED and final.step == 60, final.message
     assert run.controller._switches.lead_scale >= 2  # the switch came too late
+
+
+async def test_an_epoch_whose_commit_gave_up_while_it_was_healthy_still_shows_running(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # As when the event loop was held past the heartbeat timeout: the first commit finds every
+    # worker silent and returns False, though the workers go on training in the epoch.
+    commit = epochs.Driver.commit
+    calls: list[int] = []
+
+    async def gives_up_once(self: epochs.Driver) -> bool:
+        calls.append(self.epoch)
+        return False if len(calls) == 1 else await commit(self)
+
+    monkeypatch.setattr(epochs.Driver, "commit", gives_up_once)
+    run = scenarios.Run(scenarios.job(steps=30))
+    final = await run.finish()
+    assert final.phase is status.Phase.SUCCEEDED, final.message
+    assert (final.epoch, final.recoveries) == (1, 0)
+    phases = [s.phase for s in run.sink.published]
+    assert status.Phase.RUNNING in phases, phases  # not Pending until the end
+    running = [s for s in run.sink.published if s.phase is status.Phase.RUNNING]
+    assert running[0].message == "epoch 1 running: [2,2,2,2] initial"

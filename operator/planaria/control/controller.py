@@ -224,7 +224,15 @@ class Controller:
         elif self._arrivals:
             joined, self._arrivals = self._arrivals, set()
             await self._switch(self._switches.scale_up(await self._ready(), joined))
+        elif self._opening() and plan is not None and not self._epochs.not_running():
+            # A commit that gave up on workers it had not heard yet (the loop was held past
+            # the heartbeat timeout) opens nothing new; once every worker trains in the epoch,
+            # it is running, whatever the commit said.
+            self._set_running()
         await self._publish()
+
+    def _opening(self) -> bool:
+        return self._phase in (Phase.PENDING, Phase.RECOVERING)
 
     def _note_returns(self, now: float) -> None:
         """Workers heard again after a silence (a stalled machine, a stopped process), and slow
