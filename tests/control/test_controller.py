@@ -57,11 +57,12 @@ async def test_without_a_profile_the_controller_asks_an_agent_then_opens_the_fir
     run = scenarios.Run(scenarios.job(steps=10, profile=None), profile=scenarios.small_profile())
     final = await run.finish()
     assert final.phase is status.Phase.SUCCEEDED
-    published = [(s.phase, s.message) for s in run.sink.published]
-    assert published[:3] == [
-        (status.Phase.PENDING, "starting workers"),
-        (status.Phase.PROFILING, "profiling small"),
-        (status.Phase.PENDING, "opening epoch 1: [2,2,2,2] initial"),
+    published = [(s.phase, s.message, s.live_workers) for s in run.sink.published]
+    assert published[:4] == [
+        (status.Phase.PENDING, "starting workers", 0),  # before the agents start: at once
+        (status.Phase.PENDING, "starting workers", 8),
+        (status.Phase.PROFILING, "profiling small", 8),
+        (status.Phase.PENDING, "opening epoch 1: [2,2,2,2] initial", 8),
     ]  # "Profiling" ends with the profile, not when the first epoch runs
 
 

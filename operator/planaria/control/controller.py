@@ -131,6 +131,7 @@ class Controller:
         """Run the job until Succeeded or Failed and return the final status."""
         try:
             planning.preload(self._job)  # while the agents start, not while an epoch commits
+            await self._publish()  # at once: starting the agents takes seconds (pods: minutes)
             await self._lines.start(plans.WorkerId(w) for w in range(self._job.workers))
             await self._publish()
             if self._adopt is not None:
