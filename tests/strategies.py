@@ -92,6 +92,22 @@ def profiles(draw: st.DrawFn, *, max_layers: int = 8, max_gpus: int = 4) -> prof
 
 
 @st.composite
+def sized_profiles(draw: st.DrawFn, num_layers: int, gpus: int, model: str) -> profile.Profile:
+    """A profile of exactly `num_layers` drawn layers timed for 1..`gpus` GPUs and drawn links,
+    micro-batch 1, memory unbounded: the estimators' oracle tests replay plans against it."""
+    layers = draw(st.lists(layer_profiles(gpus), min_size=num_layers, max_size=num_layers))
+    return profile.Profile(
+        model=model,
+        accelerator="test",
+        micro_batch_size=1,
+        memory_bytes=2**40,
+        layers=tuple(layers),
+        intra_node=draw(link_profiles()),
+        inter_node=draw(link_profiles()),
+    )
+
+
+@st.composite
 def small_shapes(draw: st.DrawFn, *, max_layers: int = 6) -> shapes.ModelShape:
     """A small GPT shape: heads divide d_model; ffn_dim either the default 4*d or explicit."""
     num_heads = draw(st.integers(min_value=1, max_value=8))

@@ -65,18 +65,7 @@ def unrerouted(draw: st.DrawFn) -> tuple[plan.Plan, profile.Profile]:
         micro_batches = draw(st.integers(1, 6))
         pipelines.append(plan.Pipeline(stages=tuple(built), num_micro_batches=micro_batches))
     plan_ = plan.Plan(pipelines=tuple(pipelines), micro_batch_size=1, gpus_per_node=gpus)
-    width = min(2, gpus)
-    costs = strategies.layer_profiles(width)
-    layers = draw(st.lists(costs, min_size=num_layers, max_size=num_layers))
-    prof = profile.Profile(
-        model="composed",
-        accelerator="test",
-        micro_batch_size=1,
-        memory_bytes=2**40,
-        layers=tuple(layers),
-        intra_node=draw(strategies.link_profiles()),
-        inter_node=draw(strategies.link_profiles()),
-    )
+    prof = draw(strategies.sized_profiles(num_layers, min(2, gpus), "composed"))
     return plan_, prof
 
 

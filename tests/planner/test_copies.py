@@ -34,16 +34,7 @@ def kinds_and_profile(draw: st.DrawFn) -> tuple[list[Kind], list[int], profile.P
         split = tuple(b - a for a, b in zip(cuts, cuts[1:], strict=False))
         kinds.append((split, draw(st.integers(1, 6)), draw(st.integers(1, 5))))
     order = draw(st.permutations([k for k, (_, _, n) in enumerate(kinds) for _ in range(n)]))
-    layers = draw(st.lists(strategies.layer_profiles(1), min_size=num_layers, max_size=num_layers))
-    prof = profile.Profile(
-        model="copies",
-        accelerator="test",
-        micro_batch_size=1,
-        memory_bytes=2**40,
-        layers=tuple(layers),
-        intra_node=draw(strategies.link_profiles()),
-        inter_node=draw(strategies.link_profiles()),
-    )
+    prof = draw(strategies.sized_profiles(num_layers, 1, "copies"))
     return kinds, list(order), prof
 
 
