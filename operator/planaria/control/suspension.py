@@ -201,7 +201,7 @@ def held_step(
     return min(steps)
 
 
-def survey(
+async def survey(
     roster: membership.Roster,
     driver: epochs.Driver,
     planner: planning.Planner,
@@ -211,10 +211,10 @@ def survey(
     arrived: bool,
 ) -> tuple[Facts, planning.Move | None]:
     """This pass's `Facts`, and the planner's resume move over the live workers (None when
-    it has none)."""
+    it has none), searched on the planner's executor, off the event loop (`Planner.call`)."""
     move, infeasible = None, ""
     try:
-        move = planner.best(roster.live(now), statuses.MoveKind.RESUME)
+        move = await planner.call(planner.best, roster.live(now), statuses.MoveKind.RESUME)
     except errors.PlannerError as exc:
         infeasible = str(exc)
     need = planner.min_workers
@@ -322,13 +322,13 @@ class Tracker:
         live = len(alive)
         return message(why.what, checkpoint, need=need, live=live)
 
-    def next(
+    async def next(
         self, driver: epochs.Driver, planner: planning.Planner, *, now: float, arrived: bool
     ) -> outcomes.Outcome:
         """What the suspended job does at this pass (`next_move`); `arrived`: workers joined
         or returned since the last try (the caller forgets them unless the outcome is None)."""
         roster = self._roster
-        found, move = survey(roster, driver, planner, self._job, now=now, arrived=arrived)
+        found, move = await survey(roster, driver, planner, self._job, now=now, arrived=arrived)
         verdict, self.state, why = next_move(self.state, found, now)
         if verdict is Next.HEAL:
             return outcomes.CarryOn()
