@@ -4,8 +4,9 @@ Covers: what a new suspension remembers (a failed resume from host memory sends 
 the checkpoint and may retry it at once); what a pass does while Suspended (carry on when the
 suspended epoch's workers are back and still train in it; never resume with too few workers,
 nothing new or no plan; a pass that does not ask the planner decides as if it had; hold for a
-stall and for a returning worker's first heartbeat, each bounded); where a resume starts (host memory only when newer than the checkpoint and not already
-failed); the step every live worker holds; the status message and the resume's record.
+stall and for a returning worker's first heartbeat, each bounded); where a resume starts (host
+memory only when newer than the checkpoint and not already failed); the step every live worker
+holds; the status message and the resume's record.
 """
 
 from __future__ import annotations
