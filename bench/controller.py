@@ -20,21 +20,30 @@ How long the controller holds its event loop (`--loop-lag`): a probe coroutine s
 at a time and records how late it wakes (about the longest anything held the loop meanwhile),
 per window of the controller's phases (its INFO log): the first plan (from the profile's
 request, else the start, to epoch 1 running: the templates, the first plan, the search ahead),
-each recovery (from Recovering to the next epoch running: the decision), and elsewhere; with
-what held the loop (`LagProbe`: sampled stacks; "-" for a hold too short to sample or one in
-C code that kept the GIL, which no Python thread can sample).
+each recovery (from Recovering to the next epoch running: the decision), a scale-up (from a
+worker's return to the next epoch running: the planner's new plan, then the switch), and
+elsewhere; with what held the loop (`LagProbe`: sampled stacks; "-" for a hold too short to
+sample or one in C code that kept the GIL, which no Python thread can sample).
 - `--loop-lag demo [JOB.yaml]`: `planaria run` (examples/tiny-job.yaml) in this process, as
   the user runs it. Run it with an older tree first on PYTHONPATH (`git archive <commit>
   operator | tar -x -C DIR`, PYTHONPATH=DIR/operator) for the figures before.
 - `--loop-lag fake [--before DIR]`: the controller with the controller tests' in-memory agents
   (tests/control/fakes.py) in real time, GPT-3 2.7B on 32 workers (the decision-time job
-  above), one death at step 30, `--lag-runs` times per case, alternating, each in a fresh
-  process: the planner on its thread and inline on the loop (`executors.Inline`); with
-  `--before`, also the tree in DIR/operator as it was.
+  above), one death at step 30 and that worker's return at step 60 (a scale-up), `--lag-runs`
+  times per case, alternating, each in a fresh process: the planner on its thread and inline
+  on the loop (`executors.Inline`); with `--before`, also the tree in DIR/operator as it was.
+- `--loop-lag calls`: the planner's questions of a scale-up (`grow`), a resume from Suspended
+  (`best`) and a preemption notice's move (`recover`, after the search ahead) at 1,024 nodes
+  of 8 GPUs (GPT-3 6.7B on A100-80GB, f = 1, adaptive), more than the in-memory agents run in
+  real time here: each asked `--lag-runs` times as a plain call on the loop (where switches
+  and suspension asked before) and through `Planner.call` on the job's planner thread
+  (where they ask now), alternating, in this process; the longest hold of the loop while each
+  call ran, and the call's wall time. Writes bench/results/controller_loop_lag_calls.json.
 Writes bench/results/controller_loop_lag.json.
 
     .venv/bin/python -m bench.controller --loop-lag fake --before DIR   # from the repo root
     .venv/bin/python -m bench.controller --loop-lag demo
+    .venv/bin/python -m bench.controller --loop-lag calls --lag-runs 3
 """
 
 from __future__ import annotations
@@ -54,23 +63,27 @@ import threading
 import time
 import traceback
 import types
+from collections.abc import Callable
 from pathlib import Path
 
 from planaria.cli import main as cli
 from planaria.contract import plan as plans
 from planaria.contract import profile, shapes
 from planaria.control import clock, controller, executors, planning, settings, status
-from planaria.planner import accelerators, synthetic
+from planaria.planner import accelerators, synthetic, transfers
 from planaria.wire import messages
 
 RESULTS = Path(__file__).parent / "results" / "controller.json"
 LAG_RESULTS = Path(__file__).parent / "results" / "controller_loop_lag.json"
+CALLS_RESULTS = Path(__file__).parent / "results" / "controller_loop_lag_calls.json"
 DEMO_JOB = Path(__file__).parent.parent / "examples" / "tiny-job.yaml"
 HOUR_S = 3600.0
 PROBE_S = 0.01  # the lag probe's sleep
 HOLD_S = 0.05  # the probe this overdue: the watchdog samples what holds the loop
 WATCH_S = 0.02  # the watchdog's period
 FAKE_KILL_STEP = 30
+FAKE_JOIN_STEP = 60  # the killed worker is back: a scale-up
+CALLS_NODES, CALLS_GPUS = 1024, 8  # --loop-lag calls: the cluster scale of issue #17
 PLANNERS = ("thread", "inline")  # inline: on the loop, as before the planner had a thread
 
 
@@ -168,6 +181,10 @@ class LagProbe:
         logger.setLevel(logging.INFO)
         logger.addHandler(_Phases(self.phases, loop))
 
+    def mark(self, what: str) -> None:
+        """Note `what` happened now (on the loop's thread), opening its window (`windows`)."""
+        self.phases.append((time.monotonic(), what))
+
     async def _probe(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
@@ -196,6 +213,8 @@ class LagProbe:
         for at, message in self.phases:
             if message.startswith("Profiling") and not bounds:
                 opened = ("first plan", at)
+            elif opened is None and message == "Joined":
+                opened = ("scale-up", at)
             elif opened is None and message.startswith("Recovering"):
                 opened = (f"recovery {len(bounds)}", at)
             elif opened is not None and message.startswith("Running"):
@@ -313,15 +332,107 @@ async def _fake_run(probe: LagProbe, planner: str) -> status.JobStatus:
     real = clock.RealClock()
     cluster = fakes.FakeCluster(real, step_s=0.1)
 
-    def kill(step: int) -> None:
+    def kill_then_join(step: int) -> None:
         if step == FAKE_KILL_STEP:
-            cluster.on_step = None
             cluster.kill(5)
+        elif step == FAKE_JOIN_STEP and not cluster.agent(5).alive:
+            cluster.on_step = None
+            probe.mark("Joined")
+            cluster.join(5)
 
-    cluster.on_step = kill
+    cluster.on_step = kill_then_join
     if planner != "inline":  # "before": an older tree's controller has no executor to give
         return await controller.Controller(job, cluster, clock=real).run()
     return await controller.Controller(job, cluster, clock=real, executor=executors.Inline()).run()
+
+
+def lag_calls(runs: int) -> list[dict[str, object]]:
+    """`--loop-lag calls` (module docstring): rows of (call, where asked, hold and call ms)."""
+    source = synthetic.synthesize(
+        shapes.named("gpt3-6.7b"), accelerators.named("a100-80gb"), 1, CALLS_GPUS
+    )
+    job = dataclasses.replace(
+        _job("gpt3-6.7b", CALLS_NODES * CALLS_GPUS, 1024, source, "adaptive"),
+        gpus_per_node=CALLS_GPUS,
+        fault_tolerance=1,
+        steps=1000,
+    )
+    transfers.load_solver()  # the job's start preloads it (planning.preload): not timed
+    pool = executors.thread(job.name)
+    try:
+        return asyncio.run(_ask_calls(planning.Planner(source, job, pool), job, runs))
+    finally:
+        pool.shutdown(wait=True)
+
+
+async def _ask_calls(
+    planner: planning.Planner, job: settings.JobSettings, runs: int
+) -> list[dict[str, object]]:
+    probe = LagProbe()
+    probe.start(asyncio.get_running_loop())
+    everyone = [plans.WorkerId(w) for w in range(job.workers)]
+    node_5 = range(5 * job.gpus_per_node, 6 * job.gpus_per_node)
+    shrunk = planner.best([w for w in everyone if w not in node_5], status.MoveKind.INITIAL)
+    running = planner.best(everyone, status.MoveKind.INITIAL).plan
+    planner.prepare(running)  # the search ahead, as after every epoch opens
+    await planner.ready()
+    calls: dict[str, tuple[object, ...]] = {
+        "scale-up (grow)": (planner.grow, shrunk.plan, set(everyone)),
+        "resume (best)": (planner.best, everyone, status.MoveKind.RESUME),
+    }
+    asked = ("on the loop", "planner thread")
+    cases = [(name, where) for name in (*calls, "preemption notice (recover)") for where in asked]
+    found: dict[tuple[str, str], tuple[list[float], list[float]]] = {
+        case: ([], []) for case in cases
+    }
+    for i in range(runs):
+        noticed = {plans.WorkerId((7919 * i + 3) % job.workers)}
+        calls["preemption notice (recover)"] = (
+            planner.recover,
+            running,
+            noticed,
+            set(),
+            HOUR_S,
+            job.steps // 2,
+        )
+        for name, where in cases:
+            fn, *args = calls[name]
+            assert callable(fn)
+            hold_ms, call_ms = await _held(probe, planner, where == asked[0], fn, args)
+            found[name, where][0].append(hold_ms)
+            found[name, where][1].append(call_ms)
+    return [
+        {"call": name, "asked": where, "hold_ms": holds, "call_ms": took}
+        for (name, where), (holds, took) in found.items()
+    ]
+
+
+async def _held(
+    probe: LagProbe,
+    planner: planning.Planner,
+    on_loop: bool,
+    fn: Callable[..., object],
+    args: list[object],
+) -> tuple[float, float]:
+    """The longest hold of the loop while `fn(*args)` ran (ms), and its wall time (ms)."""
+    loop = asyncio.get_running_loop()
+    await asyncio.sleep(5 * PROBE_S)  # the probe sleeps again before the call starts
+    start = loop.time()
+    if on_loop:
+        fn(*args)
+    else:
+        await planner.call(fn, *args)
+    end = loop.time()
+    await asyncio.sleep(5 * PROBE_S)  # the probe's wake after the call ends the window
+    hold = _longest(probe.holds, start, end)["ms"]
+    assert isinstance(hold, float)
+    return hold, round((end - start) * 1e3, 1)
+
+
+def _print_calls(rows: list[dict[str, object]]) -> None:
+    for row in rows:
+        holds, took = row["hold_ms"], row["call_ms"]
+        print(f"{row['call']:<28} {row['asked']:<15} longest hold ms {holds}  call ms {took}")
 
 
 def _print_lags(rows: list[dict[str, object]]) -> None:
@@ -338,7 +449,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=5, help="decisions per case (default 5)")
     parser.add_argument(
         "--loop-lag",
-        choices=("demo", "fake"),
+        choices=("demo", "fake", "calls"),
         help="measure how long the controller holds its event loop (module docstring)",
     )
     parser.add_argument("--lag-runs", type=int, default=2, help="--loop-lag fake's, per planner")
@@ -351,6 +462,13 @@ def main() -> None:
     args = parser.parse_args()
     if args.planner is not None:
         args.row.write_text(json.dumps(lag_fake_once(args.planner)))
+        return
+    if args.loop_lag == "calls":
+        rows = lag_calls(args.lag_runs)
+        _print_calls(rows)
+        CALLS_RESULTS.parent.mkdir(parents=True, exist_ok=True)
+        CALLS_RESULTS.write_text(json.dumps({"load_average": os.getloadavg(), "rows": rows}))
+        print(f"wrote {CALLS_RESULTS}")
         return
     if args.loop_lag is not None:
         if args.loop_lag == "fake":

@@ -61,6 +61,7 @@ class FakeAgent:
     waiting_since: float | None = None
     checkpoint_step: int | None = None
     received: list[messages.WorkerConfig] = field(default_factory=list)
+    beats: int = 0  # heartbeats the controller's Watch took from it
     # what it held before its latest set-up, (layers, step): a failed set-up keeps it
     before_set_up: tuple[frozenset[int], int] = (frozenset(), 0)
 
@@ -103,6 +104,7 @@ class FakeAgent:
             if self.state is messages.AgentState.STOPPED:
                 return
             if not self.hung:
+                self.beats += 1
                 yield self.heartbeat()
             await self.cluster.clock.sleep(interval_s)
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections.abc import Callable, Mapping
+from concurrent import futures
 
 import looptime
 
@@ -172,12 +173,19 @@ class Sink:
 class Run:
     """A controller and its fake cluster on one clock, in virtual time (module docstring)."""
 
-    def __init__(self, job_settings: settings.JobSettings, **cluster: object) -> None:
+    def __init__(
+        self,
+        job_settings: settings.JobSettings,
+        *,
+        executor: futures.Executor = INLINE,
+        **cluster: object,
+    ) -> None:
+        """`executor`: the planner's (tests/control/test_planner_thread*.py give a thread)."""
         self.clock = clock.RealClock()
         self.cluster = fakes.FakeCluster(self.clock, **cluster)  # type: ignore[arg-type]
         self.sink = Sink()
         self.controller = controller.Controller(
-            job_settings, self.cluster, clock=self.clock, sink=self.sink, executor=INLINE
+            job_settings, self.cluster, clock=self.clock, sink=self.sink, executor=executor
         )
         self.task: asyncio.Task[status.JobStatus] | None = None
 
@@ -205,6 +213,17 @@ class Run:
 
     def step(self) -> int:
         return self.controller.status.step
+
+    def choices(self) -> list[tuple[tuple[plan.WorkerId, ...], str, str]]:
+        """Every recovery's failed workers, kind and the planner's reason, in order."""
+        return [(r.failed, r.kind, r.reason) for r in self.controller.recoveries]
+
+    def configured(self) -> dict[int, list[tuple[plan.Plan, int]]]:
+        """Every epoch's Configures: the plan and resume step each worker was sent."""
+        return {
+            epoch: sorted(((c.plan, c.resume_step) for c in configs), key=repr)
+            for epoch, configs in self.cluster.sent.items()
+        }
 
     def ranks_ok(self) -> list[str]:
         """Problems with the ranks of every epoch's Configures (empty when none): all of an

@@ -20,8 +20,7 @@ from typing import ParamSpec, TypeVar
 
 import pytest
 
-from planaria.contract import plan as plans
-from planaria.control import controller, executors, status
+from planaria.control import executors, status
 from tests.control import scenarios
 
 pytestmark = pytest.mark.asyncio
@@ -62,11 +61,7 @@ class HeldExecutor(futures.ThreadPoolExecutor):
 
 
 def _run(executor: futures.Executor) -> scenarios.Run:
-    run = scenarios.Run(scenarios.job(steps=40))
-    run.controller = controller.Controller(
-        run.controller._job, run.cluster, clock=run.clock, sink=run.sink, executor=executor
-    )
-    return run
+    return scenarios.Run(scenarios.job(steps=40), executor=executor)
 
 
 async def _killed_run(executor: futures.Executor) -> tuple[scenarios.Run, status.JobStatus]:
@@ -119,17 +114,5 @@ async def test_a_decision_waits_for_the_search_ahead_and_chooses_as_inline() -> 
     inline, expected = await _killed_run(executors.Inline())
     assert final.phase is expected.phase is status.Phase.SUCCEEDED
     assert (final.step, final.epoch, final.plan) == (expected.step, expected.epoch, expected.plan)
-    assert _choices(threaded) == _choices(inline) and len(_choices(inline)) == 1
-    assert _configured(threaded) == _configured(inline)
-
-
-def _choices(run: scenarios.Run) -> list[tuple[tuple[plans.WorkerId, ...], str, str]]:
-    return [(r.failed, r.kind, r.reason) for r in run.controller.recoveries]
-
-
-def _configured(run: scenarios.Run) -> dict[int, list[tuple[plans.Plan, int]]]:
-    """Every epoch's Configures: the plan and resume step each worker was sent."""
-    return {
-        epoch: sorted(((c.plan, c.resume_step) for c in configs), key=repr)
-        for epoch, configs in run.cluster.sent.items()
-    }
+    assert threaded.choices() == inline.choices() and len(inline.choices()) == 1
+    assert threaded.configured() == inline.configured()

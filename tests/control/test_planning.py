@@ -30,15 +30,20 @@ OUTSIDERS = (W(100), W(101), W(102))  # live workers that are not in the new pla
 
 @given(data=st.data(), new=strategies.running_plans(max_workers=6))
 def test_within_keeps_only_sources_in_the_new_plan(data: st.DataObject, new: plans.Plan) -> None:
-    copies = []
+    copies: list[plans.LayerTransfer] = []
     for _ in range(data.draw(st.integers(min_value=0, max_value=4))):
         destination = data.draw(st.sampled_from(new.workers))
         pool = [w for w in (*new.workers, *OUTSIDERS) if w != destination]
-        sources = data.draw(st.lists(st.sampled_from(pool), min_size=1, max_size=4, unique=True))
-        layer = data.draw(st.integers(min_value=0, max_value=new.num_layers - 1))
-        copies.append(
-            plans.LayerTransfer(layer=layer, destination=destination, sources=tuple(sources))
+        sources = tuple(
+            data.draw(st.lists(st.sampled_from(pool), min_size=1, max_size=4, unique=True))
         )
+        # the planner's copies of a layer share one tuple of holders (`within` filters each once)
+        shared = [c.sources for c in copies if destination not in c.sources]
+        reuse: bool = data.draw(st.booleans())
+        if shared and reuse:
+            sources = data.draw(st.sampled_from(shared))
+        layer = data.draw(st.integers(min_value=0, max_value=new.num_layers - 1))
+        copies.append(plans.LayerTransfer(layer=layer, destination=destination, sources=sources))
     kept, orphaned = planning.within(copies, new)
     expected_kept, expected_orphaned = [], []
     for copy in copies:  # the oracle, one source at a time

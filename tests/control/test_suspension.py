@@ -3,9 +3,10 @@
 Covers: what a new suspension remembers (a failed resume from host memory sends the next one to
 the checkpoint and may retry it at once); what a pass does while Suspended (carry on when the
 suspended epoch's workers are back and still train in it; never resume with too few workers,
-nothing new or no plan; hold for a stall and for a returning worker's first heartbeat, each
-bounded); where a resume starts (host memory only when newer than the checkpoint and not already
-failed); the step every live worker holds; the status message and the resume's record.
+nothing new or no plan; a pass that does not ask the planner decides as if it had; hold for a
+stall and for a returning worker's first heartbeat, each bounded); where a resume starts (host
+memory only when newer than the checkpoint and not already failed); the step every live worker
+holds; the status message and the resume's record.
 """
 
 from __future__ import annotations
@@ -80,6 +81,19 @@ def test_a_suspended_job_never_resumes_without_workers_news_or_a_plan(
     carry_on = facts.plan_workers is not None and facts.plan_workers <= facts.live & facts.ran
     assert (verdict is NEXT.HEAL) == carry_on
     assert (after.checkpoint, after.since_s) == (state.checkpoint, state.since_s)
+
+
+@given(strategies.suspensions(), strategies.suspension_facts(), st.floats(0.0, 200.0), st.text())
+def test_a_pass_that_does_not_ask_the_planner_decides_the_same_whatever_it_would_say(
+    state: suspension.Suspension, facts: suspension.Facts, now: float, refusal: str
+) -> None:
+    asks = suspension.asks_planner(
+        state, arrived=facts.arrived, live=len(facts.live), min_workers=facts.min_workers
+    )
+    if not asks:  # the survey then gives no move and no refusal: the same as any answer's
+        answered = suspension.next_move(state, dataclasses.replace(facts, infeasible=refusal), now)
+        unasked = suspension.next_move(state, dataclasses.replace(facts, infeasible=""), now)
+        assert answered == unasked and unasked[0] is not NEXT.RESUME
 
 
 @given(strategies.suspensions(), strategies.suspension_facts(), st.floats(0.0, 200.0))

@@ -210,8 +210,8 @@ class Controller:
         self._note_returns(now)
         plan = self._epochs.plan
         if self._phase is Phase.SUSPENDED:
-            outcome = self._suspended.next(
-                self._epochs, await self._ready(), now=now, arrived=bool(self._arrivals)
+            outcome = await self._suspended.next(
+                self._epochs, self._planner_(), now=now, arrived=bool(self._arrivals)
             )
             self._arrivals = self._arrivals if outcome is None else set()
             await self._carry_out(outcome)
@@ -221,10 +221,10 @@ class Controller:
             await self._carry_out(await self._recovery.recover(self._planner_(), self._announce))
         elif plan is not None and self._roster.notices & set(plan.workers):
             ttf = self._recovery.time_to_failure()
-            await self._switch(self._switches.evacuation(await self._ready(), ttf))
+            await self._switch(await self._switches.evacuation(self._planner_(), ttf))
         elif self._arrivals:
             joined, self._arrivals = self._arrivals, set()
-            await self._switch(self._switches.scale_up(await self._ready(), joined))
+            await self._switch(await self._switches.scale_up(self._planner_(), joined))
         elif self._opening() and plan is not None and not self._epochs.not_running():
             # A commit that gave up on workers it had not heard yet (the loop was held past
             # the heartbeat timeout) opens nothing new; once every worker trains in the epoch,
@@ -323,12 +323,6 @@ class Controller:
     def _planner_(self) -> planning.Planner:
         assert self._planner is not None, "the planner exists once the job is profiled"
         return self._planner
-
-    async def _ready(self) -> planning.Planner:
-        """The planner, once its search ahead ended: the concerns ask it on the loop."""
-        planner = self._planner_()
-        await planner.ready()
-        return planner
 
     def _view(self) -> statuses.View:
         live, plan = self._roster.live(self._clock.monotonic()), self._epochs.plan

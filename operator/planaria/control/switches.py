@@ -98,8 +98,12 @@ class Switches:
         self._history = record
         self.lead_scale = 1  # doubles after a planned switch that came too late
 
-    def evacuation(self, planner: planning.Planner, time_to_failure_s: float) -> Switch | None:
-        """Preemption notices of running workers: a move away from them (None: none yet)."""
+    async def evacuation(
+        self, planner: planning.Planner, time_to_failure_s: float
+    ) -> Switch | None:
+        """Preemption notices of running workers: a move away from them (None: none yet). The
+        planner decides on its executor, off the event loop (`Planner.call`)."""
+        await planner.ready()  # the search ahead first: its wait spends no switch lead
         running = self._running()
         noticed = self._roster.take_notices(running.workers)
         switch, now = self._step(), self._clock.monotonic()
@@ -107,8 +111,13 @@ class Switches:
             return None  # the job ends first; if the worker goes before, it is a plain failure
         spare = self._roster.live(now) - set(running.workers)
         try:
-            move = planner.recover(
-                running, noticed, spare, time_to_failure_s, self._job.steps - switch
+            move = await planner.call(
+                planner.recover,
+                running,
+                noticed,
+                spare,
+                time_to_failure_s,
+                self._job.steps - switch,
             )
         except errors.InfeasibleError as exc:
             LOG.warning("no plan without workers %s ahead of preemption: %s", sorted(noticed), exc)
@@ -120,16 +129,20 @@ class Switches:
         opening = outcomes.Open(move=move, resume_step=switch, record=record, planned=True)
         return Switch(opening=opening, leaving=frozenset(noticed))
 
-    def scale_up(self, planner: planning.Planner, arrived: set[plans.WorkerId]) -> Switch | None:
+    async def scale_up(
+        self, planner: planning.Planner, arrived: set[plans.WorkerId]
+    ) -> Switch | None:
         """Workers `arrived`: a move to the templates' best plan over every live worker (None
-        when there is no larger plan, or no time left for one)."""
+        when there is no larger plan, or no time left for one). The planner decides on its
+        executor, off the event loop (`Planner.call`)."""
+        await planner.ready()  # the search ahead first: its wait spends no switch lead
         running = self._running()
         live = self._roster.live(self._clock.monotonic())
         switch = self._step()
         if switch is None or not arrived & live:
             return None
         try:
-            move = planner.grow(running, live)
+            move = await planner.call(planner.grow, running, live)
         except errors.PlannerError as exc:
             LOG.info("no larger plan with workers %s: %s", sorted(arrived), exc)
             return None
