@@ -179,8 +179,10 @@ def test_the_memo_key_groups_pipelines_as_canonical_does(
             order: tuple[int, ...] = tuple(range(len(workers)))
             counted = screening._one_gpu_shape(pipelines)
         else:
-            tag, counted, order = key(pipelines, gpus)
-            assert tag == "nodes" and len(order) == len(workers)
+            counted = screening._one_gpu_shape(pipelines)
+            shape = canonical(pipelines, gpus)
+            order = tuple(n // gpus for stages, _ in shape for _, _, mine in stages for n in mine)
+            assert key(pipelines, gpus) == ("nodes", counted, order)
         assert _numbered(counted, order, gpus) == canonical(pipelines, gpus)
 
 
