@@ -275,15 +275,27 @@ def test_matching_by_node_shape_binds_as_the_per_node_pair_matching_on_a_grid(gp
 def test_survivors_shared_by_two_layouts_bind_and_list_copies_as_each_alone(
     data: st.DataObject, gpus: int
 ) -> None:
-    # `Survivors` binds by index arrays and lists copies per (role, holding) class pair; the
-    # per-node-pair matching and `missing` on the relabelled plan are its oracles
+    # `Survivors` binds by index arrays and lists copies per (role, holding) class pair, its
+    # inner matchings memoised by their cost block across failures; the per-node-pair matching
+    # and `missing` on the relabelled plan are its oracles
     old = dataclasses.replace(
         data.draw(strategies.running_plans(max_workers=16, max_pipelines=6)), gpus_per_node=gpus
     )
-    failed = data.draw(strategies.failed_workers(old))
-    held = transfers.holdings(old, failed)
     prof = strategies.uniform_profile(old.num_layers)
-    shared = transfers.Survivors(held, prof)
+    matchings: transfers.Matchings = {}
+    for _ in range(2):
+        held = transfers.holdings(old, data.draw(strategies.failed_workers(old)))
+        _bind_two_layouts(data, old, held, prof, transfers.Survivors(held, prof, matchings))
+
+
+def _bind_two_layouts(
+    data: st.DataObject,
+    old: plans.Plan,
+    held: transfers.Holdings,
+    prof: profile.Profile,
+    shared: transfers.Survivors,
+) -> None:
+    gpus = old.gpus_per_node
     for _ in range(2):
         layout = data.draw(
             strategies.layouts(list(held), old.num_layers, gpus, old.num_micro_batches)

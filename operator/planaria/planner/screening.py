@@ -76,6 +76,9 @@ class Estimates:
             tuple[tuple[tuple[plan.WorkerId, frozenset[int]], ...], plan.Plan, transfers.Overheads],
             transfers.Transition,
         ] = {}
+        # `transfers`' inner matchings of a survivors' node and a layout's node, by their cost
+        # block: a few dozen distinct blocks over a run's tens of thousands (`Survivors`)
+        self.matchings: transfers.Matchings = {}
         self.computed = 0  # estimator runs so far (schedules compiled and replayed)
         self._remembered = 0  # workers of the entries of `layouts` and `transitions`
 
@@ -109,12 +112,13 @@ class Estimates:
 
     def remembered(self, num_workers: int) -> None:
         """Count a new entry of `layouts` or `transitions` of `num_workers` workers; past
-        `MAX_REMEMBERED_WORKERS` in all, empty both (a controller decides for as long as its
-        job runs): no answer changes, only what is computed again."""
+        `MAX_REMEMBERED_WORKERS` in all, empty both and `matchings` (a controller decides for
+        as long as its job runs): no answer changes, only what is computed again."""
         self._remembered += num_workers
         if self._remembered > MAX_REMEMBERED_WORKERS:
             self.layouts.clear()
             self.transitions.clear()
+            self.matchings.clear()
             self._remembered = 0
 
     def fits(self, estimate: Estimate) -> bool:
