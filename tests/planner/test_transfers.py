@@ -95,6 +95,23 @@ def test_survivors_hold_their_stage_layers_and_spares_hold_none() -> None:
     }
 
 
+@given(st.data())
+@settings(max_examples=80, deadline=None)
+def test_holdings_are_the_old_holdings_in_worker_order(data: st.DataObject) -> None:
+    # the oracle: one frozenset per stage, the dict sorted by a keyed sort of its items
+    old = data.draw(strategies.running_plans(max_workers=16, max_pipelines=6))
+    failed = data.draw(strategies.failed_workers(old))
+    spare = data.draw(st.sets(st.integers(100, 104).map(W)))
+    expected: dict[plans.WorkerId, frozenset[int]] = {w: frozenset() for w in spare}
+    for pipeline in old.pipelines:
+        for stage in pipeline.stages:
+            for worker in stage.workers:
+                if worker not in failed:
+                    expected[worker] = frozenset(stage.layers)
+    ordered = sorted(expected.items(), key=lambda item: item[0])
+    assert list(transfers.holdings(old, failed, spare).items()) == ordered
+
+
 @pytest.mark.parametrize(
     ("failed", "spare", "complaint"),
     [({W(7)}, set(), "not in the plan"), ({W(0)}, {W(1)}, "are in the plan")],

@@ -141,13 +141,18 @@ def holdings(
     if clash:
         raise errors.PlanInputError(f"spare workers {clash} are in the plan; list idle ones only")
     held: dict[plan.WorkerId, frozenset[int]] = {w: frozenset() for w in spare}
+    dead = set(failed)
+    ranges: dict[tuple[int, int], frozenset[int]] = {}  # one set per layer range
     for pipeline in old.pipelines:
         for stage in pipeline.stages:
-            layers = frozenset(stage.layers)  # one set per stage, shared by its workers
+            key = (stage.layer_start, stage.layer_stop)
+            layers = ranges.get(key)
+            if layers is None:
+                layers = ranges[key] = frozenset(stage.layers)
             for worker in stage.workers:
-                if worker not in failed:
+                if worker not in dead:
                     held[worker] = layers
-    return dict(sorted(held.items(), key=lambda item: item[0]))
+    return {w: held[w] for w in sorted(held)}
 
 
 def roles(layout: plan.Plan) -> dict[plan.WorkerId, frozenset[int]]:
