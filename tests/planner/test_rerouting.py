@@ -135,3 +135,78 @@ def test_rerouted_plans_compile_and_spread_the_work_evenly(data: st.DataObject) 
             # greedy least-loaded: a peer that took extra work ends at most 1 above the least
             takers = [new.pipelines[q].num_micro_batches + n for q, n in extra.items() if n]
             assert max(takers) <= min(loads) + 1
+
+
+# --- the oracle: `reroute` before it kept the stages that lost no worker --------------------
+
+
+def _old_reroute(old: plans.Plan, failed: set[plans.WorkerId]) -> plans.Plan:
+    """Every stage rebuilt, loads keyed by layer ranges, peers chosen by a keyed minimum."""
+    pipelines = tuple(
+        plans.Pipeline(
+            stages=tuple(
+                plans.Stage(
+                    layer_start=s.layer_start,
+                    layer_stop=s.layer_stop,
+                    workers=() if failed & set(s.workers) else s.workers,
+                )
+                for s in p.stages
+            ),
+            num_micro_batches=p.num_micro_batches,
+        )
+        for p in old.pipelines
+    )
+    load = {
+        (q, stage.layers): pipeline.num_micro_batches
+        for q, pipeline in enumerate(pipelines)
+        for stage in pipeline.stages
+        if stage.workers
+    }
+    reroutes = []
+    for p, pipeline in enumerate(pipelines):
+        for s, stage in enumerate(pipeline.stages):
+            if stage.workers or not pipeline.num_micro_batches:
+                continue
+            peers = [q for q in range(len(pipelines)) if q != p and (q, stage.layers) in load]
+            if not peers:
+                raise errors.InfeasibleError("no peer")
+            given: dict[int, list[int]] = collections.defaultdict(list)
+            for micro_batch in range(pipeline.num_micro_batches):
+                q = min(peers, key=lambda peer: (load[(peer, stage.layers)], peer))  # noqa: B023
+                load[(q, stage.layers)] += 1
+                given[q].append(micro_batch)
+            reroutes += [
+                plans.Reroute(pipeline=p, stage=s, peer_pipeline=q, micro_batches=tuple(given[q]))
+                for q in sorted(given)
+            ]
+    return plans.Plan(
+        pipelines=pipelines,
+        micro_batch_size=old.micro_batch_size,
+        gpus_per_node=old.gpus_per_node,
+        reroutes=tuple(reroutes),
+    )
+
+
+@given(st.data())
+@settings(max_examples=150, deadline=None)
+def test_reroute_is_the_old_reroute(data: st.DataObject) -> None:
+    # same-range peers of uneven loads, stages of several workers, earlier reroutes
+    old = data.draw(strategies.running_plans(max_workers=16, max_pipelines=6))
+    if data.draw(st.booleans()):
+        dp = data.draw(st.integers(min_value=2, max_value=5))
+        old = data.draw(strategies.shaped_plans((data.draw(st.integers(1, 3)),) * dp))
+    failed = set(data.draw(strategies.failed_workers(old)))
+    try:
+        expected = _old_reroute(old, failed)
+    except errors.InfeasibleError:
+        with pytest.raises(errors.InfeasibleError):
+            rerouting.reroute(old, failed)
+        return
+    found = rerouting.reroute(old, failed)
+    assert found == expected
+    again = set(data.draw(strategies.failed_workers(found))) if found.workers else set()
+    try:
+        expected = _old_reroute(found, failed | again)
+    except errors.InfeasibleError:
+        return
+    assert rerouting.reroute(found, failed | again) == expected

@@ -158,25 +158,48 @@ def _one_gpu_pipelines(draw: st.DrawFn) -> tuple[plans.Pipeline, ...]:
     return tuple(pipelines)
 
 
-@given(_one_gpu_pipelines(), _one_gpu_pipelines())
-@settings(max_examples=400, deadline=None)
-def test_the_one_gpu_key_groups_pipelines_as_canonical_does(
-    a: tuple[plans.Pipeline, ...], b: tuple[plans.Pipeline, ...]
+@given(_one_gpu_pipelines(), _one_gpu_pipelines(), st.integers(1, 3))
+@settings(max_examples=600, deadline=None)
+def test_the_memo_key_groups_pipelines_as_canonical_does(
+    a: tuple[plans.Pipeline, ...], b: tuple[plans.Pipeline, ...], gpus: int
 ) -> None:
-    # the memo's key with one GPU per node: equal exactly when `canonical` is, so the memo
-    # hands out the same estimates; a plan (no worker twice) may skip the check
-    key = screening._shape
-    assert (key(a, 1) == key(b, 1)) == (screening.canonical(a, 1) == screening.canonical(b, 1))
+    # the memo's key: equal exactly when `canonical` is, so the memo hands out the same
+    # estimates; a plan (no worker twice) may skip the check
+    key, canonical = screening._shape, screening.canonical
+    assert (key(a, gpus) == key(b, gpus)) == (canonical(a, gpus) == canonical(b, gpus))
     for pipelines in (a, b):
         workers = [w for p in pipelines for s in p.stages for w in s.workers]
-        if len(set(workers)) == len(workers):
-            assert key(pipelines, 1, distinct=True) == key(pipelines, 1)
-            # canonical's numbers follow from the counts: 0, 1, 2, ... in order of use
-            numbers = iter(range(len(workers)))
+        if len(set(workers)) != len(workers):
+            continue
+        assert key(pipelines, gpus, distinct=True) == key(pipelines, gpus)
+        # canonical's numbers follow from the counts: 0, 1, 2, ... in order of use with one
+        # GPU per node; with more, each worker's node numbered by first use, then its GPU the
+        # count of that node's workers before it
+        if gpus == 1:
+            order: tuple[int, ...] = tuple(range(len(workers)))
             counted = screening._one_gpu_shape(pipelines)
-            rebuilt = tuple(
-                (tuple((s, e, tuple(next(numbers) for _ in range(n))) for s, e, n in stages), m)
-                for stages, m in counted
-            )
-            assert rebuilt == screening.canonical(pipelines, 1)
-    assert key(a, 2) == screening.canonical(a, 2)
+        else:
+            counted = screening._one_gpu_shape(pipelines)
+            shape = canonical(pipelines, gpus)
+            order = tuple(n // gpus for stages, _ in shape for _, _, mine in stages for n in mine)
+            assert key(pipelines, gpus) == ("nodes", counted, order)
+        assert _numbered(counted, order, gpus) == canonical(pipelines, gpus)
+
+
+def _numbered(
+    counted: tuple[tuple[tuple[tuple[int, int, int], ...], int], ...],
+    order: tuple[int, ...],
+    gpus: int,
+) -> tuple[object, ...]:
+    """`canonical`'s form from the counts and the nodes in order of use: each worker's GPU
+    the count of its node's workers before it."""
+    nodes, used = iter(order), dict[int, int]()
+
+    def number(node: int) -> int:
+        used[node] = used.get(node, 0) + 1
+        return node * gpus + used[node] - 1
+
+    return tuple(
+        (tuple((s, e, tuple(number(next(nodes)) for _ in range(n))) for s, e, n in st), m)
+        for st, m in counted
+    )

@@ -95,6 +95,23 @@ def test_survivors_hold_their_stage_layers_and_spares_hold_none() -> None:
     }
 
 
+@given(st.data())
+@settings(max_examples=80, deadline=None)
+def test_holdings_are_the_old_holdings_in_worker_order(data: st.DataObject) -> None:
+    # the oracle: one frozenset per stage, the dict sorted by a keyed sort of its items
+    old = data.draw(strategies.running_plans(max_workers=16, max_pipelines=6))
+    failed = data.draw(strategies.failed_workers(old))
+    spare = data.draw(st.sets(st.integers(100, 104).map(W)))
+    expected: dict[plans.WorkerId, frozenset[int]] = {w: frozenset() for w in spare}
+    for pipeline in old.pipelines:
+        for stage in pipeline.stages:
+            for worker in stage.workers:
+                if worker not in failed:
+                    expected[worker] = frozenset(stage.layers)
+    ordered = sorted(expected.items(), key=lambda item: item[0])
+    assert list(transfers.holdings(old, failed, spare).items()) == ordered
+
+
 @pytest.mark.parametrize(
     ("failed", "spare", "complaint"),
     [({W(7)}, set(), "not in the plan"), ({W(0)}, {W(1)}, "are in the plan")],
@@ -275,15 +292,27 @@ def test_matching_by_node_shape_binds_as_the_per_node_pair_matching_on_a_grid(gp
 def test_survivors_shared_by_two_layouts_bind_and_list_copies_as_each_alone(
     data: st.DataObject, gpus: int
 ) -> None:
-    # `Survivors` binds by index arrays and lists copies per (role, holding) class pair; the
-    # per-node-pair matching and `missing` on the relabelled plan are its oracles
+    # `Survivors` binds by index arrays and lists copies per (role, holding) class pair, its
+    # inner matchings memoised by their cost block across failures; the per-node-pair matching
+    # and `missing` on the relabelled plan are its oracles
     old = dataclasses.replace(
         data.draw(strategies.running_plans(max_workers=16, max_pipelines=6)), gpus_per_node=gpus
     )
-    failed = data.draw(strategies.failed_workers(old))
-    held = transfers.holdings(old, failed)
     prof = strategies.uniform_profile(old.num_layers)
-    shared = transfers.Survivors(held, prof)
+    matchings: transfers.Matchings = {}
+    for _ in range(2):
+        held = transfers.holdings(old, data.draw(strategies.failed_workers(old)))
+        _bind_two_layouts(data, old, held, prof, transfers.Survivors(held, prof, matchings))
+
+
+def _bind_two_layouts(
+    data: st.DataObject,
+    old: plans.Plan,
+    held: transfers.Holdings,
+    prof: profile.Profile,
+    shared: transfers.Survivors,
+) -> None:
+    gpus = old.gpus_per_node
     for _ in range(2):
         layout = data.draw(
             strategies.layouts(list(held), old.num_layers, gpus, old.num_micro_batches)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 from collections.abc import Iterable
 
 from hypothesis import assume, given, settings
@@ -356,3 +357,129 @@ def test_the_tail_bound_memoised_per_kind_is_the_old_bound(
             if screened is not None:
                 tail_s = search.bounds.tail_s(member, screened.kinds, search._run)
                 assert repr(tail_s) == repr(_old_tail_bound_s(search, member))
+
+
+# --- the chain and balanced bounds against their forms before the eighth round (the oracles) --
+
+
+def _old_chained_s(
+    bounds: step_bounds.Bounds, depth: int, num_micro_batches: int, dp: int, apart: bool
+) -> float:
+    """The chain bound as computed whole per call, before its parts were memoised."""
+    parts = bounds._chain_parts(depth)
+    if parts is None:
+        return math.inf
+    forward, backward, starts, gradients, optimizers = parts
+    fastest = bounds._fastest_of(apart)
+    done = [0.0] * (depth + 1)
+    for r in reversed(range(depth)):
+        own = starts[r] + num_micro_batches * (forward[r] + backward[r])
+        done[r] = max(own, backward[r] + done[r + 1]) if r + 1 < depth else own
+    bound = 0.0
+    for r in range(depth):
+        reduce_s = fastest.allreduce_s(gradients[r], dp)
+        bound = max(bound, done[r] + reduce_s + optimizers[r])
+    return bound * (1 - step_bounds._ROUNDING)
+
+
+def _old_balanced_s(bounds: step_bounds.Bounds, shape: fresh.Shape) -> float:
+    """The balanced bound bisected over the deeper pipelines' share of the batch."""
+    dp, total = shape.num_pipelines, bounds.reference.num_micro_batches
+    apart, barrier = bounds.apart(shape), bounds._barrier_s(shape.num_workers)
+
+    def pair(depth: int, m: int) -> float:
+        chain = _old_chained_s(bounds, depth, m, dp, apart)
+        return max(bounds._depth_bound_s(depth, m), chain + barrier)
+
+    if not shape.num_deeper:
+        return pair(shape.depth, -(-total // dp))
+    deeper, others = shape.num_deeper, dp - shape.num_deeper
+    if total < dp:
+        return math.inf
+    return step_bounds._least_larger(
+        lambda t: pair(shape.depth + 1, -(-t // deeper)),
+        lambda t: pair(shape.depth, -(-(total - t) // others)),
+        deeper,
+        total - others,
+    )
+
+
+def _old_balanced_tail_s(search: fresh.Search, shape: fresh.Shape) -> float:
+    """The balanced tail bound bisected over the deeper pipelines' share of the batch."""
+    bounds = search.bounds
+    dp, total, depth = shape.num_pipelines, bounds.reference.num_micro_batches, shape.depth
+    present = frozenset((depth, depth + 1) if shape.num_deeper else (depth,))
+    if total < dp or any(bounds.split(d) is None for d in present):
+        return math.inf
+    apart, deeper, others = bounds.apart(shape), shape.num_deeper, dp - shape.num_deeper
+    most = 2 * -(-total // dp)
+
+    def deep(t: int) -> float:
+        return bounds.tails.least_s(
+            depth + 1, min(-(-t // deeper), most), present, dp, apart, search._run
+        )
+
+    def shallow(t: int) -> float:
+        busiest = min(-(-(total - t) // others), most)
+        return bounds.tails.least_s(depth, busiest, present, dp, apart, search._run)
+
+    found = (
+        step_bounds._least_larger(deep, shallow, deeper, total - others) if deeper else shallow(0)
+    )
+    return found * (1 - step_bounds._ROUNDING) + bounds._barrier_s(shape.num_workers)
+
+
+@given(jobs(), st.integers(min_value=1, max_value=MAX_WORKERS), st.integers(1, 120))
+@settings(max_examples=60, deadline=None)
+def test_the_chain_and_balanced_bounds_are_their_old_values(
+    job: planning.Job, num_workers: int, num_micro_batches: int
+) -> None:
+    # up to 120 micro-batches: the shares the bisections run over span many busiest counts
+    job = dataclasses.replace(job, global_batch=num_micro_batches * job.profile.micro_batch_size)
+    search = planning.Planner(job)._search(False, None)
+    bounds = search.bounds
+    for shape, room in fresh.groups(num_workers, job.profile.num_layers, num_micro_batches, False):
+        for e in [0] if room == 0 else range(1, room + 1):
+            member = dataclasses.replace(shape, num_deeper=e)
+            assert repr(bounds.balanced_s(member)) == repr(_old_balanced_s(bounds, member))
+            tail_s = bounds.balanced_tail_s(member, search._run)
+            assert repr(tail_s) == repr(_old_balanced_tail_s(search, member))
+    for depth in range(1, job.profile.num_layers + 1):
+        for dp, m, apart in itertools.product((1, 2, 5), (1, 3, num_micro_batches), (False, True)):
+            chain = bounds._chain_s(depth, m, dp, apart)
+            assert repr(chain) == repr(_old_chained_s(bounds, depth, m, dp, apart))
+
+
+@st.composite
+def _sides(draw: st.DrawFn) -> tuple[list[float], list[float], int, int, int]:
+    """Two non-decreasing sides over busiest counts 1..total (index 0 unused; inf allowed),
+    the deeper and other pipelines and the total micro-batches."""
+    deeper = draw(st.integers(1, 12))
+    others = draw(st.integers(1, 12))
+    total = draw(st.integers(deeper + others, 150))
+    value = st.one_of(st.integers(0, 40).map(float), st.just(math.inf))
+    sides = [sorted(draw(st.lists(value, min_size=total + 1, max_size=total + 1))) for _ in "ab"]
+    return sides[0], sides[1], deeper, others, total
+
+
+@given(_sides())
+@settings(max_examples=300, deadline=None)
+def test_the_least_over_shares_is_the_least_over_every_share(
+    sides: tuple[list[float], list[float], int, int, int],
+) -> None:
+    deep, shallow, deeper, others, total = sides
+    every = [
+        max(deep[-(-t // deeper)], shallow[-(-(total - t) // others)])
+        for t in range(deeper, total - others + 1)
+    ]
+    found = step_bounds._least_over_shares(
+        deep.__getitem__, shallow.__getitem__, deeper, others, total
+    )
+    assert found == min(every)
+    old = step_bounds._least_larger(
+        lambda t: deep[-(-t // deeper)],
+        lambda t: shallow[-(-(total - t) // others)],
+        deeper,
+        total - others,
+    )
+    assert found == old

@@ -154,7 +154,8 @@ def search(
     if not held:
         raise errors.InfeasibleError("every worker of the plan failed; nothing can recover")
     wanted = frozenset(Kind if kinds is None else kinds)
-    survivors = transfers.Survivors(held, estimates.profile)  # shared by every binding below
+    # shared by every binding below; their inner matchings by every decision
+    survivors = transfers.Survivors(held, estimates.profile, estimates.matchings)
     found: list[Candidate | Rejection] = []
     if Kind.REROUTE in wanted:
         # rerouting is estimated whole here: its cost is the peers' extra work

@@ -76,6 +76,9 @@ class Estimates:
             tuple[tuple[tuple[plan.WorkerId, frozenset[int]], ...], plan.Plan, transfers.Overheads],
             transfers.Transition,
         ] = {}
+        # `transfers`' inner matchings of a survivors' node and a layout's node, by their cost
+        # block: a few dozen distinct blocks over a run's tens of thousands (`Survivors`)
+        self.matchings: transfers.Matchings = {}
         self.computed = 0  # estimator runs so far (schedules compiled and replayed)
         self._remembered = 0  # workers of the entries of `layouts` and `transitions`
 
@@ -109,12 +112,13 @@ class Estimates:
 
     def remembered(self, num_workers: int) -> None:
         """Count a new entry of `layouts` or `transitions` of `num_workers` workers; past
-        `MAX_REMEMBERED_WORKERS` in all, empty both (a controller decides for as long as its
-        job runs): no answer changes, only what is computed again."""
+        `MAX_REMEMBERED_WORKERS` in all, empty both and `matchings` (a controller decides for
+        as long as its job runs): no answer changes, only what is computed again."""
         self._remembered += num_workers
         if self._remembered > MAX_REMEMBERED_WORKERS:
             self.layouts.clear()
             self.transitions.clear()
+            self.matchings.clear()
             self._remembered = 0
 
     def fits(self, estimate: Estimate) -> bool:
@@ -182,28 +186,46 @@ class Estimates:
 
 _Shape = tuple[tuple[tuple[tuple[int, int, tuple[int, ...]], ...], int], ...]
 _OneGpuShape = tuple[tuple[tuple[tuple[int, int, int], ...], int], ...]
+_NodeShape = tuple[str, _OneGpuShape, tuple[int, ...]]
 
 
 def _shape(
     pipelines: Sequence[plan.Pipeline], gpus_per_node: int, *, distinct: bool = False
-) -> _Shape | _OneGpuShape:
-    """The memo key of `pipelines`: `canonical`, or with one GPU per node (every fresh plan at
-    1,024 nodes) per stage its layer range and worker count when `canonical` numbers the
-    workers 0, 1, 2, ... in order of use (always when no worker appears twice: `distinct`, as
-    a `plan.Plan` checks it, skips the look), a fraction of its cost. The counts form and
-    `canonical`'s never compare equal (a count is no tuple), and `canonical`'s numbers follow
-    from the counts, so plans share a key exactly when they share `canonical`'s
-    (tests/planner/test_screening.py)."""
-    if gpus_per_node != 1:
-        return canonical(pipelines, gpus_per_node)
+) -> _Shape | _OneGpuShape | _NodeShape:
+    """The memo key of `pipelines`: per stage its layer range and worker count, with several
+    GPUs per node also each worker's node in order of use (`_node_shape`), a fraction of
+    `canonical`'s cost; `canonical` itself when it numbers the workers as no pipelines without
+    a repeated worker would (always possible when no worker appears twice: `distinct`, as a
+    `plan.Plan` checks it, skips the look). The three forms never compare equal (a count is
+    no tuple; a node shape starts with a string), and `canonical`'s numbers follow from each
+    other form and give it back, so pipelines share a key exactly when they share
+    `canonical`'s (tests/planner/test_screening.py)."""
     if not distinct:
         workers = [w for p in pipelines for stage in p.stages for w in stage.workers]
         if len(set(workers)) != len(workers):
             shape = canonical(pipelines, gpus_per_node)
             numbers = [w for stages, _ in shape for _, _, mine in stages for w in mine]
-            if numbers != list(range(len(numbers))):
+            nodes = _nodes_of(numbers, gpus_per_node)
+            if nodes is None:
                 return shape
+            if gpus_per_node != 1:
+                return ("nodes", _one_gpu_shape(pipelines), nodes)
+    if gpus_per_node != 1:
+        return _node_shape(pipelines, gpus_per_node)
     return _one_gpu_shape(pipelines)
+
+
+def _nodes_of(numbers: Sequence[int], gpus_per_node: int) -> tuple[int, ...] | None:
+    """The nodes in order of use of workers that `canonical` numbered `numbers`, when workers
+    appearing once each would be numbered so: every node numbered by first use and each
+    worker's GPU the count of its node's workers before it (None: no such workers)."""
+    nodes = [n // gpus_per_node for n in numbers]
+    used: dict[int, int] = {}
+    for node, number in zip(nodes, numbers, strict=True):
+        if node > len(used) or node * gpus_per_node + used.get(node, 0) != number:
+            return None
+        used[node] = used.get(node, 0) + 1
+    return tuple(nodes)
 
 
 def _one_gpu_shape(pipelines: Sequence[plan.Pipeline]) -> _OneGpuShape:
@@ -215,6 +237,24 @@ def _one_gpu_shape(pipelines: Sequence[plan.Pipeline]) -> _OneGpuShape:
         )
         for p in pipelines
     )
+
+
+def _node_shape(pipelines: Sequence[plan.Pipeline], gpus_per_node: int) -> _NodeShape:
+    """The key of pipelines in which no worker appears twice, on nodes of `gpus_per_node`:
+    `_one_gpu_shape` and each worker's node in order of use, numbered 0, 1, ... by first use.
+    `canonical`'s numbers follow (a worker's GPU is the count of its node's earlier workers)
+    and give these back (its node is its number // `gpus_per_node`); about two thirds of its
+    cost at ~6,000 workers, where it walked every worker of every re-planned plan."""
+    first: dict[int, int] = {}
+    nodes = tuple(
+        [
+            first.setdefault(w // gpus_per_node, len(first))
+            for p in pipelines
+            for stage in p.stages
+            for w in stage.workers
+        ]
+    )
+    return ("nodes", _one_gpu_shape(pipelines), nodes)
 
 
 def canonical(pipelines: Sequence[plan.Pipeline], gpus_per_node: int) -> _Shape:

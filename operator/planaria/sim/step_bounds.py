@@ -82,9 +82,14 @@ class Bounds:
         self.profile = prof
         self.reference = reference
         self.split = split
-        self._bounds: dict[tuple[int, int], float] = {}
-        self._chains: dict[tuple[int, int, int, bool], float] = {}
+        # per depth, then micro-batches; per (depth, pipelines, apart), then micro-batches: the
+        # balanced bisections look up ~2 million pairs at 8,192 workers, by an int each
+        self._bounds: dict[int, dict[int, float]] = {}
+        self._chains: dict[tuple[int, int, bool], dict[int, float]] = {}
         self._parts: dict[int, _ChainParts | None] = {}
+        self._dones: dict[tuple[int, int], list[float]] = {}
+        self._reduced: dict[tuple[int, int, bool], list[float]] = {}
+        self._fast: dict[bool, profile.LinkProfile] = {}
         self._groups: dict[Shape, float] = {}
         self._balanced: dict[Shape, float] = {}
         self._spread: dict[Shape, float] = {}
@@ -163,15 +168,28 @@ class Bounds:
         deeper, others = shape.num_deeper, dp - shape.num_deeper
         if total < dp:
             return math.inf  # fewer micro-batches than pipelines: not distributable
+        deep = self._pairs(shape.depth + 1, dp, apart, barrier)
+        shallow = self._pairs(shape.depth, dp, apart, barrier)
+        return _least_over_shares(deep, shallow, deeper, others, total)
 
-        def deep(taken: int) -> float:
-            return self._pair_bound_s(shape.depth + 1, -(-taken // deeper), dp, apart, barrier)
+    def _pairs(
+        self, depth: int, num_pipelines: int, apart: bool, barrier: float
+    ) -> Callable[[int], float]:
+        """`_pair_bound_s` of the depth, pipelines, `apart` and `barrier` as a function of
+        the micro-batches alone, reading the two memos' rows directly (the same values)."""
+        steps = self._bounds.setdefault(depth, {})
+        chains = self._chains.setdefault((depth, num_pipelines, apart), {})
 
-        def shallow(taken: int) -> float:
-            taken_s = -(-(total - taken) // others)
-            return self._pair_bound_s(shape.depth, taken_s, dp, apart, barrier)
+        def pair(num_micro_batches: int) -> float:
+            step = steps.get(num_micro_batches)
+            if step is None:
+                step = self._depth_bound_s(depth, num_micro_batches)
+            chain = chains.get(num_micro_batches)
+            if chain is None:
+                chain = self._chain_s(depth, num_micro_batches, num_pipelines, apart)
+            return max(step, chain + barrier)
 
-        return _least_larger(deep, shallow, deeper, total - others)
+        return pair
 
     def _spread_bound_s(self, shape: Shape, micro_batches: tuple[int, ...] | None) -> float:
         if micro_batches is None:
@@ -210,16 +228,16 @@ class Bounds:
 
     def _depth_bound_s(self, depth: int, num_micro_batches: int) -> float:
         """`distribution.step_bound_s` of the depth's split (inf: no split fits)."""
-        key = (depth, num_micro_batches)
-        if key not in self._bounds:
+        row = self._bounds.setdefault(depth, {})
+        if num_micro_batches not in row:
             split = self.split(depth)
-            self._bounds[key] = (
+            row[num_micro_batches] = (
                 math.inf
                 if split is None
                 else distribution.step_bound_s(self.profile, split, num_micro_batches)
                 * (1 - _ROUNDING)
             )
-        return self._bounds[key]
+        return row[num_micro_batches]
 
     def _chain_s(
         self, depth: int, num_micro_batches: int, num_pipelines: int, apart: bool
@@ -231,10 +249,10 @@ class Bounds:
         then its worker runs its layers' all-reduces (one ring of all their bytes is no longer
         than one per bucket: each pays the latency) and its optimizer step (inf: no split
         fits). `apart`: every all-reduce is between nodes (`apart`), else over either link."""
-        key = (depth, num_micro_batches, num_pipelines, apart)
-        if key not in self._chains:
-            self._chains[key] = self._chained_s(depth, num_micro_batches, num_pipelines, apart)
-        return self._chains[key]
+        row = self._chains.setdefault((depth, num_pipelines, apart), {})
+        if num_micro_batches not in row:
+            row[num_micro_batches] = self._chained_s(depth, num_micro_batches, num_pipelines, apart)
+        return row[num_micro_batches]
 
     def _chained_s(
         self, depth: int, num_micro_batches: int, num_pipelines: int, apart: bool
@@ -242,19 +260,45 @@ class Bounds:
         parts = self._chain_parts(depth)
         if parts is None:
             return math.inf
-        forward, backward, starts, gradients, optimizers = parts
-        fastest = self._fastest(apart)
-        # done[r]: when stage r can have run its last backward: after some stage s >= r ran all
-        # its micro-batches (from when micro-batch 0 reached it) and the backward came back
-        done = [0.0] * (depth + 1)
-        for r in reversed(range(depth)):
-            own = starts[r] + num_micro_batches * (forward[r] + backward[r])
-            done[r] = max(own, backward[r] + done[r + 1]) if r + 1 < depth else own
+        optimizers = parts[4]
+        done = self._done(depth, num_micro_batches)
+        reduces = self._reduces(depth, num_pipelines, apart)
         bound = 0.0
         for r in range(depth):
-            reduce_s = fastest.allreduce_s(gradients[r], num_pipelines)
-            bound = max(bound, done[r] + reduce_s + optimizers[r])
+            bound = max(bound, done[r] + reduces[r] + optimizers[r])
         return bound * (1 - _ROUNDING)
+
+    def _done(self, depth: int, num_micro_batches: int) -> list[float]:
+        """Per stage r of the depth's split, when it can have run its last backward at
+        `num_micro_batches`: after some stage s >= r ran all its micro-batches (from when
+        micro-batch 0 reached it) and the backward came back (whatever the pipelines)."""
+        key = (depth, num_micro_batches)
+        found = self._dones.get(key)
+        if found is None:
+            parts = self._chain_parts(depth)
+            assert parts is not None  # checked by the caller
+            forward, backward, starts = parts[0], parts[1], parts[2]
+            found = [0.0] * (depth + 1)
+            for r in reversed(range(depth)):
+                own = starts[r] + num_micro_batches * (forward[r] + backward[r])
+                found[r] = max(own, backward[r] + found[r + 1]) if r + 1 < depth else own
+            self._dones[key] = found
+        return found
+
+    def _reduces(self, depth: int, num_pipelines: int, apart: bool) -> list[float]:
+        """Per stage of the depth's split, one all-reduce of its gradient bytes among
+        `num_pipelines` over `_fastest(apart)` (whatever the micro-batches)."""
+        key = (depth, num_pipelines, apart)
+        found = self._reduced.get(key)
+        if found is None:
+            parts = self._chain_parts(depth)
+            assert parts is not None  # checked by the caller
+            fastest = self._fastest(apart)
+            # stages of the same layer counts carry the same bytes: one all-reduce each
+            each = {g: fastest.allreduce_s(g, num_pipelines) for g in set(parts[3])}
+            found = [each[g] for g in parts[3]]
+            self._reduced[key] = found
+        return found
 
     def _chain_parts(self, depth: int) -> _ChainParts | None:
         """What `_chained_s` needs of a depth's split, whatever the micro-batches and
@@ -280,6 +324,11 @@ class Bounds:
     def _fastest(self, apart: bool) -> profile.LinkProfile:
         """A link no slower than any an all-reduce of the layouts can use: the inter-node link
         when they are `apart`, else the faster of each all-reduce term of the two."""
+        if apart not in self._fast:
+            self._fast[apart] = self._fastest_of(apart)
+        return self._fast[apart]
+
+    def _fastest_of(self, apart: bool) -> profile.LinkProfile:
         links = tail_bounds.links(self.profile, self.reference.gpus_per_node, apart)
         if len(links) == 1:
             return links[0]
@@ -311,15 +360,17 @@ class Bounds:
         # non-decreasing, and above where the two sides cross; the runs stay short
         most = 2 * -(-total // dp)
 
-        def deep(taken: int) -> float:
-            busiest = min(-(-taken // deeper), most)
-            return self.tails.least_s(depth + 1, busiest, present, dp, apart, run)
+        def deep(busiest: int) -> float:
+            return self.tails.least_s(depth + 1, min(busiest, most), present, dp, apart, run)
 
-        def shallow(taken: int) -> float:
-            busiest = min(-(-(total - taken) // others), most)
-            return self.tails.least_s(depth, busiest, present, dp, apart, run)
+        def shallow(busiest: int) -> float:
+            return self.tails.least_s(depth, min(busiest, most), present, dp, apart, run)
 
-        found = _least_larger(deep, shallow, deeper, total - others) if deeper else shallow(0)
+        found = (
+            _least_over_shares(deep, shallow, deeper, others, total)
+            if deeper
+            else shallow(-(-total // dp))
+        )
         return found * (1 - _ROUNDING) + self._barrier_s(shape.num_workers)
 
     def _tail_bound_s(
@@ -338,6 +389,35 @@ class Bounds:
         split = self.split(depth)
         assert split is not None  # checked by the caller
         return split
+
+
+def _least_over_shares(
+    deep: Callable[[int], float],
+    shallow: Callable[[int], float],
+    deeper: int,
+    others: int,
+    total: int,
+) -> float:
+    """The least over the deeper pipelines' share t of the `total` micro-batches (from
+    `deeper` to `total` - `others`: each pipeline runs one) of the larger of `deep` at their
+    busiest count ceil(t / deeper) and `shallow` at the others' ceil((total - t) / others),
+    both non-decreasing. Bisected over the side with fewer busiest counts rather than over t:
+    the share least for the other side among those of one busiest count is the largest (or
+    least) of them, so the least is the same value in a handful of steps where t spans
+    hundreds (the bisection over t is the oracle of tests/sim/test_fresh.py)."""
+    most_deep = -(-(total - others) // deeper)
+    most_shallow = -(-(total - deeper) // others)
+    if most_deep <= most_shallow:
+
+        def rest(busiest: int) -> float:  # the others at the largest share of that count
+            return shallow(-(-(total - min(busiest * deeper, total - others)) // others))
+
+        return _least_larger(deep, rest, 1, most_deep)
+
+    def deeps(busiest: int) -> float:  # the deeper at the least share of that count
+        return deep(-(-max(total - busiest * others, deeper) // deeper))
+
+    return _least_larger(shallow, deeps, 1, most_shallow)
 
 
 def _least_larger(
