@@ -128,6 +128,11 @@ class Switches:
         switch = self._step()
         if switch is None or not arrived & live:
             return None
+        busy = self._roster.setting_up(live, before=self._epochs.next_epoch)
+        if busy & arrived:  # its Configure would wait behind that set-up: offered once over
+            self._roster.arrive_again(arrived)
+            return None
+        live -= busy
         try:
             move = planner.grow(running, live)
         except errors.PlannerError as exc:
@@ -151,6 +156,8 @@ class Switches:
         if not refused or late != refused:
             return False
         LOG.warning("planned switch at step %d came too late for workers %s", switch, sorted(late))
+        assert self._epochs.plan is not None, "a planned switch has a plan"
+        self._roster.abandon(set(self._epochs.plan.workers) - refused, self._epochs.epoch)
         self._roster.excuse(late)
         self._epochs.fall_back()
         self._history.pending = None
