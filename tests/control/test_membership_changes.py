@@ -114,9 +114,11 @@ async def test_a_late_scale_up_is_tried_again_once_its_newcomer_left_the_given_u
     run.cluster.kill(3)
     await run.until(lambda: len(run.controller.recoveries) == 1)
     given_up = run.controller.epoch + 1
-    run.cluster.join(3, cold_s=3.0)
+    run.cluster.join(3, cold_s=7.0)
     await run.until(lambda: run.controller.epoch == given_up + 1)
     assert 3 in {c.worker for c in run.cluster.sent[given_up]}  # it accepted the given-up one
+    # flagged failed: the newcomer leaves it once its (cold) set-up is done, not a timeout later
+    assert (f"epoch-{given_up}", 8) in run.cluster.failed_epochs
     final = await run.finish()
     assert final.phase is status.Phase.SUCCEEDED and final.step == 120
     assert final.plan.startswith("[2,2,2,2]") and final.live_workers == 8

@@ -158,6 +158,7 @@ class Switches:
         LOG.warning("planned switch at step %d came too late for workers %s", switch, sorted(late))
         assert self._epochs.plan is not None, "a planned switch has a plan"
         self._roster.abandon(set(self._epochs.plan.workers) - refused, self._epochs.epoch)
+        self._epochs.flag_switch()
         self._roster.excuse(late)
         self._epochs.fall_back()
         self._history.pending = None
