@@ -157,10 +157,12 @@ class Switches:
             return False
         LOG.warning("planned switch at step %d came too late for workers %s", switch, sorted(late))
         assert self._epochs.plan is not None, "a planned switch has a plan"
-        self._roster.abandon(set(self._epochs.plan.workers) - refused, self._epochs.epoch)
+        switched = set(self._epochs.plan.workers)
         self._epochs.flag_switch()
         self._roster.excuse(late)
-        self._epochs.fall_back()
+        running = self._epochs.fall_back()
+        # its newcomers set it up alone until the flag (or their rendezvous timeout) ends it
+        self._roster.abandon(switched - set(running.workers), self._epochs.epoch)
         self._history.pending = None
         self.lead_scale = min(2 * self.lead_scale, MAX_LEAD_SCALE)
         return True
