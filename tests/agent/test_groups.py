@@ -6,7 +6,8 @@ streams use; a one-rank epoch forms, refuses a second epoch until left, and form
 epoch after leaving; unknown subgroups are an error; arguments out of range name the argument;
 a rendezvous a member never joins fails within its timeout with EpochFormationError, and the
 next epoch then meets a peer process that never failed (torch's group counter, part of every
-rendezvous key, is not left advanced by the failure).
+rendezvous key, is not left advanced by the failure); a rendezvous whose epoch is flagged failed
+while a member is missing ends at once, saying it was given up.
 Multi-process epochs (subgroups on every rank, a second epoch with fewer ranks, regrouping after
 a failure) are exercised through the harness in test_executor.py and test_harness.py.
 """
@@ -16,6 +17,7 @@ from __future__ import annotations
 import datetime
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 
@@ -27,7 +29,7 @@ from hypothesis import strategies as st
 from torch._C import _distributed_c10d as c10d
 
 from planaria.agent.execution import groups
-from planaria.contract import instructions, plan, schedule
+from planaria.contract import instructions, plan, rendezvous, schedule
 from planaria.wire import messages
 from tests import plans, strategies
 
@@ -137,6 +139,28 @@ def test_a_member_that_never_comes_fails_the_rendezvous_in_time(store: c10d.Stor
         groups.form_epoch(store, 1, 0, 2, GLOO, 1.0)
     assert time.monotonic() - started < 10
     groups.leave_epoch(groups.form_epoch(store, 2, 0, 1, GLOO, 1.0))  # the process recovered
+
+
+def test_a_rendezvous_flagged_failed_while_a_member_is_missing_ends_at_once(
+    store: c10d.TCPStore,
+) -> None:
+    # The controller gave the epoch up (a planned switch that came too late, a lost member)
+    # while this rank waited for a peer that will never come: it leaves now, not after its
+    # 60 s timeout, and says why (chaos seed 10, docs/chaos.md).
+    def flag() -> None:
+        client = c10d.TCPStore("127.0.0.1", store.port, None, False, datetime.timedelta(seconds=60))
+        epoch_store = c10d.PrefixStore(rendezvous.key_prefix(3), client)
+        epoch_store.wait([rendezvous.ARRIVED_KEY])  # rank 0 waits for rank 1 now
+        rendezvous.flag_failed(epoch_store, 2, "controller")
+
+    flagger = threading.Thread(target=flag)
+    flagger.start()
+    try:
+        with pytest.raises(groups.EpochFormationError, match="epoch 3 was given up"):
+            groups.form_epoch(store, 3, 0, 2, GLOO, 60.0)
+    finally:
+        flagger.join()
+    groups.leave_epoch(groups.form_epoch(store, 4, 0, 1, GLOO, 1.0))  # the process recovered
 
 
 # The peer leaves with os._exit: what is tested is that it met the epoch (its exit status says

@@ -14,7 +14,10 @@ The clock is the shipped `clock.RealClock`; the tests run it on looptime's virtu
                   report another digest.
     FakeAgent     a `ports.Agent`: Watch heartbeats every interval, Configure judged by the
                   contract's rules (`planaria.contract.configure_rules`), as the real agent's
-                  runtime does; tests/contract runs one suite against both.
+                  runtime does; tests/contract runs one suite against both. A Configure that
+                  comes during a set-up is held until the set-up ends, whose rendezvous waits
+                  (up to the epoch's timeout) for peers that never set the epoch up; `join`'s
+                  `cold_s` makes a fresh agent's first set-up longer.
 
 The cluster records what a test checks: every Configure sent per epoch (ranks), and every
 lockstep violation (members of a group at different steps).
@@ -48,6 +51,8 @@ class FakeAgent:
     stalls: bool = False  # Configure never answers (a wedged RPC)
     slow_until: float | None = None  # until then it does not notice a lost peer (`slow`)
     set_up_at: float = 0.0  # its set-up ends then (`FakeCluster.setup_s`)
+    cold_s: float = 0.0  # its first set-up takes this much longer (`FakeCluster.join`)
+    set_up_epochs: set[int] = field(default_factory=set)  # the epochs it began to set up
     device: str = "cpu"  # what it runs on (the rules refuse settings for another device)
     profiling: bool = False  # a Profile is being measured
     epoch: int = 0
@@ -83,6 +88,10 @@ class FakeAgent:
             return refuse(verdict.reason)
         if verdict.timing is configure_rules.Timing.AT_STEP:
             self.pending = config  # taken up at its resume step (`FakeCluster._commit`)
+        elif self.state is CONFIGURING:
+            # the runtime's one thread is in the set-up under way (its rendezvous waits up to
+            # the epoch's timeout): this one is taken up once that set-up ends
+            self.pending = config
         else:
             self.cluster.set_up(self, config)
         return messages.Acknowledgement(accepted=True)
@@ -166,9 +175,10 @@ class FakeAgent:
         )
 
     def latch(self, kind: messages.ErrorKind, message: str) -> None:
-        self.state = FAILED
-        if self.cluster.drop_pending_on_failure:
+        # a failed set-up keeps a Configure that came meanwhile, as the runtime does
+        if self.cluster.drop_pending_on_failure and self.state is not CONFIGURING:
             self.pending = None
+        self.state = FAILED
         self.waiting_since = None
         self.errors = (
             *self.errors,
@@ -314,10 +324,11 @@ class FakeCluster:
             ports.WorkerEvent(kind=ports.EventKind.PREEMPTION_NOTICE, worker=plans.WorkerId(worker))
         )
 
-    def join(self, worker: int) -> None:
-        """A fresh agent process for `worker` (its host-memory store survives) is up."""
+    def join(self, worker: int, *, cold_s: float = 0.0) -> None:
+        """A fresh agent process for `worker` (its host-memory store survives) is up; its
+        first set-up takes `cold_s` longer (a fresh process's first torch work, under load)."""
         worker_id = plans.WorkerId(worker)
-        self.agents[worker_id] = FakeAgent(cluster=self, id=worker_id)
+        self.agents[worker_id] = FakeAgent(cluster=self, id=worker_id, cold_s=cold_s)
         self._events.put_nowait(ports.WorkerEvent(kind=ports.EventKind.JOINED, worker=worker_id))
 
     def agent(self, worker: int) -> FakeAgent:
@@ -329,7 +340,9 @@ class FakeCluster:
         """Set `agent` up for `config`: find each layer's state, cheapest tier first."""
         agent.pending, agent.errors, agent.waiting_since = None, (), None
         agent.epoch, agent.config = config.epoch, config
-        agent.set_up_at = self.clock.monotonic() + self.setup_s
+        agent.set_up_epochs.add(config.epoch)
+        agent.set_up_at = self.clock.monotonic() + self.setup_s + agent.cold_s
+        agent.cold_s = 0.0
         if agent.id in self.setup_errors:  # the layers stay as they were
             agent.latch(*self.setup_errors[agent.id])
             return
@@ -483,12 +496,13 @@ class FakeCluster:
 
     def _short(self, epoch: int, members: list[FakeAgent], active: list[FakeAgent]) -> None:
         """Some member is not there: gone for good (the others lose a peer) or not yet (they
-        wait, up to the epoch's timeout)."""
+        wait, up to the epoch's timeout). One that moved on to a later epoch without ever
+        setting this one up (it refused it) never came: a rendezvous notices no more than that."""
         gone = [
             a
             for a in members
             if not a.alive
-            or a.epoch > epoch
+            or (a.epoch > epoch and epoch in a.set_up_epochs)
             or (a.epoch == epoch and a.state not in (RUNNING, CONFIGURING))
         ]
         now = self.clock.monotonic()
@@ -504,6 +518,8 @@ class FakeCluster:
                 if agent.slow_until is None or now >= agent.slow_until:
                     agent.latch(messages.ErrorKind.PEER_LOST, f"peer {gone[0].id} lost")
                 continue
+            if agent.set_up_at > now:
+                continue  # its rendezvous, and the wait for its peers, begin once set up
             agent.waiting_since = agent.waiting_since if agent.waiting_since is not None else now
             if now - agent.waiting_since > config.rendezvous.timeout_s:
                 agent.latch(messages.ErrorKind.TIMEOUT, "a peer did not answer in time")

@@ -8,7 +8,8 @@ snapshot step as the newest every worker reports holding complete (the oldest la
 reports without the list); the assessment of a broken epoch (failed, survivors, resume step,
 own faults, a layer in no tier, a survivor holding no layer) and the workers not yet settled;
 the roster's own changes (joins and notices handed out once, workers given up on and excused,
-returns after a silence and slow workers once stopped).
+returns after a silence and slow workers once stopped); workers still setting up an older
+epoch (an abandoned switch's acceptor too, before its heartbeat shows it) until it is over.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from planaria.wire import messages
 
 W = plans.WorkerId
 RUNNING, FAILED = messages.AgentState.RUNNING, messages.AgentState.FAILED
+IDLE = messages.AgentState.IDLE
 
 
 def _beat(
@@ -268,3 +270,28 @@ def test_returns_are_workers_heard_again_and_slow_workers_now_stopped() -> None:
         1.9,
     )
     assert roster.returned(1.9) == {0} and roster.slow == {1}
+
+
+def test_a_worker_setting_up_an_older_epoch_is_busy_until_its_heartbeat_says_it_is_over() -> None:
+    configuring = messages.AgentState.CONFIGURING
+    roster = _roster(0, 1, 2)
+    roster.absorb(membership.Beat(worker=W(0), generation=1, heartbeat=_beat(0, 3, RUNNING)), 0.1)
+    roster.absorb(
+        membership.Beat(worker=W(1), generation=1, heartbeat=_beat(1, 3, configuring)), 0.1
+    )
+    assert roster.setting_up([W(0), W(1)], before=4) == {1}
+    assert roster.setting_up([W(1)], before=3) == set()  # the epoch it sets up is not older
+    # an abandoned switch's acceptor is busy before its heartbeat shows the set-up at all
+    roster.absorb(membership.Beat(worker=W(2), generation=1, heartbeat=_beat(2, 0, IDLE)), 0.1)
+    roster.abandon([W(2)], 3)
+    assert roster.setting_up([W(2)], before=4) == {2}
+    roster.absorb(
+        membership.Beat(worker=W(2), generation=1, heartbeat=_beat(2, 3, configuring)), 0.2
+    )
+    assert roster.setting_up([W(2)], before=4) == {2}
+    timed_out = _beat(2, 3, FAILED, error=messages.ErrorKind.TIMEOUT)
+    roster.absorb(membership.Beat(worker=W(2), generation=1, heartbeat=timed_out), 0.3)
+    assert roster.setting_up([W(2)], before=4) == set() and roster.abandoned == {}
+    roster.abandon([W(1)], 3)
+    roster.connected(W(1), 0.4)  # a new process: whatever it set up is gone with the old one
+    assert roster.setting_up([W(1)], before=4) == set()

@@ -1,10 +1,11 @@
 """The controller when membership changes beyond a single failure, in simulated time.
 
 Covers: a JOINED worker scaled up at a future step boundary (live-replica copies, no lost
-steps); a preemption notice answered ahead of the death (planned switch, no lost steps, the
-later death needs no recovery), and the death coming before the switch (recovered from the
-plan the workers still hold, also when the agents set the switch up short of its
-step); losing more workers than any plan needs -> Suspended with the
+steps), and tried again when it came too late, once the newcomer's abandoned set-up of the
+given-up epoch is over (chaos seed 10); a preemption notice answered ahead of the death
+(planned switch, no lost steps, the later death needs no recovery), and the death coming
+before the switch (recovered from the plan the workers still hold, also when the agents set
+the switch up short of its step); losing more workers than any plan needs -> Suspended with the
 checkpoint step, then a resume from that checkpoint when workers return; workers a recovery
 counted failed only because they stopped late (still blocked, heartbeating) -> Suspended, then
 taken back as arrivals once they stop, and the job resumes and succeeds; a death while the
@@ -95,6 +96,34 @@ async def test_a_scale_up_whose_newcomer_fails_its_set_up_is_tried_again() -> No
     assert final.phase is status.Phase.SUCCEEDED and final.step == 80
     assert final.plan.startswith("[2,2,2,2]") and final.live_workers == 8
     assert [r.kind for r in run.controller.recoveries][1:] == ["restart", "scale-up"]
+    assert sum(r.lost_steps for r in run.controller.recoveries) == 0
+    assert run.ranks_ok() == [] and run.cluster.violations == []
+
+
+async def test_a_late_scale_up_is_tried_again_once_its_newcomer_left_the_given_up_epoch() -> None:
+    # Chaos seed 10 of the pipeline config (docs/chaos.md): the first scale-up reached the
+    # running workers past its switch step and was given up; the newcomer, which had accepted
+    # it, waited in that epoch's rendezvous (after its cold first set-up) until its timeout,
+    # and an agent takes a Configure up only once its set-up under way ends. The retry's
+    # rendezvous timed out waiting for it: a recovery without the newcomer. The retry now
+    # waits until the newcomer's heartbeat shows that set-up over.
+    job = scenarios.job(steps=120, step_timeout_s=4.0, configure_timeout_s=5.0)
+    # Configures take 1.5 s: past the first switch's lead (1 s), short of the retry's (2 s)
+    run = scenarios.Run(job, configure_delay_s=1.5, step_s=0.5)
+    await run.until(lambda: run.step() >= 10)
+    run.cluster.kill(3)
+    await run.until(lambda: len(run.controller.recoveries) == 1)
+    given_up = run.controller.epoch + 1
+    run.cluster.join(3, cold_s=7.0)
+    await run.until(lambda: run.controller.epoch == given_up + 1)
+    assert 3 in {c.worker for c in run.cluster.sent[given_up]}  # it accepted the given-up one
+    # flagged failed: the newcomer leaves it once its (cold) set-up is done, not a timeout later
+    assert (f"epoch-{given_up}", 8) in run.cluster.failed_epochs
+    final = await run.finish()
+    assert final.phase is status.Phase.SUCCEEDED and final.step == 120
+    assert final.plan.startswith("[2,2,2,2]") and final.live_workers == 8
+    grown = run.controller.recoveries[1:]
+    assert [(r.kind, r.planned, r.failed) for r in grown] == [("scale-up", True, ())]
     assert sum(r.lost_steps for r in run.controller.recoveries) == 0
     assert run.ranks_ok() == [] and run.cluster.violations == []
 

@@ -293,6 +293,13 @@ class Driver:
         )
         return not (ran or reached)
 
+    def flag_switch(self) -> None:
+        """Flag the current epoch, a planned switch about to be given up (before `fall_back`),
+        failed: the workers that accepted it and wait to form it leave at once, rather than at
+        their rendezvous timeout (`planaria.contract.rendezvous`)."""
+        assert self.planned and self.plan is not None, "only a planned switch is given up"
+        self._fail_epoch(rendezvous.key_prefix(self.epoch), len(self.plan.workers))
+
     def fall_back(self) -> plans.Plan:
         """Make the plan before a missed switch current again: it is what the workers hold.
         The epoch number stays; the previous plan's workers' heartbeats count whether they

@@ -64,6 +64,7 @@ PERMANENT = frozenset({messages.ErrorKind.INVALID_CONFIG, messages.ErrorKind.INV
 SETTLED = frozenset(
     {messages.AgentState.FAILED, messages.AgentState.FINISHED, messages.AgentState.PAUSED}
 )
+SETTING_UP = frozenset({messages.AgentState.CONFIGURING, messages.AgentState.TRANSFERRING})
 
 
 @dataclass(slots=True, kw_only=True)
@@ -83,6 +84,9 @@ class Roster:
     # set-up still blocked on the epoch before, on a loaded machine): returns once stopped.
     slow: set[plans.WorkerId] = field(default_factory=set)
     was_live: set[plans.WorkerId] = field(default_factory=set)  # live at the last `returned`
+    # worker -> the epoch of a planned switch it accepted that was given up: it sets that
+    # epoch up alone until its rendezvous times out (`setting_up`)
+    abandoned: dict[plans.WorkerId, int] = field(default_factory=dict)
 
     def connected(self, worker: plans.WorkerId, now: float) -> int:
         """A (re)connected agent: alive, its silence counted from now; its new generation."""
@@ -90,6 +94,7 @@ class Roster:
         self.dead.pop(worker, None)
         self.faulty.discard(worker)
         self.notices.discard(worker)
+        self.abandoned.pop(worker, None)
         self.beats.pop(worker, None)
         self.beat_at[worker] = now
         return self.generation[worker]
@@ -170,6 +175,28 @@ class Roster:
         """`workers` were taken in by a planned switch that was never made (the plan before it
         is back): those live at the next `returned` arrive again, so a scale-up is tried anew."""
         self.was_live -= set(workers)
+
+    def abandon(self, workers: Iterable[plans.WorkerId], epoch: int) -> None:
+        """`workers` accepted the Configure of `epoch`, a planned switch then given up: each
+        sets it up until its rendezvous times out (`setting_up`)."""
+        self.abandoned.update(dict.fromkeys(workers, epoch))
+
+    def setting_up(self, workers: Iterable[plans.WorkerId], before: int) -> set[plans.WorkerId]:
+        """Those of `workers` still setting up an epoch older than `before`: their heartbeat
+        says CONFIGURING or TRANSFERRING there, or they accepted an abandoned switch and have
+        not reported it yet. An agent takes a newer Configure up only once that set-up ends,
+        and a set-up whose peers never come ends at its rendezvous timeout (torch's
+        `init_process_group` watches no failure flag)."""
+        busy = set()
+        for w in workers:
+            beat, epoch = self.beats.get(w), self.abandoned.get(w)
+            if epoch is not None and (beat is None or beat.epoch < epoch):
+                busy.add(w)  # its heartbeat lags the Configure it accepted
+            elif beat is not None and beat.epoch < before and beat.state in SETTING_UP:
+                busy.add(w)
+            else:
+                self.abandoned.pop(w, None)
+        return busy
 
     def live(self, now: float) -> set[plans.WorkerId]:
         """Connected workers neither dead, faulty nor silent."""

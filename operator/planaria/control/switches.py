@@ -141,6 +141,11 @@ class Switches:
         switch = self._step()
         if switch is None or not arrived & live:
             return None
+        busy = self._roster.setting_up(live, before=self._epochs.next_epoch)
+        if busy & arrived:  # its Configure would wait behind that set-up: offered once over
+            self._roster.arrive_again(arrived)
+            return None
+        live -= busy
         try:
             move = await planner.call(planner.grow, running, live)
         except errors.PlannerError as exc:
@@ -164,8 +169,13 @@ class Switches:
         if not refused or late != refused:
             return False
         LOG.warning("planned switch at step %d came too late for workers %s", switch, sorted(late))
+        assert self._epochs.plan is not None, "a planned switch has a plan"
+        switched = set(self._epochs.plan.workers)
+        self._epochs.flag_switch()
         self._roster.excuse(late)
-        self._epochs.fall_back()
+        running = self._epochs.fall_back()
+        # its newcomers set it up alone until the flag (or their rendezvous timeout) ends it
+        self._roster.abandon(switched - set(running.workers), self._epochs.epoch)
         self._history.pending = None
         self.lead_scale = min(2 * self.lead_scale, MAX_LEAD_SCALE)
         return True

@@ -6,6 +6,12 @@ whose step failed, or the controller when it declares a worker lost or hung, set
 rank. Each worker's watcher blocks on its own wake key (one blocking store wait per worker and
 epoch, no polling), so it wakes for a failure, or when its own worker leaves the epoch and sets
 that key itself; FAILED_KEY then tells the two apart.
+
+Before torch's rendezvous (`init_process_group`, which watches no flag and waits out its
+timeout for a rank that never comes), every rank adds itself to ARRIVED_KEY and waits for
+ALL_ARRIVED_KEY, which the last rank to come sets, and which the failure keys set too: an
+epoch flagged failed while some rank still waits to form it (given up by the controller, a
+member lost) releases that rank at once, and FAILED_KEY tells it why.
 """
 
 from __future__ import annotations
@@ -14,6 +20,8 @@ import contextlib
 from typing import Protocol
 
 FAILED_KEY = "planaria-step-failed"
+ARRIVED_KEY = "planaria-arrived"  # a counter: the ranks that came to form the epoch
+ALL_ARRIVED_KEY = "planaria-all-arrived"  # every rank came, or the epoch was flagged failed
 
 
 def key_prefix(epoch: int) -> str:
@@ -28,8 +36,9 @@ def wake_key(rank: int) -> str:
 
 
 def failure_keys(world_size: int) -> tuple[str, ...]:
-    """The keys that flag an epoch of `world_size` ranks failed and wake every watcher."""
-    return (FAILED_KEY, *(wake_key(r) for r in range(world_size)))
+    """The keys that flag an epoch of `world_size` ranks failed, wake every watcher and
+    release every rank still waiting to form it."""
+    return (FAILED_KEY, ALL_ARRIVED_KEY, *(wake_key(r) for r in range(world_size)))
 
 
 class Store(Protocol):

@@ -258,7 +258,8 @@ def form_epoch(
     and, on NCCL (or with `side_group`, on gloo too), its gloo side group for host bytes.
 
     Every rank must pass the same `subgroups` and `side_group`. Blocks until every rank has
-    joined (at most `timeout_s` per group). Raises EpochInputError for arguments out of range
+    joined (at most `timeout_s` per group), or until the epoch is flagged failed
+    (`planaria.contract.rendezvous`). Raises EpochInputError for arguments out of range
     or when this process is still in an epoch, EpochFormationError when the rendezvous fails.
     """
     _check_epoch(epoch, rank, world_size, timeout_s)
@@ -273,10 +274,12 @@ def form_epoch(
         # init_process_group (a member that never came) leaves it advanced: this process would
         # then wait under other keys than a peer that never failed, in every epoch after.
         dist.distributed_c10d._world.group_count = 0
+    prefixed = c10d.PrefixStore(rendezvous.key_prefix(epoch), store)
     try:
+        _arrive(prefixed, epoch, world_size, timeout)
         dist.init_process_group(
             str(backend),
-            store=c10d.PrefixStore(rendezvous.key_prefix(epoch), store),
+            store=prefixed,
             rank=rank,
             world_size=world_size,
             timeout=timeout,
@@ -368,6 +371,21 @@ def _check_epoch(epoch: int, rank: int, world_size: int, timeout_s: float) -> No
         raise EpochInputError(
             f"cannot form epoch {epoch}: this process is still in an epoch; leave it first"
         )
+
+
+class _GivenUp(RuntimeError):
+    """The epoch was flagged failed before every rank came to form it."""
+
+
+def _arrive(store: c10d.Store, epoch: int, world_size: int, timeout: datetime.timedelta) -> None:
+    """Wait (at most `timeout`) until every rank came to form the epoch, before torch's own
+    rendezvous, which no failure flag ends (`planaria.contract.rendezvous`); _GivenUp when the
+    epoch was flagged failed first."""
+    if store.add(rendezvous.ARRIVED_KEY, 1) >= world_size:
+        store.set(rendezvous.ALL_ARRIVED_KEY, "all")
+    store.wait([rendezvous.ALL_ARRIVED_KEY], timeout)
+    if store.check([rendezvous.FAILED_KEY]):
+        raise _GivenUp(f"epoch {epoch} was given up before every rank came")
 
 
 def _leave_quietly(nccl: bool) -> None:
