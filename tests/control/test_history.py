@@ -107,3 +107,23 @@ def test_a_failure_merged_into_a_planned_switch_is_no_longer_planned() -> None:
     h.begin(planned, now=11.2, resume_step=49)  # and a planned switch followed, unresumed
     assert h.pending is not None
     assert not h.pending.record.planned and h.pending.record.failed == (W(3),)
+
+
+def _at(epoch: int, step: int, at_s: float) -> status.StepRecord:
+    return status.StepRecord(
+        at_s=at_s, step=step, loss=1.0, samples_per_s=1.0, live_workers=2, epoch=epoch
+    )
+
+
+def test_the_latest_step_time_is_the_newest_pace_of_one_epoch_whatever_epoch_it_is() -> None:
+    """A new epoch has no step time of its own: a planned switch leads by the pace of the
+    newest epoch that had one (chaos pipeline seed 10: 2 steps of lead, not PLANNED_LEAD_S)."""
+    h = history.History(global_batch=8)
+    assert h.latest_step_s() == 0.0
+    h.steps += [_at(1, 10, 1.0), _at(1, 14, 2.0)]
+    assert h.latest_step_s() == 0.25
+    h.steps.append(_at(2, 15, 9.0))  # the new epoch's first record: still epoch 1's pace
+    assert h.latest_step_s() == 0.25
+    assert h.step_s(2, []) == 0.0
+    h.steps.append(_at(2, 17, 9.5))
+    assert h.latest_step_s() == h.step_s(2, []) == 0.25

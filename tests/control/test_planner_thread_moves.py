@@ -4,7 +4,9 @@ controller (planaria.control.switches, planaria.control.suspension).
 Covers, for a scale-up, a preemption notice's move and a resume from Suspended: while the
 planner's answer is held on its thread, the event loop runs on (every live agent's heartbeats
 are taken, the running plan trains on) and the move waits for the answer; and the same events
-give the same decisions and Configures as the planner run inline on the loop.
+give the same decisions and Configures as the planner run inline on the loop (a planned
+switch's step taken when the answer came); a scale-up answered after its lead would have
+passed is not late.
 
 Virtual time (`scenarios`), and each run on an event loop of its own from time 0: two runs of
 one job on one loop can differ by a step (their timers tie differently at another start time).
@@ -15,6 +17,7 @@ time stands still for it as inline; the held one is answered by the test, never 
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from collections.abc import Callable, Coroutine
 from concurrent import futures
@@ -22,15 +25,15 @@ from typing import ParamSpec, TypeVar
 
 import pytest
 
-from planaria.control import executors, status
+from planaria.control import executors, status, switches
 from tests.control import scenarios
 
 P = ParamSpec("P")
 T = TypeVar("T")
 GUARD_S = 300.0  # a failed test releases the held thread by this bound at the latest
 HOLD_S = 0.5  # virtual seconds the loop runs on while a question is held: half a heartbeat
-# timeout (no worker reads as silent for it) and half the planned switch's lead (no switch
-# comes too late for it), so the held run decides as the inline one
+# timeout (no worker reads as silent for it), so the held run decides as the inline one (its
+# planned switch leads from a later step: the one reached when the planner answered)
 Picks = Callable[[Callable[..., object], tuple[object, ...]], bool]
 Scenario = Callable[[futures.Executor], Coroutine[object, object, scenarios.Run]]
 
@@ -82,8 +85,10 @@ def _resume(fn: Callable[..., object], args: tuple[object, ...]) -> bool:
     return _named("best")(fn, args) and status.MoveKind.RESUME in args
 
 
-async def _hold(run: scenarios.Run, executor: futures.Executor, *, training: bool) -> None:
-    """With a held question (`OneHeld`): once it is asked, let HOLD_S pass and check that the
+async def _hold(
+    run: scenarios.Run, executor: futures.Executor, *, training: bool, hold_s: float = HOLD_S
+) -> None:
+    """With a held question (`OneHeld`): once it is asked, let `hold_s` pass and check that the
     loop ran on (every live agent's heartbeats taken; with `training`, the running plan's
     workers trained on) while the controller's move waits for the answer; then answer."""
     if not isinstance(executor, OneHeld):
@@ -94,7 +99,7 @@ async def _hold(run: scenarios.Run, executor: futures.Executor, *, training: boo
     beats, steps = {w: a.beats for w, a in agents.items()}, {w: a.step for w, a in agents.items()}
     epoch, sent = run.controller.epoch, set(run.cluster.sent)
     recoveries, phase = run.controller.recoveries, run.controller.status.phase
-    await scenarios.advance(HOLD_S)
+    await scenarios.advance(hold_s)
     assert executor.pending is not None and not executor.pending.done()
     assert all(agents[w].beats > beats[w] for w in live)
     plan = run.controller.plan
@@ -178,4 +183,43 @@ def test_the_loop_runs_on_while_the_planner_thread_decides_and_it_decides_as_inl
     assert (final.step, final.epoch, final.plan) == (expected.step, expected.epoch, expected.plan)
     assert threaded.choices() == inline.choices()
     assert planned in {kind for _, kind, _ in inline.choices()}
-    assert threaded.configured() == inline.configured()
+    # the same Configures, except that a planned switch leads from the step its workers had
+    # reached when the planner answered: HOLD_S later than inline, so never an earlier step
+    held, asked = threaded.configured(), inline.configured()
+    assert {w: [p for p, _ in c] for w, c in held.items()} == {
+        w: [p for p, _ in c] for w, c in asked.items()
+    }
+    steps = [(h, a) for w in held for (_, h), (_, a) in zip(held[w], asked[w], strict=True)]
+    assert all(h >= a for h, a in steps)
+
+
+async def _scaled_up_slowly(executor: futures.Executor) -> scenarios.Run:
+    run = scenarios.Run(scenarios.job(steps=120), executor=executor)
+    await run.until(lambda: run.step() >= 10)
+    run.cluster.kill(3)
+    await run.until(lambda: len(run.controller.recoveries) == 1)
+    run.cluster.join(3)
+    await _hold(run, executor, training=True, hold_s=SLOW_S)
+    await run.finish()
+    return run
+
+
+SLOW_S = 3 * switches.PLANNED_LEAD_S  # a search longer than the switch's lead
+
+
+def test_a_scale_up_answered_after_its_lead_would_have_passed_is_not_late(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The switch step is taken once the planner answered: the workers trained on through a
+    search three leads long, and a step read before it would be behind them (the switch given
+    up as late, the newcomer offered again: chaos pipeline seed 10's first switch)."""
+    executor = OneHeld(_named("grow"))
+    try:
+        with caplog.at_level(logging.WARNING, logger="planaria.control.switches"):
+            run = _on_a_loop_of_its_own(_scaled_up_slowly, executor)
+    finally:
+        executor.release()
+        executor.shutdown(wait=True)
+    assert run.controller.status.phase is status.Phase.SUCCEEDED
+    assert "scale-up" in {kind for _, kind, _ in run.choices()}
+    assert "came too late" not in caplog.text

@@ -106,6 +106,15 @@ class History:
             return (recent[1].at_s - recent[0].at_s) / (recent[1].step - recent[0].step)
         return _timed_step_s(beats)
 
+    def latest_step_s(self) -> float:
+        """Seconds per step between the newest two records of one epoch, whichever epoch that
+        is (0.0 when none): the pace a new epoch, which has no step time of its own yet, is
+        likely to keep (a planned switch's lead in steps, `switches`)."""
+        for older, newer in zip(reversed(self.steps[:-1]), reversed(self.steps), strict=False):
+            if older.epoch == newer.epoch and newer.step > older.step:
+                return (newer.at_s - older.at_s) / (newer.step - older.step)
+        return 0.0
+
     def _rate(
         self,
         last: statuses.StepRecord | None,

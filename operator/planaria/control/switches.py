@@ -7,7 +7,9 @@
   (`Switches.scale_up`): the templates' best plan over the live workers, the running ones
   keeping their layers and the new ones receiving copies.
 The switch step (`switch_step`, pure) leads the running epoch's current step by PLANNED_LEAD_S
-(at least MIN_LEAD_STEPS), so every agent is still before it when the Configure arrives. A
+(at least MIN_LEAD_STEPS), so every agent is still before it when the Configure arrives; it is
+taken once the planner answered (the running epoch trains on while the planner's thread
+searches: a scale-up's search of 1.3 s made the switch late when the step was read first). A
 switch that reaches agents already past its step (a stale view of the step on a loaded machine)
 is given up without blaming them (`Switches.give_up_late`, `late_refusals`), and the next one
 leads by twice as many steps, up to MAX_LEAD_SCALE times. Opening the epoch is the
@@ -124,6 +126,10 @@ class Switches:
             return None
         if move.needs_snapshot:
             return None  # a layer would lose its last replica: recover when the worker goes
+        await self._epochs.next(0)  # training went on while the planner searched: what the
+        switch = self._step()  # workers reported meanwhile, then the lead from their step
+        if switch is None:
+            return None
         reason = f"preemption notice for worker(s) {sorted(noticed)}: {move.reason}"
         record = self._planned(move, reason, noticed)
         opening = outcomes.Open(move=move, resume_step=switch, record=record, planned=True)
@@ -153,6 +159,10 @@ class Switches:
             return None
         if set(move.plan.workers) == set(running.workers):
             return None  # the templates' best plan is the running one: they stay spares
+        await self._epochs.next(0)  # training went on while the planner searched: what the
+        switch = self._step()  # workers reported meanwhile, then the lead from their step
+        if switch is None:
+            return None
         reason = f"workers {sorted(arrived)} joined: {move.reason}"
         record = self._planned(move, reason, set())
         opening = outcomes.Open(move=move, resume_step=switch, record=record, planned=True)
@@ -183,7 +193,8 @@ class Switches:
     def _step(self) -> int | None:
         return switch_step(
             current=self._epochs.current_step(),
-            step_s=self._epochs.step_s(),
+            # a new epoch has no step time yet: the pace of the last one that had
+            step_s=self._epochs.step_s() or self._history.latest_step_s(),
             lead_scale=self.lead_scale,
             step_timeout_s=self._job.step_timeout_s,
             steps=self._job.steps,
