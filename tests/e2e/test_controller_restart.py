@@ -220,7 +220,7 @@ def _record() -> ports.EpochRecord:
 # before the end, short enough for CI (tiny model, one snapshot and a checkpoint at the end).
 STEADY_STEPS = 240
 KILL_AFTER_STEP = 25
-SIGTERM_STEPS = 40
+SIGTERM_STEPS = 80
 STEADY = JOB_TEXT.replace(
     "{rest}",
     "seed: 7\nsnapshots: {{intervalSteps: 1, redundancy: copy}}\n"
@@ -284,6 +284,16 @@ def test_a_controller_killed_while_training_is_adopted_without_losing_progress(
     )
 
 
+def _committed(out: Path) -> int:
+    """The newest step the run log (RUN/progress.jsonl) records as committed (0 before any)."""
+    try:
+        lines = (out / "progress.jsonl").read_text().splitlines()
+    except FileNotFoundError:
+        return 0
+    steps = (json.loads(line).get("step") for line in lines[:-1])  # the last may be half-written
+    return max((step["step"] for step in steps if step is not None), default=0)
+
+
 def _steady(
     tmp_path: Path, corpus: Path, shm: Path, name: str, steps: int = STEADY_STEPS
 ) -> tuple[Path, list[str]]:
@@ -305,7 +315,9 @@ def test_a_run_stopped_by_sigterm_then_run_again_starts_over_and_says_what_it_lo
     job over, says so on the console and in its report, with the step the first run reached."""
     name, out = f"sigterm-{uuid.uuid4().hex[:8]}", tmp_path / "run"
     # Long enough that the first run is still training when the signal comes (it is sent once
-    # step 5 shows), short enough that the second run, from step 0, is not most of the test.
+    # step 5 is committed), short enough that the second run, from step 0, is not most of the
+    # test. The run log has every committed step as it happens; the plain console prints a line
+    # every few seconds, and 40 steps could end before one showed step 5 (an idle machine).
     _, command = _steady(tmp_path, corpus, shm, name, steps=SIGTERM_STEPS)
     recorder = processes.Recorder()
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -314,7 +326,7 @@ def test_a_run_stopped_by_sigterm_then_run_again_starts_over_and_says_what_it_lo
         with open(log, "wb") as sink:
             first = subprocess.Popen(command, env=env, stdout=sink, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + KILL_WITHIN_S
-        while max((int(m) for m in PROGRESS.findall(log.read_text())), default=0) < 5:
+        while _committed(out) < 5:
             assert first.poll() is None and time.monotonic() < deadline, log.read_text()
             time.sleep(0.05)
         _agents(out, recorder)
