@@ -127,3 +127,31 @@ def test_the_latest_step_time_is_the_newest_pace_of_one_epoch_whatever_epoch_it_
     assert h.step_s(2, []) == 0.0
     h.steps.append(_at(2, 17, 9.5))
     assert h.latest_step_s() == h.step_s(2, []) == 0.25
+
+
+def test_a_given_up_switch_gives_back_the_recovery_it_had_merged() -> None:
+    """A reroute's epoch commits and a scale-up's switch begins before its first step is seen;
+    the switch comes too late and is given up: the reroute is recorded on its own, timed at
+    its epoch's first step (chaos pipeline seed 6: moves [] after the give-up)."""
+    h = history.History(global_batch=8)
+    h.begin(_record(10.0), now=10.5, resume_step=49)  # the reroute (epoch 2), from step 49
+    planned = dataclasses.replace(
+        _record(11.0), failed=(), kind=status.MoveKind.SCALE_UP, epoch=3, planned=True
+    )
+    h.begin(planned, now=11.0, resume_step=52)
+    merged = h.pending.record.kind if h.pending is not None else None
+    assert merged is status.MoveKind.SCALE_UP
+    h.steps += [_at(2, 49, 10.4), _at(2, 50, 11.5), _at(2, 53, 12.0)]
+    h.give_up_switch(now=13.0)
+    assert h.pending is None
+    (recorded,) = h.recoveries
+    assert recorded.kind is status.MoveKind.REROUTE and recorded.failed == (W(3),)
+    assert recorded.total_s == 11.5 - 10.0 and recorded.resume_s == 11.5 - 10.5
+
+
+def test_a_given_up_switch_alone_records_nothing() -> None:
+    h = history.History(global_batch=8)
+    planned = dataclasses.replace(_record(11.0), failed=(), kind=status.MoveKind.SCALE_UP)
+    h.begin(dataclasses.replace(planned, planned=True), now=11.0, resume_step=52)
+    h.give_up_switch(now=13.0)
+    assert h.pending is None and h.recoveries == []

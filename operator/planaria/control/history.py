@@ -6,7 +6,8 @@ the Configure, `total_s` from the death), with the workers' setup reports (costl
 slowest regroup and transfer, bytes received) taken once every worker of the epoch has reported
 its setup: heartbeats lag, and the first worker seen past the step need not be the one that
 needed the costliest tier. A failure before a pending recovery resumed extends it (`begin`
-merges): one recovery from the first death to the first step that followed. `combine` reads an
+merges): one recovery from the first death to the first step that followed; a planned switch
+that merged one and was then given up gives it back (`give_up_switch`). `combine` reads an
 epoch's setups.
 """
 
@@ -45,6 +46,8 @@ class History:
     steps: list[statuses.StepRecord] = field(default_factory=list)
     recoveries: list[statuses.Recovery] = field(default_factory=list)
     pending: Pending | None = None
+    # the unresumed recovery a planned switch's record took in (`give_up_switch`)
+    merged: Pending | None = None
 
     def begin(self, record: statuses.Recovery, now: float, resume_step: int) -> None:
         """A recovery's epoch was configured at `now`; `record.started_s` is the death."""
@@ -52,6 +55,7 @@ class History:
         if previous is not None and previous.first_step_at is not None:
             self._record(previous)  # it had resumed: this is a new recovery
             previous = None
+        self.merged = previous if record.planned else None
         if previous is not None:
             death_at = min(death_at, previous.death_at)
             record = dataclasses.replace(
@@ -154,6 +158,19 @@ class History:
             return
         if len(pending.setups) >= workers or now - first >= SETUP_REPORTS_WAIT_S:
             self._record(pending)
+
+    def give_up_switch(self, now: float) -> None:
+        """A planned switch was given up (`switches`: it came too late) and its workers train
+        on in the epoch before it: its record goes, and a recovery it had taken in, not yet
+        resumed when the switch began, is recorded on its own, timed at that epoch's first
+        step recorded after its resume step (at `now` when none was), since it did resume."""
+        merged, self.pending, self.merged = self.merged, None, None
+        if merged is None:
+            return
+        epoch, resume_step = merged.record.epoch, merged.resume_step
+        firsts = [r.at_s for r in self.steps if r.epoch == epoch and r.step > resume_step]
+        first = merged.first_step_at or min(firsts, default=now)
+        self._record(dataclasses.replace(merged, first_step_at=first))
 
     def settle(self) -> None:
         """Record a recovery that resumed but still waits for setup reports (the job ended)."""

@@ -186,7 +186,7 @@ class Switches:
         running = self._epochs.fall_back()
         # its newcomers set it up alone until the flag (or their rendezvous timeout) ends it
         self._roster.abandon(switched - set(running.workers), self._epochs.epoch)
-        self._history.pending = None
+        self._history.give_up_switch(self._clock.monotonic())
         self.lead_scale = min(2 * self.lead_scale, MAX_LEAD_SCALE)
         return True
 
