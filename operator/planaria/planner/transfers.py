@@ -670,10 +670,11 @@ class _Sources:
     sorted tuple (k <= H, so none repeats). D * k >= H, so every holder serves, each about
     D * k / H shards of size / k: the bytes it sent when every holder served every destination
     (D * size / H), in k messages to each destination instead of H. Naming every holder made a
-    scale-up at 1,024 x 8 send 2,056 tiny messages per copy, 428 million in all, and the
-    per-message latency the bandwidth model charges (`transfer_s`) dominated. Same-node holders
-    are not preferred (docs/planner.md says why). Tuples are shared: copies with the same
-    sources name one tuple object (`planning.within` filters each distinct one once).
+    scale-up at 1,024 x 8 send 2,056 small messages per copy, 428 million in all, each charged
+    its latency by `transfer_s` (its estimate 11.9 s, now 9.9 s) and checked in every
+    Configure. Same-node holders are not preferred (docs/policy.md, "What moves", says why).
+    Tuples are shared: copies with the same sources name one tuple object (`planning.within`
+    filters each distinct one once).
     """
 
     def __init__(
