@@ -39,11 +39,16 @@ sample or one in C code that kept the GIL, which no Python thread can sample).
   and suspension asked before) and through `Planner.call` on the job's planner thread
   (where they ask now), alternating, in this process; the longest hold of the loop while each
   call ran, and the call's wall time. Writes bench/results/controller_loop_lag_calls.json.
+- `--loop-lag configs`: that scale-up's switch Configures (`epochs.configs` over `grow`'s
+  move, built on the loop): `--lag-runs` timings of all of them, the copies' and sources'
+  counts, and the per-worker filter `configs` used before it indexed the copies, timed on
+  `--sample` workers (all 8,192 would take hours with every holder a source). Printed only.
 Writes bench/results/controller_loop_lag.json.
 
     .venv/bin/python -m bench.controller --loop-lag fake --before DIR   # from the repo root
     .venv/bin/python -m bench.controller --loop-lag demo
     .venv/bin/python -m bench.controller --loop-lag calls --lag-runs 3
+    .venv/bin/python -m bench.controller --loop-lag configs --lag-runs 3 --sample 4
 """
 
 from __future__ import annotations
@@ -69,7 +74,7 @@ from pathlib import Path
 from planaria.cli import main as cli
 from planaria.contract import plan as plans
 from planaria.contract import profile, shapes
-from planaria.control import clock, controller, executors, planning, settings, status
+from planaria.control import clock, controller, epochs, executors, planning, ports, settings, status
 from planaria.planner import accelerators, synthetic, transfers
 from planaria.wire import messages
 
@@ -429,6 +434,89 @@ async def _held(
     return hold, round((end - start) * 1e3, 1)
 
 
+def lag_configs(runs: int, sample: int) -> None:
+    """`--loop-lag configs` (module docstring): prints what it measures."""
+    source = synthetic.synthesize(
+        shapes.named("gpt3-6.7b"), accelerators.named("a100-80gb"), 1, CALLS_GPUS
+    )
+    job = dataclasses.replace(
+        _job("gpt3-6.7b", CALLS_NODES * CALLS_GPUS, 1024, source, "adaptive"),
+        gpus_per_node=CALLS_GPUS,
+        fault_tolerance=1,
+        steps=1000,
+    )
+    transfers.load_solver()
+    planner = planning.Planner(source, job, executors.Inline())
+    everyone = [plans.WorkerId(w) for w in range(job.workers)]
+    node_5 = range(5 * job.gpus_per_node, 6 * job.gpus_per_node)
+    shrunk = planner.best([w for w in everyone if w not in node_5], status.MoveKind.INITIAL)
+    start = time.perf_counter()
+    move = planner.grow(shrunk.plan, set(everyone))
+    grow_s = time.perf_counter() - start
+    copies = move.transfers
+    sources = [len(t.sources) for t in copies]
+    print(
+        f"grow {grow_s:.1f} s, {len(copies)} copies, sources per copy max {max(sources, default=0)}"
+        f" total {sum(sources)}"
+    )
+    store = ports.StoreAddress(host="127.0.0.1", port=29400)
+    start = time.perf_counter()
+    index = epochs.by_worker(copies)
+    print(f"copies indexed by worker (one pass): {time.perf_counter() - start:.2f} s")
+    for _ in range(runs):
+        start = time.perf_counter()
+        built = epochs.configs(
+            epoch=2, plan=move.plan, transfers=copies, resume_step=10, job=job, store=store
+        )
+        took = time.perf_counter() - start
+        most = max(len(c.transfers) for c in built.values())
+        print(f"epochs.configs, all {len(built)} workers: {took:.2f} s (most copies: {most})")
+    picked = move.plan.workers[:: max(1, len(move.plan.workers) // max(1, sample))][:sample]
+    ranks = {w: r for r, w in enumerate(sorted(move.plan.workers))}
+    for worker in picked:
+        start = time.perf_counter()
+        mine = tuple(t for t in copies if worker == t.destination or worker in t.sources)
+        filtered = time.perf_counter() - start
+        assert mine == tuple(index.get(worker, ()))
+        start = time.perf_counter()
+        _one_config(worker, ranks[worker], move.plan, mine, job, store)
+        checked = time.perf_counter() - start
+        print(
+            f"worker {worker}: {len(mine)} copies; the old filter {filtered:.3f} s, "
+            f"its WorkerConfig (checks every copy) {checked:.3f} s"
+        )
+    print(f"load average {os.getloadavg()}")
+
+
+def _one_config(
+    worker: plans.WorkerId,
+    rank: int,
+    plan: plans.Plan,
+    mine: tuple[plans.LayerTransfer, ...],
+    job: settings.JobSettings,
+    store: ports.StoreAddress,
+) -> messages.WorkerConfig:
+    """One worker's Configure as `epochs.configs` builds it, given its copies."""
+    return messages.WorkerConfig(
+        epoch=2,
+        worker=worker,
+        plan=plan,
+        resume_step=10,
+        rendezvous=messages.Rendezvous(
+            store_host=store.host,
+            store_port=store.port,
+            key_prefix="epoch-2",
+            rank=rank,
+            world_size=len(plan.workers),
+            backend=job.backend,
+            timeout_s=job.step_timeout_s,
+        ),
+        transfers=mine,
+        settings=job.training,
+        stop_step=job.steps,
+    )
+
+
 def _print_calls(rows: list[dict[str, object]]) -> None:
     for row in rows:
         holds, took = row["hold_ms"], row["call_ms"]
@@ -449,7 +537,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=5, help="decisions per case (default 5)")
     parser.add_argument(
         "--loop-lag",
-        choices=("demo", "fake", "calls"),
+        choices=("demo", "fake", "calls", "configs"),
         help="measure how long the controller holds its event loop (module docstring)",
     )
     parser.add_argument("--lag-runs", type=int, default=2, help="--loop-lag fake's, per planner")
@@ -458,10 +546,16 @@ def main() -> None:
         "--planner", choices=("before", *PLANNERS), help="--loop-lag fake: one run, this one"
     )
     parser.add_argument("--row", type=Path, help="--planner: write its row here")
+    parser.add_argument(
+        "--sample", type=int, default=4, help="--loop-lag configs: workers the old filter times"
+    )
     parser.add_argument("job", nargs="?", type=Path, default=DEMO_JOB, help="--loop-lag demo's")
     args = parser.parse_args()
     if args.planner is not None:
         args.row.write_text(json.dumps(lag_fake_once(args.planner)))
+        return
+    if args.loop_lag == "configs":
+        lag_configs(args.lag_runs, args.sample)
         return
     if args.loop_lag == "calls":
         rows = lag_calls(args.lag_runs)

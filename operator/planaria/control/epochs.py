@@ -48,7 +48,7 @@ def configs(
     store: ports.StoreAddress,
 ) -> dict[plans.WorkerId, messages.WorkerConfig]:
     """The Configure of every worker of `plan` for `epoch` (module docstring)."""
-    copies = tuple(transfers)
+    taking_part = by_worker(transfers)
     ranked = configure_rules.ranks(plan.workers)
     return {
         worker: messages.WorkerConfig(
@@ -65,12 +65,30 @@ def configs(
                 backend=job.backend,
                 timeout_s=job.step_timeout_s,
             ),
-            transfers=tuple(t for t in copies if worker == t.destination or worker in t.sources),
+            transfers=tuple(taking_part.get(worker, ())),
             settings=job.training,
             stop_step=max(job.steps, resume_step),
         )
         for worker, rank in ranked.items()
     }
+
+
+def by_worker(
+    transfers: Iterable[plans.LayerTransfer],
+) -> dict[plans.WorkerId, list[plans.LayerTransfer]]:
+    """The copies each worker takes part in (as destination or a source), in the given order.
+
+    One pass over the copies: time linear in their total size. Filtering every copy for every
+    worker was quadratic: a scale-up at 1,024 x 8 (208,624 copies) took seconds per worker.
+    A copy's destination is never one of its sources and its sources do not repeat
+    (`LayerTransfer`), so no copy is listed twice for one worker.
+    """
+    found: dict[plans.WorkerId, list[plans.LayerTransfer]] = {}
+    for transfer in transfers:
+        found.setdefault(transfer.destination, []).append(transfer)
+        for source in transfer.sources:
+            found.setdefault(source, []).append(transfer)
+    return found
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

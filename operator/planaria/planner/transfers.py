@@ -14,7 +14,11 @@ one GPU per node this is plain worker-to-role matching on an N x N matrix (empty
 candidate search binds half a dozen); a `Transition` builds its relabelled plan only when asked.
 
 What moves (`plan.LayerTransfer`): every layer a worker's new role has and it does not hold,
-sent by ALL live holders of the layer in equal shards. A layer no survivor holds is a `Restore`:
+sent in equal shards by k of the layer's holders that play a role in the new plan (`_Sources`):
+with H such holders and D destinations of the layer, k = max(1, ceil(H / D)), dealt round-robin
+over the sorted holders, so each holder sends about D * size / H bytes (what it sent when every
+holder served every destination) in about D * k / H messages, and each destination receives k
+messages, not H. A layer no survivor holds is a `Restore`:
 its state comes from the host-memory snapshots (REFT §4, recovery level 3 of DESIGN.md). Each
 worker of a k-worker (tensor-parallel) stage counts as holding and needing its stage's whole
 layers: an upper bound on what moves (the executor runs one worker per stage).
@@ -252,7 +256,7 @@ class Survivors:
             chosen: Mapping[plan.WorkerId, plan.WorkerId] = dict(
                 zip(bound.workers, survivors, strict=True)
             )
-            transfers, restores = self._lacked(bound)
+            transfers, restores = self._lacked(bound, set(survivors))
         else:
             chosen = binding
             transfers, restores = _missing(self.held, self._holders, layout, chosen)
@@ -318,10 +322,13 @@ class Survivors:
         assert bool(np.all(survivor >= 0)), "every role of a feasible layout is played"
         return _Bound(workers=workers, role_class=role_class, ranges=ranges, survivor=survivor)
 
-    def _lacked(self, bound: _Bound) -> tuple[tuple[plan.LayerTransfer, ...], tuple[Restore, ...]]:
-        """`missing` for a binding of `_bind`: each (role class, holding class) pair's lacking
-        layers listed once, then only the workers that lack some, by destination (one role per
-        worker, layers in order: `missing`'s (destination, layer) order)."""
+    def _lacked(
+        self, bound: _Bound, members: Collection[plan.WorkerId]
+    ) -> tuple[tuple[plan.LayerTransfer, ...], tuple[Restore, ...]]:
+        """`missing` for a binding of `_bind` (`members`: the survivors it binds): each (role
+        class, holding class) pair's lacking layers listed once, then only the workers that
+        lack some, by destination (one role per worker, layers in order: `missing`'s
+        (destination, layer) order)."""
         num_holdings = len(self._holding)
         pair = bound.role_class * num_holdings + self._class[bound.survivor]
         distinct, which = np.unique(pair, return_inverse=True)
@@ -338,7 +345,7 @@ class Survivors:
         destinations = np.asarray(self.workers, dtype=np.int64)[bound.survivor[roles]]
         order = np.argsort(destinations, kind="stable")
         needs = zip(destinations[order].tolist(), which[roles[order]].tolist(), strict=True)
-        return _copies(((plan.WorkerId(w), lack[k]) for w, k in needs), self._holders)
+        return _copies(((plan.WorkerId(w), lack[k]) for w, k in needs), self._holders, members)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -571,14 +578,15 @@ def relabel(layout: plan.Plan, binding: Mapping[plan.WorkerId, plan.WorkerId]) -
 def missing(
     held: Holdings, new: plan.Plan
 ) -> tuple[tuple[plan.LayerTransfer, ...], tuple[Restore, ...]]:
-    """Layers each worker of `new` lacks: copies from every live holder, in (destination, layer)
-    order, and restores of layers no survivor holds."""
+    """Layers each worker of `new` lacks, in (destination, layer) order: copies from some of the
+    layer's live holders that are workers of `new` (`_Sources`), and restores of layers no such
+    holder has."""
     return _missing(held, _Holders(held), new, None)
 
 
 class _Holders:
-    """Each layer's live holders, sorted (so every agent computes the same shard split,
-    `LayerTransfer.shard`), listed when a copy first needs them: survivors of a stage hold the
+    """Each layer's live holders, sorted (so that `_Sources` deals them the same way in every
+    run), listed when a copy first needs them: survivors of a stage hold the
     same layers, so they are grouped by holding first; at 8,192 workers a layer has thousands
     of holders."""
 
@@ -603,6 +611,7 @@ def _missing(
 ) -> tuple[tuple[plan.LayerTransfer, ...], tuple[Restore, ...]]:
     """`missing` for `layout` played through `binding` (None: as written), without building
     the relabelled plan."""
+    members: set[plan.WorkerId] = set()  # who plays a role: only they send in the next epoch
     # per role (layer range) and holding, the layers the role lacks, in order: a few dozen
     # distinct pairs at 8,192 workers, and survivors of one old stage share one holding set
     lacking: dict[tuple[int, int], dict[frozenset[int], list[int]]] = {}
@@ -613,6 +622,7 @@ def _missing(
         by_holding = lacking.setdefault((start, stop), {})
         for role in stage.workers:
             worker = role if binding is None else binding[role]
+            members.add(worker)
             have = held.get(worker, nothing)
             lack = by_holding.get(have)
             if lack is None:
@@ -624,26 +634,76 @@ def _missing(
     # a worker has one stage and its layers come in order: a stable sort by destination gives
     # (destination, layer) order without listing every worker's role first
     needs.sort(key=lambda need: need[0])
-    return _copies(needs, holders)
+    return _copies(needs, holders, members)
 
 
 def _copies(
-    needs: Iterable[tuple[plan.WorkerId, Sequence[int]]], holders: _Holders
+    needs: Iterable[tuple[plan.WorkerId, Sequence[int]]],
+    holders: _Holders,
+    members: Collection[plan.WorkerId],
 ) -> tuple[tuple[plan.LayerTransfer, ...], tuple[Restore, ...]]:
-    """Each destination's lacking layers, in the order given: a copy from the live holders, or
-    a restore from the snapshot tiers where no live worker holds the layer."""
+    """Each destination's lacking layers, in the order given: a copy from some of the layer's
+    holders among `members` (`_Sources`), or a restore from the snapshot tiers where none of
+    them holds the layer. A holder outside `members` is not in the next epoch's group and
+    cannot send (`planning.within` would drop it)."""
+    listed = [(worker, lack) for worker, lack in needs]
+    sources = _Sources(holders, members, Counter(n for _, lack in listed for n in lack))
     transfers: list[plan.LayerTransfer] = []
     restores: list[Restore] = []
-    for worker, lack in needs:
+    for worker, lack in listed:
         for layer in lack:
-            sources = holders.of(layer)
-            if sources:
+            chosen = sources.next(layer)
+            if chosen:
                 transfers.append(
-                    plan.LayerTransfer(layer=layer, destination=worker, sources=sources)
+                    plan.LayerTransfer(layer=layer, destination=worker, sources=chosen)
                 )
             else:
                 restores.append(Restore(layer=layer, destination=worker))
     return tuple(transfers), tuple(restores)
+
+
+class _Sources:
+    """The sources of each successive copy of a layer: k = max(1, ceil(H / D)) of its H holders
+    (sorted, among the next plan's workers) for each of its D destinations, dealt round-robin.
+
+    Copy j of the layer (in the order asked) takes holders (j * k + i) mod H for i < k, as a
+    sorted tuple (k <= H, so none repeats). D * k >= H, so every holder serves, each about
+    D * k / H shards of size / k: the bytes it sent when every holder served every destination
+    (D * size / H), in k messages to each destination instead of H. Naming every holder made a
+    scale-up at 1,024 x 8 send 2,056 small messages per copy, 428 million in all, each charged
+    its latency by `transfer_s` (its estimate 11.9 s, now 9.9 s) and checked in every
+    Configure. Same-node holders are not preferred (docs/policy.md, "What moves", says why).
+    Tuples are shared: copies with the same sources name one tuple object (`planning.within`
+    filters each distinct one once).
+    """
+
+    def __init__(
+        self, holders: _Holders, members: Collection[plan.WorkerId], wanted: Mapping[int, int]
+    ) -> None:
+        self._holders = holders
+        self._members = members
+        self._wanted = wanted  # D per layer
+        self._live: dict[int, tuple[plan.WorkerId, ...]] = {}
+        self._served: Counter[int] = Counter()
+        self._dealt: dict[tuple[int, int], tuple[plan.WorkerId, ...]] = {}
+
+    def next(self, layer: int) -> tuple[plan.WorkerId, ...]:
+        """The next copy of `layer`'s sources; () when no holder is among the members."""
+        found = self._live.get(layer)
+        if found is None:
+            members = self._members
+            found = self._live[layer] = tuple(w for w in self._holders.of(layer) if w in members)
+        if not found:
+            return ()
+        j = self._served[layer]
+        self._served[layer] = j + 1
+        k = max(1, -(-len(found) // self._wanted[layer]))
+        start = j * k % len(found)
+        dealt = self._dealt.get((layer, start))
+        if dealt is None:
+            picked = [found[(start + i) % len(found)] for i in range(k)]
+            dealt = self._dealt[(layer, start)] = tuple(sorted(picked))
+        return dealt
 
 
 def transfer_s(

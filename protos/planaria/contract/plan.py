@@ -113,8 +113,9 @@ class Reroute:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LayerTransfer:
     """Copy layer `layer`'s state (parameters and optimizer state) to `destination`, which holds
-    the layer in the new plan, from live replicas `sources` (Oobleck §6.2; the assignment of
-    sources is a min-cost matching, Odyssey §IV).
+    the layer in the new plan, from live replicas `sources` (Oobleck §6.2; which survivor plays
+    which role is a min-cost matching, Odyssey §IV; the planner names a few of a layer's
+    replicas per copy, `planaria.planner.transfers`, and any non-empty set of them is valid).
 
     The state, flattened in a fixed order into n elements, is split among the k sources in order:
     source i sends elements [i*n//k, (i+1)*n//k), so shards are contiguous, cover the state, and
