@@ -14,9 +14,12 @@ import math
 from collections.abc import Callable
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from planaria.contract import plan as plans
 from planaria.wire import messages
+from tests import strategies
 
 W = plans.WorkerId
 
@@ -215,3 +218,16 @@ def test_a_worker_outside_the_plan_may_send_a_layer_it_held() -> None:
 def test_a_worker_may_receive_and_send_in_one_epoch() -> None:
     config = _config(0, _transfer(0, 0, 5), _transfer(1, 1, 0))
     assert len(config.transfers) == 2
+
+
+@given(st.lists(strategies.plans(), min_size=1, max_size=3))
+def test_a_plans_holders_are_those_of_its_stages_whichever_plan_was_indexed_last(
+    drawn: list[plans.Plan],
+) -> None:
+    """`_holders` indexes the last plan it was asked about (the controller builds all of an
+    epoch's Configures from one plan): for each plan in turn, and the first again, every
+    layer's holders are those of the stages that hold it (the walk it replaced)."""
+    for p in [*drawn, drawn[0]]:
+        for layer in range(p.num_layers + 1):
+            stages = (s for q in p.pipelines for s in q.stages if layer in s.layers)
+            assert messages._holders(p, layer) == {w for s in stages for w in s.workers}
