@@ -351,8 +351,8 @@ async def _fake_run(probe: LagProbe, planner: str) -> status.JobStatus:
     return await controller.Controller(job, cluster, clock=real, executor=executors.Inline()).run()
 
 
-def lag_calls(runs: int) -> list[dict[str, object]]:
-    """`--loop-lag calls` (module docstring): rows of (call, where asked, hold and call ms)."""
+def _cluster_job() -> tuple[profile.Profile, settings.JobSettings]:
+    """The 1,024 x 8 job of `--loop-lag calls` and `configs`: GPT-3 6.7B on A100-80GB, f = 1."""
     source = synthetic.synthesize(
         shapes.named("gpt3-6.7b"), accelerators.named("a100-80gb"), 1, CALLS_GPUS
     )
@@ -362,6 +362,12 @@ def lag_calls(runs: int) -> list[dict[str, object]]:
         fault_tolerance=1,
         steps=1000,
     )
+    return source, job
+
+
+def lag_calls(runs: int) -> list[dict[str, object]]:
+    """`--loop-lag calls` (module docstring): rows of (call, where asked, hold and call ms)."""
+    source, job = _cluster_job()
     transfers.load_solver()  # the job's start preloads it (planning.preload): not timed
     pool = executors.thread(job.name)
     try:
@@ -436,15 +442,7 @@ async def _held(
 
 def lag_configs(runs: int, sample: int) -> None:
     """`--loop-lag configs` (module docstring): prints what it measures."""
-    source = synthetic.synthesize(
-        shapes.named("gpt3-6.7b"), accelerators.named("a100-80gb"), 1, CALLS_GPUS
-    )
-    job = dataclasses.replace(
-        _job("gpt3-6.7b", CALLS_NODES * CALLS_GPUS, 1024, source, "adaptive"),
-        gpus_per_node=CALLS_GPUS,
-        fault_tolerance=1,
-        steps=1000,
-    )
+    source, job = _cluster_job()
     transfers.load_solver()
     planner = planning.Planner(source, job, executors.Inline())
     everyone = [plans.WorkerId(w) for w in range(job.workers)]
