@@ -17,6 +17,7 @@ time stands still for it as inline; the held one is answered by the test, never 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import threading
 from collections.abc import Callable, Coroutine
@@ -111,13 +112,15 @@ async def _hold(
     executor.answer()
 
 
-async def _scaled_up(executor: futures.Executor) -> scenarios.Run:
-    run = scenarios.Run(scenarios.job(steps=80), executor=executor)
+async def _scaled_up(
+    executor: futures.Executor, *, steps: int = 80, hold_s: float = HOLD_S
+) -> scenarios.Run:
+    run = scenarios.Run(scenarios.job(steps=steps), executor=executor)
     await run.until(lambda: run.step() >= 10)
     run.cluster.kill(3)
     await run.until(lambda: len(run.controller.recoveries) == 1)
     run.cluster.join(3)
-    await _hold(run, executor, training=True)
+    await _hold(run, executor, training=True, hold_s=hold_s)
     await run.finish()
     return run
 
@@ -193,18 +196,8 @@ def test_the_loop_runs_on_while_the_planner_thread_decides_and_it_decides_as_inl
     assert all(h >= a for h, a in steps)
 
 
-async def _scaled_up_slowly(executor: futures.Executor) -> scenarios.Run:
-    run = scenarios.Run(scenarios.job(steps=120), executor=executor)
-    await run.until(lambda: run.step() >= 10)
-    run.cluster.kill(3)
-    await run.until(lambda: len(run.controller.recoveries) == 1)
-    run.cluster.join(3)
-    await _hold(run, executor, training=True, hold_s=SLOW_S)
-    await run.finish()
-    return run
-
-
 SLOW_S = 3 * switches.PLANNED_LEAD_S  # a search longer than the switch's lead
+_scaled_up_slowly = functools.partial(_scaled_up, steps=120, hold_s=SLOW_S)
 
 
 def test_a_scale_up_answered_after_its_lead_would_have_passed_is_not_late(
