@@ -192,7 +192,7 @@ class History:
                 transferred_bytes=combined.received_bytes,
             )
         )
-        self.pending = None
+        self.pending = self.merged = None  # what a switch had merged is in this record
 
 
 def _timed_step_s(beats: Sequence[messages.Heartbeat]) -> float:

@@ -97,7 +97,8 @@ class Handler:
         if missed:  # recover from the plan the workers still hold
             switched = set(running.workers)
             running = self._epochs.fall_back()
-            self._history.pending = None
+            # the switch's record goes; a recovery it had merged resumed in the old epoch
+            self._history.give_up_switch(noticed)
             # a scale-up's newcomers (a first set-up of theirs failed) are spares again
             self._roster.arrive_again(switched - set(running.workers))
         await announce("a worker failed; waiting for the others to stop")
