@@ -19,6 +19,7 @@ import pathlib
 import sys
 import threading
 import time
+import traceback
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any, TypeVar
 
@@ -74,8 +75,47 @@ async def wait_for(check: Callable[[], T | None], timeout_s: float = 20.0, what:
         if value:
             return value
         if time.monotonic() > deadline:
+            print(f"not within {timeout_s:g} s; the operator at that moment:\n{_stacks()}")
             raise AssertionError(f"not within {timeout_s:g} s: {what or check}")
         await asyncio.sleep(0.05)
+
+
+# The running operators' event loops (`running_operator`), for `_stacks`.
+_LOOPS: list[asyncio.AbstractEventLoop] = []
+
+
+def _stacks() -> str:
+    """Where every thread of this process is, and every task of each running operator's loop:
+    printed when a wait times out, so that a hang seen only in CI says where it waits."""
+    lines = []
+    names = {t.ident: t.name for t in threading.enumerate()}
+    for ident, frame in sys._current_frames().items():
+        lines.append(f"thread {names.get(ident, ident)}:")
+        lines.extend(traceback.format_stack(frame, limit=12))
+    for loop in list(_LOOPS):
+        try:
+            tasks = list(asyncio.all_tasks(loop))
+        except RuntimeError:  # the set changed meanwhile: it runs in another thread
+            continue
+        for task in tasks:
+            lines.append(f"task {task.get_name()} {task.get_coro()!r}:")
+            lines.extend(f"  {line}" for line in _task_frames(task))
+    return "".join(line if line.endswith("\n") else line + "\n" for line in lines)
+
+
+def _task_frames(task: asyncio.Task[Any]) -> list[str]:
+    """The chain of coroutines `task` awaits through, outermost first (`Task.get_stack` gives
+    only the outermost frame of a suspended coroutine)."""
+    frames: list[str] = []
+    awaited: Any = task.get_coro()
+    while awaited is not None:
+        frame = getattr(awaited, "cr_frame", None) or getattr(awaited, "gi_frame", None)
+        if frame is None:
+            frames.append(f"awaits {awaited!r}"[:300])
+            break
+        frames.append(f"{frame.f_code.co_filename}:{frame.f_lineno} {frame.f_code.co_name}")
+        awaited = getattr(awaited, "cr_await", None) or getattr(awaited, "gi_yieldfrom", None)
+    return frames
 
 
 @contextlib.asynccontextmanager
@@ -93,9 +133,16 @@ async def running_operator(*extra: str) -> AsyncIterator[threading.Thread]:
     stop = threading.Event()
     failure: list[BaseException] = []
 
+    async def serve() -> None:
+        _LOOPS.append(asyncio.get_running_loop())
+        try:
+            await operator_command.serve(args, stop_flag=stop)
+        finally:
+            _LOOPS.remove(asyncio.get_running_loop())
+
     def run() -> None:
         try:
-            asyncio.run(operator_command.serve(args, stop_flag=stop))
+            asyncio.run(serve())
         except BaseException as exc:  # handed to the test below
             failure.append(exc)
 

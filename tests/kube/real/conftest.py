@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 import pathlib
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Generator, Iterator
 
 import pytest
 import pytest_asyncio
@@ -93,11 +93,30 @@ def as_operator(operator_kubeconfig: pathlib.Path, monkeypatch: pytest.MonkeyPat
     monkeypatch.setenv("KUBECONFIG", str(operator_kubeconfig))
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item,
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """Each phase's report kept on the test (`failed_call`)."""
+    report = yield
+    setattr(item, f"report_{report.when}", report)
+    return report
+
+
+def failed_call(item: pytest.Item) -> bool:
+    report = getattr(item, "report_call", None)
+    return report is not None and report.failed
+
+
+LOG_TAIL = 40  # lines of each container's log printed after a failed test
+
+
 @pytest_asyncio.fixture
 async def real_kubelet(
-    control_plane: cluster.ControlPlane, tmp_path: pathlib.Path
+    control_plane: cluster.ControlPlane, tmp_path: pathlib.Path, request: pytest.FixtureRequest
 ) -> AsyncIterator[harness.Kubelet]:
-    """The kubelet harness running every new pod of the namespace as local processes."""
+    """The kubelet harness running every new pod of the namespace as local processes. After a
+    failed test it prints the end of every container's log (what the agents said, in CI)."""
     async with harness.Kubelet(
         control_plane.server,
         tmp_path / "kubelet",
@@ -106,6 +125,11 @@ async def real_kubelet(
         ca_file=control_plane.ca_file,
     ) as running:
         yield running
+        if failed_call(request.node):
+            for process in running.processes():
+                lines = process.log.read_text(errors="replace").splitlines()[-LOG_TAIL:]
+                print(f"--- {process.pod} (exit {process.returncode}), {process.log}:")
+                print("\n".join(line[:500] for line in lines))
     assert not running.errors, f"the kubelet harness failed: {running.errors!r}"
 
 

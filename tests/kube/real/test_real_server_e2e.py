@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import pathlib
+import signal
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -275,6 +276,42 @@ def _complete_with_checkpoint(
     return step
 
 
+def _quiet(harness: kubelet.Kubelet, pods: tuple[str, ...]) -> bool:
+    """No snapshot in progress in `pods`: every slot of theirs holds a committed manifest (a
+    snapshot begins by removing its target slot's manifest, `snapshot_store`)."""
+    for pod in pods:
+        slots = list(harness.volume(pod, "snapshots").glob("*/*/slot-*"))
+        if not slots or any(not (slot / "manifest.json").exists() for slot in slots):
+            return False
+    return True
+
+
+async def _damage_and_kill(
+    harness: kubelet.Kubelet, pods: tuple[str, ...], epoch: int, checkpoint: pathlib.Path
+) -> tuple[int, list[int]]:
+    """Damage the mirrors of worker 1's members in the newest snapshot that `pods` hold
+    complete (and checkpointed), then kill worker 1's pod: all while every pod is stopped
+    (SIGSTOP), so that no newer snapshot can complete between the damage and the kill, however
+    slow the machine (a newer one would serve the recovery). Tried again after a short run
+    while a snapshot is in progress or not yet checkpointed. The step and the layers damaged."""
+    everyone = (*pods, "mirror-1")
+    deadline = time.monotonic() + RUN_S
+    while True:
+        for pod in everyone:
+            await harness.kill(pod, signal=signal.SIGSTOP)
+        step = _complete_with_checkpoint(harness, pods, epoch, checkpoint)
+        if step is not None and _quiet(harness, pods):
+            damaged = _damage_mirrors(harness, pods, 1)
+            await harness.kill("mirror-1")
+            for pod in pods:
+                await harness.kill(pod, signal=signal.SIGCONT)
+            return step, damaged
+        for pod in everyone:
+            await harness.kill(pod, signal=signal.SIGCONT)
+        assert time.monotonic() < deadline, "no quiet moment with a checkpointed mirror"
+        await asyncio.sleep(0.1)
+
+
 async def _recovery_from(admin: cluster.Client, worker: int, epoch: int) -> dict[str, Any]:
     """The job's first recovery after `epoch` that names `worker` lost."""
     recovered = await _until(
@@ -301,8 +338,8 @@ def _assert_checkpoint_like_reference(spec: dict[str, Any], checkpoint: pathlib.
 
 
 # Snapshots (and checkpoints) every 10 steps: the test damages the newest one's mirrors and
-# kills their holder well before the next is written. Long enough for the killed pod to be
-# replaced and to rejoin before the second loss.
+# kills their holder with every pod stopped between two snapshots (`_damage_and_kill`). Long
+# enough for the killed pod to be replaced and to rejoin before the second loss.
 MIRROR_STEPS = 300
 MIRROR_INTERVAL = 10
 
@@ -353,13 +390,7 @@ async def test_a_stages_only_replica_lost_twice_comes_back_from_its_mirrors_then
             lambda s: s["epoch"] > first["epoch"] and s["plan"].startswith("[3]"),
             "worker 1 back in a pipeline of three stages",
         )
-        step = await operating.wait_for(
-            lambda: _complete_with_checkpoint(real_kubelet, others, back["epoch"], ckpt),
-            RUN_S,
-            "a mirrored snapshot of the rejoined worker, and its checkpoint",
-        )
-        damaged = _damage_mirrors(real_kubelet, others, 1)
-        await real_kubelet.kill("mirror-1")
+        step, damaged = await _damage_and_kill(real_kubelet, others, back["epoch"], ckpt)
         assert damaged, "no mirror of worker 1's members to damage"
         second = await _recovery_from(admin, 1, epoch=back["epoch"])
         assert second["tier"] == "checkpoint", (step, damaged, second)
