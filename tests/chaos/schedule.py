@@ -91,6 +91,9 @@ class Shape:
     micro_batch_size: int = 1
     model: str = "tiny"
     returns_model: str = "small"
+    # Steps of a `Kind.RETURNS` trial (None: `steps`): enough that the restarted worker serves
+    # again, and is taken back by a scale-up, before the job ends.
+    returns_steps: int | None = None
     fault_tolerance: int = 1
     heartbeat_timeout_s: float = 1.5
     step_timeout_s: float = 4.0
@@ -102,6 +105,13 @@ class Shape:
     device_memory_share: float | None = None
     device_memory_bytes: int | None = None  # the same in bytes (the demo's deviceMemory)
     policies: tuple[str, ...] = ("dynamic",)  # one is drawn per seed (`draw`)
+
+
+def steps(shape: Shape, kind: Kind) -> int:
+    """The steps a trial of `kind` trains."""
+    if kind is Kind.RETURNS and shape.returns_steps is not None:
+        return shape.returns_steps
+    return shape.steps
 
 
 SHAPES = {
@@ -121,6 +131,8 @@ SHAPES = {
         micro_batch_size=4,
         device_memory_bytes=5 * 2**20,
         returns_model="tiny",  # the small model does not fit 5 MiB devices; these steps are slow
+        # fast tiny steps: at 16 a returned worker's agent served after the job had ended
+        returns_steps=64,
         # The demo's timeouts: with the others' 1.5 s, a cold first epoch of 8 agents on 2
         # loaded cores lost a heartbeat past the timeout and regrouped (`restart`) at step 0.
         heartbeat_timeout_s=3.0,

@@ -205,7 +205,7 @@ class _Trial:
             f"chaos-{drawn.seed}",
             training,
             workers=shape.workers,
-            steps=shape.steps,
+            steps=schedule.steps(shape, drawn.kind),
             fault_tolerance=shape.fault_tolerance,
             heartbeat_timeout_s=shape.heartbeat_timeout_s,
             step_timeout_s=shape.step_timeout_s,
