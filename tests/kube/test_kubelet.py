@@ -1,9 +1,9 @@
-"""The kubelet harness's pure parts (tests/kube/support/containers.py); the harness itself runs
-pods on a real control plane in tests/kube/real/test_real_server_kubelet.py.
+"""The kubelet harness's pure parts (tests/kube/support/containers.py, podruns.py); the harness
+itself runs pods on a real control plane in tests/kube/real/test_real_server_kubelet.py.
 
 Covers: `$(VAR)` expansion as Kubernetes does it; the executable mapping (`planaria`, `python`)
 and image entrypoints; the interpreter's own path never remounted; mount paths rewritten longest
-first.
+first; readiness turned False only after the probe's failureThreshold of failures in a row.
 """
 
 import pathlib
@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from tests.kube.support import containers
+from tests.kube.support import containers, podruns
 
 
 @pytest.mark.parametrize(
@@ -55,3 +55,24 @@ def test_mount_paths_are_rewritten_longest_first(tmp_path: pathlib.Path) -> None
     assert containers.remount("/etc/tls/ca.crt", table) == f"{tmp_path}/b/x/ca.crt"
     assert containers.remount("/etc/hosts", table) == f"{tmp_path}/a/hosts"
     assert containers.remount("/etcetera", table) == "/etcetera"
+
+
+@pytest.mark.parametrize(
+    ("probe", "was_ready", "failures", "running", "ready"),
+    [
+        ({}, False, 0, True, True),  # the first success
+        ({}, False, 1, True, False),  # not ready until a probe passes
+        ({}, True, 1, True, True),  # a slow moment: still ready
+        ({}, True, 2, True, True),
+        ({}, True, 3, True, False),  # Kubernetes' default failureThreshold
+        ({"failureThreshold": 1}, True, 1, True, False),
+        ({"failureThreshold": 5}, True, 4, True, True),
+        ({}, True, 0, False, False),  # the process ended
+    ],
+)
+def test_readiness_turns_false_after_the_probes_failure_threshold(
+    probe: dict[str, int], was_ready: bool, failures: int, running: bool, ready: bool
+) -> None:
+    spec = {"name": "agent", "readinessProbe": {"tcpSocket": {"port": 1}, **probe}}
+    got = podruns.ready_after(spec, was_ready=was_ready, failures=failures, running=running)
+    assert got is ready

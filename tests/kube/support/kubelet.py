@@ -13,10 +13,12 @@ and a label selector) over HTTP, like a kubelet, and for each new unscheduled po
 - writes status through `pods/status`: Pending with podIP, then Running with containerStatuses
   and the PodScheduled, Initialized, ContainersReady and Ready conditions. A container with a
   `tcpSocket` or `grpc` readinessProbe is ready once its port accepts TCP connections on the pod
-  IP (checked every 50 ms, also after: a closed port makes it unready); one without is ready
-  when started. When a process exits it is restarted (Always; OnFailure if non-zero) or marked
-  terminated; once all are terminated the phase is Succeeded (all zero) or Failed (exit codes
-  of signals are 128+signal, as in a container runtime).
+  IP (checked every 50 ms, also after: the probe's `failureThreshold` failures in a row, 3 by
+  default as in Kubernetes, each a refused connection or none within `timeoutSeconds`, 1 by
+  default, make it unready); one without is ready when started. When a process exits it is
+  restarted (Always; OnFailure if non-zero) or marked terminated; once all are terminated the
+  phase is Succeeded (all zero) or Failed (exit codes of signals are 128+signal, as in a
+  container runtime).
 - on deletion (deletionTimestamp or DELETED): SIGTERM to each container's process group, SIGKILL
   after the grace period (capped at `max_grace_s`), then deletes the pod with grace 0, which
   releases it in the API server.
@@ -424,16 +426,23 @@ class Kubelet:
         port = podruns.probe_port(c.spec)
         if port is None:
             return
+        probe = c.spec.get("readinessProbe") or {}
+        timeout_s = float(probe.get("timeoutSeconds", 1))
+        failures = 0  # in a row: a slow moment of a loaded machine is not an unready pod
         while not pod.terminating and c.terminated is None:
             try:
-                _, writer = await asyncio.wait_for(asyncio.open_connection(pod.ip, port), 1.0)
+                connecting = asyncio.open_connection(pod.ip, port)
+                _, writer = await asyncio.wait_for(connecting, timeout_s)
                 writer.close()
-                ready = True
+                failures = 0
             except (OSError, TimeoutError):
-                ready = False
+                failures += 1
             running = c.process is not None and c.process.returncode is None
-            if (ready and running) != c.ready:
-                c.ready = ready and running
+            ready = podruns.ready_after(
+                c.spec, was_ready=c.ready, failures=failures, running=running
+            )
+            if ready != c.ready:
+                c.ready = ready
                 await self._write_status(pod)
             await asyncio.sleep(_PROBE_S)
 

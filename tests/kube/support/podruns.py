@@ -3,7 +3,8 @@
 `PodRun` and `ContainerRun` hold the run state (process, restarts, readiness, termination) and
 render it as the pod's `status` (phase, IPs, conditions with lastTransitionTime kept while a
 condition holds, containerStatuses with running/terminated/waiting states). `probe_port` reads a
-readinessProbe's port. Nothing here does I/O; `kubelet` drives it.
+readinessProbe's port, `ready_after` applies a probe's result. Nothing here does I/O; `kubelet`
+drives it.
 """
 
 import asyncio
@@ -109,3 +110,12 @@ def probe_port(spec: Json) -> int | None:
         named = {p.get("name"): p["containerPort"] for p in spec.get("ports") or []}
         return int(named[port]) if port in named else None
     return int(port) if port is not None else None
+
+
+def ready_after(spec: Json, *, was_ready: bool, failures: int, running: bool) -> bool:
+    """Readiness after a probe, `failures` the failed probes in a row up to it (0: it passed):
+    a ready container turns unready only after the readinessProbe's `failureThreshold` of them
+    (3 by default, as in Kubernetes); one not ready turns ready at the first success. A
+    container whose process is not running is not ready."""
+    threshold = int((spec.get("readinessProbe") or {}).get("failureThreshold", 3))
+    return running and (failures == 0 or (was_ready and failures < threshold))
