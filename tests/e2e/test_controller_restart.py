@@ -268,7 +268,9 @@ def test_a_controller_killed_while_training_is_adopted_without_losing_progress(
         leaked = recorder.leaked()
         processes.kill(leaked)
     assert code == 0, said
-    assert re.search(r"adopting epoch 1 from a previous controller \(3 agents", said), said
+    # Epoch 1 unless the first controller regrouped before its kill (a heartbeat lost on a
+    # loaded machine): the epoch the agents run is adopted, whichever it is.
+    assert re.search(r"adopting epoch \d+ from a previous controller \(3 agents", said), said
     assert f"Succeeded at step {STEADY_STEPS}" in said, said
     trained = [int(row.split(",")[1]) for row in (out / "metrics.csv").read_text().split()[1:]]
     # The whole run's steps, the first controller's included, never go back: none trained again.
