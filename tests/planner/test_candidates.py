@@ -219,8 +219,8 @@ def test_remembered_bindings_give_the_search_a_new_memo_gives(data: st.DataObjec
 def test_remembered_re_plans_are_forgotten_past_their_bound(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # a controller decides for as long as its job runs: past the bound the memos are emptied,
-    # and the searches stay those of a new memo
+    # a controller decides for as long as its job runs: past the bound the oldest entries are
+    # forgotten, the newest kept, and the searches stay those of a new memo
     monkeypatch.setattr(screening, "MAX_REMEMBERED_WORKERS", 12)
     prof = strategies.timed_profile([0.001, 0.002, 0.001, 0.003, 0.001, 0.002])
     running = strategies.grid_plan(3, (2, 4), 6, 6)
@@ -231,7 +231,9 @@ def test_remembered_re_plans_are_forgotten_past_their_bound(
         assert candidates.search(failure, shared, candidates.SearchSettings()) == fresh
         held = sum(len(t.binding or ()) for t in shared.transitions.values())
         held += sum(len(layout.workers) for layout in shared.layouts.values())
-        assert held <= 12  # counted as they are remembered, emptied past the bound
+        assert held <= 12  # counted as they are remembered, the oldest forgotten past the bound
+        newest = fresh.candidates[-1].transition
+        assert newest in shared.transitions.values()  # the last binding of the search is kept
 
 
 def test_inputs_that_do_not_fit_are_refused() -> None:

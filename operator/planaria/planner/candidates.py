@@ -290,10 +290,8 @@ def _laid_out(
     )
     layout = estimates.layouts.get(key)
     if layout is None:
-        layout = estimates.layouts[key] = _layout(
-            depths, splits, survivors.workers, running, estimates
-        )
-        estimates.remembered(sum(depths))  # one worker per stage
+        layout = _layout(depths, splits, survivors.workers, running, estimates)
+        estimates.remember(estimates.layouts, key, layout, sum(depths))  # a worker per stage
     return _screened(kind, label, layout, survivors, estimates, settings)
 
 
@@ -402,8 +400,8 @@ def _screened(
     key = (survivors.key, layout, settings.overheads)
     transition = estimates.transitions.get(key)
     if transition is None:
-        transition = estimates.transitions[key] = survivors.replan(layout, settings.overheads)
-        estimates.remembered(len(transition.binding or ()))
+        transition = survivors.replan(layout, settings.overheads)
+        estimates.remember(estimates.transitions, key, transition, len(transition.binding or ()))
     return Candidate(kind=kind, label=label, transition=transition, estimate=screen, exact=False)
 
 
