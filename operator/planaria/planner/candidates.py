@@ -184,7 +184,12 @@ def exact(candidate: Candidate, estimates: screening.Estimates) -> Candidate | R
     its rejection when the whole plan's peak memory is over the limit."""
     if candidate.exact:
         return candidate
-    estimate = estimates.whole(candidate.plan)
+    # Every re-planned candidate is bound by `Survivors.replan`, which plays each of the
+    # layout's nodes by a whole surviving node, a different one each: the target numbers its
+    # nodes by first use as the layout does, so it has the layout's memo key, and E's estimate
+    # does not depend on the labels (test_screening). Estimating the layout leaves the target
+    # unbuilt unless eq. 8 chooses it (relabelling ~5,800 stages was most of this call).
+    estimate = estimates.whole(candidate.transition.layout)
     if not estimates.fits(estimate):
         why = _over(estimate, estimates) + " (whole plan)"
         return Rejection(kind=candidate.kind, label=candidate.label, why=why)
