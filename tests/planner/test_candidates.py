@@ -256,7 +256,7 @@ def test_remembered_re_plans_are_forgotten_past_their_bound(
         fresh = candidates.search(failure, screening.Estimates(prof), candidates.SearchSettings())
         assert candidates.search(failure, shared, candidates.SearchSettings()) == fresh
         held = sum(len(t.binding or ()) for t in shared.transitions.values())
-        held += sum(len(layout.workers) for layout in shared.layouts.values())
+        held += sum(len(layout.workers) for layout, _ in shared.layouts.values())
         assert held <= 12  # counted as they are remembered, the oldest forgotten past the bound
         newest = fresh.candidates[-1].transition
         assert newest in shared.transitions.values()  # the last binding of the search is kept

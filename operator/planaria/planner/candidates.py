@@ -293,11 +293,12 @@ def _laid_out(
         running.gpus_per_node,
         running.global_batch_size,
     )
-    layout = estimates.layouts.get(key)
-    if layout is None:
+    found = estimates.layouts.get(key)
+    if found is None:
         layout = _layout(depths, splits, survivors.workers, running, estimates)
-        estimates.remember(estimates.layouts, key, layout, sum(depths))  # a worker per stage
-    return _screened(kind, label, layout, survivors, estimates, settings)
+        found = (layout, _screen(layout, estimates))
+        estimates.remember(estimates.layouts, key, found, sum(depths))  # a worker per stage
+    return _screened(kind, label, found[0], survivors, estimates, settings, found[1])
 
 
 def _layout(
@@ -390,15 +391,11 @@ def _screened(
     survivors: transfers.Survivors,
     estimates: screening.Estimates,
     settings: SearchSettings,
+    screen: screening.Estimate | None = None,
 ) -> Candidate | Rejection:
-    """Bind the layout to the survivors and screen it (eq. 10 over its pipelines alone)."""
-    alone = [
-        estimates.pipeline(p, layout.micro_batch_size, layout.gpus_per_node)
-        for p in layout.pipelines
-    ]
-    screen = screening.Estimate(
-        step_s=max(e.step_s for e in alone), peak_bytes=max(e.peak_bytes for e in alone)
-    )
+    """Bind the layout to the survivors and screen it (`screen`, its `_screen` when known)."""
+    if screen is None:
+        screen = _screen(layout, estimates)
     if not estimates.fits(screen):
         return Rejection(kind=kind, label=label, why=_over(screen, estimates))
     # the same binding whenever these survivors meet this layout again (`Estimates.transitions`)
@@ -408,6 +405,17 @@ def _screened(
         transition = survivors.replan(layout, settings.overheads)
         estimates.remember(estimates.transitions, key, transition, len(transition.binding or ()))
     return Candidate(kind=kind, label=label, transition=transition, estimate=screen, exact=False)
+
+
+def _screen(layout: plan.Plan, estimates: screening.Estimates) -> screening.Estimate:
+    """Eq. 10 over the layout's pipelines alone: the slowest step and the largest peak."""
+    alone = [
+        estimates.pipeline(p, layout.micro_batch_size, layout.gpus_per_node)
+        for p in layout.pipelines
+    ]
+    return screening.Estimate(
+        step_s=max(e.step_s for e in alone), peak_bytes=max(e.peak_bytes for e in alone)
+    )
 
 
 def _over(estimate: screening.Estimate, estimates: screening.Estimates) -> str:

@@ -76,9 +76,10 @@ class Estimates:
         # `candidates`' re-planned layouts bound to the survivors, by (the survivors'
         # holdings, layout, overheads): policies that decide alike meet the same failure with
         # the same running plan (in the simulator half the matchings of a 1,024-node run)
-        # `candidates`' re-planned layouts, by (the survivors' holdings, depths, splits, the
-        # running plan's micro-batch size, GPUs per node and global batch): for the same reason
-        self.layouts: dict[tuple[object, ...], plan.Plan] = {}
+        # `candidates`' re-planned layouts with their eq. 10 screens, by (the survivors'
+        # holdings, depths, splits, the running plan's micro-batch size, GPUs per node and
+        # global batch): for the same reason
+        self.layouts: dict[tuple[object, ...], tuple[plan.Plan, Estimate]] = {}
         self.transitions: dict[
             tuple[tuple[tuple[plan.WorkerId, frozenset[int]], ...], plan.Plan, transfers.Overheads],
             transfers.Transition,
