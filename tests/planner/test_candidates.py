@@ -9,7 +9,8 @@ layouts are candidates and must keep the global batch; hypothesis: every candida
 plan over survivors with the same layers and batch whose schedule compiles; memoised estimates
 (`prepare`) never change results and leave a later decision only its rerouting to estimate;
 layouts and bindings remembered across decisions give the searches a new memo gives
-(hypothesis); a
+(hypothesis); `exact`, which estimates a candidate's layout, gives what estimating its bound
+target on a new memo gave (hypothesis, the oracle) and builds no target; a
 wholly failed pipeline's reroute label; input errors.
 """
 
@@ -216,11 +217,36 @@ def test_remembered_bindings_give_the_search_a_new_memo_gives(data: st.DataObjec
             assert old.transition.target == new.transition.target
 
 
+@given(st.data())
+@settings(max_examples=60, deadline=None)
+def test_exact_estimates_of_layouts_are_those_of_their_targets(data: st.DataObject) -> None:
+    running = data.draw(strategies.running_plans(max_workers=8, max_pipelines=4))
+    prof = strategies.uniform_profile(running.num_layers)
+    failure = candidates.Failure(
+        running=running, failed=data.draw(strategies.failed_workers(running))
+    )
+    estimates = screening.Estimates(prof)
+    try:
+        found = candidates.search(failure, estimates, candidates.SearchSettings())
+    except errors.InfeasibleError:
+        return
+    for candidate in found.candidates:
+        if candidate.exact:
+            continue
+        refined = candidates.exact(candidate, estimates)
+        assert not candidate.transition._built  # the target was not built to estimate it
+        whole = screening.Estimates(prof).whole(candidate.plan)  # `exact` before: the target
+        if isinstance(refined, candidates.Rejection):
+            assert not estimates.fits(whole)
+        else:
+            assert refined.estimate == whole and refined.exact
+
+
 def test_remembered_re_plans_are_forgotten_past_their_bound(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # a controller decides for as long as its job runs: past the bound the memos are emptied,
-    # and the searches stay those of a new memo
+    # a controller decides for as long as its job runs: past the bound the oldest entries are
+    # forgotten, the newest kept, and the searches stay those of a new memo
     monkeypatch.setattr(screening, "MAX_REMEMBERED_WORKERS", 12)
     prof = strategies.timed_profile([0.001, 0.002, 0.001, 0.003, 0.001, 0.002])
     running = strategies.grid_plan(3, (2, 4), 6, 6)
@@ -230,8 +256,10 @@ def test_remembered_re_plans_are_forgotten_past_their_bound(
         fresh = candidates.search(failure, screening.Estimates(prof), candidates.SearchSettings())
         assert candidates.search(failure, shared, candidates.SearchSettings()) == fresh
         held = sum(len(t.binding or ()) for t in shared.transitions.values())
-        held += sum(len(layout.workers) for layout in shared.layouts.values())
-        assert held <= 12  # counted as they are remembered, emptied past the bound
+        held += sum(len(layout.workers) for layout, _ in shared.layouts.values())
+        assert held <= 12  # counted as they are remembered, the oldest forgotten past the bound
+        newest = fresh.candidates[-1].transition
+        assert newest in shared.transitions.values()  # the last binding of the search is kept
 
 
 def test_inputs_that_do_not_fit_are_refused() -> None:

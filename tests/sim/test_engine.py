@@ -4,7 +4,9 @@ Covers: a study is deterministic for a seed; with no failures every policy but B
 at the fault-free plan's estimated throughput (to within one step at the horizon) and Bamboo
 at that divided by 1 + its redundant-computation overhead; hypothesis over traces: no policy
 beats the ideal bound, no run trains more samples than its plans' estimates allow, and the time
-buckets sum to the horizon. Brute-force oracle: a scripted policy (fixed step, commit cycle and
+buckets sum to the horizon; a study, which steps every policy through each event together
+(`engine.Simulation`), gives the runs `engine.simulate` gives one policy after another on a new
+planner (the oracle). Brute-force oracle: a scripted policy (fixed step, commit cycle and
 pause) against a step-by-step walk of the same failures, for the samples trained.
 """
 
@@ -68,6 +70,19 @@ def test_no_policy_beats_the_ideal_and_none_exceeds_its_plans(trace: traces.Trac
         buckets = run.breakdown
         total = sum(getattr(buckets, f) for f in buckets.__slots__)
         assert total == pytest.approx(trace.horizon_s, rel=1e-9), name
+
+
+@settings(max_examples=15, deadline=None)
+@given(strategies.sim_traces(max_nodes=conftest.NUM_NODES))
+def test_a_study_steps_the_policies_to_the_runs_each_gives_alone(trace: traces.Trace) -> None:
+    scenario = conftest.tiny_scenario()
+    together = study.run(scenario, [], given=trace, planner=PLANNER)
+    oracle = planning.Planner(conftest.tiny_job())  # one policy after another, as before
+    for name, factory in policies.POLICIES.items():
+        alone = engine.simulate(
+            trace, factory(oracle, scenario.time_to_failure), scenario.global_batch
+        )
+        assert together.runs[name] == [alone], name
 
 
 # --- brute-force oracle ------------------------------------------------------------------------

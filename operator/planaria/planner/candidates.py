@@ -184,7 +184,12 @@ def exact(candidate: Candidate, estimates: screening.Estimates) -> Candidate | R
     its rejection when the whole plan's peak memory is over the limit."""
     if candidate.exact:
         return candidate
-    estimate = estimates.whole(candidate.plan)
+    # Every re-planned candidate is bound by `Survivors.replan`, which plays each of the
+    # layout's nodes by a whole surviving node, a different one each: the target numbers its
+    # nodes by first use as the layout does, so it has the layout's memo key, and E's estimate
+    # does not depend on the labels (test_screening). Estimating the layout leaves the target
+    # unbuilt unless eq. 8 chooses it (relabelling ~5,800 stages was most of this call).
+    estimate = estimates.whole(candidate.transition.layout)
     if not estimates.fits(estimate):
         why = _over(estimate, estimates) + " (whole plan)"
         return Rejection(kind=candidate.kind, label=candidate.label, why=why)
@@ -288,13 +293,12 @@ def _laid_out(
         running.gpus_per_node,
         running.global_batch_size,
     )
-    layout = estimates.layouts.get(key)
-    if layout is None:
-        layout = estimates.layouts[key] = _layout(
-            depths, splits, survivors.workers, running, estimates
-        )
-        estimates.remembered(sum(depths))  # one worker per stage
-    return _screened(kind, label, layout, survivors, estimates, settings)
+    found = estimates.layouts.get(key)
+    if found is None:
+        layout = _layout(depths, splits, survivors.workers, running, estimates)
+        found = (layout, _screen(layout, estimates))
+        estimates.remember(estimates.layouts, key, found, sum(depths))  # a worker per stage
+    return _screened(kind, label, found[0], survivors, estimates, settings, found[1])
 
 
 def _layout(
@@ -387,24 +391,31 @@ def _screened(
     survivors: transfers.Survivors,
     estimates: screening.Estimates,
     settings: SearchSettings,
+    screen: screening.Estimate | None = None,
 ) -> Candidate | Rejection:
-    """Bind the layout to the survivors and screen it (eq. 10 over its pipelines alone)."""
-    alone = [
-        estimates.pipeline(p, layout.micro_batch_size, layout.gpus_per_node)
-        for p in layout.pipelines
-    ]
-    screen = screening.Estimate(
-        step_s=max(e.step_s for e in alone), peak_bytes=max(e.peak_bytes for e in alone)
-    )
+    """Bind the layout to the survivors and screen it (`screen`, its `_screen` when known)."""
+    if screen is None:
+        screen = _screen(layout, estimates)
     if not estimates.fits(screen):
         return Rejection(kind=kind, label=label, why=_over(screen, estimates))
     # the same binding whenever these survivors meet this layout again (`Estimates.transitions`)
     key = (survivors.key, layout, settings.overheads)
     transition = estimates.transitions.get(key)
     if transition is None:
-        transition = estimates.transitions[key] = survivors.replan(layout, settings.overheads)
-        estimates.remembered(len(transition.binding or ()))
+        transition = survivors.replan(layout, settings.overheads)
+        estimates.remember(estimates.transitions, key, transition, len(transition.binding or ()))
     return Candidate(kind=kind, label=label, transition=transition, estimate=screen, exact=False)
+
+
+def _screen(layout: plan.Plan, estimates: screening.Estimates) -> screening.Estimate:
+    """Eq. 10 over the layout's pipelines alone: the slowest step and the largest peak."""
+    alone = [
+        estimates.pipeline(p, layout.micro_batch_size, layout.gpus_per_node)
+        for p in layout.pipelines
+    ]
+    return screening.Estimate(
+        step_s=max(e.step_s for e in alone), peak_bytes=max(e.peak_bytes for e in alone)
+    )
 
 
 def _over(estimate: screening.Estimate, estimates: screening.Estimates) -> str:

@@ -18,9 +18,10 @@ This module adds no cost model of its own: every number comes from `estimator` a
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from planaria.contract import errors, plan, profile, schedule
 from planaria.planner import composition, copies, estimator, memory, transfers
@@ -35,9 +36,15 @@ class Estimate:
 
 
 # Workers of the remembered re-plans (`Estimates.layouts`, `.transitions`, each counted) at
-# most: a 1,024-worker layout takes ~0.5 MB, so ~80 MB here; a 2-hour 1,024-node simulation
-# keeps ~240,000 (a policy's decisions until the next policy meets the same failures)
+# most: a 1,024-worker layout takes ~0.5 MB, so ~80 MB here; past it the oldest are forgotten
+# (the simulator's policies meet a failure one after another, so the newest are the ones asked)
 MAX_REMEMBERED_WORKERS = 1 << 18
+# Inner matchings' cost blocks (`Estimates.matchings`) at most: a 2-hour run of 1,024 nodes of
+# 8 GPUs meets 87; each is a few hundred bytes
+MAX_MATCHINGS = 1 << 12
+
+_Key = TypeVar("_Key")
+_Value = TypeVar("_Value")
 
 
 class Estimates:
@@ -69,9 +76,10 @@ class Estimates:
         # `candidates`' re-planned layouts bound to the survivors, by (the survivors'
         # holdings, layout, overheads): policies that decide alike meet the same failure with
         # the same running plan (in the simulator half the matchings of a 1,024-node run)
-        # `candidates`' re-planned layouts, by (the survivors' holdings, depths, splits, the
-        # running plan's micro-batch size, GPUs per node and global batch): for the same reason
-        self.layouts: dict[tuple[object, ...], plan.Plan] = {}
+        # `candidates`' re-planned layouts with their eq. 10 screens, by (the survivors'
+        # holdings, depths, splits, the running plan's micro-batch size, GPUs per node and
+        # global batch): for the same reason
+        self.layouts: dict[tuple[object, ...], tuple[plan.Plan, Estimate]] = {}
         self.transitions: dict[
             tuple[tuple[tuple[plan.WorkerId, frozenset[int]], ...], plan.Plan, transfers.Overheads],
             transfers.Transition,
@@ -81,6 +89,8 @@ class Estimates:
         self.matchings: transfers.Matchings = {}
         self.computed = 0  # estimator runs so far (schedules compiled and replayed)
         self._remembered = 0  # workers of the entries of `layouts` and `transitions`
+        # those entries, oldest first: (memo, key, workers)
+        self._kept: deque[tuple[dict[Any, Any], object, int]] = deque()
 
     def whole(self, plan_: plan.Plan) -> Estimate:
         """Step time and peak memory of the whole plan (all-reduces, reroutes included)."""
@@ -110,16 +120,24 @@ class Estimates:
             self.whole(alone)
         return self._memo[key]
 
-    def remembered(self, num_workers: int) -> None:
-        """Count a new entry of `layouts` or `transitions` of `num_workers` workers; past
-        `MAX_REMEMBERED_WORKERS` in all, empty both and `matchings` (a controller decides for
-        as long as its job runs): no answer changes, only what is computed again."""
+    def remember(
+        self, memo: dict[_Key, _Value], key: _Key, value: _Value, num_workers: int
+    ) -> _Value:
+        """Keep `value` under `key` in `memo` (`layouts` or `transitions`), counted as
+        `num_workers` workers, and give it back. Past `MAX_REMEMBERED_WORKERS` in all the
+        oldest entries are forgotten, and past `MAX_MATCHINGS` blocks `matchings` is emptied (a
+        controller decides for as long as its job runs): no answer changes, only what is
+        computed again."""
+        memo[key] = value
+        self._kept.append((memo, key, num_workers))
         self._remembered += num_workers
-        if self._remembered > MAX_REMEMBERED_WORKERS:
-            self.layouts.clear()
-            self.transitions.clear()
+        while self._remembered > MAX_REMEMBERED_WORKERS:
+            oldest, old_key, old_workers = self._kept.popleft()
+            del oldest[old_key]
+            self._remembered -= old_workers
+        if len(self.matchings) > MAX_MATCHINGS:
             self.matchings.clear()
-            self._remembered = 0
+        return value
 
     def fits(self, estimate: Estimate) -> bool:
         return estimate.peak_bytes <= self.memory_bytes

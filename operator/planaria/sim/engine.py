@@ -87,25 +87,55 @@ def simulate(
     trace: traces.Trace, policy: policies.Policy, global_batch: int, gpus_per_node: int = 1
 ) -> Run:
     """Run `policy` through `trace` (module docstring)."""
-    live = set(range(trace.num_nodes))
-    state = _State(running=policy.start(workers(live, gpus_per_node)), live=live)
-    _mark(state, global_batch)
+    simulation = Simulation(trace, policy, global_batch, gpus_per_node)
     for event in trace.events:
-        _advance(state, event.time_s, global_batch)
-        _apply(state, policy, event, global_batch, gpus_per_node)
-    _advance(state, trace.horizon_s, global_batch)
-    _settle(state, global_batch)
-    return Run(
-        policy=policy.name,
-        horizon_s=trace.horizon_s,
-        samples=state.samples,
-        breakdown=Breakdown(**{f"{k}_s": state.buckets.get(k, 0.0) for k in BUCKETS}),
-        timeline=tuple(state.timeline),
-        intervals=tuple(state.intervals),
-        restarts=state.restarts,
-        recoveries=state.recoveries,
-        note=state.running.note,
-    )
+        simulation.step(event)
+    return simulation.finish()
+
+
+class Simulation:
+    """`simulate` an event at a time: `policy` starts on every node of `trace`, `step` applies
+    the trace's events in order, `finish` runs to the horizon. A study steps every policy
+    through each event in turn: policies that decide alike then ask the planner the same
+    question one after another, while its memo of re-plans (bounded in size) still holds
+    the answer (a whole run of one policy first outgrew it at 1,024 nodes of 8 GPUs)."""
+
+    def __init__(
+        self,
+        trace: traces.Trace,
+        policy: policies.Policy,
+        global_batch: int,
+        gpus_per_node: int = 1,
+    ) -> None:
+        self._trace = trace
+        self._policy = policy
+        self._global_batch = global_batch
+        self._gpus_per_node = gpus_per_node
+        live = set(range(trace.num_nodes))
+        self._state = _State(running=policy.start(workers(live, gpus_per_node)), live=live)
+        _mark(self._state, global_batch)
+
+    def step(self, event: traces.Event) -> None:
+        """Train until `event` (the next of the trace's, in order), then apply it."""
+        _advance(self._state, event.time_s, self._global_batch)
+        _apply(self._state, self._policy, event, self._global_batch, self._gpus_per_node)
+
+    def finish(self) -> Run:
+        """Train until the horizon and settle the cycle in flight: the run."""
+        state = self._state
+        _advance(state, self._trace.horizon_s, self._global_batch)
+        _settle(state, self._global_batch)
+        return Run(
+            policy=self._policy.name,
+            horizon_s=self._trace.horizon_s,
+            samples=state.samples,
+            breakdown=Breakdown(**{f"{k}_s": state.buckets.get(k, 0.0) for k in BUCKETS}),
+            timeline=tuple(state.timeline),
+            intervals=tuple(state.intervals),
+            restarts=state.restarts,
+            recoveries=state.recoveries,
+            note=state.running.note,
+        )
 
 
 BUCKETS = ("training", "checkpoint", "recovering", "lost", "idle")

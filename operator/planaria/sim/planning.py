@@ -14,8 +14,10 @@
   plan, joined workers holding nothing, `transfers.replan`).
 
 Caches: fresh plans by the number of live workers (a plan lies on a prefix of them; `fresh`
-keeps its screens and bounds per layout), decisions by their full input, estimates in one
-`screening.Estimates`. Every number still comes from the planner's estimator and transfers.
+keeps its screens and bounds per layout), the last few fresh plans built with their whole
+estimates (the policies that go through a trace together ask for the same one at an event),
+decisions by their full input, estimates in one `screening.Estimates`. Every number still
+comes from the planner's estimator and transfers.
 """
 
 from __future__ import annotations
@@ -77,6 +79,19 @@ class Choice:
     label: str
 
 
+# Fresh plans built and kept (`Planner.fresh`): at 1,024 nodes of 8 GPUs one takes ~10 ms to
+# build and ~4 ms to key for its estimate, and the policies at one event ask for a handful
+RECENT_PLANS = 8
+
+
+@dataclass(slots=True)
+class _Built:
+    """A fresh plan built on some workers, and E's whole estimate of it once asked."""
+
+    plan: plan.Plan
+    whole: screening.Estimate | None = None
+
+
 class Planner:
     """The planner's answers for one job, cached across runs (module docstring)."""
 
@@ -94,6 +109,8 @@ class Planner:
         self._fresh: dict[tuple[bool, str | None], fresh_search.Search] = {}
         self._decided: dict[tuple[object, ...], Choice | None] = {}
         self._splits: dict[int, tuple[int, ...] | None] = {}
+        # the last `RECENT_PLANS` fresh plans by (layout, the workers it lies on), oldest first
+        self._built: dict[tuple[fresh_search.Layout, tuple[plan.WorkerId, ...]], _Built] = {}
         self._reference = plan.Plan(
             pipelines=(
                 distribution.pipeline_of(
@@ -106,10 +123,20 @@ class Planner:
 
     def step_s(self, plan_: plan.Plan) -> float:
         """E's step estimate of the whole plan."""
-        return self.estimates.whole(plan_).step_s
+        return self._whole(plan_).step_s
 
     def peak_bytes(self, plan_: plan.Plan) -> int:
-        return self.estimates.whole(plan_).peak_bytes
+        return self._whole(plan_).peak_bytes
+
+    def _whole(self, plan_: plan.Plan) -> screening.Estimate:
+        """`Estimates.whole`, kept with the plan when it is a recent fresh plan (the same
+        object: its estimate is asked by several policies, and keying it walks every worker)."""
+        built = next((b for b in self._built.values() if b.plan is plan_), None)
+        if built is None:
+            return self.estimates.whole(plan_)
+        if built.whole is None:
+            built.whole = self.estimates.whole(plan_)
+        return built.whole
 
     # --- fresh plans -------------------------------------------------------------------------
 
@@ -125,7 +152,16 @@ class Planner:
         `constraint` drops plans that fail its test (e.g. Bamboo's redundant memory)."""
         ordered = sorted(workers)
         found = self._search(symmetric, constraint).best(len(ordered))
-        return None if found is None else self._laid_out(found.layout, ordered)
+        if found is None:
+            return None
+        key = (found.layout, tuple(ordered[: found.num_workers]))
+        built = self._built.pop(key, None)  # re-inserted below: the newest
+        if built is None:
+            built = _Built(self._laid_out(found.layout, ordered))
+            if len(self._built) >= RECENT_PLANS:
+                del self._built[next(iter(self._built))]
+        self._built[key] = built
+        return built.plan
 
     def _search(self, symmetric: bool, constraint: Constraint | None) -> fresh_search.Search:
         key = (symmetric, None if constraint is None else constraint.name)

@@ -1,8 +1,11 @@
 """A study: every policy over the same traces (seeds of a scenario, or one given trace).
 
 Policies share one `planning.Planner` (its caches make later seeds cheap); each run gets a
-fresh policy object. `progress` is called after each policy's run of a trace with a `Done`:
-a 1,024-node trace takes seconds per policy, one of 8,192 workers minutes.
+fresh policy object. The policies go through a trace together, event by event
+(`engine.Simulation`): each run is the one `engine.simulate` gives alone, and a policy meeting
+the failure another has just decided on finds the answer still in the planner's bounded memo.
+`progress` is called after each policy's run of a trace with a `Done` (all of a trace's runs
+end together): a 1,024-node trace takes seconds per policy, one of 8,192 workers minutes.
 """
 
 from __future__ import annotations
@@ -64,11 +67,22 @@ def run(
     runs: dict[str, list[engine.Run]] = {n: [] for n in names}
     start = time.perf_counter()
     for number, trace in enumerate(drawn, start=1):
-        for name in names:
-            policy = policies.POLICIES[name](planner, scenario.time_to_failure)
-            runs[name].append(
-                engine.simulate(trace, policy, scenario.global_batch, scenario.gpus_per_node)
+        # every policy through each event in turn (`engine.Simulation`): the same runs as one
+        # policy after another, and policies meeting the same failure share the planner's memo
+        simulations = [
+            engine.Simulation(
+                trace,
+                policies.POLICIES[name](planner, scenario.time_to_failure),
+                scenario.global_batch,
+                scenario.gpus_per_node,
             )
+            for name in names
+        ]
+        for event in trace.events:
+            for simulation in simulations:
+                simulation.step(event)
+        for name, simulation in zip(names, simulations, strict=True):
+            runs[name].append(simulation.finish())
             if progress is not None:
                 done = sum(len(r) for r in runs.values())
                 elapsed_s = time.perf_counter() - start
