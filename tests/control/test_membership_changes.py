@@ -341,7 +341,9 @@ async def test_with_two_gpus_per_node_a_death_and_the_return_are_handled(policy_
     source = synthetic.synthesize(
         shapes.named("small"), accelerators.named("a100-80gb"), 2, 2, synthetic.Precision.FP32
     )
-    two_gpus = dataclasses.replace(source, memory_bytes=30 * scenarios.MIB)
+    # steps as slow as the fake agents' (`scenarios.paced`): the return's scale-up pays within
+    # the 30 steps left (with 1 ms steps, dynamic's would need 453 and is declined)
+    two_gpus = scenarios.paced(dataclasses.replace(source, memory_bytes=30 * scenarios.MIB))
     run = scenarios.Run(scenarios.job(gpus_per_node=2, profile=two_gpus, policy=policy_name))
     await run.until(lambda: run.step() >= 10)
     run.cluster.kill(3)
