@@ -8,9 +8,10 @@ plan, the fewest workers any plan needs, and a profile for another micro-batch r
 A scale-up weighed against the job's steps left (Odyssey eq. 8 bounded by the job's end): on a
 profile whose numbers are computed by hand, taken when it repays its transition within them
 and declined (the running plan kept, the reason giving both finishing times) when not; taken
-unweighed out of a rerouted plan or without steps left (a recovery's last resort); no move when
-the best plan keeps the running workers. Hypothesis over drawn jobs: taken exactly when the
-brute comparison of the two finishing times (E's estimates, the copies' time) says so.
+unweighed out of a rerouted plan, out of one E cannot estimate, or without steps left (a
+recovery's last resort); no move when the best plan keeps the running workers. Hypothesis
+over drawn jobs: taken exactly when the brute comparison of the two finishing times (E's
+estimates, the copies' time) says so.
 """
 
 from __future__ import annotations
@@ -257,7 +258,36 @@ def test_a_scale_up_out_of_a_rerouted_plan_is_taken_unweighed() -> None:
     move = planner.grow(rerouted, {W(w) for w in range(8)}, steps_left=1)
     assert sorted(move.plan.workers) == list(range(8)) and not move.plan.reroutes
     assert move.reason.endswith(
-        "; not weighed: the running plan reroutes (below the job's fault tolerance)"
+        "; not weighed: the running plan reroutes (its failed stages' layers lost holders)"
+    )
+
+
+def test_a_scale_up_out_of_a_plan_e_cannot_estimate_is_taken_unweighed() -> None:
+    # a stage of two GPUs (worker 0 and 1 on node 0) that a profile of one-GPU stages cannot
+    # time: no reason to stay on it, so the templates' plan is taken as before
+    source = _uniform(4)
+    job = scenarios.job(
+        profile=source,
+        workers=8,
+        gpus_per_node=2,
+        micro_batch_size=1,
+        training=scenarios.training(global_batch_size=8),
+    )
+    planner = planning.Planner(source, job)
+    wide = plans.Stage(layer_start=0, layer_stop=4, workers=(W(0), W(1)))
+    alone = [plans.Stage(layer_start=0, layer_stop=4, workers=(W(w),)) for w in (2, 3, 4)]
+    running = plans.Plan(
+        pipelines=tuple(
+            plans.Pipeline(stages=(stage,), num_micro_batches=2) for stage in (wide, *alone)
+        ),
+        micro_batch_size=1,
+        gpus_per_node=2,
+    )
+    move = planner.grow(running, {W(w) for w in range(8)}, steps_left=1)
+    assert sorted(move.plan.workers) == list(range(8))
+    assert move.reason.endswith(
+        "; not weighed: no step estimate (worker 0's stage has 2 GPUs but the profile times "
+        "stages of up to 1; profile with more GPUs per stage)"
     )
 
 

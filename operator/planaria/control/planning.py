@@ -12,8 +12,8 @@ get there, what kind of move it is and the planner's one-line reason.
   taken only when it trains them sooner than the running plan, its transition included
   (Odyssey eq. 8 bounded by the job's end, `policy.pays`), else the running plan is kept and
   the newcomers stay spares. Not weighed (taken as before) when the running plan reroutes
-  (below the job's fault tolerance: a scale-up gives the lost replicas back, which eq. 8 does
-  not price) or E cannot estimate a plan of the two.
+  (its failed stages' layers lost holders: a scale-up gives them back, which eq. 8 does not
+  price) or E cannot estimate a plan of the two (no reason to stay on a plan it cannot time).
 - `recover`: after workers fail, per the job's policy: `adaptive` ranks rerouting, the DP/PP
   candidates and Oobleck's reinstantiations by Odyssey eq. 8 (`planner.policy.decide`);
   `dynamic` takes Oobleck's reinstantiation (§5.1, no rerouting); `reroute` keeps the layout
@@ -213,7 +213,7 @@ class Planner:
         copies and restart as in §IV-C: `policy.pays`), else `running` with the reason. Taken
         unweighed (module docstring) when `running` reroutes or a plan cannot be estimated."""
         if running.reroutes:
-            why = "not weighed: the running plan reroutes (below the job's fault tolerance)"
+            why = "not weighed: the running plan reroutes (its failed stages' layers lost holders)"
             return dataclasses.replace(move, reason=f"{move.reason}; {why}")
         try:
             stay_s = self._estimates.whole(running).step_s
