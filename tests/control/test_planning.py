@@ -250,6 +250,8 @@ def test_a_scale_up_that_does_not_repay_its_transition_is_declined() -> None:
     )
     # not weighed, as a recovery's last resort asks: the templates' plan whatever it costs
     assert len(planner.grow(running, {W(w) for w in range(8)}).plan.workers) == 8
+    with pytest.raises(errors.PlanInputError, match="steps_left is 0; give 1 or more"):
+        planner.grow(running, {W(w) for w in range(8)}, steps_left=0)
 
 
 def test_a_scale_up_out_of_a_rerouted_plan_is_taken_unweighed() -> None:

@@ -43,6 +43,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import math
 import threading
 from collections.abc import Callable, Collection, Iterator, Sequence
 from concurrent import futures
@@ -179,7 +180,9 @@ class Planner:
         after the switch) the move is weighed (`_weighed`): when it would not finish them
         sooner, the answer is `running` itself, no copies, and the reason says why. None: not
         weighed (a recovery's last resort: its running plan lost workers).
-        Raises PlannerError when no plan fits the live nodes."""
+        Raises PlannerError when no plan fits the live nodes, PlanInputError for steps < 1."""
+        if steps_left is not None and steps_left < 1:
+            raise errors.PlanInputError(f"steps_left is {steps_left}; give 1 or more (or None)")
         self._caught_up()
         with self._alone():
             return self._grow(running, live, steps_left)
@@ -380,7 +383,7 @@ def _worth(stay_s: float, step_s: float, transition_s: float, steps_left: int) -
     """A scale-up's weighing in one line: both finishing times, the step gain, the
     transition, and the steps left at which they would tie (`policy.break_even_steps`)."""
     staying, moving = steps_left * stay_s, transition_s + steps_left * step_s
-    gain = (stay_s / step_s - 1) * 100  # samples/s gained, percent
+    gain = (stay_s / step_s - 1) * 100 if step_s > 0 else math.inf  # samples/s gained, %
     tie = policy.break_even_steps(stay_s, 0.0, step_s, transition_s)
     ties = "never" if tie is None else f"at {tie:.4g} steps left"
     return (

@@ -185,6 +185,8 @@ def pays(*, stay_step_s: float, step_s: float, transition_s: float, steps_left: 
     last `steps_left` steps sooner than staying (steps of `stay_step_s`, nothing to pay): eq. 8
     with the job's end bounding both states ranks them by that time (module docstring). Compared
     exactly (fractions of the floats), so that a tie is a tie, and it stays."""
+    # Odyssey eq. 8 (§III) with t_S(i+1) = W t_step: B W / (t_transition + W t_step), the
+    # same B W for both states, so the smaller denominator wins
     stay = steps_left * fractions.Fraction(stay_step_s)
     move = fractions.Fraction(transition_s) + steps_left * fractions.Fraction(step_s)
     return move < stay
