@@ -70,6 +70,23 @@ def small_profile(memory_mib: int = 30) -> profile.Profile:
     return dataclasses.replace(source, memory_bytes=memory_mib * MIB)
 
 
+def paced(source: profile.Profile, factor: int = 100) -> profile.Profile:
+    """`source` with every layer's compute `factor` times slower, its links as they are. At
+    100, `small_profile`'s steps take about as long as the fake agents' (0.1 s) rather than
+    about 1 ms, so a scale-up's fixed transition (0.04 s, `transfers.Overheads`) pays within a
+    few steps, as a real job's does, not hundreds (`Planner.grow` weighs it)."""
+    layers = tuple(
+        dataclasses.replace(
+            layer,
+            forward_s=tuple(t * factor for t in layer.forward_s),
+            backward_s=tuple(t * factor for t in layer.backward_s),
+            optimizer_s=layer.optimizer_s * factor,
+        )
+        for layer in source.layers
+    )
+    return dataclasses.replace(source, layers=layers)
+
+
 def training(**changes: object) -> messages.TrainingSettings:
     base = messages.TrainingSettings(
         model="small",

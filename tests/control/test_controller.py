@@ -274,7 +274,8 @@ async def test_every_worker_silent_for_a_while_then_back_goes_on_in_the_same_epo
 
 
 async def test_a_worker_back_from_silence_is_taken_in_again() -> None:
-    run = scenarios.Run(scenarios.job(steps=80, policy="dynamic"))
+    # 400 steps: the scale-up back to 8 workers pays after 240 steps left (1 ms steps)
+    run = scenarios.Run(scenarios.job(steps=400, policy="dynamic"))
     await run.until(lambda: run.step() >= 5)
     run.cluster.hang(3)
     await run.until(lambda: run.controller.epoch == 2 and run.step() >= 10)
@@ -329,9 +330,11 @@ async def test_a_job_ends_on_the_old_plan_after_a_late_switch_with_no_time_to_re
     # retry fits in the steps left; their FINISHED heartbeats of the older epoch end the job.
     # Before: counted faulty, and Suspended with the job's last step done (or, given up but
     # never seen finished, a hang).
-    run = scenarios.Run(
-        scenarios.job(steps=60, policy="dynamic", step_timeout_s=6.0), configure_delay_s=1.2
-    )
+    # Steps as slow as the fake agents' (`scenarios.paced`): the scale-up pays within the
+    # 15 steps left (with 1 ms steps it would need 240, and is declined: no switch at all).
+    paced = scenarios.paced(scenarios.small_profile())
+    job = scenarios.job(steps=60, policy="dynamic", step_timeout_s=6.0, profile=paced)
+    run = scenarios.Run(job, configure_delay_s=1.2)
     await run.until(lambda: run.step() >= 5)
     run.cluster.kill(3)
     await run.until(lambda: run.controller.epoch == 2 and run.step() >= 45)

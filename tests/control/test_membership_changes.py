@@ -1,21 +1,21 @@
 """The controller when membership changes beyond a single failure, in simulated time.
 
-Covers: a JOINED worker scaled up at a future step boundary (live-replica copies, no lost
-steps), and tried again when it came too late, once the newcomer's abandoned set-up of the
-given-up epoch is over (chaos seed 10); a preemption notice answered ahead of the death
-(planned switch, no lost steps, the later death needs no recovery), and the death coming
-before the switch (recovered from the plan the workers still hold, also when the agents set
-the switch up short of its step); losing more workers than any plan needs -> Suspended with the
-checkpoint step, then a resume from that checkpoint when workers return; workers a recovery
-counted failed only because they stopped late (still blocked, heartbeating) -> Suspended, then
-taken back as arrivals once they stop, and the job resumes and succeeds; a death while the
+Covers: a JOINED worker scaled up at a future step boundary (live-replica copies, no lost steps),
+and tried again when it came too late, once the newcomer's abandoned set-up of the given-up epoch
+is over (chaos seed 10); a newcomer whose scale-up does not pay within the steps left stays a
+spare, the planner asked once (again only when the live workers change); a preemption notice
+answered ahead of the death (planned switch, no lost steps, the later death needs no recovery), and
+the death coming before the switch (recovered from the plan the workers still hold, also when the
+agents set the switch up short of its step); losing more workers than any plan needs -> Suspended
+with the checkpoint step, then a resume from that checkpoint when workers return; workers a
+recovery counted failed only because they stopped late (still blocked, heartbeating) -> Suspended,
+then taken back as arrivals once they stop, and the job resumes and succeeds; a death while the
 survivors still set the first epoch up, longer than that bound, waits for their set-up (no
-suspension); a layer whose every
-replica is lost, which loses every member of its snapshot group too -> Suspended at once,
-saying which layers and workers and that the checkpoint is next, and resumed from the
-persistent checkpoint; two copies of a snapshot member (a holder's and its mirror's) whose
-heartbeat digests disagree -> that snapshot is not resumed from: Suspended saying which member
-disagrees on which workers, and resumed from the persistent checkpoint; two GPUs per
+suspension); a layer whose every replica is lost, which loses every member of its snapshot group
+too -> Suspended at once, saying which layers and workers and that the checkpoint is next, and
+resumed from the persistent checkpoint; two copies of a snapshot member (a holder's and its
+mirror's) whose heartbeat digests disagree -> that snapshot is not resumed from: Suspended saying
+which member disagrees on which workers, and resumed from the persistent checkpoint; two GPUs per
 node under every policy (a death, then the worker's return).
 """
 
@@ -23,16 +23,22 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import logging
+from collections.abc import Callable
+from concurrent import futures
+from typing import ParamSpec, TypeVar
 
 import pytest
 
 from planaria.contract import shapes, snapshot_placement
-from planaria.control import settings, status
+from planaria.control import executors, settings, status
 from planaria.planner import accelerators, synthetic
 from planaria.wire import messages
 from tests.control import scenarios
 
 pytestmark = pytest.mark.asyncio
+P = ParamSpec("P")
+T = TypeVar("T")
 # Where a resume from a checkpoint step may find a layer: the agents take the cheapest tier, and
 # host-memory snapshots of that step may still be there.
 SNAPSHOT_TIERS = {
@@ -66,6 +72,49 @@ async def test_a_joined_worker_is_added_back_at_a_future_step_boundary() -> None
     # sample the steps once a pass, so one may fall between two passes)
     after = [r.step for r in run.controller.steps if r.step > joined_at]
     assert after[-1] == 80 and max(b - a for a, b in itertools.pairwise(after)) <= 2
+    assert run.ranks_ok() == [] and run.cluster.violations == []
+
+
+class Asked(executors.Inline):
+    """The virtual-time tests' executor (`executors.Inline`), keeping the name of every
+    question it ran, in order."""
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+
+    def submit(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> futures.Future[T]:
+        self.names.append(getattr(fn, "__name__", repr(fn)))
+        return super().submit(fn, *args, **kwargs)
+
+
+async def test_a_scale_up_that_does_not_pay_leaves_the_plan_and_is_asked_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Steps of about 1 ms (the synthetic profile): back to 8 workers repays its 40 ms
+    # transition only with 240 steps left, and some 60 are. The newcomer stays a spare, and
+    # the planner is asked again only when the live workers change (it left and came back).
+    asked = Asked()
+    run = scenarios.Run(scenarios.job(steps=80, policy="dynamic"), executor=asked)
+    await run.until(lambda: run.step() >= 10)
+    run.cluster.kill(3)
+    await run.until(lambda: len(run.controller.recoveries) == 1)
+    shrunk, epoch = run.controller.plan, run.controller.epoch
+    assert shrunk is not None and 3 not in shrunk.workers
+    with caplog.at_level(logging.INFO, logger="planaria.control.switches"):
+        run.cluster.join(3)
+        await run.until(lambda: "grow" in asked.names)
+        await scenarios.advance(2.0)  # 20 passes of the controller, 20 steps
+    assert asked.names.count("grow") == 1
+    assert (run.controller.plan, run.controller.epoch) == (shrunk, epoch)
+    assert "workers [3] stay spares: declined, the running plan finishes sooner" in caplog.text
+    assert run.controller.status.phase is status.Phase.RUNNING
+    run.cluster.kill(3)  # a spare's death: no recovery, but the live workers change
+    await scenarios.advance(2.0)
+    run.cluster.join(3)
+    final = await run.finish()
+    assert asked.names.count("grow") == 2  # once more, declined again (fewer steps left)
+    assert final.phase is status.Phase.SUCCEEDED and final.step == 80 and final.epoch == epoch
+    assert [r.kind for r in run.controller.recoveries] == ["dynamic"]
     assert run.ranks_ok() == [] and run.cluster.violations == []
 
 
@@ -341,7 +390,9 @@ async def test_with_two_gpus_per_node_a_death_and_the_return_are_handled(policy_
     source = synthetic.synthesize(
         shapes.named("small"), accelerators.named("a100-80gb"), 2, 2, synthetic.Precision.FP32
     )
-    two_gpus = dataclasses.replace(source, memory_bytes=30 * scenarios.MIB)
+    # steps as slow as the fake agents' (`scenarios.paced`): the return's scale-up pays within
+    # the 30 steps left (with 1 ms steps, dynamic's would need 453 and is declined)
+    two_gpus = scenarios.paced(dataclasses.replace(source, memory_bytes=30 * scenarios.MIB))
     run = scenarios.Run(scenarios.job(gpus_per_node=2, profile=two_gpus, policy=policy_name))
     await run.until(lambda: run.step() >= 10)
     run.cluster.kill(3)

@@ -5,20 +5,29 @@ whole live nodes (brute force over small clusters), each policy's move after a d
 (adaptive = policy.decide's choice, dynamic = Oobleck's reinstantiation, reroute = ReCycle's
 layout), the scale-up's copies going only to workers that lack the layers, from holders in the
 plan, the fewest workers any plan needs, and a profile for another micro-batch refused.
+A scale-up weighed against the job's steps left (Odyssey eq. 8 bounded by the job's end): on a
+profile whose numbers are computed by hand, taken when it repays its transition within them
+and declined (the running plan kept, the reason giving both finishing times) when not; taken
+unweighed out of a rerouted plan, out of one E cannot estimate, or without steps left (a
+recovery's last resort); no move when the best plan keeps the running workers. Hypothesis
+over drawn jobs: taken exactly when the brute comparison of the two finishing times (E's
+estimates, the copies' time) says so.
 """
 
 from __future__ import annotations
 
 import itertools
+import math
+from fractions import Fraction
 
 import pytest
-from hypothesis import given
+from hypothesis import event, given, reject, settings
 from hypothesis import strategies as st
 
-from planaria.contract import errors
+from planaria.contract import errors, profile
 from planaria.contract import plan as plans
 from planaria.control import planning, status
-from planaria.planner import candidates, policy, screening, transfers
+from planaria.planner import candidates, estimator, policy, rerouting, screening, transfers
 from tests import strategies
 from tests.control import scenarios
 
@@ -133,3 +142,217 @@ def test_a_profile_for_another_micro_batch_is_refused() -> None:
     assert job.profile is not None
     with pytest.raises(errors.PlanInputError, match="micro-batch size 2"):
         planning.Planner(job.profile, job)
+
+
+# --- a scale-up weighed against the job's steps left -------------------------------------------
+
+
+def _uniform(
+    num_layers: int,
+    *,
+    step_s: float = 0.003,
+    state_bytes: int = 7_000_000,
+    bandwidth: float = 1e9,
+    memory_bytes: int = 2**40,
+) -> profile.Profile:
+    """Equal layers of `step_s` a micro-batch (a third forward, two thirds backward) and
+    `state_bytes` of parameters and optimizer state, no gradients; both links alike, no
+    latency."""
+    layer = profile.LayerProfile(
+        name="block",
+        forward_s=(step_s / 3,),
+        backward_s=(step_s * 2 / 3,),
+        parameter_bytes=state_bytes // 4,
+        gradient_bytes=0,
+        optimizer_bytes=state_bytes - state_bytes // 4,
+        activation_bytes=0,
+        output_bytes=0,
+        optimizer_s=0.0,
+    )
+    link = profile.LinkProfile(bandwidth_bytes_per_s=bandwidth, latency_s=0.0)
+    return profile.Profile(
+        model="uniform",
+        accelerator="hand",
+        micro_batch_size=1,
+        memory_bytes=memory_bytes,
+        layers=(layer,) * num_layers,
+        intra_node=link,
+        inter_node=link,
+    )
+
+
+def _uniform_planner(
+    source: profile.Profile, *, workers: int, global_batch: int
+) -> planning.Planner:
+    job = scenarios.job(
+        profile=source,
+        workers=workers,
+        micro_batch_size=1,
+        training=scenarios.training(global_batch_size=global_batch),
+    )
+    return planning.Planner(source, job)
+
+
+def _data_parallel(micro_batches: tuple[int, ...], num_layers: int) -> plans.Plan:
+    """One one-stage pipeline a worker (0, 1, ...), each holding every layer."""
+    pipelines = tuple(
+        plans.Pipeline(
+            stages=(plans.Stage(layer_start=0, layer_stop=num_layers, workers=(W(w),)),),
+            num_micro_batches=m,
+        )
+        for w, m in enumerate(micro_batches)
+    )
+    return plans.Plan(pipelines=pipelines, micro_batch_size=1)
+
+
+def _by_hand() -> tuple[planning.Planner, plans.Plan]:
+    """7 workers hold all 4 layers (3 ms a layer a micro-batch) and train 8 micro-batches, one
+    of them 2: 24 ms a step, and the commit barrier's all-reduce. Worker 7 returns: the best
+    plan is one micro-batch a worker, 12 ms, once the newcomer received the 4 layers of 7 MB,
+    each in 7 shards of 1 MB from the 7 holders, 1 ms apiece at 1 GB/s, one after the other on
+    its receiving link: 28 ms, and 40 ms of regroup and restart (`transfers.Overheads`). 12 ms
+    gained a step repay 68 ms after 5.67 steps: 5 steps left decline it, 6 take it."""
+    planner = _uniform_planner(_uniform(4), workers=8, global_batch=8)
+    return planner, _data_parallel((2, 1, 1, 1, 1, 1, 1), 4)
+
+
+def test_the_hand_numbers_are_es() -> None:
+    planner, running = _by_hand()
+    barrier = [2 * (p - 1) * estimator.BARRIER_BYTES / p / 1e9 for p in (7, 8)]  # ring, 16 B
+    estimates = screening.Estimates(planner.source)
+    grown = planner.grow(running, {W(w) for w in range(8)})
+    assert estimates.whole(running).step_s == pytest.approx(0.024 + barrier[0], rel=1e-12)
+    assert estimates.whole(grown.plan).step_s == pytest.approx(0.012 + barrier[1], rel=1e-12)
+    copies_s = transfers.transfer_s(grown.transfers, (), planner.source, 1)
+    assert copies_s == pytest.approx(0.028, rel=1e-12)
+
+
+def test_a_scale_up_that_repays_its_transition_within_the_steps_left_is_taken() -> None:
+    planner, running = _by_hand()
+    move = planner.grow(running, {W(w) for w in range(8)}, steps_left=6)
+    assert sorted(move.plan.workers) == list(range(8)) and move.kind == "scale-up"
+    assert {c.destination for c in move.transfers} == {W(7)} and not move.needs_snapshot
+    assert (
+        "; pays: the last 6 step(s) take 0.14 s after the scale-up (transition 0.068 s + 6 x "
+        "12 ms) against 0.144 s staying (24 ms a step, +100% samples/s on the new plan); they "
+        "tie at 5.667 steps left"
+    ) in move.reason
+
+
+def test_a_scale_up_that_does_not_repay_its_transition_is_declined() -> None:
+    planner, running = _by_hand()
+    move = planner.grow(running, {W(w) for w in range(8)}, steps_left=5)
+    assert move.plan == running and move.transfers == () and not move.needs_snapshot
+    assert move.reason == (
+        "declined, the running plan finishes sooner: the last 5 step(s) take 0.128 s after the "
+        "scale-up (transition 0.068 s + 5 x 12 ms) against 0.12 s staying (24 ms a step, +100% "
+        "samples/s on the new plan); they tie at 5.667 steps left"
+    )
+    # not weighed, as a recovery's last resort asks: the templates' plan whatever it costs
+    assert len(planner.grow(running, {W(w) for w in range(8)}).plan.workers) == 8
+    with pytest.raises(errors.PlanInputError, match="steps_left is 0; give 1 or more"):
+        planner.grow(running, {W(w) for w in range(8)}, steps_left=0)
+
+
+def test_a_scale_up_out_of_a_rerouted_plan_is_taken_unweighed() -> None:
+    planner, running = _by_hand()
+    rerouted = rerouting.reroute(running, {W(6)})
+    move = planner.grow(rerouted, {W(w) for w in range(8)}, steps_left=1)
+    assert sorted(move.plan.workers) == list(range(8)) and not move.plan.reroutes
+    assert move.reason.endswith(
+        "; not weighed: the running plan reroutes (its failed stages' layers lost holders)"
+    )
+
+
+def test_a_scale_up_out_of_a_plan_e_cannot_estimate_is_taken_unweighed() -> None:
+    # a stage of two GPUs (worker 0 and 1 on node 0) that a profile of one-GPU stages cannot
+    # time: no reason to stay on it, so the templates' plan is taken as before
+    source = _uniform(4)
+    job = scenarios.job(
+        profile=source,
+        workers=8,
+        gpus_per_node=2,
+        micro_batch_size=1,
+        training=scenarios.training(global_batch_size=8),
+    )
+    planner = planning.Planner(source, job)
+    wide = plans.Stage(layer_start=0, layer_stop=4, workers=(W(0), W(1)))
+    alone = [plans.Stage(layer_start=0, layer_stop=4, workers=(W(w),)) for w in (2, 3, 4)]
+    running = plans.Plan(
+        pipelines=tuple(
+            plans.Pipeline(stages=(stage,), num_micro_batches=2) for stage in (wide, *alone)
+        ),
+        micro_batch_size=1,
+        gpus_per_node=2,
+    )
+    move = planner.grow(running, {W(w) for w in range(8)}, steps_left=1)
+    assert sorted(move.plan.workers) == list(range(8))
+    assert move.reason.endswith(
+        "; not weighed: no step estimate (worker 0's stage has 2 GPUs but the profile times "
+        "stages of up to 1; profile with more GPUs per stage)"
+    )
+
+
+def test_a_return_that_leaves_the_best_plan_on_the_running_workers_is_no_move() -> None:
+    planner, running = _by_hand()
+    move = planner.grow(running, set(running.workers), steps_left=1_000)
+    assert move.plan == running and move.transfers == ()
+    assert move.reason.startswith("the best plan has the running workers, nobody joins: ")
+
+
+Job = tuple[planning.Planner, plans.Plan, set[plans.WorkerId], planning.Move]
+
+
+@st.composite
+def _jobs(draw: st.DrawFn) -> Job:
+    """A planner for equal layers of drawn costs and sizes (memory for every layer, or for
+    about half of them), the templates' best plan over 2..5 workers running, 1..2 back, and
+    the scale-up not weighed (what the weighing takes or declines)."""
+    num_layers = draw(st.integers(min_value=2, max_value=6))
+    state = draw(st.integers(min_value=1_000, max_value=100_000_000))
+    source = _uniform(
+        num_layers,
+        step_s=draw(st.floats(min_value=1e-4, max_value=1.0)),
+        state_bytes=state,
+        bandwidth=draw(st.floats(min_value=1e7, max_value=1e11)),
+        memory_bytes=draw(st.sampled_from([2**40, state * (num_layers // 2 + 1) * 2])),
+    )
+    running_workers = draw(st.integers(min_value=2, max_value=5))
+    workers = running_workers + draw(st.integers(min_value=1, max_value=2))
+    global_batch = draw(st.integers(min_value=2, max_value=12))
+    live = {W(w) for w in range(workers)}
+    try:
+        planner = _uniform_planner(source, workers=workers, global_batch=global_batch)
+        first = planner.best([W(w) for w in range(running_workers)], status.MoveKind.INITIAL)
+        grown = planner.grow(first.plan, live)
+    except errors.PlannerError:
+        reject()  # no plan for so few workers, or the batch does not spread over them
+    return planner, first.plan, live, grown
+
+
+@settings(max_examples=40)
+@given(job=_jobs(), data=st.data())
+def test_a_scale_up_is_taken_exactly_when_it_finishes_the_steps_left_sooner(
+    job: Job, data: st.DataObject
+) -> None:
+    planner, running, live, grown = job
+    estimates = screening.Estimates(planner.source)  # a memo of its own: E's numbers anew
+    stay_s = estimates.whole(running).step_s
+    step_s = estimates.whole(grown.plan).step_s
+    overheads = transfers.Overheads()
+    copies_s = transfers.transfer_s(grown.transfers, (), planner.source, 1)
+    transition_s = copies_s + (overheads.regroup_s + overheads.restart_s)  # as `Transition`
+    tie = transition_s / (stay_s - step_s) if stay_s > step_s else 100.0
+    near = st.integers(min_value=max(1, math.floor(tie) - 1), max_value=math.ceil(tie) + 1)
+    steps_left = data.draw(near | st.integers(min_value=1, max_value=math.ceil(2 * tie) + 2))
+    weighed = planner.grow(running, live, steps_left)
+    # the brute comparison: each state's time to the job's end, step by step, exactly
+    staying = sum((Fraction(stay_s) for _ in range(steps_left)), Fraction(0))
+    moving = sum((Fraction(step_s) for _ in range(steps_left)), Fraction(transition_s))
+    event("taken" if moving < staying else "declined")
+    if moving < staying:
+        assert weighed.plan == grown.plan and weighed.transfers == grown.transfers
+        assert "; pays: " in weighed.reason
+    else:
+        assert weighed.plan == running and weighed.transfers == ()
+        assert weighed.reason.startswith("declined, the running plan finishes sooner: ")

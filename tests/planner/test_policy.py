@@ -5,7 +5,8 @@ hypothesis: both values agree at the tie and the order flips across it); the exp
 the next failure from an MTBF or an observed rate, and its errors. The job's end bounding the
 state: eq. 8 over the remaining steps (hand numbers; hypothesis: it ranks by finishing time and
 the steps break-even is where those meet), rerouting chosen near the end where re-planning wins
-otherwise, flipping across the reported break-even. Scripted scenarios asserting
+otherwise, flipping across the reported break-even; a scale-up pays only past the
+steps break-even, a tie staying (hand numbers). Scripted scenarios asserting
 on the decision and its reason: frequent failures with a small rerouting slowdown choose
 rerouting, with the window ending where a re-plan takes over; a long time to the next failure
 chooses re-planning, with rerouting winning below the window; the decision flips across the
@@ -103,6 +104,18 @@ def test_steps_left_bound_the_value_when_they_end_before_the_next_failure() -> N
     assert policy.value(64, 2.0, 10.0, 100.0, steps_left=100) == policy.value(64, 2.0, 10.0, 100.0)
     assert policy.finishes_first(2.0, 10.0, 100.0, 10)
     assert not policy.finishes_first(2.0, 10.0, 100.0, None)
+
+
+def test_a_scale_up_pays_only_past_the_steps_break_even_by_hand() -> None:
+    # staying: W x 1 s; moving: 25 s + W x 0.75 s; they tie at W = 100 (exact in binary)
+    assert policy.break_even_steps(1.0, 0.0, 0.75, 25.0) == 100.0
+    pays = [
+        policy.pays(stay_step_s=1.0, step_s=0.75, transition_s=25.0, steps_left=w)
+        for w in (99, 100, 101)
+    ]
+    assert pays == [False, False, True]  # the tie stays: nothing gained for the disruption
+    assert not policy.pays(stay_step_s=1.0, step_s=1.0, transition_s=0.0, steps_left=10**6)
+    assert not policy.pays(stay_step_s=1.0, step_s=2.0, transition_s=0.0, steps_left=1)
 
 
 def test_break_even_steps_by_hand() -> None:

@@ -8,7 +8,12 @@ get there, what kind of move it is and the planner's one-line reason.
   §4.2), used for the first epoch and a resume from Suspended. Nothing is copied: the agents
   find their layers (snapshots, checkpoint) or build them from the seed.
 - `grow`: the same plan for a scale-up, bound to the workers by min-cost matching so the
-  running ones keep their layers and the new ones receive copies.
+  running ones keep their layers and the new ones receive copies; given the job's steps left,
+  taken only when it trains them sooner than the running plan, its transition included
+  (Odyssey eq. 8 bounded by the job's end, `policy.pays`), else the running plan is kept and
+  the newcomers stay spares. Not weighed (taken as before) when the running plan reroutes
+  (its failed stages' layers lost holders: a scale-up gives them back, which eq. 8 does not
+  price) or E cannot estimate a plan of the two (no reason to stay on a plan it cannot time).
 - `recover`: after workers fail, per the job's policy: `adaptive` ranks rerouting, the DP/PP
   candidates and Oobleck's reinstantiations by Odyssey eq. 8 (`planner.policy.decide`);
   `dynamic` takes Oobleck's reinstantiation (§5.1, no rerouting); `reroute` keeps the layout
@@ -37,6 +42,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import math
 import threading
 from collections.abc import Callable, Collection, Iterator, Sequence
 from concurrent import futures
@@ -161,18 +168,34 @@ class Planner:
         )
         return Move(plan=choice.plan, transfers=(), kind=kind, reason=choice.reason)
 
-    def grow(self, running: plans.Plan, live: Collection[plans.WorkerId]) -> Move:
+    def grow(
+        self,
+        running: plans.Plan,
+        live: Collection[plans.WorkerId],
+        steps_left: int | None = None,
+    ) -> Move:
         """Scale up: the templates' best plan over the whole live nodes, its roles bound to
         the workers by min-cost matching so the running workers keep what they hold and the
-        new ones receive copies from the holders."""
+        new ones receive copies from the holders. With `steps_left` (>= 1: the job's steps
+        after the switch) the move is weighed (`_weighed`): when it would not finish them
+        sooner, the answer is `running` itself, no copies, and the reason says why. None: not
+        weighed (a recovery's last resort: its running plan lost workers).
+        Raises PlannerError when no plan fits the live nodes, PlanInputError for steps < 1."""
+        if steps_left is not None and steps_left < 1:
+            raise errors.PlanInputError(f"steps_left is {steps_left}; give 1 or more (or None)")
         self._caught_up()
         with self._alone():
-            return self._grow(running, live)
+            return self._grow(running, live, steps_left)
 
-    def _grow(self, running: plans.Plan, live: Collection[plans.WorkerId]) -> Move:
+    def _grow(
+        self, running: plans.Plan, live: Collection[plans.WorkerId], steps_left: int | None
+    ) -> Move:
         nodes = set(whole_nodes(live, self._job.gpus_per_node))
         best = self._best(live, statuses.MoveKind.SCALE_UP)
         members = set(running.workers)
+        if steps_left is not None and set(best.plan.workers) == members:
+            why = f"the best plan has the running workers, nobody joins: {best.reason}"
+            return Move(plan=running, transfers=(), kind=best.kind, reason=why)
         spare = [w for w in live if w not in members]
         held = {
             w: layers
@@ -180,7 +203,34 @@ class Planner:
             if w // self._job.gpus_per_node in nodes
         }
         transition = transfers.replan(held, best.plan, self._profile, self._policy.search.overheads)
-        return self._move(transition, statuses.MoveKind.SCALE_UP, best.reason)
+        move = self._move(transition, statuses.MoveKind.SCALE_UP, best.reason)
+        if steps_left is None:
+            return move
+        return self._weighed(running, move, transition.total_s, steps_left)
+
+    def _weighed(
+        self, running: plans.Plan, move: Move, transition_s: float, steps_left: int
+    ) -> Move:
+        """`move` when it trains the job's last `steps_left` steps sooner than `running`, its
+        transition included (Odyssey eq. 8 bounded by the job's end, §III; the transition's
+        copies and restart as in §IV-C: `policy.pays`), else `running` with the reason. Taken
+        unweighed (module docstring) when `running` reroutes or a plan cannot be estimated."""
+        if running.reroutes:
+            why = "not weighed: the running plan reroutes (its failed stages' layers lost holders)"
+            return dataclasses.replace(move, reason=f"{move.reason}; {why}")
+        try:
+            stay_s = self._estimates.whole(running).step_s
+            step_s = self._estimates.whole(move.plan).step_s
+        except errors.PlannerError as exc:
+            why = f"not weighed: no step estimate ({exc})"
+            return dataclasses.replace(move, reason=f"{move.reason}; {why}")
+        worth = _worth(stay_s, step_s, transition_s, steps_left)
+        if policy.pays(
+            stay_step_s=stay_s, step_s=step_s, transition_s=transition_s, steps_left=steps_left
+        ):
+            return dataclasses.replace(move, reason=f"{move.reason}; pays: {worth}")
+        kept = f"declined, the running plan finishes sooner: {worth}"
+        return Move(plan=running, transfers=(), kind=move.kind, reason=kept)
 
     def recover(
         self,
@@ -327,6 +377,21 @@ class Planner:
             reason=reason,
             needs_snapshot=bool(orphaned or transition.restores),
         )
+
+
+def _worth(stay_s: float, step_s: float, transition_s: float, steps_left: int) -> str:
+    """A scale-up's weighing in one line: both finishing times, the step gain, the
+    transition, and the steps left at which they would tie (`policy.break_even_steps`)."""
+    staying, moving = steps_left * stay_s, transition_s + steps_left * step_s
+    gain = (stay_s / step_s - 1) * 100 if step_s > 0 else math.inf  # samples/s gained, %
+    tie = policy.break_even_steps(stay_s, 0.0, step_s, transition_s)
+    ties = "never" if tie is None else f"at {tie:.4g} steps left"
+    return (
+        f"the last {steps_left} step(s) take {moving:.4g} s after the scale-up (transition "
+        f"{transition_s:.4g} s + {steps_left} x {step_s * 1e3:.4g} ms) against {staying:.4g} s "
+        f"staying ({stay_s * 1e3:.4g} ms a step, {gain:+.3g}% samples/s on the new plan); "
+        f"they tie {ties}"
+    )
 
 
 def _runner_up(reason: policy.Reason) -> str:

@@ -5,7 +5,11 @@
   (the workers' loss is then recovered as a failure).
 - Workers that joined, or were heard again after a silence that the plan left out
   (`Switches.scale_up`): the templates' best plan over the live workers, the running ones
-  keeping their layers and the new ones receiving copies.
+  keeping their layers and the new ones receiving copies, when it pays within the job's steps
+  after the switch (`Planner.grow`). A scale-up declined (or whose best plan is the running
+  one) leaves the newcomers spares, and is not asked again until the live workers change:
+  the arrivals are taken once (`membership.Roster.returned`), and with fewer steps left the
+  same move pays even less.
 The switch step (`switch_step`, pure) leads the running epoch's current step by PLANNED_LEAD_S
 (at least MIN_LEAD_STEPS), so every agent is still before it when the Configure arrives; it is
 taken once the planner answered (the running epoch trains on while the planner's thread
@@ -139,8 +143,9 @@ class Switches:
         self, planner: planning.Planner, arrived: set[plans.WorkerId]
     ) -> Switch | None:
         """Workers `arrived`: a move to the templates' best plan over every live worker (None
-        when there is no larger plan, or no time left for one). The planner decides on its
-        executor, off the event loop (`Planner.call`)."""
+        when there is no larger plan, no time left for one, or it does not pay within the
+        job's steps after the switch). The planner decides on its executor, off the event
+        loop (`Planner.call`)."""
         await planner.ready()  # the search ahead first: its wait spends no switch lead
         running = self._running()
         live = self._roster.live(self._clock.monotonic())
@@ -153,12 +158,14 @@ class Switches:
             return None
         live -= busy
         try:
-            move = await planner.call(planner.grow, running, live)
+            move = await planner.call(planner.grow, running, live, self._job.steps - switch)
         except errors.PlannerError as exc:
             LOG.info("no larger plan with workers %s: %s", sorted(arrived), exc)
             return None
         if set(move.plan.workers) == set(running.workers):
-            return None  # the templates' best plan is the running one: they stay spares
+            # declined, or the templates' best plan is the running one: they stay spares
+            LOG.info("workers %s stay spares: %s", sorted(arrived), move.reason)
+            return None
         await self._epochs.next(0)  # training went on while the planner searched: what the
         switch = self._step()  # workers reported meanwhile, then the lead from their step
         if switch is None:

@@ -24,6 +24,11 @@ failure close to the end then goes to the cheaper transition unless the faster s
 within the W steps: two candidates tie at W* = (c1 - c2) / (t2 - t1) steps left
 (`break_even_steps`), the faster one wins above it.
 
+A scale-up is weighed by the same bound (`pays`): staying on the running plan is a state with
+no transition, so eq. 8 over the job's last W steps prefers the scale-up exactly when
+t_transition + W t_new < W t_running, that is when W exceeds `break_even_steps` of the two;
+a tie stays (nothing is gained for the transition's disruption).
+
 `decide` ranks every candidate of the search by that value. Screened candidates (eq. 10 over
 pipelines alone, see `screening`) are optimistic (no all-reduce), so the ranking is refined
 lazily, branch-and-bound style: while one of the top `exact_top` is only screened it is
@@ -50,6 +55,7 @@ Not here: finding candidates (`candidates`), costing them (`estimator`, `memory`
 from __future__ import annotations
 
 import dataclasses
+import fractions
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -172,6 +178,18 @@ def break_even_steps(
         return None
     tie = (cost2_s - cost1_s) / (step1_s - step2_s)
     return tie if tie > 0 else None
+
+
+def pays(*, stay_step_s: float, step_s: float, transition_s: float, steps_left: int) -> bool:
+    """Whether moving (a transition of `transition_s`, then steps of `step_s`) trains the job's
+    last `steps_left` steps sooner than staying (steps of `stay_step_s`, nothing to pay): eq. 8
+    with the job's end bounding both states ranks them by that time (module docstring). Compared
+    exactly (fractions of the floats), so that a tie is a tie, and it stays."""
+    # Odyssey eq. 8 (§III) with t_S(i+1) = W t_step: B W / (t_transition + W t_step), the
+    # same B W for both states, so the smaller denominator wins
+    stay = steps_left * fractions.Fraction(stay_step_s)
+    move = fractions.Fraction(transition_s) + steps_left * fractions.Fraction(step_s)
+    return move < stay
 
 
 def break_even_s(step1_s: float, cost1_s: float, step2_s: float, cost2_s: float) -> float | None:
