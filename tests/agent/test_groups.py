@@ -7,7 +7,8 @@ epoch after leaving; unknown subgroups are an error; arguments out of range name
 a rendezvous a member never joins fails within its timeout with EpochFormationError, and the
 next epoch then meets a peer process that never failed (torch's group counter, part of every
 rendezvous key, is not left advanced by the failure); a rendezvous whose epoch is flagged failed
-while a member is missing ends at once, saying it was given up.
+while a member is missing ends at once, saying it was given up (EpochGivenUpError, which a
+wait that ran out is not).
 Multi-process epochs (subgroups on every rank, a second epoch with fewer ranks, regrouping after
 a failure) are exercised through the harness in test_executor.py and test_harness.py.
 """
@@ -135,8 +136,9 @@ def test_arguments_out_of_range_are_named(
 
 def test_a_member_that_never_comes_fails_the_rendezvous_in_time(store: c10d.Store) -> None:
     started = time.monotonic()
-    with pytest.raises(groups.EpochFormationError, match="rank 0 could not form epoch 1"):
+    with pytest.raises(groups.EpochFormationError, match="rank 0 could not form epoch 1") as e:
         groups.form_epoch(store, 1, 0, 2, GLOO, 1.0)
+    assert not isinstance(e.value, groups.EpochGivenUpError)  # its wait ran out
     assert time.monotonic() - started < 10
     groups.leave_epoch(groups.form_epoch(store, 2, 0, 1, GLOO, 1.0))  # the process recovered
 
@@ -156,7 +158,7 @@ def test_a_rendezvous_flagged_failed_while_a_member_is_missing_ends_at_once(
     flagger = threading.Thread(target=flag)
     flagger.start()
     try:
-        with pytest.raises(groups.EpochFormationError, match="epoch 3 was given up"):
+        with pytest.raises(groups.EpochGivenUpError, match="epoch 3 was given up"):
             groups.form_epoch(store, 3, 0, 2, GLOO, 60.0)
     finally:
         flagger.join()

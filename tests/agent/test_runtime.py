@@ -19,7 +19,8 @@ the controller acts on (a missing corpus INVALID_DATA, an unknown model INVALID_
 running out in a step OUT_OF_MEMORY, a step's ValueError INTERNAL); configure refusals (wrong
 worker, stale epoch, a running agent asked to resume at or before its step), pause/resume and
 stop; a Configure accepted during a set-up that then fails is taken up after it, not dropped as
-a planned switch. Final states are read from the snapshot stores
+a planned switch; a set-up released at its rendezvous because the epoch was given up latches
+PEER_LOST, saying so, not TIMEOUT. Final states are read from the snapshot stores
 (runtime_states.read_final_states).
 """
 
@@ -42,7 +43,7 @@ from planaria.agent.execution import executor
 from planaria.agent.runtime import runtime, runtime_states, training_thread
 from planaria.agent.state import snapshot_store
 from planaria.agent.training import comparison, data, model
-from planaria.contract import plan
+from planaria.contract import plan, rendezvous
 from planaria.wire import messages
 from tests.agent import runtime_cluster
 
@@ -681,6 +682,38 @@ def test_a_configure_that_came_during_a_failed_set_up_is_taken_up_after_it(
     # It took the Configure up: with no store, snapshot or checkpoint of step 3 (the peers'
     # copies of a real scale-up are not there), its set-up says so.
     assert [e.kind for e in beat.errors] == [messages.ErrorKind.SNAPSHOT_UNAVAILABLE]
+
+
+def test_a_set_up_released_by_its_given_up_epoch_latches_a_lost_peer(
+    tmp_path: Path, store: c10d.TCPStore, corpus: Path
+) -> None:
+    # The controller gave the epoch up (a planned switch that came too late, a member lost)
+    # while this worker waited at its rendezvous for a peer that will never come: the failure
+    # keys release it at once (its 60 s timeout never runs out), and it says so as a lost
+    # peer, as a step released by the same keys does; before, it latched TIMEOUT.
+    settings = _settings(corpus, snapshot_interval_steps=0)
+    pair = _plan(([(0, 6, 0)], 2), ([(0, 6, 1)], 2))
+    absent = messages.Rendezvous(
+        store_host="127.0.0.1",
+        store_port=store.port,
+        key_prefix=rendezvous.key_prefix(1),
+        rank=0,
+        world_size=2,  # worker 1 never comes
+        backend=messages.Backend.GLOO,
+        timeout_s=60.0,
+    )
+    agent = runtime.Runtime(worker=W(0), job="solo", snapshot_base=tmp_path)
+    agent.start()
+    try:
+        assert agent.configure(_config(absent, pair, 0, settings, epoch=1, resume=0, stop=None))
+        _wait(agent, lambda b: b.epoch == 1 and b.state is State.CONFIGURING)
+        rendezvous.flag_failed(c10d.PrefixStore(rendezvous.key_prefix(1), store), 2, "controller")
+        beat = _wait(agent, lambda b: b.state is State.FAILED)
+    finally:
+        agent.close()
+    (error,) = beat.errors
+    assert (error.kind, error.step) == (messages.ErrorKind.PEER_LOST, 0)
+    assert "epoch 1 was given up before every rank came" in error.message, error.message
 
 
 def test_load_snapshot_rolls_the_layers_back_to_a_snapshot(

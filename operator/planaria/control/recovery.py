@@ -10,11 +10,14 @@ error) or a peer-lost failure breaks the running epoch. `Handler.recover` then
 - when no worker survived but live ones latched errors of their own (INTERNAL, OUT_OF_MEMORY),
   takes those as the survivors, OWN_ERROR_RETRIES times from one step, then fails the job;
 - asks the planner per the job's policy (`decide`, pure), with Oobleck's fresh instantiation
-  over the survivors as the last resort, and finds the resume step (`resume_step`, pure): the
-  survivors' oldest committed step, or, when a layer has no live replica or some survivor is a
-  step ahead (a death inside the commit barrier), the newest snapshot every survivor reports
-  holding complete (its heartbeat's `held` list); without one, the persistent checkpoint, else
-  step 0 (the job's seed rebuilds it exactly);
+  over the survivors as the last resort, offering it the live spares but those still setting
+  up an older epoch (their Configure would wait behind that set-up; a scale-up takes them
+  later), unless no plan fits without them (then it waits, bounded, for that set-up to end);
+- finds the resume step (`resume_step`, pure): the survivors' oldest committed step, or, when
+  a layer has no live replica or some survivor is a step ahead (a death inside the commit
+  barrier), the newest snapshot every survivor reports holding complete (its heartbeat's
+  `held` list); without one, the persistent checkpoint, else step 0 (the job's seed rebuilds
+  it exactly);
 - when a survivor latched SNAPSHOT_UNAVAILABLE (the restore of the epoch's resume step failed),
   takes the next option the same way, below that step, instead of suspending (a resume from
   Suspended that fails is the suspension's to redo: its checkpoint, else step 0).
@@ -139,19 +142,7 @@ class Handler:
         """The planner's move and its resume step for `found`, as an `Open` (or a Suspend);
         `below`: a resume step whose restore failed (SNAPSHOT_UNAVAILABLE), so the resume is
         an older one. The decision runs on the planner's executor, off the event loop."""
-        live = self._roster.live(now)
-        move = await planner.call(
-            decide,
-            planner,
-            running,
-            found,
-            live=live,
-            own_faults=bool(self._roster.own_faults(running.workers, self._epochs.epoch)),
-            policy_name=self._job.policy,
-            time_to_failure_s=self.time_to_failure(),
-            steps_left=self._job.steps - found.resume_step,
-            lost=failures.without_survivors(self._roster, found.failed, now),
-        )
+        move = await self._choose(planner, running, found, now)
         if isinstance(move, outcomes.Suspend):
             return move
         restored = self._restore(running, found, move, below)
@@ -176,6 +167,61 @@ class Handler:
             lost_steps=found.newest_step - resume,
         )
         return outcomes.Open(move=move, resume_step=resume, record=record)
+
+    async def _choose(
+        self, planner: planning.Planner, running: plans.Plan, found: failures.Assessment, now: float
+    ) -> planning.Move | outcomes.Suspend:
+        """`decide` over the live workers, less the spares still setting up an older epoch
+        (`membership.Roster.setting_up`): an agent takes a Configure up only once its set-up
+        under way ends, at its rendezvous timeout when its peers never come, so the new
+        epoch's rendezvous would time out waiting for it. They arrive again, for a scale-up
+        once that set-up is over. Only when no plan fits without them does the recovery wait
+        (bounded) for their set-up to end and plan with them: better than a suspension."""
+        live = self._roster.live(now)
+        spares = live - set(running.workers)
+        busy = self._roster.setting_up(spares, before=self._epochs.next_epoch)
+        move = await self._decided(planner, running, found, live - busy, now)
+        if busy and isinstance(move, outcomes.Suspend):
+            LOG.warning("no plan without spares %s; waiting for their set-up to end", sorted(busy))
+            await self._set_up_over(busy)
+            now = self._clock.monotonic()
+            return await self._decided(planner, running, found, self._roster.live(now), now)
+        if busy:
+            LOG.info("spares %s still set up an older epoch: left to a scale-up", sorted(busy))
+            self._roster.arrive_again(busy)
+        return move
+
+    async def _set_up_over(self, busy: set[plans.WorkerId]) -> None:
+        """Wait until none of `busy` still sets an older epoch up, at most as long as an
+        epoch's commit gives a set-up (a Configure and a step timeout)."""
+        timeout_s = self._job.configure_timeout_s + self._job.step_timeout_s
+        deadline = self._clock.monotonic() + timeout_s
+        while self._roster.setting_up(busy, before=self._epochs.next_epoch):
+            now = self._clock.monotonic()
+            if now >= deadline - _CLOCK_SLACK_S:
+                return
+            await self._epochs.next(min(self._job.heartbeat_interval_s, deadline - now))
+
+    async def _decided(
+        self,
+        planner: planning.Planner,
+        running: plans.Plan,
+        found: failures.Assessment,
+        live: set[plans.WorkerId],
+        now: float,
+    ) -> planning.Move | outcomes.Suspend:
+        return await planner.call(
+            decide,
+            planner,
+            running,
+            found,
+            live=live,
+            own_faults=bool(self._roster.own_faults(running.workers, self._epochs.epoch)),
+            policy_name=self._job.policy,
+            time_to_failure_s=self.time_to_failure(),
+            steps_left=self._job.steps - found.resume_step,
+            lost=failures.without_survivors(self._roster, found.failed, now),
+        )
 
     def _restore(
         self,

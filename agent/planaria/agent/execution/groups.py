@@ -53,6 +53,7 @@ Errors:
     ├── EpochInputError (ValueError)   a rank, size, epoch number or subgroup out of range,
     │                                  or an epoch formed while another is still formed
     └── EpochFormationError            the rendezvous did not complete (a member never came)
+        └── EpochGivenUpError          the epoch was flagged failed before every rank came
 """
 
 from __future__ import annotations
@@ -86,6 +87,11 @@ class EpochInputError(GroupsError, ValueError):
 
 class EpochFormationError(GroupsError):
     """Joining the epoch's groups failed, typically because a member never arrived in time."""
+
+
+class EpochGivenUpError(EpochFormationError):
+    """The epoch was flagged failed (`planaria.contract.rendezvous`) while this rank waited
+    for the others to form it: a member failed or left, or the controller gave it up."""
 
 
 FD_DIR = "/proc/self/fd"  # Linux: where a process's open descriptors are listed
@@ -293,7 +299,8 @@ def form_epoch(
             side = _side_group(world_size, timeout)
     except RuntimeError as exc:  # torch.distributed's errors (DistError) are RuntimeErrors
         _leave_quietly(nccl)
-        raise EpochFormationError(
+        failed = EpochGivenUpError if isinstance(exc, _GivenUp) else EpochFormationError
+        raise failed(
             f"rank {rank} could not form epoch {epoch} of {world_size} ranks: {exc}"
         ) from exc
     # gloo's connections: every group's on gloo; on NCCL the side group's only (NCCL's own,

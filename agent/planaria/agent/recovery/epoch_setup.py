@@ -33,6 +33,9 @@ Errors (the runtime latches them, state FAILED):
 
     SetupError                kind says how the controller should read it
     ├── RegroupError          the new epoch's rendezvous failed (TIMEOUT)
+    ├── GivenUpError          the epoch was flagged failed before every rank came to form it
+    │                         (PEER_LOST: a member failed or left, or the controller gave
+    │                         the epoch up; no wait ran out)
     ├── TransferFailedError   a peer died or stalled during the copies or the snapshot
     │                         exchange (PEER_LOST)
     └── SnapshotUnavailableError  no tier holds a layer at resume_step (SNAPSHOT_UNAVAILABLE)
@@ -70,6 +73,13 @@ class SetupError(Exception):
 
 class RegroupError(SetupError):
     kind = messages.ErrorKind.TIMEOUT
+
+
+class GivenUpError(SetupError):
+    """The epoch was given up before it formed (`groups.EpochGivenUpError`): classed as a lost
+    peer, as a step released by the same flag is (`planaria.agent.execution.failures`)."""
+
+    kind = messages.ErrorKind.PEER_LOST
 
 
 class TransferFailedError(SetupError):
@@ -141,6 +151,8 @@ def form(
             rendezvous.timeout_s,
             subgroups=groups.subgroup_ranks(sched),
         )
+    except groups.EpochGivenUpError as exc:
+        raise GivenUpError(str(exc)) from exc
     except groups.EpochFormationError as exc:
         raise RegroupError(str(exc)) from exc
 

@@ -1,0 +1,84 @@
+"""Recoveries and spare workers still setting up an older epoch, in simulated time.
+
+Covers (planaria.control.recovery, `Handler._choose`): a spare still in its set-up of a given-up
+scale-up is left out of a recovery that has a plan without it (its Configure would wait behind
+that set-up and time the new epoch's rendezvous out), and a scale-up takes it in once the
+set-up is over; when no plan fits without it, the recovery waits for that set-up to end and
+plans with it, rather than suspending or opening an epoch that cannot form.
+
+The scenario of both is chaos seed 10 of the pipeline config (docs/chaos.md, and
+test_membership_changes.py): Configures that take longer than the switch's lead make the
+first scale-up given up, while the newcomer, which accepted it, is in a cold set-up of 7 s;
+two workers then die.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from planaria.control import settings, status
+from planaria.wire import messages
+from tests.control import scenarios
+
+pytestmark = pytest.mark.asyncio
+
+
+async def _deaths_during_a_given_up_set_up(job: settings.JobSettings) -> scenarios.Run:
+    """Run `job` until worker 3 died, came back, accepted a scale-up that was given up, and
+    workers 5 and 7 died while 3 still sets that scale-up's epoch up."""
+    run = scenarios.Run(job, configure_delay_s=1.5, step_s=0.5)
+    await run.until(lambda: run.step() >= 10)
+    run.cluster.kill(3)
+    await run.until(lambda: len(run.controller.recoveries) == 1)
+    given_up = run.controller.epoch + 1
+    run.cluster.join(3, cold_s=7.0)
+    await run.until(lambda: (f"epoch-{given_up}", 8) in run.cluster.failed_epochs)
+    newcomer = run.cluster.agent(3)
+    assert (newcomer.epoch, newcomer.state) == (given_up, messages.AgentState.CONFIGURING)
+    run.cluster.kill(5)
+    run.cluster.kill(7)
+    return run
+
+
+def _job(**changes: object) -> settings.JobSettings:
+    return scenarios.job(steps=120, step_timeout_s=4.0, configure_timeout_s=5.0, **changes)
+
+
+async def test_a_recovery_leaves_out_a_spare_still_setting_up_a_given_up_epoch() -> None:
+    # The five survivors and the newcomer make three full pipelines, the adaptive policy's
+    # choice when the newcomer is offered; but it would take the Configure up only once its
+    # set-up ends: its peers' rendezvous (4 s) timed out and the same plan regrouped.
+    run = await _deaths_during_a_given_up_set_up(_job())
+    await run.until(lambda: len(run.controller.recoveries) == 2)
+    recovered = run.controller.recoveries[1]
+    assert recovered.failed == (5, 7) and recovered.kind != status.MoveKind.RESTART
+    assert 3 not in run.cluster.sent[recovered.epoch][0].plan.workers
+    final = await run.finish()
+    assert final.phase is status.Phase.SUCCEEDED and final.step == 120
+    plan = run.controller.plan
+    assert plan is not None and sorted(plan.workers) == [0, 1, 2, 3, 4, 6]
+    # one recovery for the deaths, no regroup after it, then the scale-up that takes 3 in
+    assert [(r.failed, r.planned) for r in run.controller.recoveries] == [
+        ((3,), False),
+        ((5, 7), False),
+        ((), True),
+    ]
+    assert sum(r.lost_steps for r in run.controller.recoveries) == 0
+    assert run.ranks_ok() == [] and run.cluster.violations == []
+
+
+async def test_a_recovery_that_needs_a_spare_still_setting_up_waits_for_its_set_up() -> None:
+    # 24 MiB per GPU and the dynamic policy: no plan on the five survivors, one on six. The
+    # recovery waits for the newcomer's set-up to end and opens one epoch with it; offered at
+    # once, the epoch's rendezvous timed out waiting for it and a regroup followed.
+    job = _job(profile=scenarios.small_profile(24), policy="dynamic")
+    run = await _deaths_during_a_given_up_set_up(job)
+    final = await run.finish()
+    assert final.phase is status.Phase.SUCCEEDED and final.step == 120
+    phases = {published.phase for published in run.sink.published}
+    assert status.Phase.SUSPENDED not in phases
+    [_, recovered] = run.controller.recoveries
+    assert recovered.failed == (5, 7) and recovered.lost_steps == 0
+    assert sorted(run.cluster.sent[recovered.epoch][0].plan.workers) == [0, 1, 2, 3, 4, 6]
+    assert sorted(run.cluster.sent) == [1, 2, 3, recovered.epoch]  # no epoch after it
+    assert run.ranks_ok() == [] and run.cluster.violations == []
