@@ -4,7 +4,8 @@ Covers (planaria.control.recovery, `Handler._choose`): a spare still in its set-
 scale-up is left out of a recovery that has a plan without it (its Configure would wait behind
 that set-up and time the new epoch's rendezvous out), and a scale-up takes it in once the
 set-up is over; when no plan fits without it, the recovery waits for that set-up to end and
-plans with it, rather than suspending or opening an epoch that cannot form.
+plans with it, rather than suspending or opening an epoch that cannot form. A planned move
+ahead of preemption notices leaves such a spare out too (`switches.Switches.evacuation`).
 
 The scenario of both is chaos seed 10 of the pipeline config (docs/chaos.md, and
 test_membership_changes.py): Configures that take longer than the switch's lead make the
@@ -26,6 +27,15 @@ pytestmark = pytest.mark.asyncio
 async def _deaths_during_a_given_up_set_up(job: settings.JobSettings) -> scenarios.Run:
     """Run `job` until worker 3 died, came back, accepted a scale-up that was given up, and
     workers 5 and 7 died while 3 still sets that scale-up's epoch up."""
+    run = await _a_given_up_set_up(job)
+    run.cluster.kill(5)
+    run.cluster.kill(7)
+    return run
+
+
+async def _a_given_up_set_up(job: settings.JobSettings) -> scenarios.Run:
+    """Run `job` until worker 3 died, came back and accepted a scale-up that was given up,
+    whose epoch it still sets up."""
     run = scenarios.Run(job, configure_delay_s=1.5, step_s=0.5)
     await run.until(lambda: run.step() >= 10)
     run.cluster.kill(3)
@@ -35,13 +45,20 @@ async def _deaths_during_a_given_up_set_up(job: settings.JobSettings) -> scenari
     await run.until(lambda: (f"epoch-{given_up}", 8) in run.cluster.failed_epochs)
     newcomer = run.cluster.agent(3)
     assert (newcomer.epoch, newcomer.state) == (given_up, messages.AgentState.CONFIGURING)
-    run.cluster.kill(5)
-    run.cluster.kill(7)
     return run
 
 
-def _job(**changes: object) -> settings.JobSettings:
-    return scenarios.job(steps=120, step_timeout_s=4.0, configure_timeout_s=5.0, **changes)
+def _job(mib: int | None = None, **changes: object) -> settings.JobSettings:
+    """The job, its profile's steps as long as the fake agents' (`scenarios.paced`), so that
+    the scale-up pays and is tried (`Planner.grow` weighs it); `mib`: device memory."""
+    source = scenarios.small_profile() if mib is None else scenarios.small_profile(mib)
+    return scenarios.job(
+        steps=120,
+        step_timeout_s=4.0,
+        configure_timeout_s=5.0,
+        profile=scenarios.paced(source),
+        **changes,
+    )
 
 
 async def test_a_recovery_leaves_out_a_spare_still_setting_up_a_given_up_epoch() -> None:
@@ -71,7 +88,7 @@ async def test_a_recovery_that_needs_a_spare_still_setting_up_waits_for_its_set_
     # 24 MiB per GPU and the dynamic policy: no plan on the five survivors, one on six. The
     # recovery waits for the newcomer's set-up to end and opens one epoch with it; offered at
     # once, the epoch's rendezvous timed out waiting for it and a regroup followed.
-    job = _job(profile=scenarios.small_profile(24), policy="dynamic")
+    job = _job(24, policy="dynamic")
     run = await _deaths_during_a_given_up_set_up(job)
     final = await run.finish()
     assert final.phase is status.Phase.SUCCEEDED and final.step == 120
@@ -81,4 +98,21 @@ async def test_a_recovery_that_needs_a_spare_still_setting_up_waits_for_its_set_
     assert recovered.failed == (5, 7) and recovered.lost_steps == 0
     assert sorted(run.cluster.sent[recovered.epoch][0].plan.workers) == [0, 1, 2, 3, 4, 6]
     assert sorted(run.cluster.sent) == [1, 2, 3, recovered.epoch]  # no epoch after it
+    assert run.ranks_ok() == [] and run.cluster.violations == []
+
+
+async def test_a_move_ahead_of_preemption_leaves_out_a_spare_still_setting_up() -> None:
+    # The same spare, and notices for workers 5 and 7 instead of their deaths: the planned
+    # move away from them is planned without the spare (`Switches.evacuation`), as a recovery.
+    run = await _a_given_up_set_up(_job())
+    run.cluster.notice(5)
+    run.cluster.notice(7)
+    await run.until(lambda: any(r.planned and r.failed for r in run.controller.recoveries))
+    [moved] = [r for r in run.controller.recoveries if r.planned and r.failed]
+    assert moved.failed == (5, 7) and moved.lost_steps == 0
+    assert 3 not in run.cluster.sent[moved.epoch][0].plan.workers
+    run.cluster.kill(5)
+    run.cluster.kill(7)
+    final = await run.finish()
+    assert final.phase is status.Phase.SUCCEEDED and final.step == 120
     assert run.ranks_ok() == [] and run.cluster.violations == []

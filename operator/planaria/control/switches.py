@@ -116,6 +116,9 @@ class Switches:
         if switch is None:
             return None  # the job ends first; if the worker goes before, it is a plain failure
         spare = self._roster.live(now) - set(running.workers)
+        # a spare still setting an older epoch up would hold the move's rendezvous up to its
+        # own rendezvous timeout (as in a recovery, `recovery.Handler._choose`)
+        spare -= self._roster.setting_up(spare, before=self._epochs.next_epoch)
         try:
             move = await planner.call(
                 planner.recover,
