@@ -254,19 +254,21 @@ def test_a_re_split_copies_exactly_the_missing_layers_from_live_replicas(
 def test_a_restarted_stage_reloads_its_snapshot_and_the_survivor_rolls_back(
     cluster: runtime_cluster.RuntimeCluster, corpus: Path
 ) -> None:
+    # Killed at step 8, not earlier: snapshots are written in the background, and on a loaded
+    # machine (load 10-14) none was yet confirmed on both workers by step 4.
     settings = _settings(corpus)
     p = _plan(([(0, 3, 0), (3, 6, 1)], 4))
-    cluster.start([0, 1], kills={1: runtime_cluster.Kill(step=4)})
-    _start_epoch(cluster, p, settings, epoch=1, resume=0, stop=6)
+    cluster.start([0, 1], kills={1: runtime_cluster.Kill(step=8)})
+    _start_epoch(cluster, p, settings, epoch=1, resume=0, stop=10)
     (beat,) = cluster.wait([0], _failed).values()
-    assert beat.last_committed_step == 3
+    assert beat.last_committed_step == 7
     resume = _complete_everywhere(beat)
     cluster.wait_dead(1)
     cluster.start([1])  # a fresh agent process: it holds nothing but its store
-    _start_epoch(cluster, p, settings, epoch=2, resume=resume, stop=5)
+    _start_epoch(cluster, p, settings, epoch=2, resume=resume, stop=9)
     beats = cluster.wait([0, 1], _finished)
     assert all(b.setup is not None and b.setup.tier is Tier.LOCAL_SNAPSHOT for b in beats.values())
-    _assert_like_reference("job", cluster.base, p, settings, 5)
+    _assert_like_reference("job", cluster.base, p, settings, 9)
 
 
 def _flip_a_byte_of(base: Path, job: str, worker: int, step: int, name: str) -> None:
