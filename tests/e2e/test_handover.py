@@ -94,7 +94,10 @@ async def test_a_successor_adopts_the_running_agents(
 
     successor, final = await _hand_over(job, journal, running_at_5)
     assert final.phase is Phase.SUCCEEDED, final.message
-    assert (final.step, final.epoch, final.recoveries) == (12, 1, 0)
+    # Epoch 1 adopted as it runs; on a loaded machine (load 14) the first controller can
+    # regroup (a heartbeat late past the timeout: epoch 2, no worker lost, no recovery counted)
+    # before it is stopped, and epoch 2 is adopted. No process restarts either way.
+    assert (final.step, final.recoveries) == (12, 0) and final.epoch in (1, 2)
     assert job.backend.pids == pids  # nobody was restarted
     local_job.assert_like_reference(job, shm)
 
