@@ -652,6 +652,29 @@ def test_a_running_agent_switches_epochs_at_the_planned_step(
     _assert_like_reference("solo", tmp_path, _plan(([(0, 6, 0)], 4)), settings, switch + 2)
 
 
+def _set_up_without_its_peer(
+    agent: runtime.Runtime,
+    store: c10d.TCPStore,
+    settings: messages.TrainingSettings,
+    *,
+    timeout_s: float,
+) -> None:
+    """Configure `agent` as worker 0 of epoch 1, a pair whose worker 1 never comes, and wait
+    until it sets the epoch up (waiting at the rendezvous, at most `timeout_s`)."""
+    pair = _plan(([(0, 6, 0)], 2), ([(0, 6, 1)], 2))
+    absent = messages.Rendezvous(
+        store_host="127.0.0.1",
+        store_port=store.port,
+        key_prefix=rendezvous.key_prefix(1),
+        rank=0,
+        world_size=2,  # worker 1 never comes
+        backend=messages.Backend.GLOO,
+        timeout_s=timeout_s,
+    )
+    assert agent.configure(_config(absent, pair, 0, settings, epoch=1, resume=0, stop=None))
+    _wait(agent, lambda b: b.epoch == 1 and b.state is State.CONFIGURING)
+
+
 def test_a_configure_that_came_during_a_failed_set_up_is_taken_up_after_it(
     tmp_path: Path, store: c10d.TCPStore, corpus: Path
 ) -> None:
@@ -661,21 +684,10 @@ def test_a_configure_that_came_during_a_failed_set_up_is_taken_up_after_it(
     # switch at a step it would never reach, though it was not running: its new peers waited
     # for it in vain. A Configure accepted while not running is due at once, failure or not.
     settings = _settings(corpus, snapshot_interval_steps=0)
-    pair = _plan(([(0, 6, 0)], 2), ([(0, 6, 1)], 2))
-    absent = messages.Rendezvous(
-        store_host="127.0.0.1",
-        store_port=store.port,
-        key_prefix="epoch-1",
-        rank=0,
-        world_size=2,  # worker 1 never comes
-        backend=messages.Backend.GLOO,
-        timeout_s=2.0,
-    )
     agent = runtime.Runtime(worker=W(0), job="solo", snapshot_base=tmp_path)
     agent.start()
     try:
-        assert agent.configure(_config(absent, pair, 0, settings, epoch=1, resume=0, stop=None))
-        _wait(agent, lambda b: b.epoch == 1 and b.state is State.CONFIGURING)
+        _set_up_without_its_peer(agent, store, settings, timeout_s=2.0)
         later = _solo_config(store, settings, epoch=2, resume=3, stop=None)  # a future step
         assert agent.configure(later).accepted
         beat = _wait(agent, lambda b: b.epoch == 2 and b.state is State.FAILED)
@@ -694,21 +706,10 @@ def test_a_set_up_released_by_its_given_up_epoch_latches_a_lost_peer(
     # keys release it at once (its 60 s timeout never runs out), and it says so as a lost
     # peer, as a step released by the same keys does; before, it latched TIMEOUT.
     settings = _settings(corpus, snapshot_interval_steps=0)
-    pair = _plan(([(0, 6, 0)], 2), ([(0, 6, 1)], 2))
-    absent = messages.Rendezvous(
-        store_host="127.0.0.1",
-        store_port=store.port,
-        key_prefix=rendezvous.key_prefix(1),
-        rank=0,
-        world_size=2,  # worker 1 never comes
-        backend=messages.Backend.GLOO,
-        timeout_s=60.0,
-    )
     agent = runtime.Runtime(worker=W(0), job="solo", snapshot_base=tmp_path)
     agent.start()
     try:
-        assert agent.configure(_config(absent, pair, 0, settings, epoch=1, resume=0, stop=None))
-        _wait(agent, lambda b: b.epoch == 1 and b.state is State.CONFIGURING)
+        _set_up_without_its_peer(agent, store, settings, timeout_s=60.0)
         rendezvous.flag_failed(c10d.PrefixStore(rendezvous.key_prefix(1), store), 2, "controller")
         beat = _wait(agent, lambda b: b.state is State.FAILED)
     finally:

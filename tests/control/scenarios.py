@@ -260,3 +260,17 @@ class Run:
                 ) != (plan_workers.index(c.worker), len(plan_workers)):
                     problems.append(f"epoch {epoch}: worker {c.worker} rank {c.rendezvous.rank}")
         return problems
+
+
+async def given_up_scale_up(job_settings: settings.JobSettings) -> tuple[Run, int]:
+    """Run `job_settings` (Configures taking 1.5 s, steps 0.5 s) until worker 3 died, was
+    recovered from, and came back with a cold set-up of 7 s: the scale-up that takes it in is
+    given up (its Configures outlast the switch's lead, chaos seed 10 of the pipeline config).
+    The run and that scale-up's epoch."""
+    run = Run(job_settings, configure_delay_s=1.5, step_s=0.5)
+    await run.until(lambda: run.step() >= 10)
+    run.cluster.kill(3)
+    await run.until(lambda: len(run.controller.recoveries) == 1)
+    given_up = run.controller.epoch + 1
+    run.cluster.join(3, cold_s=7.0)
+    return run, given_up

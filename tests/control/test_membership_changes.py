@@ -158,12 +158,7 @@ async def test_a_late_scale_up_is_tried_again_once_its_newcomer_left_the_given_u
     # waits until the newcomer's heartbeat shows that set-up over.
     job = scenarios.job(steps=120, step_timeout_s=4.0, configure_timeout_s=5.0)
     # Configures take 1.5 s: past the first switch's lead (1 s), short of the retry's (2 s)
-    run = scenarios.Run(job, configure_delay_s=1.5, step_s=0.5)
-    await run.until(lambda: run.step() >= 10)
-    run.cluster.kill(3)
-    await run.until(lambda: len(run.controller.recoveries) == 1)
-    given_up = run.controller.epoch + 1
-    run.cluster.join(3, cold_s=7.0)
+    run, given_up = await scenarios.given_up_scale_up(job)
     await run.until(lambda: run.controller.epoch == given_up + 1)
     assert 3 in {c.worker for c in run.cluster.sent[given_up]}  # it accepted the given-up one
     # flagged failed: the newcomer leaves it once its (cold) set-up is done, not a timeout later

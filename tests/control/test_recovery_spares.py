@@ -36,12 +36,7 @@ async def _deaths_during_a_given_up_set_up(job: settings.JobSettings) -> scenari
 async def _a_given_up_set_up(job: settings.JobSettings) -> scenarios.Run:
     """Run `job` until worker 3 died, came back and accepted a scale-up that was given up,
     whose epoch it still sets up."""
-    run = scenarios.Run(job, configure_delay_s=1.5, step_s=0.5)
-    await run.until(lambda: run.step() >= 10)
-    run.cluster.kill(3)
-    await run.until(lambda: len(run.controller.recoveries) == 1)
-    given_up = run.controller.epoch + 1
-    run.cluster.join(3, cold_s=7.0)
+    run, given_up = await scenarios.given_up_scale_up(job)
     await run.until(lambda: (f"epoch-{given_up}", 8) in run.cluster.failed_epochs)
     newcomer = run.cluster.agent(3)
     assert (newcomer.epoch, newcomer.state) == (given_up, messages.AgentState.CONFIGURING)
