@@ -1,22 +1,22 @@
 """`planaria run` killed with SIGKILL mid-recovery and run again: the new controller adopts the
-agents the old one left running (planaria.cli.run, planaria.local.journal, the backend's
-adoption; docs/local-mode.md "A controller killed and started again").
+agents the old one left running (planaria.cli.run, planaria.local.journal, the backend's adoption;
+docs/local-mode.md "A controller killed and started again").
 
-Covers, with real processes: a job run as `python -m planaria run` with a worker killed at
-step 3 (--fail); its controller SIGKILLed as soon as the journal holds the recovery's epoch
-(the first without worker 1, after the record, while the Configures go out: mid-recovery); the same command again says it
-adopts the journalled epoch from the agents still running, drops the --fail the old process
-already fired, and ends Succeeded; the persistent checkpoint of the last step equals the
+Covers, with real processes: a job run as `python -m planaria run` with a worker killed at step 3
+(--fail); its controller SIGKILLed as soon as the journal holds the recovery's epoch (the first
+without worker 1, after the record, while the Configures go out: mid-recovery); the same command
+again says it adopts the journalled epoch from the agents still running, drops the --fail the old
+process already fired, and ends Succeeded; the persistent checkpoint of the last step equals the
 fault-free reference bitwise (exact reduction; tests/chaos/invariant.py compares); afterwards no
 agent process of either controller remains (pids checked with their start times, and their
-sessions), the job's /dev/shm stores and the journal are gone. Also, in process: a second
-controller of a run directory is refused while the first holds its lock, naming its pid; a
-journal whose agents are all gone starts the job over, saying so. A controller SIGKILLed in the
-middle of steady training: the next resumes past the last step the first showed (the whole
-run's steps in metrics.csv never go back: nothing trained again), the result is bitwise the
-reference, and summary.md lists both controllers (RUN/progress.jsonl). SIGTERM mid-training
-(exit 143, no agent left), then the same command: it starts over and says, on the console and
-in summary.md, the step the interrupted run reached.
+sessions), the job's /dev/shm stores and the journal are gone. Also, in process: a second controller
+of a run directory is refused while the first holds its lock, naming its pid; a journal whose agents
+are all gone starts the job over, saying so. A controller SIGKILLed in the middle of steady
+training: the next resumes past the last step the first showed (the whole run's steps in metrics.csv
+never go back: nothing trained again), the result is bitwise the reference, and summary.md lists
+both controllers (RUN/progress.jsonl). SIGTERM mid-training (exit 143, no agent left), then the same
+command: it starts over and says, on the console and in summary.md, the step the interrupted run
+reached.
 
 The test process makes itself a child subreaper while it runs: the old controller's agents are
 re-parented to it, as they would be to init, and it reaps them (PID 1 of some sandboxes, this
