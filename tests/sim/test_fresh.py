@@ -10,7 +10,9 @@ searches of every kind asked in any order of one planner (they share their layou
 force over every layout of every count (each estimated whole) finds no faster plan; the step
 bound the search prunes with is never above E's estimate at any micro-batch count; a pipeline
 alone arrives at each stage's tail no earlier with one more micro-batch, nor than with every hop
-over the faster link (what the balanced tail bound stands on).
+over the faster link (what the balanced tail bound stands on); a group's lead bound is at most
+its chain bound and each chain, its tail bound at most every member's balanced tail bisected
+over every share (the bounds the search raises a group through before opening it).
 """
 
 from __future__ import annotations
