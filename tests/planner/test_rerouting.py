@@ -6,7 +6,8 @@ failed member is emptied whole; old reroutes are recomputed when a peer that too
 rerouting is impossible when a stage lost every replica, and the message names the stage and
 its failed workers; hypothesis: every rerouted plan compiles, keeps every micro-batch exactly
 once per stage, and no peer's load exceeds another's by more than one micro-batch beyond their
-own counts' difference.
+own counts' difference; `reroute` gives the plan of its old form (every stage rebuilt, each
+micro-batch's peer a keyed minimum over all pipelines), kept here as the oracle.
 """
 
 from __future__ import annotations

@@ -10,7 +10,9 @@ searches of every kind asked in any order of one planner (they share their layou
 force over every layout of every count (each estimated whole) finds no faster plan; the step
 bound the search prunes with is never above E's estimate at any micro-batch count; a pipeline
 alone arrives at each stage's tail no earlier with one more micro-batch, nor than with every hop
-over the faster link (what the balanced tail bound stands on).
+over the faster link (what the balanced tail bound stands on); a group's lead bound is at most
+its chain bound and each chain, its tail bound at most every member's balanced tail bisected
+over every share (the bounds the search raises a group through before opening it).
 """
 
 from __future__ import annotations
@@ -276,7 +278,8 @@ def test_every_bound_the_search_cuts_with_is_below_the_whole_step(
             )
             step_s = planner.estimates.whole(built).step_s
             bounds, spread = search.bounds, search._micro_batches(member)
-            assert bounds.group_s(shape) <= step_s
+            assert bounds.group_lead_s(shape) <= bounds.group_s(shape) <= step_s
+            assert bounds.group_tail_s(shape, search._run) <= step_s
             assert bounds.balanced_s(member) <= step_s
             assert bounds.balanced_tail_s(member, search._run) <= step_s
             assert bounds.spread_s(member, spread) <= step_s and screened.screen_s <= step_s
@@ -483,3 +486,30 @@ def test_the_least_over_shares_is_the_least_over_every_share(
         total - others,
     )
     assert found == old
+
+
+# --- the group bounds the search opens groups by (tenth round) -------------------------------
+
+
+@given(jobs(), st.integers(min_value=1, max_value=MAX_WORKERS), st.integers(1, 120))
+@settings(max_examples=60, deadline=None)
+def test_a_groups_lead_and_tail_bounds_are_below_its_members_bounds(
+    job: planning.Job, num_workers: int, num_micro_batches: int
+) -> None:
+    # the search opens a group only when its lead, chain and tail bounds let it through: each
+    # must be at most what the members' own bounds are (the chain bound and the balanced tail
+    # bisected over every share, the oracles), whatever the share of the batch
+    job = dataclasses.replace(job, global_batch=num_micro_batches * job.profile.micro_batch_size)
+    search = planning.Planner(job)._search(False, None)
+    bounds = search.bounds
+    for shape, room in fresh.groups(num_workers, job.profile.num_layers, num_micro_batches, False):
+        assert bounds.group_lead_s(shape) <= bounds.group_s(shape)
+        tail_s = bounds.group_tail_s(shape, search._run)
+        for e in [0] if room == 0 else range(1, room + 1):
+            member = dataclasses.replace(shape, num_deeper=e)
+            assert tail_s <= _old_balanced_tail_s(search, member)
+    for depth in range(1, job.profile.num_layers + 1):
+        for dp, m, apart in itertools.product((1, 2, 5), (1, 3, num_micro_batches), (False, True)):
+            assert bounds._lead_s(depth, m, dp, apart) <= _old_chained_s(
+                bounds, depth, m, dp, apart
+            )

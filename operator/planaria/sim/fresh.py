@@ -33,14 +33,18 @@ the test: the tie rule. This module finds that least layout best-first:
    a micro-batch's forward through the stages before it, its m forwards and backwards, its
    layers' all-reduces among the DP pipelines and its optimizer step; the smaller over the
    group's one or two depths, and at least the chain of one micro-batch of every depth.
-2. Groups are opened in order of that bound until it exceeds the best whole step found; in an
-   open group, each layout is cut as soon as one of its increasingly costly lower bounds
-   exceeds it: the chain bounds at the least share of the batch its busiest pipelines can
-   have (no distribution), those of its distributed batch (no replay), its screen (each distinct
-   pipeline, split x micro-batches x first GPU within a node, replayed once: a
-   1,024-pipeline layout costs a few look-ups), and the tail bound (each stage's arrival alone
-   plus its all-reduces one after another plus its optimizer step, which its worker runs in
-   sequence in the whole plan). Only the layouts left are built and estimated whole.
+2. Groups are opened in order of their bounds until the least exceeds the best whole step
+   found. A group enters at a cheaper bound (each chain at its first stage alone) and is
+   raised to its bound above, then to its tail bound (one pipeline runs ceil(M / DP), every one
+   runs one: `step_bounds.Bounds.group_tail_s`), each only when the one before lets it through;
+   it opens when it comes first again. In an open group, each layout is cut as soon as one of
+   its increasingly costly lower bounds exceeds it: the chain bounds at the least share of the
+   batch its busiest pipelines can have (no distribution), those of its distributed batch (no
+   replay), its screen (each distinct pipeline, split x micro-batches x first GPU within a
+   node, replayed once: a 1,024-pipeline layout costs a few look-ups), and the tail bound
+   (each stage's arrival alone plus its all-reduces one after another plus its optimizer step,
+   which its worker runs in sequence in the whole plan). Only the layouts left are built and
+   estimated whole.
 
 A cut layout has a whole step above the best, so it can neither win nor take a tie. Answers
 are kept per worker count; batches, screens and whole steps per layout, for every count.
@@ -181,14 +185,20 @@ class Search:
 
     def _search(self, num_workers: int) -> Found | None:
         prof, total = self.estimates.profile, self.reference.num_micro_batches
+        # a group's bounds from the cheapest; each costlier one only when the last lets it through
+        refinements = (self.bounds.group_s, lambda g: self.bounds.group_tail_s(g, self._run))
         heap = [
-            (self.bounds.group_s(shape), shape, room)
+            (self.bounds.group_lead_s(shape), shape, room, 0)
             for shape, room in groups(num_workers, prof.num_layers, total, self.symmetric)
         ]
         heapq.heapify(heap)
         best: tuple[tuple[float, int, float, int, int], Shape] | None = None
         while heap and heap[0][0] <= (math.inf if best is None else best[0][0]):
-            _, group, room = heapq.heappop(heap)
+            bound, group, room, stage = heapq.heappop(heap)
+            if stage < len(refinements):
+                tighter = max(bound, refinements[stage](group))
+                heapq.heappush(heap, (tighter, group, room, stage + 1))
+                continue
             members = (
                 [group]
                 if room == 0

@@ -9,7 +9,10 @@ layout built (tests/sim/test_fresh.py checks each one, on jobs whose screens are
   pipelines and its optimizer step; with `distribution.step_bound_s` (the chain of the compute
   on free links) the pair bound of a depth, m micro-batches and DP pipelines;
 - a group's bound (`group_s`): the busiest pipeline runs at least ceil(M / DP) micro-batches,
-  the least over the group's one or two depths, and every depth runs at least one;
+  the least over the group's one or two depths, and every depth runs at least one; below it
+  the lead bound (`group_lead_s`: the busiest pipeline's chain at its first stage alone, one
+  all-reduce instead of one per stage), and beside it the group's tail bound (`group_tail_s`:
+  the same pigeonhole on `balanced_tail_s`'s sides);
 - a layout's bound before its batch is distributed (`balanced_s`: the least share of the batch
   its busiest pipelines can have, bisected) and with it (`spread_s`);
 - the tail bound (`tail_s`): per distinct pipeline and stage, its arrival alone plus its
@@ -91,6 +94,8 @@ class Bounds:
         self._reduced: dict[tuple[int, int, bool], list[float]] = {}
         self._fast: dict[bool, profile.LinkProfile] = {}
         self._groups: dict[Shape, float] = {}
+        self._leads: dict[Shape, float] = {}
+        self._group_tails: dict[Shape, float] = {}
         self._balanced: dict[Shape, float] = {}
         self._spread: dict[Shape, float] = {}
         self._tails: dict[Shape, float] = {}
@@ -105,6 +110,28 @@ class Bounds:
         found = self._groups.get(group)
         if found is None:
             found = self._groups[group] = self._group_bound_of(group)
+        return found
+
+    def group_lead_s(self, group: Shape) -> float:
+        """At most `group_s`: its busiest pipeline's bound with each chain taken at its
+        first stage alone (one all-reduce where the chain takes one per stage)."""
+        found = self._leads.get(group)
+        if found is None:
+            found = self._leads[group] = self._group_lead_of(group)
+        return found
+
+    def group_tail_s(
+        self, group: Shape, run: Callable[[int, int, int], composition.PipelineRun]
+    ) -> float:
+        """A lower bound on every member's `balanced_tail_s` of a group of layouts (as
+        `group_s`): whatever the deeper pipelines' share, one pipeline runs at least
+        ceil(M / DP) micro-batches (they cannot all run fewer), of one of the group's depths,
+        and every pipeline runs one; at the least member's workers (the waits over either link
+        unless they are `apart`, the least barrier). Costs a few look-ups where a member's
+        bisects."""
+        found = self._group_tails.get(group)
+        if found is None:
+            found = self._group_tails[group] = self._group_tail_bound_s(group, run)
         return found
 
     def balanced_s(self, shape: Shape) -> float:
@@ -159,6 +186,26 @@ class Bounds:
         # the busiest pipeline is of one of the depths; every depth runs at least one
         busiest = min(self._pair_bound_s(d, most, dp, apart, barrier) for d in depths)
         return max(busiest, *(self._chain_s(d, 1, dp, apart) + barrier for d in depths))
+
+    def _group_lead_of(self, shape: Shape) -> float:
+        dp, apart = shape.num_pipelines, self.apart(shape)
+        barrier = self._barrier_s(shape.num_workers, least=True)
+        most = -(-self.reference.num_micro_batches // dp)
+        depths = (shape.depth, shape.depth + 1) if shape.num_deeper else (shape.depth,)
+        return min(
+            max(self._depth_bound_s(d, most), self._lead_s(d, most, dp, apart) + barrier)
+            for d in depths
+        )
+
+    def _lead_s(self, depth: int, num_micro_batches: int, num_pipelines: int, apart: bool) -> float:
+        """At most `_chain_s`: its first stage's term alone (the same floats: the chain is
+        the largest of its stages' terms, each then less its slack)."""
+        parts = self._chain_parts(depth)
+        if parts is None:
+            return math.inf
+        reduce_s = self._fastest(apart).allreduce_s(parts[3][0], num_pipelines)
+        done = self._done(depth, num_micro_batches)
+        return (done[0] + reduce_s + parts[4][0]) * (1 - _ROUNDING)
 
     def _balanced_bound_s(self, shape: Shape) -> float:
         dp, total = shape.num_pipelines, self.reference.num_micro_batches
@@ -372,6 +419,23 @@ class Bounds:
             else shallow(-(-total // dp))
         )
         return found * (1 - _ROUNDING) + self._barrier_s(shape.num_workers)
+
+    def _group_tail_bound_s(
+        self, group: Shape, run: Callable[[int, int, int], composition.PipelineRun]
+    ) -> float:
+        dp, total, depth = group.num_pipelines, self.reference.num_micro_batches, group.depth
+        present = frozenset((depth, depth + 1) if group.num_deeper else (depth,))
+        if total < dp or any(self.split(d) is None for d in present):
+            return math.inf  # as every member's balanced tail
+        apart, even = self.apart(group), -(-total // dp)
+
+        def tail(d: int, num_micro_batches: int) -> float:
+            return self.tails.least_s(d, num_micro_batches, present, dp, apart, run)
+
+        found = tail(depth, even)
+        if group.num_deeper:
+            found = max(min(tail(depth + 1, even), found), tail(depth, 1), tail(depth + 1, 1))
+        return found * (1 - _ROUNDING) + self._barrier_s(group.num_workers, least=True)
 
     def _tail_bound_s(
         self,
