@@ -210,6 +210,7 @@ class Handler:
         live: set[plans.WorkerId],
         now: float,
     ) -> planning.Move | outcomes.Suspend:
+        """`decide` over `live`, on the planner's executor."""
         return await planner.call(
             decide,
             planner,
