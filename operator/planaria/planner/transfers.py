@@ -714,42 +714,108 @@ def transfer_s(
 ) -> float:
     """Seconds to move everything: the busiest worker's send or receive direction on one link
     kind (module docstring). 0.0 when nothing moves."""
-    load: dict[tuple[plan.WorkerId, bool, bool], tuple[int, int]] = defaultdict(lambda: (0, 0))
-
-    def add(key: tuple[plan.WorkerId, bool, bool], count: int, num_bytes: int) -> None:
-        if count:
-            before = load[key]
-            load[key] = (before[0] + count, before[1] + num_bytes)
-
     # every destination of a layer gets it from the same holders in the same shards: one pass
-    # over the holders per layer, not per (destination, source); integer sums, so the same
-    # totals as adding `LayerTransfer.shard` message by message
+    # over the holders per layer, not per (destination, source)
     by_layer: dict[tuple[int, tuple[plan.WorkerId, ...]], list[plan.WorkerId]] = defaultdict(list)
     for transfer in transfers:
         by_layer[(transfer.layer, transfer.sources)].append(transfer.destination)
-    for (layer, sources), destinations in by_layer.items():
-        size, k = moved_bytes(prof.layers[layer]), len(sources)
-        shards = [(i + 1) * size // k - i * size // k for i in range(k)]
-        to_node = Counter(d // gpus_per_node for d in destinations)
-        from_node: dict[int, tuple[int, int]] = defaultdict(lambda: (0, 0))
-        for source, shard in zip(sources, shards, strict=True):
-            near = to_node[source // gpus_per_node]
-            add((source, True, True), near, near * shard)
-            add((source, False, True), len(destinations) - near, (len(destinations) - near) * shard)
-            count, num_bytes = from_node[source // gpus_per_node]
-            from_node[source // gpus_per_node] = (count + 1, num_bytes + shard)
-        for destination in destinations:
-            count, num_bytes = from_node.get(destination // gpus_per_node, (0, 0))
-            add((destination, True, False), count, num_bytes)
-            add((destination, False, False), k - count, size - num_bytes)
-    for restore in restores:  # snapshot shards sit on other nodes (REFT §4): inter-node link
-        add((restore.destination, False, False), 1, moved_bytes(prof.layers[restore.layer]))
-    return max((_busy_s(prof, intra, c, b) for (_, intra, _), (c, b) in load.items()), default=0.0)
+    loads = [_layer_loads(layer, s, d, prof, gpus_per_node) for (layer, s), d in by_layer.items()]
+    # restores: snapshot shards sit on other nodes (REFT §4), one message over the inter-node link
+    ids = np.asarray([r.destination for r in restores], dtype=np.int64)
+    sizes = np.asarray([moved_bytes(prof.layers[r.layer]) for r in restores], dtype=np.int64)
+    loads.append(_Loads.of(ids, _RECEIVE_INTER, np.ones_like(ids), sizes))
+    return _busiest_s(_Loads.joined(loads), prof)
 
 
-def _busy_s(prof: profile.Profile, intra: bool, num_messages: int, num_bytes: float) -> float:
-    link = prof.intra_node if intra else prof.inter_node
-    return num_messages * link.latency_s + num_bytes / link.bandwidth_bytes_per_s
+# A load's direction and link, in the two low bits of its key: (worker << 2) | intra << 1 | send
+_RECEIVE_INTER, _SEND_INTER, _RECEIVE_INTRA, _SEND_INTRA = 0, 1, 2, 3
+
+
+@dataclass(frozen=True, slots=True)
+class _Loads:
+    """Messages and bytes per (worker, link, direction) key, one entry per addition; int64
+    throughout (exact while a direction carries under 2**63 bytes)."""
+
+    keys: npt.NDArray[np.int64]
+    counts: npt.NDArray[np.int64]
+    num_bytes: npt.NDArray[np.int64]
+
+    @classmethod
+    def of(
+        cls,
+        workers: npt.NDArray[np.int64],
+        kind: int,
+        counts: npt.NDArray[np.int64],
+        num_bytes: npt.NDArray[np.int64],
+    ) -> _Loads:
+        return cls(workers * 4 + kind, counts, num_bytes)
+
+    @classmethod
+    def joined(cls, parts: list[_Loads]) -> _Loads:
+        """One entry per key: the integer sums of its additions (in any order the same)."""
+        keys = np.concatenate([p.keys for p in parts])
+        order = np.argsort(keys, kind="stable")
+        keys = keys[order]
+        counts = np.concatenate([p.counts for p in parts])[order]
+        num_bytes = np.concatenate([p.num_bytes for p in parts])[order]
+        if not keys.size:
+            return cls(keys, counts, num_bytes)
+        starts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]])
+        return cls(
+            keys[starts], np.add.reduceat(counts, starts), np.add.reduceat(num_bytes, starts)
+        )
+
+
+def _layer_loads(
+    layer: int,
+    sources: tuple[plan.WorkerId, ...],
+    destinations: list[plan.WorkerId],
+    prof: profile.Profile,
+    gpus_per_node: int,
+) -> _Loads:
+    """The loads of sending `layer` from `sources` (each its `LayerTransfer.shard`) to each of
+    `destinations`: each source sends one message to every destination, over the intra-node
+    link to those on its node; each destination receives one from every source."""
+    size, k = moved_bytes(prof.layers[layer]), len(sources)
+    cut = np.arange(k + 1, dtype=np.int64) * size // k
+    shards = cut[1:] - cut[:-1]  # (i + 1) * size // k - i * size // k, as `shard` deals them
+    src = np.asarray(sources, dtype=np.int64)
+    dst = np.asarray(destinations, dtype=np.int64)
+    src_node, dst_node = src // gpus_per_node, dst // gpus_per_node
+    ordered = np.sort(dst_node)
+    near = np.searchsorted(ordered, src_node, "right") - np.searchsorted(ordered, src_node)
+    far = dst.size - near
+    # per destination, the sources on its node: their count and shards' bytes
+    by_node = np.argsort(src_node, kind="stable")
+    nodes, starts = np.unique(src_node[by_node], return_index=True)
+    per_node = np.add.reduceat(shards[by_node], starts)
+    sources_on = np.diff(np.r_[starts, k])
+    at = np.minimum(np.searchsorted(nodes, dst_node), nodes.size - 1)
+    same = nodes[at] == dst_node
+    count = np.where(same, sources_on[at], 0)
+    got = np.where(same, per_node[at], 0)
+    return _Loads.joined(
+        [
+            _Loads.of(src, _SEND_INTRA, near, near * shards),
+            _Loads.of(src, _SEND_INTER, far, far * shards),
+            _Loads.of(dst, _RECEIVE_INTRA, count, got),
+            _Loads.of(dst, _RECEIVE_INTER, k - count, size - got),
+        ]
+    )
+
+
+def _busiest_s(loads: _Loads, prof: profile.Profile) -> float:
+    """The largest `_busy_s` over the keys that carry a message (a key without one carries no
+    bytes either); the same float64 operations as `_busy_s` on each, so the same floats."""
+    best = 0.0
+    for intra, link in ((1, prof.intra_node), (0, prof.inter_node)):
+        mine = ((loads.keys >> 1) & 1 == intra) & (loads.counts > 0)
+        if bool(mine.any()):
+            counts = loads.counts[mine].astype(np.float64)
+            num_bytes = loads.num_bytes[mine].astype(np.float64)
+            busy = counts * link.latency_s + num_bytes / link.bandwidth_bytes_per_s
+            best = max(best, float(busy.max()))
+    return best
 
 
 def replan(
