@@ -6,10 +6,11 @@
 - Workers that joined, or were heard again after a silence that the plan left out
   (`Switches.scale_up`): the templates' best plan over the live workers, the running ones
   keeping their layers and the new ones receiving copies, when it pays within the job's steps
-  after the switch (`Planner.grow`). A scale-up declined (or whose best plan is the running
-  one) leaves the newcomers spares, and is not asked again until the live workers change:
-  the arrivals are taken once (`membership.Roster.returned`), and with fewer steps left the
-  same move pays even less.
+  after the switch (`Planner.grow`; unweighed when the running plan does not train: some of
+  its workers not training in its epoch, or the arrivals its own). A scale-up declined (or
+  whose best plan is the running one) leaves the newcomers spares, and is not asked again
+  until the live workers change: the arrivals are taken once (`membership.Roster.returned`),
+  and with fewer steps left the same move pays even less.
 The switch step (`switch_step`, pure) leads the running epoch's current step by PLANNED_LEAD_S
 (at least MIN_LEAD_STEPS), so every agent is still before it when the Configure arrives; it is
 taken once the planner answered (the running epoch trains on while the planner's thread
@@ -160,8 +161,12 @@ class Switches:
             self._roster.arrive_again(arrived)
             return None
         live -= busy
+        # Weighed only against a plan that trains: one whose workers do not all train in it
+        # (an epoch given up, its workers arriving again) has nothing to stay on.
+        steady = not self._epochs.not_running() and not arrived & set(running.workers)
+        steps_left = self._job.steps - switch if steady else None
         try:
-            move = await planner.call(planner.grow, running, live, self._job.steps - switch)
+            move = await planner.call(planner.grow, running, live, steps_left)
         except errors.PlannerError as exc:
             LOG.info("no larger plan with workers %s: %s", sorted(arrived), exc)
             return None
