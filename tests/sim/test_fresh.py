@@ -432,14 +432,19 @@ def _old_balanced_tail_s(search: fresh.Search, shape: fresh.Shape) -> float:
     return found * (1 - step_bounds._ROUNDING) + bounds._barrier_s(shape.num_workers)
 
 
+def _searched(job: planning.Job, num_micro_batches: int) -> tuple[planning.Job, fresh.Search]:
+    """`job` with `num_micro_batches` micro-batches in its global batch, and its search."""
+    job = dataclasses.replace(job, global_batch=num_micro_batches * job.profile.micro_batch_size)
+    return job, planning.Planner(job)._search(False, None)
+
+
 @given(jobs(), st.integers(min_value=1, max_value=MAX_WORKERS), st.integers(1, 120))
 @settings(max_examples=60, deadline=None)
 def test_the_chain_and_balanced_bounds_are_their_old_values(
     job: planning.Job, num_workers: int, num_micro_batches: int
 ) -> None:
     # up to 120 micro-batches: the shares the bisections run over span many busiest counts
-    job = dataclasses.replace(job, global_batch=num_micro_batches * job.profile.micro_batch_size)
-    search = planning.Planner(job)._search(False, None)
+    job, search = _searched(job, num_micro_batches)
     bounds = search.bounds
     for shape, room in fresh.groups(num_workers, job.profile.num_layers, num_micro_batches, False):
         for e in [0] if room == 0 else range(1, room + 1):
@@ -499,8 +504,7 @@ def test_a_groups_lead_and_tail_bounds_are_below_its_members_bounds(
     # the search opens a group only when its lead, chain and tail bounds let it through: each
     # must be at most what the members' own bounds are (the chain bound and the balanced tail
     # bisected over every share, the oracles), whatever the share of the batch
-    job = dataclasses.replace(job, global_batch=num_micro_batches * job.profile.micro_batch_size)
-    search = planning.Planner(job)._search(False, None)
+    job, search = _searched(job, num_micro_batches)
     bounds = search.bounds
     for shape, room in fresh.groups(num_workers, job.profile.num_layers, num_micro_batches, False):
         assert bounds.group_lead_s(shape) <= bounds.group_s(shape)
