@@ -242,6 +242,9 @@ async def _until_done_or_stopped(
     finally:
         stopping.cancel()
     if runner.done():
+        if not runner.cancelled() and runner.exception() is not None:
+            # kopf retries the daemon; the traceback is said here, where the job's log is
+            LOG.error("job controller crashed", exc_info=runner.exception())
         runner.result()
         return
     leaving = _operator_leaves(stopped.reason)
